@@ -1,0 +1,7 @@
+//! Flotilla: a CI fleet autoscaler whose cloud providers are sandboxed WebAssembly plugins.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![warn(missing_docs)]
+
+pub mod check;
+pub mod plugin;
+pub mod provider;

@@ -1,0 +1,133 @@
+//! Guest stdout/stderr and `log` lines into the host log, capped so a chatty plugin cannot
+//! flood it.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::io::AsyncWrite;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+
+/// Who is speaking, carried on every line the plugin produces.
+#[derive(Debug, Clone)]
+pub(crate) struct Origin {
+    pub pool: Arc<str>,
+    pub plugin: Arc<str>,
+}
+
+#[derive(Debug)]
+struct Sink {
+    origin: Origin,
+    stream: &'static str,
+    line: Vec<u8>,
+    budget: usize,
+    dropped: u64,
+}
+
+const MAX_LINE: usize = 4096;
+
+impl Sink {
+    fn emit(&mut self) {
+        if self.line.is_empty() {
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.line);
+        tracing::info!(
+            target: "flotilla::plugin::output",
+            pool = %self.origin.pool,
+            plugin = %self.origin.plugin,
+            stream = self.stream,
+            "{}",
+            text.trim_end()
+        );
+        self.line.clear();
+    }
+
+    fn write(&mut self, buf: &[u8]) {
+        for &b in buf {
+            if self.budget == 0 {
+                if self.dropped == 0 {
+                    self.emit();
+                    tracing::warn!(
+                        target: "flotilla::plugin::output",
+                        pool = %self.origin.pool,
+                        plugin = %self.origin.plugin,
+                        stream = self.stream,
+                        "plugin output cap reached; the rest of this instance's {} is dropped",
+                        self.stream
+                    );
+                }
+                self.dropped += 1;
+                continue;
+            }
+            self.budget -= 1;
+            if b == b'\n' {
+                self.emit();
+            } else if self.line.len() < MAX_LINE {
+                self.line.push(b);
+            }
+        }
+    }
+}
+
+/// A capped stdout or stderr for one plugin instance.
+#[derive(Debug, Clone)]
+pub(crate) struct GuestOutput(Arc<Mutex<Sink>>);
+
+impl GuestOutput {
+    pub(crate) fn new(origin: Origin, stream: &'static str, budget: usize) -> Self {
+        GuestOutput(Arc::new(Mutex::new(Sink {
+            origin,
+            stream,
+            line: Vec::new(),
+            budget,
+            dropped: 0,
+        })))
+    }
+
+    /// Bytes dropped because of the cap.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.0.lock().map(|s| s.dropped).unwrap_or(0)
+    }
+
+    /// Logs a trailing partial line (called when the instance goes away).
+    pub(crate) fn flush_line(&self) {
+        if let Ok(mut sink) = self.0.lock() {
+            sink.emit();
+        }
+    }
+}
+
+impl IsTerminal for GuestOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for GuestOutput {
+    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl AsyncWrite for GuestOutput {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if let Ok(mut sink) = self.0.lock() {
+            sink.write(buf);
+        }
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}

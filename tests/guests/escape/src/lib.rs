@@ -1,0 +1,96 @@
+//! A test guest that tries to escape the sandbox: files, environment, arguments, stdin,
+//! sockets, DNS and a flood of stdout. `init` returns a JSON report of what it got in
+//! `provider-info.version`, so the host test can assert that every attempt got nothing.
+//!
+//! Settings: `{"tcp": "127.0.0.1:PORT", "print_bytes": N}`.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+
+wit_bindgen::generate!({
+    path: "../../../wit",
+    world: "flotilla:provider/provider",
+    generate_all,
+});
+
+use exports::flotilla::provider::instance_group::Guest;
+use flotilla::provider::types::{Capabilities, Connection, Error, Instance, ProviderInfo};
+
+fn outcome<T: std::fmt::Debug, E: std::fmt::Display>(r: Result<T, E>) -> serde_json::Value {
+    match r {
+        Ok(v) => serde_json::json!({"ok": format!("{v:?}")}),
+        Err(e) => serde_json::json!({"err": e.to_string()}),
+    }
+}
+
+struct Escape;
+
+impl Guest for Escape {
+    fn init(settings: String) -> Result<ProviderInfo, Error> {
+        let settings: serde_json::Value =
+            serde_json::from_str(&settings).map_err(|e| Error::InvalidConfig(e.to_string()))?;
+        let tcp = settings
+            .get("tcp")
+            .and_then(|v| v.as_str())
+            .unwrap_or("127.0.0.1:1");
+        let print_bytes = settings
+            .get("print_bytes")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+
+        let mut stdin = String::new();
+        let report = serde_json::json!({
+            "read_dir_root": outcome(std::fs::read_dir("/").map(|d| d.count())),
+            "read_dir_dot": outcome(std::fs::read_dir(".").map(|d| d.count())),
+            "read_passwd": outcome(std::fs::read_to_string("/etc/passwd")),
+            "write_file": outcome(std::fs::write("/tmp/flotilla-escape", b"x")),
+            "env": std::env::vars().map(|(k, _)| k).collect::<Vec<_>>(),
+            "args": std::env::args().collect::<Vec<_>>(),
+            "stdin": outcome(std::io::stdin().read_to_string(&mut stdin).map(|n| (n, stdin.clone()))),
+            "tcp_connect": outcome(TcpStream::connect(tcp).map(|_| "connected")),
+            "dns": outcome(("localhost", 80).to_socket_addrs().map(|a| a.count())),
+        });
+
+        let chunk = vec![b'x'; 4096];
+        let mut out = std::io::stdout();
+        let mut left = print_bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            let _ = out.write_all(&chunk[..n]);
+            left -= n as u64;
+        }
+        let _ = out.flush();
+        eprintln!("escape guest: stderr line");
+
+        Ok(ProviderInfo {
+            id: "test/escape".to_string(),
+            version: report.to_string(),
+            max_size: 0,
+            capabilities: Capabilities {
+                heartbeat: false,
+                expiring_connect_info: false,
+            },
+        })
+    }
+
+    fn update() -> Result<Vec<Instance>, Error> {
+        Ok(Vec::new())
+    }
+    fn increase(_delta: u32) -> Result<u32, Error> {
+        Ok(0)
+    }
+    fn decrease(_ids: Vec<String>) -> Result<Vec<String>, Error> {
+        Ok(Vec::new())
+    }
+    fn connect_info(id: String) -> Result<Connection, Error> {
+        Err(Error::NotFound(id))
+    }
+    fn heartbeat(_id: String) -> Result<(), Error> {
+        Ok(())
+    }
+    fn shutdown() -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+export!(Escape);

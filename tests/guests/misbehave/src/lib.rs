@@ -1,0 +1,162 @@
+//! A test guest that misbehaves on command, to prove the host contains it.
+//!
+//! Settings: `{"on": {"<export>": "<fault>"}, "trap_on_delta": N}`, where export is one of
+//! init, update, increase, decrease, connect-info, heartbeat, shutdown and fault is one of
+//! `trap`, `panic`, `loop`, `alloc`, `sleep`, `dup-ids`, `over-increase`, `foreign-ids`.
+//! Without faults it behaves like a tiny in-memory group.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+wit_bindgen::generate!({
+    path: "../../../wit",
+    world: "flotilla:provider/provider",
+    generate_all,
+});
+
+use exports::flotilla::provider::instance_group::Guest;
+use flotilla::provider::types::{
+    Arch, Capabilities, Connection, Error, Instance, InstanceState, Os, Protocol, ProviderInfo,
+};
+
+#[derive(Default)]
+struct State {
+    faults: BTreeMap<String, String>,
+    trap_on_delta: Option<u64>,
+    next_id: u32,
+    instances: Vec<String>,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+fn fault(export: &str) -> Option<String> {
+    STATE.with(|s| s.borrow().faults.get(export).cloned())
+}
+
+/// Performs the configured fault for `export`, if it is one that does not return.
+fn misbehave(export: &str) {
+    match fault(export).as_deref() {
+        Some("trap") => core::arch::wasm32::unreachable(),
+        Some("panic") => panic!("misbehave: panic in {export}"),
+        Some("loop") => {
+            let mut x: u64 = 0;
+            loop {
+                x = core::hint::black_box(x.wrapping_add(1));
+            }
+        }
+        Some("alloc") => {
+            let mut hoard: Vec<Vec<u8>> = Vec::new();
+            loop {
+                hoard.push(vec![7u8; 16 << 20]);
+                core::hint::black_box(&hoard);
+            }
+        }
+        Some("sleep") => std::thread::sleep(std::time::Duration::from_secs(3600)),
+        _ => {}
+    }
+}
+
+struct Misbehave;
+
+impl Guest for Misbehave {
+    fn init(settings: String) -> Result<ProviderInfo, Error> {
+        let value: serde_json::Value =
+            serde_json::from_str(&settings).map_err(|e| Error::InvalidConfig(e.to_string()))?;
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            s.faults = value
+                .get("on")
+                .and_then(|v| v.as_object())
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            s.trap_on_delta = value.get("trap_on_delta").and_then(|v| v.as_u64());
+        });
+        misbehave("init");
+        Ok(ProviderInfo {
+            id: "test/misbehave".to_string(),
+            version: "0.0.0".to_string(),
+            max_size: 0,
+            capabilities: Capabilities {
+                heartbeat: true,
+                expiring_connect_info: false,
+            },
+        })
+    }
+
+    fn update() -> Result<Vec<Instance>, Error> {
+        misbehave("update");
+        let mut ids = STATE.with(|s| s.borrow().instances.clone());
+        if fault("update").as_deref() == Some("dup-ids") {
+            ids.push("dup".to_string());
+            ids.push("dup".to_string());
+        }
+        Ok(ids
+            .into_iter()
+            .map(|id| Instance {
+                id,
+                state: InstanceState::Running,
+            })
+            .collect())
+    }
+
+    fn increase(delta: u32) -> Result<u32, Error> {
+        if STATE.with(|s| s.borrow().trap_on_delta) == Some(u64::from(delta)) {
+            core::arch::wasm32::unreachable();
+        }
+        misbehave("increase");
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            for _ in 0..delta {
+                s.next_id += 1;
+                let id = format!("m-{}", s.next_id);
+                s.instances.push(id);
+            }
+        });
+        if fault("increase").as_deref() == Some("over-increase") {
+            return Ok(delta.saturating_add(5));
+        }
+        Ok(delta)
+    }
+
+    fn decrease(ids: Vec<String>) -> Result<Vec<String>, Error> {
+        misbehave("decrease");
+        if fault("decrease").as_deref() == Some("foreign-ids") {
+            return Ok(vec!["never-asked-for".to_string()]);
+        }
+        STATE.with(|s| s.borrow_mut().instances.retain(|i| !ids.contains(i)));
+        Ok(ids)
+    }
+
+    fn connect_info(id: String) -> Result<Connection, Error> {
+        misbehave("connect-info");
+        Ok(Connection {
+            id,
+            os: Os::Linux,
+            arch: Arch::Amd64,
+            protocol: Protocol::Ssh,
+            internal_address: Some("192.0.2.1".to_string()),
+            external_address: None,
+            port: 22,
+            username: "ci".to_string(),
+            expires: None,
+        })
+    }
+
+    fn heartbeat(_id: String) -> Result<(), Error> {
+        misbehave("heartbeat");
+        Ok(())
+    }
+
+    fn shutdown() -> Result<(), Error> {
+        misbehave("shutdown");
+        Ok(())
+    }
+}
+
+export!(Misbehave);
