@@ -86,11 +86,6 @@ impl GuestOutput {
         })))
     }
 
-    /// Bytes dropped because of the cap.
-    pub(crate) fn dropped(&self) -> u64 {
-        self.0.lock().map(|s| s.dropped).unwrap_or(0)
-    }
-
     /// Logs a trailing partial line (called when the instance goes away).
     pub(crate) fn flush_line(&self) {
         if let Ok(mut sink) = self.0.lock() {

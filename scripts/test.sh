@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints (host and guests), then every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
+
+rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+rustup component list --installed | grep -q '^clippy' || rustup component add clippy
+rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== clippy (host)"
+cargo clippy --locked -p flotilla --all-targets -- -D warnings
+
+echo "== clippy (guests, wasm32-wasip2)"
+cargo clippy --locked --target wasm32-wasip2 \
+  -p flotilla-plugin-static -p flotilla-plugin-template -p guest-misbehave -p guest-escape -- -D warnings
+
+echo "== tests"
+cargo test --locked --release -p flotilla

@@ -1,0 +1,113 @@
+//! Builds every guest component (plugins, the template and the test guests) for
+//! wasm32-wasip2 in one cargo invocation, then writes their paths as constants plus a
+//! `foreach_test_guest!` macro. Host tests call `assert_test_guests_covered!`, so adding a
+//! test guest without a host test breaks the build.
+
+use std::env;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// (package, constant name, is a test guest)
+const GUESTS: &[(&str, &str, bool)] = &[
+    ("flotilla-plugin-static", "STATIC_PLUGIN", false),
+    ("flotilla-plugin-template", "TEMPLATE_PLUGIN", false),
+    ("guest-misbehave", "MISBEHAVE", true),
+    ("guest-escape", "ESCAPE", true),
+];
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let root = manifest
+        .join("../..")
+        .canonicalize()
+        .unwrap_or_else(|e| fail(&format!("workspace root: {e}")));
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap_or_else(|_| fail("OUT_DIR is not set")));
+    // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out: put guests beside the profiles,
+    // in a stable place, so rebuilds are incremental.
+    let target_dir = out
+        .ancestors()
+        .nth(4)
+        .map(|t| t.join("wasm-guests"))
+        .unwrap_or_else(|| out.join("wasm-guests"));
+
+    for dir in [
+        "wit",
+        "plugins",
+        "plugin-template/rust",
+        "tests/guests",
+        "Cargo.toml",
+        "Cargo.lock",
+    ] {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&root)
+        .args([
+            "build",
+            "--locked",
+            "--profile",
+            "guest",
+            "--target",
+            "wasm32-wasip2",
+            "--target-dir",
+        ])
+        .arg(&target_dir);
+    for (package, _, _) in GUESTS {
+        cmd.args(["-p", package]);
+    }
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "RUSTC_WORKSPACE_WRAPPER",
+    ] {
+        cmd.env_remove(var);
+    }
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| fail(&format!("cannot run cargo: {e}")));
+    if !status.success() {
+        fail(
+            "building the guest components failed (is the wasm32-wasip2 target installed? `rustup target add wasm32-wasip2`)",
+        );
+    }
+
+    let mut code = String::new();
+    let mut test_guests = Vec::new();
+    for (package, constant, is_test) in GUESTS {
+        let file = target_dir
+            .join("wasm32-wasip2/guest")
+            .join(format!("{}.wasm", package.replace('-', "_")));
+        if !Path::new(&file).is_file() {
+            fail(&format!("expected {} after the build", file.display()));
+        }
+        let _ = writeln!(
+            code,
+            "/// Path of the `{package}` component.\npub const {constant}: &str = {:?};",
+            file.display().to_string()
+        );
+        if *is_test {
+            test_guests.push(package.trim_start_matches("guest-").replace('-', "_"));
+        }
+    }
+    let _ = writeln!(
+        code,
+        "/// Calls `$mac!(name)` for every test guest, so each must have a host test.\n#[macro_export]\nmacro_rules! foreach_test_guest {{ ($mac:ident) => {{ {} }}; }}",
+        test_guests
+            .iter()
+            .map(|g| format!("$mac!({g});"))
+            .collect::<String>()
+    );
+    if let Err(e) = std::fs::write(out.join("guests.rs"), code) {
+        fail(&format!("cannot write guests.rs: {e}"));
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("error: {msg}");
+    std::process::exit(1)
+}
