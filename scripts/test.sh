@@ -17,7 +17,7 @@ cargo clippy --locked -p flotilla --all-targets -- -D warnings
 
 echo "== clippy (guests, wasm32-wasip2)"
 cargo clippy --locked --target wasm32-wasip2 \
-  -p flotilla-plugin-static -p flotilla-plugin-template -p guest-misbehave -p guest-escape -- -D warnings
+  -p flotilla-plugin-static -p flotilla-plugin-template -p guest-misbehave -p guest-escape -p guest-egress -- -D warnings
 
 echo "== tests"
 cargo test --locked --release -p flotilla

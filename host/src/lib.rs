@@ -6,5 +6,6 @@
 #![warn(missing_docs)]
 
 pub mod check;
+pub mod credentials;
 pub mod plugin;
 pub mod provider;

@@ -2,6 +2,8 @@
 //! Each protection test here fails when its protection is removed (see the issue notes).
 
 mod common;
+#[path = "plugins/egress.rs"]
+mod egress;
 
 use std::time::{Duration, Instant};
 
@@ -150,7 +152,9 @@ mod template {
     async fn every_export_over_http() {
         let cloud = ExampleCloud::start(3).await;
         let allow = format!("http://{}", cloud.addr);
-        let sandbox = quick_sandbox(&[allow.as_str()]);
+        let mut sandbox = quick_sandbox(&[allow.as_str()]);
+        sandbox.egress.allowed_ip_ranges =
+            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
         let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
         let settings = format!(r#"{{"endpoint":"{}","group":"ci"}}"#, cloud.endpoint());
         let info = must(p.init(&settings)).await;
@@ -195,7 +199,9 @@ mod template {
     async fn cloud_errors_map_to_contract_errors() {
         let cloud = ExampleCloud::start(3).await;
         let allow = format!("http://{}", cloud.addr);
-        let sandbox = quick_sandbox(&[allow.as_str()]);
+        let mut sandbox = quick_sandbox(&[allow.as_str()]);
+        sandbox.egress.allowed_ip_ranges =
+            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
         let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
         must(p.init(&format!(
             r#"{{"endpoint":"{}","group":"ci"}}"#,
@@ -226,7 +232,9 @@ mod template {
         let logs = LogCapture::default();
         let _guard = logs.install();
         // Allowed: a different port on the same host.
-        let sandbox = quick_sandbox(&["http://127.0.0.1:1"]);
+        let mut sandbox = quick_sandbox(&["http://127.0.0.1:1"]);
+        sandbox.egress.allowed_ip_ranges =
+            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
         let p = load(guests::TEMPLATE_PLUGIN).provider("walled", sandbox);
         let r = p
             .init(&format!(

@@ -14,6 +14,7 @@ const GUESTS: &[(&str, &str, bool)] = &[
     ("flotilla-plugin-template", "TEMPLATE_PLUGIN", false),
     ("guest-misbehave", "MISBEHAVE", true),
     ("guest-escape", "ESCAPE", true),
+    ("guest-egress", "EGRESS", true),
 ];
 
 fn main() {

@@ -4,15 +4,26 @@
 //! A request whose scheme, host and port do not match the pool's allow-list is denied with
 //! `HTTP-request-denied`, logged with the pool, the target and the reason, and counted.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::str::FromStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::{Bytes, BytesMut};
 use http::uri::Scheme;
-use wasmtime_wasi_http::WasiBody as HyperOutgoingBody;
-use wasmtime_wasi_http::{RequestOptions, WasiHttpHooks};
+use http_body_util::{BodyExt, Full};
+use ipnet::IpNet;
+use tokio::net::TcpStream;
+use wasmtime_wasi_http::io::TokioIo;
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+
+use crate::credentials::{AWS_SERVICE_HEADER, CREDENTIAL_HEADER, Credential};
 
 /// Why an allow-list entry was refused, for config errors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -192,27 +203,125 @@ impl AllowList {
 pub struct EgressPolicy {
     /// Where the plugin may send requests.
     pub allow: AllowList,
+    /// Address ranges that are normally refused (loopback, private, link-local...) but that
+    /// this pool explicitly allows, e.g. `127.0.0.0/8` for a local emulator.
+    pub allowed_ip_ranges: Vec<IpNet>,
+    /// Fixed name resolution (like curl's `--resolve`), checked like any other answer.
+    pub resolve_overrides: BTreeMap<String, Vec<IpAddr>>,
     /// Upper bound for the connect timeout a plugin may ask for.
     pub max_connect_timeout: Duration,
     /// Upper bound for the time to the first response byte.
     pub max_first_byte_timeout: Duration,
     /// Upper bound for the time between response body chunks.
     pub max_between_bytes_timeout: Duration,
+    /// Response body bytes a plugin may read per request.
+    pub max_response_bytes: u64,
+    /// Request body bytes buffered for signing.
+    pub max_signed_body_bytes: usize,
+    /// Outgoing requests per export call.
+    pub max_requests_per_call: u32,
+    /// Named credentials the plugin may ask the host to apply.
+    pub credentials: Vec<Credential>,
 }
 
 impl Default for EgressPolicy {
     fn default() -> Self {
         EgressPolicy {
             allow: AllowList::default(),
+            allowed_ip_ranges: Vec::new(),
+            resolve_overrides: BTreeMap::new(),
             max_connect_timeout: Duration::from_secs(10),
             max_first_byte_timeout: Duration::from_secs(30),
             max_between_bytes_timeout: Duration::from_secs(30),
+            max_response_bytes: 16 << 20,
+            max_signed_body_bytes: 8 << 20,
+            max_requests_per_call: 100,
+            credentials: Vec::new(),
         }
     }
 }
 
-fn clamp(asked: Option<Duration>, max: Duration) -> Option<Duration> {
-    Some(asked.map_or(max, |a| a.min(max)))
+fn clamp(asked: Option<Duration>, max: Duration) -> Duration {
+    asked.map_or(max, |a| a.min(max))
+}
+
+/// Why an address is refused unless the pool allows its range explicitly.
+pub fn blocked_reason(ip: IpAddr) -> Option<&'static str> {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            if v4.is_unspecified() || o[0] == 0 {
+                Some("unspecified")
+            } else if v4.is_loopback() {
+                Some("loopback")
+            } else if v4.is_link_local() {
+                Some("link-local (includes the cloud metadata service)")
+            } else if v4.is_private() {
+                Some("private")
+            } else if o[0] == 100 && (o[1] & 0xc0) == 64 {
+                Some("shared address space (CGNAT)")
+            } else if v4.is_broadcast() || v4.is_multicast() {
+                Some("broadcast or multicast")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            if v6.is_unspecified() {
+                Some("unspecified")
+            } else if v6.is_loopback() {
+                Some("loopback")
+            } else if (first & 0xffc0) == 0xfe80 {
+                Some("link-local")
+            } else if (first & 0xfe00) == 0xfc00 {
+                Some("private (unique local)")
+            } else if v6.is_multicast() {
+                Some("multicast")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+impl EgressPolicy {
+    /// Whether a resolved address may be contacted; `Err` says why not.
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), String> {
+        match blocked_reason(ip) {
+            Some(reason) if !self.allowed_ip_ranges.iter().any(|r| r.contains(&ip)) => Err(
+                format!("resolves to {ip}, a {reason} address the pool does not allow"),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    fn credential(&self, name: &str) -> Option<&Credential> {
+        self.credentials.iter().find(|c| c.name == name)
+    }
+
+    async fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<Vec<SocketAddr>, String> {
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Ok(vec![SocketAddr::new(ip, port)]);
+        }
+        if let Some(ips) = self.resolve_overrides.get(host) {
+            return Ok(ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect());
+        }
+        match tokio::time::timeout(timeout, tokio::net::lookup_host((host, port))).await {
+            Ok(Ok(addrs)) => Ok(addrs.collect()),
+            Ok(Err(e)) => Err(format!("cannot resolve {host}: {e}")),
+            Err(_) => Err(format!("resolving {host} timed out")),
+        }
+    }
 }
 
 /// Counts of what the policy did, for metrics.
@@ -229,19 +338,47 @@ pub(crate) struct EgressHooks {
     pub policy: Arc<EgressPolicy>,
     pub stats: Arc<EgressStats>,
     pub origin: super::output::Origin,
+    /// Requests made in the current export call (reset before each call).
+    pub requests_this_call: u32,
 }
 
-type SendFuture = Box<
-    dyn Future<
-            Output = Result<
-                (
-                    http::Response<HyperOutgoingBody>,
-                    Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
-                ),
-                wasmtime_wasi_http::Error,
-            >,
-        > + Send,
->;
+type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
+type SendFuture =
+    Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), HttpError>> + Send>;
+
+/// Logs and counts a denial; the guest sees `HTTP-request-denied`.
+fn deny(
+    origin: &super::output::Origin,
+    stats: &EgressStats,
+    method: &http::Method,
+    uri: &str,
+    reason: &str,
+) -> HttpError {
+    stats.denied.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        target: "flotilla::egress",
+        pool = %origin.pool,
+        plugin = %origin.plugin,
+        method = %method,
+        target_uri = %uri,
+        reason = %reason,
+        "denied plugin request"
+    );
+    HttpError::HttpRequestDenied
+}
+
+fn header_text(
+    request: &mut http::Request<WasiBody>,
+    name: &str,
+) -> Result<Option<String>, String> {
+    match request.headers_mut().remove(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim().to_string()))
+            .map_err(|_| format!("{name} header is not valid text")),
+    }
+}
 
 impl WasiHttpHooks for EgressHooks {
     fn default_scheme(&mut self) -> Option<Scheme> {
@@ -250,43 +387,285 @@ impl WasiHttpHooks for EgressHooks {
 
     fn send_request(
         &mut self,
-        request: http::Request<HyperOutgoingBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
-        fut: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+        fut: IoFuture,
     ) -> SendFuture {
         drop(fut);
-        if let Err(reason) = self.policy.allow.check(request.uri()) {
-            self.stats.denied.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                target: "flotilla::egress",
-                pool = %self.origin.pool,
-                plugin = %self.origin.plugin,
-                method = %request.method(),
-                target_uri = %redact_query(request.uri()),
-                reason = %reason,
-                "denied plugin request"
+        let method = request.method().clone();
+        let shown = redact_query(request.uri());
+        let denied = |hooks: &EgressHooks, reason: &str| -> SendFuture {
+            let e = deny(&hooks.origin, &hooks.stats, &method, &shown, reason);
+            Box::new(async move { Err(e) })
+        };
+        self.requests_this_call = self.requests_this_call.saturating_add(1);
+        if self.requests_this_call > self.policy.max_requests_per_call {
+            let reason = format!(
+                "more than {} requests in one call",
+                self.policy.max_requests_per_call
             );
-            return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
+            return denied(self, &reason);
         }
-        self.stats.allowed.fetch_add(1, Ordering::Relaxed);
+        if let Err(reason) = self.policy.allow.check(request.uri()) {
+            return denied(self, &reason);
+        }
+        let credential = match header_text(&mut request, CREDENTIAL_HEADER) {
+            Err(reason) => return denied(self, &reason),
+            Ok(None) => None,
+            Ok(Some(name)) => match self.policy.credential(&name) {
+                None => return denied(self, &format!("unknown credential {name:?}")),
+                Some(c) => match c.hosts.check(request.uri()) {
+                    Ok(()) => Some(c.clone()),
+                    Err(_) => {
+                        return denied(
+                            self,
+                            &format!("credential {name:?} is not bound to this host"),
+                        );
+                    }
+                },
+            },
+        };
+        let service_hint = match header_text(&mut request, AWS_SERVICE_HEADER) {
+            Ok(h) => h,
+            Err(reason) => return denied(self, &reason),
+        };
         let asked = options.unwrap_or_default();
-        let options = RequestOptions {
-            connect_timeout: clamp(asked.connect_timeout, self.policy.max_connect_timeout),
-            first_byte_timeout: clamp(asked.first_byte_timeout, self.policy.max_first_byte_timeout),
-            between_bytes_timeout: clamp(
+        let policy = self.policy.clone();
+        let timeouts = Timeouts {
+            connect: clamp(asked.connect_timeout, policy.max_connect_timeout),
+            first_byte: clamp(asked.first_byte_timeout, policy.max_first_byte_timeout),
+            between_bytes: clamp(
                 asked.between_bytes_timeout,
-                self.policy.max_between_bytes_timeout,
+                policy.max_between_bytes_timeout,
             ),
         };
+        let origin = self.origin.clone();
+        let stats = self.stats.clone();
         Box::new(async move {
-            use http_body_util::BodyExt;
-            let (response, io) =
-                wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
-            Ok((
-                response.map(BodyExt::boxed_unsync),
-                Box::new(io) as Box<dyn Future<Output = _> + Send>,
-            ))
+            let deny_now = |reason: &str| deny(&origin, &stats, &method, &shown, reason);
+            let host = request
+                .uri()
+                .host()
+                .unwrap_or_default()
+                .trim_matches(['[', ']'])
+                .to_ascii_lowercase();
+            let https = request.uri().scheme() == Some(&Scheme::HTTPS);
+            let port = request
+                .uri()
+                .port_u16()
+                .unwrap_or(if https { 443 } else { 80 });
+            let addrs = match policy.resolve(&host, port, timeouts.connect).await {
+                Ok(a) if !a.is_empty() => a,
+                Ok(_) => {
+                    return Err(HttpError::DnsError {
+                        rcode: Some("no addresses".into()),
+                        info_code: None,
+                    });
+                }
+                Err(e) => {
+                    tracing::info!(target: "flotilla::egress", pool = %origin.pool, "{e}");
+                    return Err(HttpError::DnsError {
+                        rcode: Some("lookup failed".into()),
+                        info_code: None,
+                    });
+                }
+            };
+            // Every answer must pass, so a name cannot smuggle in a forbidden address.
+            for addr in &addrs {
+                if let Err(reason) = policy.check_ip(addr.ip()) {
+                    return Err(deny_now(&format!("{host} {reason}")));
+                }
+            }
+            if let Some(credential) = credential {
+                let body = request.body_mut();
+                let bytes = match collect_limited(body, policy.max_signed_body_bytes).await {
+                    Ok(b) => b,
+                    Err(e) => return Err(e),
+                };
+                if let Err(e) = credential.apply(&mut request, &bytes, service_hint.as_deref()) {
+                    return Err(deny_now(&e.to_string()));
+                }
+                *request.body_mut() = Full::new(bytes)
+                    .map_err(|never| match never {})
+                    .boxed_unsync();
+            }
+            stats.allowed.fetch_add(1, Ordering::Relaxed);
+            send_pinned(
+                request,
+                &host,
+                https,
+                &addrs,
+                timeouts,
+                policy.max_response_bytes,
+            )
+            .await
         })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    connect: Duration,
+    first_byte: Duration,
+    between_bytes: Duration,
+}
+
+/// Reads a whole request body, refusing more than `limit` bytes.
+async fn collect_limited(body: &mut WasiBody, limit: usize) -> Result<Bytes, HttpError> {
+    let mut out = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            if out.len() + data.len() > limit {
+                return Err(HttpError::HttpRequestBodySize(Some(limit as u64)));
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out.freeze())
+}
+
+fn tls_config() -> Result<Arc<rustls::ClientConfig>, HttpError> {
+    static CONFIG: OnceLock<Option<Arc<rustls::ClientConfig>>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let roots = rustls::RootCertStore {
+                roots: webpki_roots::TLS_SERVER_ROOTS.into(),
+            };
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .ok()
+            .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()))
+        })
+        .clone()
+        .ok_or(HttpError::InternalError(Some("TLS setup failed".into())))
+}
+
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+/// Connects to the already-checked addresses (never re-resolving the name) and sends.
+async fn send_pinned(
+    mut request: http::Request<WasiBody>,
+    host: &str,
+    https: bool,
+    addrs: &[SocketAddr],
+    timeouts: Timeouts,
+    max_response_bytes: u64,
+) -> Result<(http::Response<WasiBody>, IoFuture), HttpError> {
+    let connect = async {
+        let mut last = None;
+        for addr in addrs {
+            match TcpStream::connect(addr).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("no address")))
+    };
+    let tcp = match tokio::time::timeout(timeouts.connect, connect).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            return Err(HttpError::ConnectionRefused);
+        }
+        Ok(Err(e)) => return Err(HttpError::Connect(e)),
+        Err(_) => return Err(HttpError::ConnectionTimeout),
+    };
+    let stream: Box<dyn Stream> = if https {
+        let name = rustls::pki_types::ServerName::try_from(host.to_string())
+            .map_err(|_| HttpError::HttpRequestUriInvalid)?;
+        let tls = tokio_rustls::TlsConnector::from(tls_config()?);
+        match tokio::time::timeout(timeouts.connect, tls.connect(name, tcp)).await {
+            Ok(Ok(s)) => Box::new(s),
+            Ok(Err(e)) => return Err(HttpError::Tls(e)),
+            Err(_) => return Err(HttpError::ConnectionTimeout),
+        }
+    } else {
+        Box::new(tcp)
+    };
+    let (mut sender, conn) = tokio::time::timeout(
+        timeouts.connect,
+        hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(stream)),
+    )
+    .await
+    .map_err(|_| HttpError::ConnectionTimeout)??;
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _ = done_tx.send(conn.await);
+    });
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    *request.uri_mut() = http::Uri::builder()
+        .path_and_query(path)
+        .build()
+        .map_err(|_| HttpError::HttpRequestUriInvalid)?;
+    let response = tokio::time::timeout(timeouts.first_byte, sender.send_request(request))
+        .await
+        .map_err(|_| HttpError::ConnectionReadTimeout)??;
+    let between = timeouts.between_bytes.max(Duration::from_millis(1));
+    let response = response.map(|incoming| {
+        CappedBody {
+            incoming,
+            timer: Box::pin(tokio::time::sleep(between)),
+            between,
+            left: max_response_bytes,
+            cap: max_response_bytes,
+        }
+        .boxed_unsync()
+    });
+    let io: IoFuture = Box::new(async move {
+        match done_rx.await {
+            Ok(Ok(())) | Err(_) => Ok(()),
+            Ok(Err(e)) => Err(HttpError::from(e)),
+        }
+    });
+    Ok((response, io))
+}
+
+/// A response body with a byte cap and a between-bytes timeout.
+struct CappedBody {
+    incoming: hyper::body::Incoming,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    between: Duration,
+    left: u64,
+    cap: u64,
+}
+
+impl http_body::Body for CappedBody {
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, HttpError>>> {
+        match Pin::new(&mut self.incoming).poll_frame(cx) {
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(HttpError::from(e)))),
+            Poll::Ready(Some(Ok(frame))) => {
+                let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+                if len > self.left {
+                    self.left = 0;
+                    return Poll::Ready(Some(Err(HttpError::HttpResponseBodySize(Some(self.cap)))));
+                }
+                self.left -= len;
+                let deadline = tokio::time::Instant::now() + self.between;
+                self.timer.as_mut().reset(deadline);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Pending => match self.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(HttpError::ConnectionReadTimeout))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
     }
 }
 

@@ -25,7 +25,9 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 pub use adapter::WasmProvider;
 pub use cache::{CacheOutcome, default_cache_dir, sha256_hex};
-pub use egress::{AllowList, AllowListError, AllowedHost, EgressPolicy, EgressStats};
+pub use egress::{
+    AllowList, AllowListError, AllowedHost, EgressPolicy, EgressStats, blocked_reason,
+};
 pub use inspect::{ComponentShape, ImportInfo, ImportKind, LoadError, WORLD};
 pub use limits::Limits;
 
@@ -255,6 +257,7 @@ impl HostState {
                 policy: Arc::new(sandbox.egress.clone()),
                 stats,
                 origin: origin.clone(),
+                requests_this_call: 0,
             },
             limiter: AggregateLimiter::new(sandbox.limits.clone()),
             origin,

@@ -1,0 +1,146 @@
+//! A loopback HTTP server for egress tests. It records what arrives and serves
+//! `/ok` (a small body), `/huge` (1 GB, streamed lazily) and `/stall` (headers, then silence).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+
+/// What one request looked like on arrival.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+}
+
+#[derive(Clone)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    arrivals: Arc<Mutex<Vec<Arrival>>>,
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+impl Peer {
+    pub async fn start() -> Peer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let shared = arrivals.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let arrivals = shared.clone();
+                tokio::spawn(async move {
+                    let service =
+                        hyper::service::service_fn(move |req| handle(arrivals.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Peer { addr, arrivals }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn arrivals(&self) -> Vec<Arrival> {
+        self.arrivals.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+}
+
+async fn handle(
+    arrivals: Arc<Mutex<Vec<Arrival>>>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_string();
+    let headers = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    if let Ok(mut a) = arrivals.lock() {
+        a.push(Arrival {
+            path: path.clone(),
+            headers,
+        });
+    }
+    let _ = req.into_body().collect().await;
+    let body: Body = match path.as_str() {
+        "/huge" => {
+            let chunk = Bytes::from(vec![b'x'; 1 << 20]);
+            let stream = futures_util_stream(chunk, 1024);
+            StreamBody::new(stream).boxed()
+        }
+        "/stall" => {
+            let stream = async_stream_stall();
+            StreamBody::new(stream).boxed()
+        }
+        _ => Full::new(Bytes::from_static(b"hello")).boxed(),
+    };
+    Ok(Response::new(body))
+}
+
+/// `n` copies of `chunk`, produced on demand.
+fn futures_util_stream(
+    chunk: Bytes,
+    n: usize,
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send + Sync + 'static {
+    tokio_stream_iter((0..n).map(move |_| Ok(Frame::data(chunk.clone()))))
+}
+
+fn tokio_stream_iter<I>(
+    iter: I,
+) -> impl futures_core::Stream<Item = I::Item> + Send + Sync + 'static
+where
+    I: Iterator + Send + Sync + Unpin + 'static,
+{
+    struct It<I>(I);
+    impl<I: Iterator + Unpin> futures_core::Stream for It<I> {
+        type Item = I::Item;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<I::Item>> {
+            std::task::Poll::Ready(self.0.next())
+        }
+    }
+    It(iter)
+}
+
+/// A body that never produces a byte (but keeps the connection open for an hour).
+fn async_stream_stall()
+-> impl futures_core::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send + Sync + 'static {
+    struct Stall(std::pin::Pin<Box<tokio::time::Sleep>>);
+    impl futures_core::Stream for Stall {
+        type Item = Result<Frame<Bytes>, Infallible>;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            match self.0.as_mut().poll(cx) {
+                std::task::Poll::Ready(()) => std::task::Poll::Ready(None),
+                std::task::Poll::Pending => std::task::Poll::Pending,
+            }
+        }
+    }
+    use std::future::Future;
+    Stall(Box::pin(tokio::time::sleep(Duration::from_secs(3600))))
+}

@@ -1,0 +1,121 @@
+//! A test guest that makes whatever outbound HTTP requests the test asks for, to attack the
+//! egress policy from the inside.
+//!
+//! `connect-info(id)` takes a JSON command as `id`:
+//! `{"url": "...", "credential": "name", "service": "ec2", "count": N, "method": "POST",
+//!   "body": "..."}` and answers with a JSON report in `connection.username`:
+//! `{"results": [{"status": 200, "bytes": 12} | {"error": "..."}], "sent_headers": [[k, v]...]}`.
+//! `sent_headers` is the guest's own view of the request it built.
+
+use serde_json::{Value, json};
+use wstd::http::{Body, BodyExt, Client, Request};
+
+wit_bindgen::generate!({
+    path: "../../../wit",
+    world: "flotilla:provider/provider",
+    generate_all,
+});
+
+use exports::flotilla::provider::instance_group::Guest;
+use flotilla::provider::types::{
+    Arch, Capabilities, Connection, Error, Instance, Os, Protocol, ProviderInfo,
+};
+
+async fn one(cmd: &Value, sent: &mut Vec<Value>) -> Value {
+    let url = cmd["url"].as_str().unwrap_or_default();
+    let method = cmd["method"].as_str().unwrap_or("GET");
+    let mut builder = Request::builder().method(method).uri(url);
+    if let Some(c) = cmd["credential"].as_str() {
+        builder = builder.header("flotilla-credential", c);
+    }
+    if let Some(s) = cmd["service"].as_str() {
+        builder = builder.header("flotilla-aws-service", s);
+    }
+    let body = match cmd["body"].as_str() {
+        Some(b) => Body::from(b.as_bytes().to_vec()),
+        None => Body::from_stream(futures_lite::stream::empty::<Vec<u8>>()),
+    };
+    let request = match builder.body(body) {
+        Ok(r) => r,
+        Err(e) => return json!({"error": format!("build: {e}")}),
+    };
+    if sent.is_empty() {
+        for (k, v) in request.headers() {
+            sent.push(json!([k.as_str(), String::from_utf8_lossy(v.as_bytes())]));
+        }
+    }
+    let response = match Client::new().send(request).await {
+        Ok(r) => r,
+        Err(e) => return json!({"error": format!("{e:?}")}),
+    };
+    let status = response.status().as_u16();
+    let mut body = response.into_body().into_boxed_body();
+    let mut bytes = 0u64;
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => bytes += frame.data_ref().map_or(0, |d| d.len() as u64),
+            Some(Err(e)) => {
+                return json!({"status": status, "bytes": bytes, "error": format!("{e:?}")});
+            }
+        }
+    }
+    json!({"status": status, "bytes": bytes})
+}
+
+struct Egress;
+
+impl Guest for Egress {
+    fn init(_settings: String) -> Result<ProviderInfo, Error> {
+        Ok(ProviderInfo {
+            id: "test/egress".into(),
+            version: "0".into(),
+            max_size: 0,
+            capabilities: Capabilities {
+                heartbeat: false,
+                expiring_connect_info: false,
+            },
+        })
+    }
+    fn update() -> Result<Vec<Instance>, Error> {
+        Ok(Vec::new())
+    }
+    fn increase(_delta: u32) -> Result<u32, Error> {
+        Ok(0)
+    }
+    fn decrease(_ids: Vec<String>) -> Result<Vec<String>, Error> {
+        Ok(Vec::new())
+    }
+    fn connect_info(id: String) -> Result<Connection, Error> {
+        let cmd: Value =
+            serde_json::from_str(&id).map_err(|e| Error::InvalidConfig(e.to_string()))?;
+        let count = cmd["count"].as_u64().unwrap_or(1);
+        let report = wstd::runtime::block_on(async {
+            let mut sent = Vec::new();
+            let mut results = Vec::new();
+            for _ in 0..count {
+                results.push(one(&cmd, &mut sent).await);
+            }
+            json!({"results": results, "sent_headers": sent})
+        });
+        Ok(Connection {
+            id,
+            os: Os::Linux,
+            arch: Arch::Amd64,
+            protocol: Protocol::Ssh,
+            internal_address: None,
+            external_address: None,
+            port: 0,
+            username: report.to_string(),
+            expires: None,
+        })
+    }
+    fn heartbeat(_id: String) -> Result<(), Error> {
+        Ok(())
+    }
+    fn shutdown() -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+export!(Egress);
