@@ -7,5 +7,7 @@
 
 pub mod check;
 pub mod credentials;
+pub mod metrics;
 pub mod plugin;
 pub mod provider;
+pub mod scaler;

@@ -158,12 +158,18 @@ mod template {
         sandbox.egress.credentials = vec![flotilla::credentials::Credential {
             name: "example".into(),
             kind: flotilla::credentials::CredentialKind::Bearer {
-                token: flotilla::credentials::SecretSource::Value(flotilla::credentials::Secret::new("tkn-123")),
+                token: flotilla::credentials::SecretSource::Value(
+                    flotilla::credentials::Secret::new("tkn-123"),
+                ),
             },
-            hosts: flotilla::plugin::AllowList::parse(&[allow.as_str()]).unwrap_or_else(|e| panic!("{e:?}")),
+            hosts: flotilla::plugin::AllowList::parse(&[allow.as_str()])
+                .unwrap_or_else(|e| panic!("{e:?}")),
         }];
         let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
-        let settings = format!(r#"{{"endpoint":"{}","group":"ci","credential":"example"}}"#, cloud.endpoint());
+        let settings = format!(
+            r#"{{"endpoint":"{}","group":"ci","credential":"example"}}"#,
+            cloud.endpoint()
+        );
         let info = must(p.init(&settings)).await;
         assert_eq!((info.id.as_str(), info.max_size), ("example/ci", 3));
         assert_eq!(must(p.increase(5)).await, 3, "the cloud granted only 3");
@@ -186,8 +192,18 @@ mod template {
         must(p.shutdown()).await;
         // Every call was authenticated by the host, not by the plugin.
         for seen in cloud.seen() {
-            let auth = seen.headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.as_str());
-            assert_eq!(auth, Some("Bearer tkn-123"), "{} {}", seen.method, seen.path);
+            let auth = seen
+                .headers
+                .iter()
+                .find(|(k, _)| k == "authorization")
+                .map(|(_, v)| v.as_str());
+            assert_eq!(
+                auth,
+                Some("Bearer tkn-123"),
+                "{} {}",
+                seen.method,
+                seen.path
+            );
         }
         let paths: Vec<String> = cloud
             .seen()

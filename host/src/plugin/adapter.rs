@@ -93,6 +93,12 @@ impl WasmProvider {
         }
     }
 
+    /// Creates and discards one fresh instance: a cheap probe that the plugin still links and
+    /// starts, and the unit that instantiation benchmarks measure.
+    pub async fn probe_instantiate(&self) -> Result<(), CallError> {
+        self.instantiate().await.map(drop)
+    }
+
     /// Outbound request counters of this pool's plugin.
     pub fn egress_stats(&self) -> Arc<EgressStats> {
         self.egress.clone()

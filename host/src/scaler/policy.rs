@@ -1,0 +1,238 @@
+//! Idle policies on cron schedules, with GitLab Runner's `[[runners.autoscaler.policy]]` keys.
+
+use std::str::FromStr;
+
+use chrono::{TimeZone, Timelike};
+use chrono_tz::Tz;
+use croner::Cron;
+
+use super::Millis;
+
+/// One `[[policy]]` block, validated.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The cron expressions (5 fields) during whose minutes this policy applies.
+    pub periods: Vec<String>,
+    crons: Vec<Cron>,
+    /// The zone the periods are evaluated in.
+    pub timezone: Tz,
+    /// Job slots to keep idle (not machines).
+    pub idle_count: u32,
+    /// How long an unused instance may stay before it is removed (unless idle_count needs it).
+    pub idle_time_ms: Millis,
+    /// Extra idle slots as a factor of slots in use.
+    pub scale_factor: f64,
+    /// Upper bound for the extra idle slots from `scale_factor` (0 = none).
+    pub scale_factor_limit: u32,
+    /// Only hand out reservations when an idle ready slot exists.
+    pub preemptive_mode: bool,
+}
+
+impl Policy {
+    /// Builds a policy, returning every problem with its key name.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        periods: Vec<String>,
+        timezone: &str,
+        idle_count: u32,
+        idle_time_ms: Millis,
+        scale_factor: f64,
+        scale_factor_limit: u32,
+        preemptive_mode: bool,
+    ) -> Result<Policy, Vec<(String, String)>> {
+        let mut problems = Vec::new();
+        let mut crons = Vec::new();
+        if periods.is_empty() {
+            problems.push((
+                "periods".to_string(),
+                "must list at least one cron expression".to_string(),
+            ));
+        }
+        for (i, p) in periods.iter().enumerate() {
+            match parse_cron(p) {
+                Ok(c) => crons.push(c),
+                Err(e) => problems.push((format!("periods[{i}]"), e)),
+            }
+        }
+        let tz = match Tz::from_str(timezone) {
+            Ok(tz) => tz,
+            Err(_) => {
+                problems.push((
+                    "timezone".to_string(),
+                    format!("unknown timezone {timezone:?} (use an IANA name such as Europe/Berlin or UTC)"),
+                ));
+                Tz::UTC
+            }
+        };
+        if !scale_factor.is_finite() || scale_factor < 0.0 {
+            problems.push((
+                "scale_factor".to_string(),
+                "must be a number >= 0".to_string(),
+            ));
+        }
+        if problems.is_empty() {
+            Ok(Policy {
+                periods,
+                crons,
+                timezone: tz,
+                idle_count,
+                idle_time_ms,
+                scale_factor,
+                scale_factor_limit,
+                preemptive_mode,
+            })
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The default when no policy matches: nothing idle, remove unused instances promptly.
+    pub fn fallback() -> Policy {
+        Policy {
+            periods: vec!["* * * * *".to_string()],
+            crons: Vec::new(),
+            timezone: Tz::UTC,
+            idle_count: 0,
+            idle_time_ms: 0,
+            scale_factor: 0.0,
+            scale_factor_limit: 0,
+            preemptive_mode: false,
+        }
+    }
+
+    /// Whether `now` falls in one of the periods (evaluated at minute resolution in `timezone`).
+    pub fn matches(&self, now: Millis) -> bool {
+        let secs = i64::try_from(now / 1000).unwrap_or(i64::MAX);
+        let Some(t) = self.timezone.timestamp_opt(secs, 0).single() else {
+            return false;
+        };
+        let Some(t) = t.with_second(0) else {
+            return false;
+        };
+        self.crons
+            .iter()
+            .any(|c| c.is_time_matching(&t).unwrap_or(false))
+    }
+
+    /// Idle slots wanted when `in_use` slots are busy.
+    pub fn idle_target(&self, in_use: u32) -> u32 {
+        let mut extra = (f64::from(in_use) * self.scale_factor).ceil();
+        if self.scale_factor_limit > 0 {
+            extra = extra.min(f64::from(self.scale_factor_limit));
+        }
+        // `extra` is finite and non-negative (validated), and clamped to u32 range.
+        let extra = extra.clamp(0.0, f64::from(u32::MAX)) as u32;
+        self.idle_count.max(extra)
+    }
+}
+
+fn parse_cron(p: &str) -> Result<Cron, String> {
+    let fields = p.split_whitespace().count();
+    if fields != 5 {
+        return Err(format!(
+            "{p:?} has {fields} fields; expected 5 (minute hour day month weekday)"
+        ));
+    }
+    Cron::from_str(p).map_err(|e| format!("{p:?}: {e}"))
+}
+
+/// The policy in force at `now`: the last matching one wins.
+pub fn active(policies: &[Policy], now: Millis) -> Option<&Policy> {
+    policies.iter().rev().find(|p| p.matches(now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::NaiveDate;
+
+    fn at(tz: Tz, y: i32, m: u32, d: u32, h: u32, min: u32) -> Millis {
+        let naive = NaiveDate::from_ymd_opt(y, m, d).and_then(|d| d.and_hms_opt(h, min, 30));
+        let t = naive.and_then(|n| tz.from_local_datetime(&n).earliest());
+        t.map(|t| t.timestamp_millis() as u64).unwrap_or_default()
+    }
+
+    fn policy(periods: &[&str], tz: &str, idle: u32) -> Policy {
+        Policy::new(
+            periods.iter().map(|s| s.to_string()).collect(),
+            tz,
+            idle,
+            0,
+            0.0,
+            0,
+            false,
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    #[test]
+    fn last_matching_policy_wins() {
+        let all = policy(&["* * * * *"], "UTC", 1);
+        let work = policy(&["* 8-17 * * mon-fri"], "Europe/Berlin", 10);
+        let policies = [all, work];
+        let tz: Tz = chrono_tz::Europe::Berlin;
+        assert_eq!(
+            active(&policies, at(tz, 2026, 12, 1, 9, 0)).map(|p| p.idle_count),
+            Some(10)
+        );
+        assert_eq!(
+            active(&policies, at(tz, 2026, 12, 1, 18, 0)).map(|p| p.idle_count),
+            Some(1)
+        );
+        assert_eq!(
+            active(&policies, at(tz, 2026, 12, 5, 9, 0)).map(|p| p.idle_count),
+            Some(1),
+            "saturday"
+        );
+    }
+
+    #[test]
+    fn periods_follow_the_zone_across_dst() {
+        // 08:00-08:59 Berlin local time, before and after the 2026-03-29 spring-forward.
+        let p = policy(&["* 8 * * *"], "Europe/Berlin", 1);
+        let tz: Tz = chrono_tz::Europe::Berlin;
+        for day in [28, 29, 30] {
+            assert!(
+                p.matches(at(tz, 2026, 3, day, 8, 15)),
+                "08:15 local on March {day}"
+            );
+            assert!(
+                !p.matches(at(tz, 2026, 3, day, 9, 15)),
+                "09:15 local on March {day}"
+            );
+        }
+        // In UTC the window moved from 07:xx to 06:xx.
+        assert!(p.matches(at(Tz::UTC, 2026, 3, 28, 7, 15)));
+        assert!(p.matches(at(Tz::UTC, 2026, 3, 30, 6, 15)));
+        assert!(!p.matches(at(Tz::UTC, 2026, 3, 30, 7, 15)));
+    }
+
+    #[test]
+    fn bad_input_names_the_key() {
+        let e = Policy::new(
+            vec!["* * *".into(), "61 * * * *".into()],
+            "Mars/Olympus",
+            0,
+            0,
+            -1.0,
+            0,
+            false,
+        )
+        .err()
+        .unwrap_or_default();
+        let keys: Vec<&str> = e.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["periods[0]", "periods[1]", "timezone", "scale_factor"]
+        );
+    }
+
+    #[test]
+    fn idle_target_uses_scale_factor_and_limit() {
+        let p = Policy::new(vec!["* * * * *".into()], "UTC", 2, 0, 0.5, 3, false)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(p.idle_target(0), 2);
+        assert_eq!(p.idle_target(5), 3);
+        assert_eq!(p.idle_target(100), 3);
+    }
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs the runtime benchmarks and prints the medians (from criterion's estimates) and ratios.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
+rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+out=$(mktemp -d)
+FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime -- "$@"
+python3 - "$CARGO_TARGET_DIR/criterion" "$out" <<'PY'
+import json, os, sys
+root, out = sys.argv[1], sys.argv[2]
+def median(name):
+    p = os.path.join(root, *name.split("/"), "new", "estimates.json")
+    try:
+        return json.load(open(p))["median"]["point_estimate"]
+    except OSError:
+        return None
+def fmt(ns):
+    if ns is None: return "n/a"
+    for unit, div in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= div: return f"{ns/div:.3g} {unit}"
+    return f"{ns:.3g} ns"
+rows = ["static/trivial_call", "static/instantiate", "template/instantiate", "static/load_from_cache",
+        "template/load_from_cache", "static/first_compile", "template/first_compile",
+        "http_get/guest_update", "http_get/reqwest_fresh_connection", "http_get/reqwest_pooled"]
+print("\nmedians:")
+for r in rows: print(f"  {r:<38} {fmt(median(r))}")
+try: print(f"  {'rss_per_instance':<38} {open(os.path.join(out,'rss_per_instance_kib')).read()} KiB")
+except OSError: pass
+g, f, p = median("http_get/guest_update"), median("http_get/reqwest_fresh_connection"), median("http_get/reqwest_pooled")
+if g and f: print(f"  guest GET / reqwest (fresh connection)  {g/f:.2f}x")
+if g and p: print(f"  guest GET / reqwest (pooled)            {g/p:.2f}x")
+PY
