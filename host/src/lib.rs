@@ -5,9 +5,13 @@
 )]
 #![warn(missing_docs)]
 
+pub mod api;
 pub mod check;
+pub mod config;
 pub mod credentials;
 pub mod metrics;
 pub mod plugin;
 pub mod provider;
+pub mod run;
 pub mod scaler;
+pub mod simulate;

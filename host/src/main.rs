@@ -23,6 +23,49 @@ enum Command {
     /// Work with provider plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Run the autoscaler: every pool, the lease API, metrics and health endpoints.
+    Run {
+        /// The configuration file.
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Work with configuration files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Replay a job trace through the real scaler on virtual time.
+    Simulate {
+        /// Configuration files to compare (every pool of each is simulated).
+        #[arg(short, long, required = true)]
+        config: Vec<PathBuf>,
+        /// CSV trace: submit_at_s,duration_s[,tag].
+        #[arg(long)]
+        trace: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Draw instances, busy slots and queued jobs over time.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Provisioning delay range in seconds, e.g. 30..90.
+        #[arg(long, default_value = "30..90")]
+        provisioning_delay: String,
+        /// Probability that a provider call fails.
+        #[arg(long, default_value_t = 0.0)]
+        failure_rate: f64,
+        /// Random seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate a configuration without starting anything.
+    Check {
+        /// The configuration file.
+        #[arg(short, long)]
+        config: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -101,5 +144,102 @@ async fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }
+        Command::Run { config } => match flotilla::run::run(config).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Config(ConfigCommand::Check { config }) => match flotilla::config::load(&config) {
+            Ok(cfg) => {
+                println!("{}: OK ({} pools)", config.display(), cfg.pools.len());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                eprintln!("{} problem(s) found", e.0.len());
+                ExitCode::from(1)
+            }
+        },
+        Command::Simulate {
+            config,
+            trace,
+            json,
+            svg,
+            provisioning_delay,
+            failure_rate,
+            seed,
+        } => simulate_cmd(
+            &config,
+            &trace,
+            json,
+            svg.as_deref(),
+            &provisioning_delay,
+            failure_rate,
+            seed,
+        ),
     }
+}
+
+fn simulate_cmd(
+    configs: &[PathBuf],
+    trace: &std::path::Path,
+    json: bool,
+    svg: Option<&std::path::Path>,
+    delay: &str,
+    failure_rate: f64,
+    seed: u64,
+) -> ExitCode {
+    use flotilla::simulate;
+    let fail = |msg: String| {
+        eprintln!("error: {msg}");
+        ExitCode::from(1)
+    };
+    let parse = |s: &str| {
+        s.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let (lo, hi) = match delay.split_once("..").map(|(a, b)| (parse(a), parse(b))) {
+        Some((Some(a), Some(b))) if a <= b => (a, b),
+        _ => {
+            return fail(format!(
+                "--provisioning-delay {delay:?}: expected MIN..MAX seconds, e.g. 30..90"
+            ));
+        }
+    };
+    if !(0.0..=1.0).contains(&failure_rate) {
+        return fail("--failure-rate must be between 0 and 1".to_string());
+    }
+    let jobs = match simulate::read_trace(trace) {
+        Ok(j) => j,
+        Err(e) => return fail(e.to_string()),
+    };
+    let cloud = flotilla::scaler::sim::SimCloud {
+        provisioning_delay_ms: ((lo * 1000.0) as u64, (hi * 1000.0) as u64),
+        failure_rate,
+        seed,
+        ..Default::default()
+    };
+    let runs = match simulate::run_all(configs, &jobs, &cloud, if svg.is_some() { 1000 } else { 0 })
+    {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    if let Some(path) = svg
+        && let Err(e) = simulate::svg(&runs, path)
+    {
+        return fail(format!("{}: {e}", path.display()));
+    }
+    if json {
+        match serde_json::to_string_pretty(&runs) {
+            Ok(t) => println!("{t}"),
+            Err(e) => return fail(e.to_string()),
+        }
+    } else {
+        print!("{}", simulate::table(&runs));
+    }
+    ExitCode::SUCCESS
 }
