@@ -9,6 +9,15 @@ rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add was
 rustup component list --installed | grep -q '^clippy' || rustup component add clippy
 rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
 
+# promtool (Debian package prometheus) lints the /metrics output in the tests.
+if ! command -v promtool >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  fi
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -85,10 +85,12 @@ fn plugins(c: &mut Criterion) {
     tokio
         .block_on(provider.init(STATIC_SETTINGS))
         .unwrap_or_else(|e| panic!("{e}"));
-    c.bench_function("static/trivial_call", |b| {
+    let mut g = c.benchmark_group("static");
+    g.bench_function("trivial_call", |b| {
         b.to_async(&tokio)
             .iter(|| async { provider.update().await.unwrap_or_else(|e| panic!("{e}")) })
     });
+    g.finish();
 
     rss_per_instance(&tokio, &rt_cached);
     let _ = std::fs::remove_dir_all(&cache);

@@ -514,6 +514,7 @@ mod escape {
     async fn sandbox_grants_nothing() {
         // SAFETY: single-threaded test runtime; nothing else reads the environment now.
         unsafe { std::env::set_var("FLOTILLA_TEST_SECRET", "hunter2") };
+        let _ = std::fs::remove_file("/tmp/flotilla-escape");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
         listener
             .set_nonblocking(true)

@@ -13,7 +13,7 @@ use wasmtime::Store;
 
 use super::bindings;
 use super::bindings::flotilla::provider::types as wit;
-use super::egress::EgressStats;
+use super::egress::{EgressShared, EgressStats};
 use super::output::{GuestOutput, Origin};
 use super::{EPOCH_TICK, HostState, Sandbox};
 use crate::provider::{
@@ -55,7 +55,7 @@ pub struct WasmProvider {
     pre: bindings::ProviderPre<HostState>,
     origin: Origin,
     sandbox: Sandbox,
-    egress: Arc<EgressStats>,
+    egress: EgressShared,
     inner: tokio::sync::Mutex<Inner>,
     health: Mutex<HealthState>,
 }
@@ -83,8 +83,11 @@ impl WasmProvider {
         WasmProvider {
             pre,
             origin,
+            egress: EgressShared {
+                policy: Arc::new(sandbox.egress.clone()),
+                ..EgressShared::default()
+            },
             sandbox,
-            egress: Arc::new(EgressStats::default()),
             inner: tokio::sync::Mutex::new(Inner {
                 slot: None,
                 settings: None,
@@ -101,7 +104,7 @@ impl WasmProvider {
 
     /// Outbound request counters of this pool's plugin.
     pub fn egress_stats(&self) -> Arc<EgressStats> {
-        self.egress.clone()
+        self.egress.stats.clone()
     }
 
     async fn instantiate(&self) -> Result<Slot, CallError> {
@@ -110,8 +113,8 @@ impl WasmProvider {
         let stderr = GuestOutput::new(self.origin.clone(), "stderr", budget);
         let state = HostState::new(
             self.origin.clone(),
-            &self.sandbox,
-            self.egress.clone(),
+            &self.sandbox.limits,
+            &self.egress,
             stdout.clone(),
             stderr.clone(),
         );

@@ -5,13 +5,14 @@
 //! `HTTP-request-denied`, logged with the pool, the target and the reason, and counted.
 
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -333,6 +334,14 @@ pub struct EgressStats {
     pub denied: AtomicU64,
 }
 
+/// What all instances of one pool's plugin share: the policy, counters and connections.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EgressShared {
+    pub policy: Arc<EgressPolicy>,
+    pub stats: Arc<EgressStats>,
+    pub connections: Arc<ConnectionPool>,
+}
+
 /// The wasi-http hooks of one plugin instance.
 pub(crate) struct EgressHooks {
     pub policy: Arc<EgressPolicy>,
@@ -340,6 +349,8 @@ pub(crate) struct EgressHooks {
     pub origin: super::output::Origin,
     /// Requests made in the current export call (reset before each call).
     pub requests_this_call: u32,
+    /// Keep-alive connections shared by the pool's instances.
+    pub connections: Arc<ConnectionPool>,
 }
 
 type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
@@ -441,6 +452,7 @@ impl WasiHttpHooks for EgressHooks {
         };
         let origin = self.origin.clone();
         let stats = self.stats.clone();
+        let connections = self.connections.clone();
         Box::new(async move {
             let deny_now = |reason: &str| deny(&origin, &stats, &method, &shown, reason);
             let host = request
@@ -497,9 +509,57 @@ impl WasiHttpHooks for EgressHooks {
                 &addrs,
                 timeouts,
                 policy.max_response_bytes,
+                &connections,
             )
             .await
         })
+    }
+}
+
+/// Idle HTTP/1 connections of one pool's plugin, reused across requests and instances.
+///
+/// Keyed by scheme, host name and the already-checked address, so reuse never skips the
+/// allow-list, the resolution or the address check, which run for every request.
+#[derive(Default)]
+pub struct ConnectionPool {
+    idle: Mutex<HashMap<PoolKey, Vec<(tokio::time::Instant, Sender)>>>,
+}
+
+impl std::fmt::Debug for ConnectionPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnectionPool")
+    }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<WasiBody>;
+type PoolKey = (bool, String, SocketAddr);
+const MAX_IDLE_PER_KEY: usize = 8;
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl ConnectionPool {
+    async fn take(&self, key: &PoolKey) -> Option<Sender> {
+        loop {
+            let (at, mut sender) = self.idle.lock().ok()?.get_mut(key)?.pop()?;
+            if sender.is_closed() || at.elapsed() > IDLE_TIMEOUT {
+                continue;
+            }
+            let ready = std::future::poll_fn(|cx| Poll::Ready(sender.poll_ready(cx))).await;
+            if let Poll::Ready(Ok(())) = ready {
+                return Some(sender);
+            }
+        }
+    }
+
+    fn put(&self, key: PoolKey, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        if let Ok(mut idle) = self.idle.lock() {
+            let list = idle.entry(key).or_default();
+            if list.len() < MAX_IDLE_PER_KEY {
+                list.push((tokio::time::Instant::now(), sender));
+            }
+        }
     }
 }
 
@@ -545,26 +605,24 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, HttpError> {
 trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Stream for T {}
 
-/// Connects to the already-checked addresses (never re-resolving the name) and sends.
-async fn send_pinned(
-    mut request: http::Request<WasiBody>,
+/// Opens a connection to the first reachable checked address (never re-resolving the name).
+async fn connect(
     host: &str,
     https: bool,
     addrs: &[SocketAddr],
     timeouts: Timeouts,
-    max_response_bytes: u64,
-) -> Result<(http::Response<WasiBody>, IoFuture), HttpError> {
+) -> Result<(Sender, SocketAddr), HttpError> {
     let connect = async {
         let mut last = None;
         for addr in addrs {
             match TcpStream::connect(addr).await {
-                Ok(s) => return Ok(s),
+                Ok(s) => return Ok((s, *addr)),
                 Err(e) => last = Some(e),
             }
         }
         Err(last.unwrap_or_else(|| std::io::Error::other("no address")))
     };
-    let tcp = match tokio::time::timeout(timeouts.connect, connect).await {
+    let (tcp, addr) = match tokio::time::timeout(timeouts.connect, connect).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
             return Err(HttpError::ConnectionRefused);
@@ -572,6 +630,7 @@ async fn send_pinned(
         Ok(Err(e)) => return Err(HttpError::Connect(e)),
         Err(_) => return Err(HttpError::ConnectionTimeout),
     };
+    let _ = tcp.set_nodelay(true);
     let stream: Box<dyn Stream> = if https {
         let name = rustls::pki_types::ServerName::try_from(host.to_string())
             .map_err(|_| HttpError::HttpRequestUriInvalid)?;
@@ -584,16 +643,46 @@ async fn send_pinned(
     } else {
         Box::new(tcp)
     };
-    let (mut sender, conn) = tokio::time::timeout(
+    let (sender, conn) = tokio::time::timeout(
         timeouts.connect,
         hyper::client::conn::http1::Builder::new().handshake(TokioIo::new(stream)),
     )
     .await
     .map_err(|_| HttpError::ConnectionTimeout)??;
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    // The connection task ends when the last handle to it is gone.
     tokio::spawn(async move {
-        let _ = done_tx.send(conn.await);
+        if let Err(e) = conn.await {
+            tracing::debug!(target: "flotilla::egress", "connection closed: {e}");
+        }
     });
+    Ok((sender, addr))
+}
+
+/// Sends over a pooled or new connection to the checked addresses.
+async fn send_pinned(
+    mut request: http::Request<WasiBody>,
+    host: &str,
+    https: bool,
+    addrs: &[SocketAddr],
+    timeouts: Timeouts,
+    max_response_bytes: u64,
+    pool: &Arc<ConnectionPool>,
+) -> Result<(http::Response<WasiBody>, IoFuture), HttpError> {
+    let mut reused = None;
+    for addr in addrs {
+        let key = (https, host.to_string(), *addr);
+        if let Some(sender) = pool.take(&key).await {
+            reused = Some((sender, key));
+            break;
+        }
+    }
+    let (mut sender, key) = match reused {
+        Some(r) => r,
+        None => {
+            let (sender, addr) = connect(host, https, addrs, timeouts).await?;
+            (sender, (https, host.to_string(), addr))
+        }
+    };
     let path = request
         .uri()
         .path_and_query()
@@ -607,6 +696,7 @@ async fn send_pinned(
         .await
         .map_err(|_| HttpError::ConnectionReadTimeout)??;
     let between = timeouts.between_bytes.max(Duration::from_millis(1));
+    let reuse = Some((pool.clone(), key, sender));
     let response = response.map(|incoming| {
         CappedBody {
             incoming,
@@ -614,15 +704,11 @@ async fn send_pinned(
             between,
             left: max_response_bytes,
             cap: max_response_bytes,
+            reuse,
         }
         .boxed_unsync()
     });
-    let io: IoFuture = Box::new(async move {
-        match done_rx.await {
-            Ok(Ok(())) | Err(_) => Ok(()),
-            Ok(Err(e)) => Err(HttpError::from(e)),
-        }
-    });
+    let io: IoFuture = Box::new(async { Ok(()) });
     Ok((response, io))
 }
 
@@ -633,6 +719,8 @@ struct CappedBody {
     between: Duration,
     left: u64,
     cap: u64,
+    /// Returned to the pool once the body has been read to the end.
+    reuse: Option<(Arc<ConnectionPool>, PoolKey, Sender)>,
 }
 
 impl http_body::Body for CappedBody {
@@ -644,7 +732,12 @@ impl http_body::Body for CappedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, HttpError>>> {
         match Pin::new(&mut self.incoming).poll_frame(cx) {
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                if let Some((pool, key, sender)) = self.reuse.take() {
+                    pool.put(key, sender);
+                }
+                Poll::Ready(None)
+            }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(HttpError::from(e)))),
             Poll::Ready(Some(Ok(frame))) => {
                 let len = frame.data_ref().map_or(0, |d| d.len() as u64);

@@ -234,8 +234,8 @@ pub(crate) struct HostState {
 impl HostState {
     fn new(
         origin: Origin,
-        sandbox: &Sandbox,
-        stats: Arc<EgressStats>,
+        limits: &Limits,
+        egress: &egress::EgressShared,
         stdout: GuestOutput,
         stderr: GuestOutput,
     ) -> Self {
@@ -254,14 +254,15 @@ impl HostState {
             http: WasiHttpCtx::new(),
             table: ResourceTable::new(),
             hooks: egress::EgressHooks {
-                policy: Arc::new(sandbox.egress.clone()),
-                stats,
+                policy: egress.policy.clone(),
+                stats: egress.stats.clone(),
                 origin: origin.clone(),
                 requests_this_call: 0,
+                connections: egress.connections.clone(),
             },
-            limiter: AggregateLimiter::new(sandbox.limits.clone()),
+            limiter: AggregateLimiter::new(limits.clone()),
             origin,
-            log_lines_left: sandbox.limits.log_lines_per_call,
+            log_lines_left: limits.log_lines_per_call,
             log_dropped: 0,
         }
     }
