@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 out=$(mktemp -d)
-FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime -- "$@"
+FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler -- "$@"
 python3 - "$CARGO_TARGET_DIR/criterion" "$out" <<'PY'
 import json, os, sys
 root, out = sys.argv[1], sys.argv[2]
@@ -21,7 +21,8 @@ def fmt(ns):
     for unit, div in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
         if ns >= div: return f"{ns/div:.3g} {unit}"
     return f"{ns:.3g} ns"
-rows = ["static/trivial_call", "static/instantiate", "template/instantiate", "static/load_from_cache",
+rows = ["scaler/acquire_release_10k_x4", "scaler/reconcile_tick_10k", "scaler/reservation_to_increase",
+        "static/trivial_call", "static/instantiate", "template/instantiate", "static/load_from_cache",
         "template/load_from_cache", "static/first_compile", "template/first_compile",
         "http_get/guest_update", "http_get/reqwest_fresh_connection", "http_get/reqwest_pooled"]
 print("\nmedians:")
@@ -31,4 +32,6 @@ except OSError: pass
 g, f, p = median("http_get/guest_update"), median("http_get/reqwest_fresh_connection"), median("http_get/reqwest_pooled")
 if g and f: print(f"  guest GET / reqwest (fresh connection)  {g/f:.2f}x")
 if g and p: print(f"  guest GET / reqwest (pooled)            {g/p:.2f}x")
+a = median("scaler/acquire_release_10k_x4")
+if a: print(f"  acquire+release per second (one core)  {1e9/a:,.0f}")
 PY
