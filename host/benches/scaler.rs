@@ -8,20 +8,32 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use criterion::{Criterion, criterion_group, criterion_main};
 use flotilla::provider::{
-    Arch, CallError, Connection, Instance, InstanceState, Os, Protocol, Provider, ProviderHealth, ProviderInfo,
+    Arch, CallError, Connection, Instance, InstanceState, Os, Protocol, Provider, ProviderHealth,
+    ProviderInfo,
 };
-use flotilla::scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, Policy, ScalerConfig, SystemClock};
+use flotilla::scaler::{
+    AlwaysReady, Clock, Policy, PoolCore, PoolHandle, ScalerConfig, SystemClock,
+};
 use tokio::sync::mpsc;
 
 const N: usize = 10_000;
 
 fn big_pool() -> PoolCore {
-    let cfg = ScalerConfig { capacity_per_instance: 4, max_instances: N as u32, ..ScalerConfig::default() };
+    let cfg = ScalerConfig {
+        capacity_per_instance: 4,
+        max_instances: N as u32,
+        ..ScalerConfig::default()
+    };
     let policy = Policy::new(vec!["* * * * *".into()], "UTC", 0, 3_600_000, 0.0, 0, false)
         .unwrap_or_else(|e| panic!("{e:?}"));
     let mut core = PoolCore::new(cfg, vec![policy], 0);
     let _ = core.plan(0);
-    let list = (0..N).map(|i| Instance { id: format!("i-{i}"), state: InstanceState::Running }).collect();
+    let list = (0..N)
+        .map(|i| Instance {
+            id: format!("i-{i}"),
+            state: InstanceState::Running,
+        })
+        .collect();
     core.on_update(0, Ok(list));
     for _ in core.plan(1) {}
     for i in 0..N {
@@ -63,7 +75,13 @@ struct Signal {
 #[async_trait]
 impl Provider for Signal {
     async fn init(&self, _: &str) -> Result<ProviderInfo, CallError> {
-        Ok(ProviderInfo { id: "bench".into(), version: "0".into(), max_size: 0, heartbeat: false, expiring_connect_info: false })
+        Ok(ProviderInfo {
+            id: "bench".into(),
+            version: "0".into(),
+            max_size: 0,
+            heartbeat: false,
+            expiring_connect_info: false,
+        })
     }
     async fn update(&self) -> Result<Vec<Instance>, CallError> {
         Ok(Vec::new())
@@ -100,7 +118,11 @@ impl Provider for Signal {
 }
 
 fn reservation_to_increase(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap_or_else(|e| panic!("{e}"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut g = c.benchmark_group("scaler");
     g.bench_function("reservation_to_increase", |b| {
         b.to_async(&rt).iter_custom(|iters| async move {
@@ -110,9 +132,19 @@ fn reservation_to_increase(c: &mut Criterion) {
                 let clock = Arc::new(SystemClock);
                 let policy = Policy::new(vec!["* * * * *".into()], "UTC", 0, 60_000, 0.0, 0, false)
                     .unwrap_or_else(|e| panic!("{e:?}"));
-                let cfg = ScalerConfig { update_interval_ms: 3_600_000, ..ScalerConfig::default() };
+                let cfg = ScalerConfig {
+                    update_interval_ms: 3_600_000,
+                    ..ScalerConfig::default()
+                };
                 let core = PoolCore::new(cfg, vec![policy], clock.now());
-                let pool = PoolHandle::spawn("bench".into(), core, Arc::new(Signal { tx }), clock, Arc::new(AlwaysReady), None);
+                let pool = PoolHandle::spawn(
+                    "bench".into(),
+                    core,
+                    Arc::new(Signal { tx }),
+                    clock,
+                    Arc::new(AlwaysReady),
+                    None,
+                );
                 // Wait until the first update has been applied.
                 while pool.snapshot().health != flotilla::scaler::PoolHealth::Ready {
                     tokio::task::yield_now().await;

@@ -136,3 +136,37 @@ fn check_rejects_bad_files_with_a_verdict() {
         "{v}"
     );
 }
+
+#[test]
+fn simulate_reports_and_rejects_bad_traces() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples");
+    let cap1 = format!("{root}/sim-capacity-1.toml");
+    let cap4 = format!("{root}/sim-capacity-4.toml");
+    let trace = format!("{root}/traces/steady-trickle.csv");
+    let svg = temp("out.svg", b"");
+    let (code, out, err) = flotilla(&[
+        "simulate", "-c", &cap1, "-c", &cap4, "--trace", &trace, "--json", "--svg", &svg,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let runs: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(runs[0]["name"], "sim-capacity-1:cap1");
+    assert_eq!(runs[0]["report"]["jobs"], 351);
+    assert_eq!(runs[1]["report"]["completed"], 351);
+    let svg_text = std::fs::read_to_string(&svg).unwrap_or_default();
+    assert!(
+        svg_text.starts_with("<svg") && svg_text.contains("queued jobs"),
+        "svg drawn"
+    );
+
+    let bad = temp("bad.csv", b"submit_at_s,duration_s\n1,10\nx,5\n3,-1\n4\n");
+    let (code, _, err) = flotilla(&["simulate", "-c", &cap1, "--trace", &bad]);
+    assert_eq!(code, 1);
+    for row in [
+        "row 3: submit_at_s \"x\" is not a number",
+        "row 4: duration_s must be >= 0",
+        "row 5: missing duration_s",
+    ] {
+        assert!(err.contains(row), "{row:?} missing from {err}");
+    }
+}

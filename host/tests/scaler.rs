@@ -387,3 +387,91 @@ fn instance_states_are_tracked() {
     assert_eq!(snap.instances[InstState::Ready.name()], 2);
     assert_eq!(snap.instances[InstState::Creating.name()], 0);
 }
+
+#[test]
+fn preemptive_mode_reserves_only_idle_ready_slots() {
+    let p = Policy::new(vec!["* * * * *".into()], "UTC", 1, MIN, 0.0, 0, true)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let mut h = Harness::new(cfg(1, 5, 0), vec![p]);
+    assert_eq!(
+        h.core.reserve(0),
+        Err(LeaseError::NoIdleSlot),
+        "nothing ready yet"
+    );
+    h.step();
+    let first = h.core.reserve(h.now).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        h.core.reserve(h.now),
+        Err(LeaseError::NoIdleSlot),
+        "the one idle slot is promised"
+    );
+    h.step();
+    assert!(h.core.acquire(h.now, first).ok().flatten().is_some());
+    h.step();
+    assert!(
+        h.core.reserve(h.now).is_ok(),
+        "the idle target was restored, so another reservation fits"
+    );
+}
+
+#[test]
+fn scale_throttle_limits_instance_creation() {
+    let mut c = cfg(1, 50, 0);
+    c.throttle_limit = 1.0; // one instance per second
+    c.throttle_burst = 3;
+    let mut h = Harness::new(c, vec![policy(20, MIN)]);
+    h.step();
+    let asked = |h: &Harness| -> u32 {
+        h.calls
+            .iter()
+            .map(|a| if let Action::Increase(n) = a { *n } else { 0 })
+            .sum()
+    };
+    assert_eq!(asked(&h), 3, "the burst");
+    h.advance(1_000);
+    assert_eq!(asked(&h), 4, "one more token after a second");
+    h.advance(10_000);
+    assert_eq!(asked(&h), 7, "a quiet spell refills at most the burst");
+    for _ in 0..5 {
+        h.advance(1_000);
+    }
+    assert_eq!(asked(&h), 12, "then one per second");
+    assert!(h.cloud.len() <= 20);
+}
+
+#[test]
+fn simulation_compares_capacity_per_instance() {
+    // Forty 10-minute jobs arriving together: 1 slot per machine needs 40 machines,
+    // 4 slots per machine needs 10.
+    let jobs: Vec<Job> = (0..40)
+        .map(|i| Job {
+            submit_at: i * 100,
+            duration: 10 * MIN,
+            tag: None,
+        })
+        .collect();
+    let cloud = SimCloud {
+        provisioning_delay_ms: (30_000, 30_000),
+        ..SimCloud::default()
+    };
+    let opts = SimOptions {
+        check_invariants: true,
+        ..SimOptions::default()
+    };
+    let (one, _) = simulate(&cfg(1, 100, 0), &[policy(0, MIN)], &cloud, &jobs, &opts);
+    let (four, _) = simulate(&cfg(4, 100, 0), &[policy(0, MIN)], &cloud, &jobs, &opts);
+    assert_eq!((one.completed, four.completed), (40, 40));
+    assert_eq!((one.peak_instances, four.peak_instances), (40, 10));
+    assert!(
+        four.instance_seconds < one.instance_seconds / 3.0,
+        "{} vs {}",
+        four.instance_seconds,
+        one.instance_seconds
+    );
+    assert!(
+        one.wait_p50_s >= 30.0 && one.wait_p50_s < 35.0,
+        "waits for provisioning: {}",
+        one.wait_p50_s
+    );
+    assert!(one.invariant_violations.is_empty() && four.invariant_violations.is_empty());
+}
