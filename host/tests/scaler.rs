@@ -76,6 +76,7 @@ struct Harness {
     cloud: Vec<(String, InstanceState)>,
     next: u32,
     granted_cap: Option<u32>,
+    heartbeat_error: Option<CallError>,
     calls: Vec<Action>,
 }
 
@@ -87,6 +88,7 @@ impl Harness {
             cloud: Vec::new(),
             next: 0,
             granted_cap: None,
+            heartbeat_error: None,
             calls: Vec::new(),
         }
     }
@@ -126,6 +128,13 @@ impl Harness {
                         self.core.on_decrease(self.now, &ids, Ok(ids.clone()));
                     }
                     Action::CheckReady(id) => self.core.on_ready(self.now, &id, Ok(())),
+                    Action::Heartbeat(id) => {
+                        let r = match self.heartbeat_error.clone() {
+                            Some(e) => Err(e),
+                            None => Ok(()),
+                        };
+                        self.core.on_heartbeat(self.now, &id, r);
+                    }
                 }
             }
             assert_eq!(self.core.check_invariants(), Ok(()));
@@ -474,4 +483,49 @@ fn simulation_compares_capacity_per_instance() {
         one.wait_p50_s
     );
     assert!(one.invariant_violations.is_empty() && four.invariant_violations.is_empty());
+}
+
+#[test]
+fn failing_heartbeats_replace_an_instance_after_the_threshold() {
+    let mut c = cfg(1, 5, 0);
+    c.failure_threshold = 3;
+    let mut h = Harness::new(c, vec![policy(1, 10 * MIN)]);
+    h.core.set_provider_info(&flotilla::provider::ProviderInfo {
+        id: "t".into(),
+        version: "0".into(),
+        max_size: 0,
+        heartbeat: true,
+        expiring_connect_info: false,
+    });
+    h.step();
+    let first = h.cloud[0].0.clone();
+    let l = h.core.reserve(h.now).unwrap_or_else(|e| panic!("{e}"));
+    assert!(h.core.acquire(h.now, l).ok().flatten().is_some());
+    h.heartbeat_error = Some(CallError::Provider {
+        function: Function::Heartbeat,
+        error: ProviderError::Transient("timeout".into()),
+    });
+    h.advance(30_000);
+    h.advance(30_000);
+    assert!(
+        matches!(
+            h.core.lease(l).map(|l| &l.state),
+            Some(LeaseState::Acquired { .. })
+        ),
+        "2 failures < threshold"
+    );
+    h.advance(30_000);
+    match h.core.lease(l).map(|l| &l.state) {
+        Some(LeaseState::Failed { cause }) => {
+            assert!(cause.contains("heartbeat failed 3 times"), "{cause}")
+        }
+        other => panic!("{other:?}"),
+    }
+    h.heartbeat_error = None;
+    h.advance(30_000);
+    assert!(
+        !h.cloud.iter().any(|(id, _)| *id == first),
+        "the failed instance was deleted"
+    );
+    assert!(h.ready() >= 1, "and replaced");
 }

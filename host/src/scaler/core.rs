@@ -66,6 +66,8 @@ struct Inst {
     uses: u32,
     failures: u32,
     readiness_in_flight: bool,
+    heartbeat_in_flight: bool,
+    last_heartbeat: Millis,
     delete_requested_at: Option<Millis>,
     failure: Option<String>,
 }
@@ -151,6 +153,8 @@ pub enum Action {
     Decrease(Vec<String>),
     /// Run the readiness check on this instance.
     CheckReady(String),
+    /// Call `heartbeat(id)` (only for plugins that implement it).
+    Heartbeat(String),
 }
 
 /// Where a lease was bound.
@@ -232,6 +236,7 @@ pub struct PoolCore {
     policies: Vec<Policy>,
     fallback: Policy,
     provider_max: u32,
+    heartbeats: bool,
     insts: HashMap<u64, Inst>,
     by_id: HashMap<String, u64>,
     next_key: u64,
@@ -272,6 +277,7 @@ impl PoolCore {
             policies,
             fallback: Policy::fallback(),
             provider_max: 0,
+            heartbeats: false,
             insts: HashMap::new(),
             by_id: HashMap::new(),
             next_key: 1,
@@ -300,6 +306,7 @@ impl PoolCore {
     /// Applies what `init` said about the group (its own size limit).
     pub fn set_provider_info(&mut self, info: &ProviderInfo) {
         self.provider_max = info.max_size;
+        self.heartbeats = info.heartbeat;
     }
 
     /// Replaces the policies (hot reload).
@@ -628,11 +635,20 @@ impl PoolCore {
             // down, only observe: the driver decides about deleting instances.
             return actions;
         }
-        for (key, inst) in &mut self.insts {
-            let _ = key;
+        let heartbeat_every = self.cfg.update_interval_ms;
+        for inst in self.insts.values_mut() {
             if inst.state == InstState::Running && !inst.readiness_in_flight {
                 inst.readiness_in_flight = true;
                 actions.push(Action::CheckReady(inst.id.clone()));
+            }
+            let beat_due = now >= inst.last_heartbeat + heartbeat_every;
+            if self.heartbeats
+                && matches!(inst.state, InstState::Ready | InstState::Draining)
+                && !inst.heartbeat_in_flight
+                && beat_due
+            {
+                inst.heartbeat_in_flight = true;
+                actions.push(Action::Heartbeat(inst.id.clone()));
             }
         }
 
@@ -794,6 +810,8 @@ impl PoolCore {
                         uses: 0,
                         failures: 0,
                         readiness_in_flight: false,
+                        heartbeat_in_flight: false,
+                        last_heartbeat: now,
                         delete_requested_at: None,
                         failure: None,
                     };
@@ -935,6 +953,39 @@ impl PoolCore {
             self.counters.ready_latencies.push(latency);
         }
         if let Some(cause) = failed {
+            self.fail_instance(key, &cause);
+        }
+    }
+
+    /// Learns the result of `heartbeat(id)`: `not-found` means gone; other errors count
+    /// toward `failure_threshold`.
+    pub fn on_heartbeat(&mut self, now: Millis, id: &str, result: Result<(), CallError>) {
+        let Some(&key) = self.by_id.get(id) else {
+            return;
+        };
+        let threshold = self.cfg.failure_threshold.max(1);
+        let mut failed = None;
+        let gone = matches!(
+            result.as_ref().err().and_then(CallError::provider_error),
+            Some(ProviderError::NotFound(_))
+        );
+        self.with_inst(key, |i| {
+            i.heartbeat_in_flight = false;
+            i.last_heartbeat = now;
+            match &result {
+                Ok(()) => i.failures = 0,
+                Err(_) if gone => {}
+                Err(e) => {
+                    i.failures += 1;
+                    if i.failures >= threshold {
+                        failed = Some(format!("heartbeat failed {} times: {e}", i.failures));
+                    }
+                }
+            }
+        });
+        if gone {
+            self.fail_instance(key, "heartbeat: the cloud no longer knows the instance");
+        } else if let Some(cause) = failed {
             self.fail_instance(key, &cause);
         }
     }

@@ -180,6 +180,12 @@ impl PoolHandle {
                 }
                 self.core().on_decrease(self.clock.now(), &ids, r);
             }
+            Action::Heartbeat(id) => {
+                let r = self
+                    .timed(Function::Heartbeat, self.provider.heartbeat(&id))
+                    .await;
+                self.core().on_heartbeat(self.clock.now(), &id, r);
+            }
             Action::CheckReady(id) => {
                 let r = self.readiness.check(self.provider.as_ref(), &id).await;
                 if let Err(e) = &r {

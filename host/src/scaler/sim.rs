@@ -521,6 +521,10 @@ impl<'a> Sim<'a> {
                     self.report.scale_operations += 1;
                     Pending::Decrease(ids)
                 }
+                Action::Heartbeat(id) => {
+                    self.core.on_heartbeat(now, &id, Ok(()));
+                    continue;
+                }
                 Action::CheckReady(id) => {
                     self.core.on_ready(now, &id, Ok(()));
                     again = true;
