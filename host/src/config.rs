@@ -152,6 +152,9 @@ pub struct PoolConfig {
     /// Fixed name resolution for the plugin's requests (checked like DNS answers).
     #[serde(default)]
     pub resolve: BTreeMap<String, Vec<IpAddr>>,
+    /// Extra CA certificates (PEM files, relative to this file) trusted for HTTPS.
+    #[serde(default)]
+    pub tls_ca_files: Vec<String>,
     /// Credentials the plugin may name.
     #[serde(default)]
     pub credentials: Vec<toml::Table>,
@@ -591,6 +594,31 @@ pub fn parse(path: &Path, text: &str, check_plugins: bool) -> Result<Config, Con
                 ),
             }
         }
+        let mut extra_roots = Vec::new();
+        for (n, f) in p.tls_ca_files.iter().enumerate() {
+            use rustls::pki_types::pem::PemObject;
+            let file = if Path::new(f).is_absolute() {
+                PathBuf::from(f)
+            } else {
+                base.join(f)
+            };
+            let at = vec![k("pool"), Seg::Index(i), k("tls_ca_files"), Seg::Index(n)];
+            match rustls::pki_types::CertificateDer::pem_file_iter(&file) {
+                Ok(certs) => {
+                    let before = extra_roots.len();
+                    for cert in certs {
+                        match cert {
+                            Ok(c) => extra_roots.push(c),
+                            Err(e) => c.add(&at, format!("{}: {e}", file.display())),
+                        }
+                    }
+                    if extra_roots.len() == before {
+                        c.add(&at, format!("{}: no PEM certificate found", file.display()));
+                    }
+                }
+                Err(e) => c.add(&at, format!("cannot read {}: {e}", file.display())),
+            }
+        }
         let mut credentials: Vec<Credential> = Vec::new();
         for (n, table) in p.credentials.iter().enumerate() {
             let cat = |key: &str| {
@@ -714,6 +742,7 @@ pub fn parse(path: &Path, text: &str, check_plugins: bool) -> Result<Config, Con
                     allowed_ip_ranges: ranges,
                     resolve_overrides: p.resolve.clone(),
                     credentials,
+                    extra_roots,
                     ..EgressPolicy::default()
                 },
                 limits: p.limits.clone(),

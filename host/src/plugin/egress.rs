@@ -223,6 +223,9 @@ pub struct EgressPolicy {
     pub max_requests_per_call: u32,
     /// Named credentials the plugin may ask the host to apply.
     pub credentials: Vec<Credential>,
+    /// Extra CA certificates (DER) trusted for HTTPS, on top of the Web PKI roots; for
+    /// private endpoints and emulators.
+    pub extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 impl Default for EgressPolicy {
@@ -238,6 +241,7 @@ impl Default for EgressPolicy {
             max_signed_body_bytes: 8 << 20,
             max_requests_per_call: 100,
             credentials: Vec::new(),
+            extra_roots: Vec::new(),
         }
     }
 }
@@ -340,6 +344,7 @@ pub(crate) struct EgressShared {
     pub policy: Arc<EgressPolicy>,
     pub stats: Arc<EgressStats>,
     pub connections: Arc<ConnectionPool>,
+    pub tls: Arc<TlsCell>,
 }
 
 /// The wasi-http hooks of one plugin instance.
@@ -351,6 +356,8 @@ pub(crate) struct EgressHooks {
     pub requests_this_call: u32,
     /// Keep-alive connections shared by the pool's instances.
     pub connections: Arc<ConnectionPool>,
+    /// The pool's TLS client configuration.
+    pub tls: Arc<TlsCell>,
 }
 
 type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
@@ -453,6 +460,7 @@ impl WasiHttpHooks for EgressHooks {
         let origin = self.origin.clone();
         let stats = self.stats.clone();
         let connections = self.connections.clone();
+        let tls = self.tls.clone();
         Box::new(async move {
             let deny_now = |reason: &str| deny(&origin, &stats, &method, &shown, reason);
             let host = request
@@ -505,11 +513,11 @@ impl WasiHttpHooks for EgressHooks {
             send_pinned(
                 request,
                 &host,
-                https,
                 &addrs,
                 timeouts,
                 policy.max_response_bytes,
                 &connections,
+                https.then(|| tls_config(&policy, &tls)).transpose()?,
             )
             .await
         })
@@ -584,22 +592,27 @@ async fn collect_limited(body: &mut WasiBody, limit: usize) -> Result<Bytes, Htt
     Ok(out.freeze())
 }
 
-fn tls_config() -> Result<Arc<rustls::ClientConfig>, HttpError> {
-    static CONFIG: OnceLock<Option<Arc<rustls::ClientConfig>>> = OnceLock::new();
-    CONFIG
-        .get_or_init(|| {
-            let roots = rustls::RootCertStore {
-                roots: webpki_roots::TLS_SERVER_ROOTS.into(),
-            };
-            rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
+/// The TLS client of one pool: Web PKI roots plus the pool's extra roots, built once.
+type TlsCell = OnceLock<Option<Arc<rustls::ClientConfig>>>;
+
+fn tls_config(
+    policy: &EgressPolicy,
+    cell: &TlsCell,
+) -> Result<Arc<rustls::ClientConfig>, HttpError> {
+    cell.get_or_init(|| {
+        let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.into() };
+        for cert in &policy.extra_roots {
+            if let Err(e) = roots.add(cert.clone()) {
+                tracing::warn!(target: "flotilla::egress", "ignoring an unusable extra CA certificate: {e}");
+            }
+        }
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
             .ok()
             .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()))
-        })
-        .clone()
-        .ok_or(HttpError::InternalError(Some("TLS setup failed".into())))
+    })
+    .clone()
+    .ok_or(HttpError::InternalError(Some("TLS setup failed".into())))
 }
 
 trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
@@ -608,7 +621,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> S
 /// Opens a connection to the first reachable checked address (never re-resolving the name).
 async fn connect(
     host: &str,
-    https: bool,
+    tls: Option<Arc<rustls::ClientConfig>>,
     addrs: &[SocketAddr],
     timeouts: Timeouts,
 ) -> Result<(Sender, SocketAddr), HttpError> {
@@ -631,10 +644,10 @@ async fn connect(
         Err(_) => return Err(HttpError::ConnectionTimeout),
     };
     let _ = tcp.set_nodelay(true);
-    let stream: Box<dyn Stream> = if https {
+    let stream: Box<dyn Stream> = if let Some(config) = tls {
         let name = rustls::pki_types::ServerName::try_from(host.to_string())
             .map_err(|_| HttpError::HttpRequestUriInvalid)?;
-        let tls = tokio_rustls::TlsConnector::from(tls_config()?);
+        let tls = tokio_rustls::TlsConnector::from(config);
         match tokio::time::timeout(timeouts.connect, tls.connect(name, tcp)).await {
             Ok(Ok(s)) => Box::new(s),
             Ok(Err(e)) => return Err(HttpError::Tls(e)),
@@ -662,12 +675,13 @@ async fn connect(
 async fn send_pinned(
     mut request: http::Request<WasiBody>,
     host: &str,
-    https: bool,
     addrs: &[SocketAddr],
     timeouts: Timeouts,
     max_response_bytes: u64,
     pool: &Arc<ConnectionPool>,
+    tls: Option<Arc<rustls::ClientConfig>>,
 ) -> Result<(http::Response<WasiBody>, IoFuture), HttpError> {
+    let https = tls.is_some();
     let mut reused = None;
     for addr in addrs {
         let key = (https, host.to_string(), *addr);
@@ -679,7 +693,7 @@ async fn send_pinned(
     let (mut sender, key) = match reused {
         Some(r) => r,
         None => {
-            let (sender, addr) = connect(host, https, addrs, timeouts).await?;
+            let (sender, addr) = connect(host, tls, addrs, timeouts).await?;
             (sender, (https, host.to_string(), addr))
         }
     };

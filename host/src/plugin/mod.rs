@@ -259,6 +259,7 @@ impl HostState {
                 origin: origin.clone(),
                 requests_this_call: 0,
                 connections: egress.connections.clone(),
+                tls: egress.tls.clone(),
             },
             limiter: AggregateLimiter::new(limits.clone()),
             origin,

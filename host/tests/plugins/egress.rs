@@ -344,3 +344,79 @@ async fn aws_requests_are_signed_by_the_host() {
     assert!(!r.to_string().contains(SECRET));
     assert!(!logs.text().contains(SECRET));
 }
+
+/// A TLS server on loopback for `api.test`, with a self-signed certificate.
+async fn tls_peer() -> (
+    std::net::SocketAddr,
+    rustls::pki_types::CertificateDer<'static>,
+) {
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let key = rcgen::generate_simple_self_signed(vec!["api.test".to_string()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let cert = key.cert.der().clone();
+    let private = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.signing_key.serialize_der()));
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .and_then(|b| {
+        b.with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], private)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                        http_body_util::Full::new(hyper::body::Bytes::from_static(b"secure hello")),
+                    ))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    (addr, cert)
+}
+
+#[tokio::test]
+async fn https_verifies_the_server_against_the_pool_roots() {
+    let (addr, cert) = tls_peer().await;
+    let url = format!("https://api.test:{}/", addr.port());
+    let setup = |s: &mut Sandbox, trust: bool| {
+        s.egress.allow = allow(&[format!("https://api.test:{}", addr.port())]);
+        s.egress.allowed_ip_ranges = loopback();
+        s.egress.resolve_overrides = BTreeMap::from([("api.test".to_string(), vec![addr.ip()])]);
+        if trust {
+            s.egress.extra_roots = vec![cert.clone()];
+        }
+    };
+    // Without the pool trusting the certificate, the TLS handshake fails.
+    let p = egress_plugin(|s| setup(s, false));
+    let r = attack(&p, json!({ "url": url })).await;
+    assert!(
+        r["results"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Tls")),
+        "{r}"
+    );
+    // With it, the request goes through over TLS, twice on one kept-alive connection.
+    let p = egress_plugin(|s| setup(s, true));
+    let r = attack(&p, json!({ "url": url, "count": 2 })).await;
+    assert_eq!(r["results"][0]["status"], 200, "{r}");
+    assert_eq!(r["results"][1]["bytes"], 12, "{r}");
+}
