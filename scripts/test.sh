@@ -18,6 +18,13 @@ if ! command -v promtool >/dev/null; then
   fi
 fi
 
+# moto (with boto3) is the AWS peer of the AWS plugin's tests.
+export FLOTILLA_VENV="${FLOTILLA_VENV:-$HOME/.cache/flotilla-venv}"
+if [ ! -x "$FLOTILLA_VENV/bin/moto_server" ]; then
+  python3 -m venv "$FLOTILLA_VENV"
+  "$FLOTILLA_VENV/bin/pip" install -q "moto[server]" boto3
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -26,7 +33,7 @@ cargo clippy --locked -p flotilla --all-targets -- -D warnings
 
 echo "== clippy (guests, wasm32-wasip2)"
 cargo clippy --locked --target wasm32-wasip2 \
-  -p flotilla-plugin-static -p flotilla-plugin-template -p guest-misbehave -p guest-escape -p guest-egress -- -D warnings
+  -p flotilla-plugin-static -p flotilla-plugin-aws -p flotilla-plugin-template -p guest-misbehave -p guest-escape -p guest-egress -- -D warnings
 
 echo "== tests"
 cargo test --locked --release -p flotilla

@@ -11,6 +11,7 @@ use std::process::Command;
 /// (package, constant name, is a test guest)
 const GUESTS: &[(&str, &str, bool)] = &[
     ("flotilla-plugin-static", "STATIC_PLUGIN", false),
+    ("flotilla-plugin-aws", "AWS_PLUGIN", false),
     ("flotilla-plugin-template", "TEMPLATE_PLUGIN", false),
     ("guest-misbehave", "MISBEHAVE", true),
     ("guest-escape", "ESCAPE", true),

@@ -185,6 +185,17 @@ pub struct Credential {
 pub const CREDENTIAL_HEADER: &str = "flotilla-credential";
 /// Optional hint naming the AWS service to sign for; stripped by the host.
 pub const AWS_SERVICE_HEADER: &str = "flotilla-aws-service";
+/// Optional hint naming the AWS region to sign for; stripped by the host.
+pub const AWS_REGION_HEADER: &str = "flotilla-aws-region";
+
+/// What a plugin may suggest for signing; configuration always wins.
+#[derive(Debug, Clone, Default)]
+pub struct SigningHints {
+    /// The AWS service (`ec2`, `autoscaling`...).
+    pub service: Option<String>,
+    /// The AWS region.
+    pub region: Option<String>,
+}
 
 /// Service and region from an AWS host name such as `ec2.eu-west-1.amazonaws.com`.
 pub fn aws_service_region(host: &str) -> (Option<String>, Option<String>) {
@@ -209,7 +220,7 @@ impl Credential {
         &self,
         request: &mut http::Request<B>,
         body: &[u8],
-        service_hint: Option<&str>,
+        hints: &SigningHints,
     ) -> Result<(), CredentialError> {
         let signing = |detail: String| CredentialError::Signing {
             name: self.name.clone(),
@@ -239,18 +250,22 @@ impl Credential {
                 let (derived_service, derived_region) = aws_service_region(&host);
                 let service = service
                     .clone()
-                    .or_else(|| service_hint.map(str::to_string))
+                    .or_else(|| hints.service.clone())
                     .or(derived_service)
                     .ok_or_else(|| {
                         signing(format!(
                             "cannot derive the AWS service from host {host}; set `service`"
                         ))
                     })?;
-                let region = region.clone().or(derived_region).ok_or_else(|| {
-                    signing(format!(
-                        "cannot derive the AWS region from host {host}; set `region`"
-                    ))
-                })?;
+                let region = region
+                    .clone()
+                    .or_else(|| hints.region.clone())
+                    .or(derived_region)
+                    .ok_or_else(|| {
+                        signing(format!(
+                            "cannot derive the AWS region from host {host}; set `region`"
+                        ))
+                    })?;
                 let akid = access_key_id.resolve(&self.name)?;
                 let secret = secret_access_key.resolve(&self.name)?;
                 let token = session_token

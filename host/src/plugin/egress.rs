@@ -24,7 +24,9 @@ use tokio::net::TcpStream;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
-use crate::credentials::{AWS_SERVICE_HEADER, CREDENTIAL_HEADER, Credential};
+use crate::credentials::{
+    AWS_REGION_HEADER, AWS_SERVICE_HEADER, CREDENTIAL_HEADER, Credential, SigningHints,
+};
 
 /// Why an allow-list entry was refused, for config errors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -443,10 +445,16 @@ impl WasiHttpHooks for EgressHooks {
                 },
             },
         };
-        let service_hint = match header_text(&mut request, AWS_SERVICE_HEADER) {
-            Ok(h) => h,
-            Err(reason) => return denied(self, &reason),
-        };
+        let mut hints = SigningHints::default();
+        for (header, slot) in [
+            (AWS_SERVICE_HEADER, &mut hints.service),
+            (AWS_REGION_HEADER, &mut hints.region),
+        ] {
+            match header_text(&mut request, header) {
+                Ok(h) => *slot = h,
+                Err(reason) => return denied(self, &reason),
+            }
+        }
         let asked = options.unwrap_or_default();
         let policy = self.policy.clone();
         let timeouts = Timeouts {
@@ -502,7 +510,7 @@ impl WasiHttpHooks for EgressHooks {
                     Ok(b) => b,
                     Err(e) => return Err(e),
                 };
-                if let Err(e) = credential.apply(&mut request, &bytes, service_hint.as_deref()) {
+                if let Err(e) = credential.apply(&mut request, &bytes, &hints) {
                     return Err(deny_now(&e.to_string()));
                 }
                 *request.body_mut() = Full::new(bytes)

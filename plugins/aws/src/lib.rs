@@ -1,0 +1,383 @@
+//! Flotilla provider for one EC2 Auto Scaling group.
+//!
+//! Scaling policy lives in the host: this plugin reads the group, sets its desired capacity
+//! and terminates the instances the host names. Every request names the pool credential;
+//! the host signs it with SigV4 (see the WIT's "Credentials" section).
+
+mod query;
+
+use std::cell::RefCell;
+
+use serde::Deserialize;
+
+use query::{Endpoint, child, child_node};
+
+wit_bindgen::generate!({
+    path: "../../wit",
+    world: "flotilla:provider/provider",
+    generate_all,
+});
+
+use exports::flotilla::provider::instance_group::Guest;
+use flotilla::provider::log::{Level, emit};
+use flotilla::provider::types::{
+    Arch, Capabilities, Connection, Error, Instance, InstanceState, Os, Protocol, ProviderInfo,
+};
+
+/// The pool's `plugin_config`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    /// The Auto Scaling group's name.
+    name: String,
+    /// Its region, e.g. `eu-west-1`.
+    region: String,
+    /// Optional endpoint override (emulators, GovCloud, China), used for both services.
+    #[serde(default)]
+    endpoint: Option<String>,
+    /// The pool credential to sign with.
+    #[serde(default = "default_credential")]
+    credential: String,
+    /// SSH user for connect-info (default `ec2-user`).
+    #[serde(default = "default_user")]
+    username: String,
+}
+
+fn default_credential() -> String {
+    "aws".to_string()
+}
+fn default_user() -> String {
+    "ec2-user".to_string()
+}
+
+struct State {
+    name: String,
+    endpoint: Endpoint,
+    username: String,
+}
+
+thread_local! {
+    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+}
+
+fn with<T>(f: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, Error> {
+    STATE.with(|s| match s.borrow().as_ref() {
+        Some(state) => f(state),
+        None => Err(Error::Other("init has not been called".into())),
+    })
+}
+
+fn parse_settings(text: &str) -> Result<Settings, Error> {
+    let s: Settings =
+        serde_json::from_str(text).map_err(|e| Error::InvalidConfig(format!("settings: {e}")))?;
+    let mut problems = Vec::new();
+    if s.name.is_empty() || s.name.len() > 255 {
+        problems.push("name: must be 1-255 characters".to_string());
+    }
+    let region_ok = !s.region.is_empty()
+        && s.region.split('-').count() >= 3
+        && s.region
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !region_ok {
+        problems.push(format!(
+            "region: {:?} is not an AWS region like eu-west-1",
+            s.region
+        ));
+    }
+    if let Some(e) = &s.endpoint
+        && !(e.starts_with("https://") || e.starts_with("http://"))
+    {
+        problems.push("endpoint: must start with https:// or http://".to_string());
+    }
+    if s.credential.is_empty() {
+        problems.push("credential: must name a pool credential".to_string());
+    }
+    if problems.is_empty() {
+        Ok(s)
+    } else {
+        Err(Error::InvalidConfig(problems.join("; ")))
+    }
+}
+
+/// One group as DescribeAutoScalingGroups reports it.
+struct Group {
+    max: u32,
+    desired: u32,
+    instances: Vec<(String, String, String)>,
+    protected: bool,
+    az_rebalance_suspended: bool,
+}
+
+fn describe_group(state: &State) -> Result<Group, Error> {
+    let mut next: Option<String> = None;
+    let mut group: Option<Group> = None;
+    loop {
+        let mut params = vec![("AutoScalingGroupNames.member.1", state.name.clone())];
+        if let Some(t) = &next {
+            params.push(("NextToken", t.clone()));
+        }
+        let xml = state
+            .endpoint
+            .call("autoscaling", "DescribeAutoScalingGroups", &params)?;
+        let doc = xml.doc()?;
+        let groups = doc
+            .descendants()
+            .find(|n| n.has_tag_name("AutoScalingGroups"));
+        for member in groups
+            .iter()
+            .flat_map(|g| g.children().filter(|n| n.has_tag_name("member")))
+        {
+            if child(member, "AutoScalingGroupName") != Some(state.name.as_str()) {
+                continue;
+            }
+            let num = |name: &str| {
+                child(member, name)
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .unwrap_or(0)
+            };
+            let g = group.get_or_insert(Group {
+                max: num("MaxSize"),
+                desired: num("DesiredCapacity"),
+                instances: Vec::new(),
+                protected: child(member, "NewInstancesProtectedFromScaleIn") == Some("true"),
+                az_rebalance_suspended: child_node(member, "SuspendedProcesses").is_some_and(|s| {
+                    s.descendants()
+                        .any(|n| n.has_tag_name("ProcessName") && n.text() == Some("AZRebalance"))
+                }),
+            });
+            if let Some(list) = child_node(member, "Instances") {
+                for i in list.children().filter(|n| n.has_tag_name("member")) {
+                    let id = child(i, "InstanceId").unwrap_or_default().to_string();
+                    let life = child(i, "LifecycleState").unwrap_or_default().to_string();
+                    let health = child(i, "HealthStatus").unwrap_or_default().to_string();
+                    if !id.is_empty() {
+                        g.instances.push((id, life, health));
+                    }
+                }
+            }
+        }
+        next = doc
+            .descendants()
+            .find(|n| n.has_tag_name("NextToken"))
+            .and_then(|n| n.text())
+            .filter(|t| !t.is_empty())
+            .map(str::to_string);
+        if next.is_none() {
+            break;
+        }
+    }
+    group.ok_or_else(|| {
+        Error::NotFound(format!(
+            "Auto Scaling group {:?} does not exist",
+            state.name
+        ))
+    })
+}
+
+fn map_state(lifecycle: &str, health: &str) -> InstanceState {
+    if health == "Unhealthy" {
+        return InstanceState::Failed(format!("Auto Scaling marks it Unhealthy ({lifecycle})"));
+    }
+    match lifecycle {
+        "Terminated" => InstanceState::Deleted,
+        s if s.starts_with("Terminating") || s.starts_with("Detach") => InstanceState::Deleting,
+        "InService" => InstanceState::Running,
+        s if s.starts_with("Pending") || s.is_empty() => InstanceState::Creating,
+        // Standby, EnteredStandby, Warmed:* and others: present but not for jobs.
+        other => InstanceState::Failed(format!("lifecycle state {other}")),
+    }
+}
+
+struct Aws;
+
+impl Guest for Aws {
+    fn init(text: String) -> Result<ProviderInfo, Error> {
+        let s = parse_settings(&text)?;
+        let base = |service: &str| match &s.endpoint {
+            Some(e) => e.trim_end_matches('/').to_string() + "/",
+            None if s.region.starts_with("cn-") => {
+                format!("https://{service}.{}.amazonaws.com.cn/", s.region)
+            }
+            None => format!("https://{service}.{}.amazonaws.com/", s.region),
+        };
+        let state = State {
+            name: s.name.clone(),
+            endpoint: Endpoint {
+                autoscaling: base("autoscaling"),
+                ec2: base("ec2"),
+                region: s.region.clone(),
+                credential: s.credential.clone(),
+            },
+            username: s.username.clone(),
+        };
+        let group = describe_group(&state)?;
+        if !group.protected {
+            emit(
+                Level::Warn,
+                &format!(
+                    "group {}: scale-in protection for new instances is off; AWS may terminate an instance while a job runs on it",
+                    s.name
+                ),
+            );
+        }
+        if !group.az_rebalance_suspended {
+            emit(
+                Level::Warn,
+                &format!(
+                    "group {}: the AZRebalance process is not suspended; AWS may replace instances that run jobs",
+                    s.name
+                ),
+            );
+        }
+        STATE.with(|cell| *cell.borrow_mut() = Some(state));
+        Ok(ProviderInfo {
+            id: format!("aws/{}/{}", s.region, s.name),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            max_size: group.max,
+            capabilities: Capabilities {
+                heartbeat: false,
+                expiring_connect_info: false,
+            },
+        })
+    }
+
+    fn update() -> Result<Vec<Instance>, Error> {
+        with(|state| {
+            let group = describe_group(state)?;
+            Ok(group
+                .instances
+                .into_iter()
+                .map(|(id, life, health)| Instance {
+                    state: map_state(&life, &health),
+                    id,
+                })
+                .collect())
+        })
+    }
+
+    fn increase(delta: u32) -> Result<u32, Error> {
+        with(|state| {
+            let group = describe_group(state)?;
+            // moto accepts desired > MaxSize; AWS refuses it. Cap here and report the real delta.
+            let target = group.desired.saturating_add(delta).min(group.max);
+            let granted = target.saturating_sub(group.desired);
+            if granted == 0 {
+                return Ok(0);
+            }
+            state.endpoint.call(
+                "autoscaling",
+                "SetDesiredCapacity",
+                &[
+                    ("AutoScalingGroupName", state.name.clone()),
+                    ("DesiredCapacity", target.to_string()),
+                    ("HonorCooldown", "false".to_string()),
+                ],
+            )?;
+            Ok(granted)
+        })
+    }
+
+    fn decrease(ids: Vec<String>) -> Result<Vec<String>, Error> {
+        with(|state| {
+            let mut accepted = Vec::new();
+            let mut last_error = None;
+            for id in ids {
+                let r = state.endpoint.call(
+                    "autoscaling",
+                    "TerminateInstanceInAutoScalingGroup",
+                    &[
+                        ("InstanceId", id.clone()),
+                        ("ShouldDecrementDesiredCapacity", "true".to_string()),
+                    ],
+                );
+                match r {
+                    Ok(_) => accepted.push(id),
+                    // Already gone: idempotent success.
+                    Err(Error::InvalidConfig(m) | Error::NotFound(m))
+                        if m.contains("not found") || m.contains("does not exist") =>
+                    {
+                        accepted.push(id)
+                    }
+                    Err(e @ (Error::Unauthorized(_) | Error::Throttled(_))) => {
+                        if accepted.is_empty() {
+                            return Err(e);
+                        }
+                        last_error = Some(e);
+                        break;
+                    }
+                    Err(e) => last_error = Some(e),
+                }
+            }
+            match (accepted.is_empty(), last_error) {
+                (true, Some(e)) => Err(e),
+                _ => Ok(accepted),
+            }
+        })
+    }
+
+    fn connect_info(id: String) -> Result<Connection, Error> {
+        with(|state| {
+            let mut next: Option<String> = None;
+            loop {
+                let mut params = vec![("InstanceId.1", id.clone())];
+                if let Some(t) = &next {
+                    params.push(("NextToken", t.clone()));
+                }
+                let xml = state.endpoint.call("ec2", "DescribeInstances", &params)?;
+                let doc = xml.doc()?;
+                let found = doc.descendants().find(|n| {
+                    n.has_tag_name("item") && child(*n, "instanceId") == Some(id.as_str())
+                });
+                if let Some(item) = found {
+                    let windows = child(item, "platform") == Some("windows");
+                    let arch = match child(item, "architecture") {
+                        Some("arm64") => Arch::Arm64,
+                        Some("i386") => Arch::X86,
+                        _ => Arch::Amd64,
+                    };
+                    return Ok(Connection {
+                        id: id.clone(),
+                        os: if windows { Os::Windows } else { Os::Linux },
+                        arch,
+                        protocol: if windows {
+                            Protocol::Winrm
+                        } else {
+                            Protocol::Ssh
+                        },
+                        internal_address: child(item, "privateIpAddress").map(str::to_string),
+                        external_address: child(item, "ipAddress").map(str::to_string),
+                        port: if windows { 5986 } else { 22 },
+                        username: if windows {
+                            "Administrator".to_string()
+                        } else {
+                            state.username.clone()
+                        },
+                        expires: None,
+                    });
+                }
+                next = doc
+                    .descendants()
+                    .find(|n| n.has_tag_name("nextToken"))
+                    .and_then(|n| n.text())
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string);
+                if next.is_none() {
+                    return Err(Error::NotFound(format!("instance {id} not found")));
+                }
+            }
+        })
+    }
+
+    fn heartbeat(_id: String) -> Result<(), Error> {
+        Err(Error::Unsupported(
+            "heartbeat: the group's health checks are used instead".into(),
+        ))
+    }
+
+    fn shutdown() -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+export!(Aws);

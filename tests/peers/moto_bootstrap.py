@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Bootstraps a moto server that checks SigV4 (INITIAL_NO_AUTH_ACTION_COUNT=0).
+
+Creates an admin user and a plugin user whose policy allows exactly the actions in
+plugins/aws/README.md, then (as admin) a VPC, subnet, launch template and Auto Scaling group.
+Prints JSON with both key pairs and the group name.
+
+usage: moto_bootstrap.py ENDPOINT [MAX_SIZE]
+       moto_bootstrap.py ENDPOINT --policy USER ACTIONS...   (replace the plugin user's policy)
+       moto_bootstrap.py ENDPOINT --describe ADMIN_KEY ADMIN_SECRET GROUP
+"""
+import json
+import sys
+import urllib.request
+
+import boto3
+
+PLUGIN_ACTIONS = [
+    "autoscaling:DescribeAutoScalingGroups",
+    "autoscaling:SetDesiredCapacity",
+    "autoscaling:TerminateInstanceInAutoScalingGroup",
+    "ec2:DescribeInstances",
+]
+
+
+def client(endpoint, service, key=None, secret=None):
+    kw = dict(endpoint_url=endpoint, region_name="us-east-1")
+    if key:
+        kw.update(aws_access_key_id=key, aws_secret_access_key=secret)
+    else:
+        kw.update(aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+    return boto3.client(service, **kw)
+
+
+def policy(actions):
+    return json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]})
+
+
+def main():
+    endpoint = sys.argv[1]
+    if len(sys.argv) > 2 and sys.argv[2] == "--describe":
+        key, secret, group = sys.argv[3:6]
+        g = client(endpoint, "autoscaling", key, secret).describe_auto_scaling_groups(AutoScalingGroupNames=[group])
+        print(json.dumps({"desired": g["AutoScalingGroups"][0]["DesiredCapacity"]}))
+        return
+    if len(sys.argv) > 2 and sys.argv[2] == "--policy":
+        user, actions = sys.argv[3], sys.argv[4:]
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"1", method="POST", headers={"Content-Type": "text/plain"}))
+        client(endpoint, "iam").put_user_policy(UserName=user, PolicyName="flotilla", PolicyDocument=policy(actions))
+        return
+    max_size = int(sys.argv[2]) if len(sys.argv) > 2 else 6
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"6", method="POST", headers={"Content-Type": "text/plain"}))
+    iam = client(endpoint, "iam")
+    users = {}
+    for name, actions in (("admin", ["*"]), ("plugin", PLUGIN_ACTIONS)):
+        iam.create_user(UserName=name)
+        k = iam.create_access_key(UserName=name)["AccessKey"]
+        iam.put_user_policy(UserName=name, PolicyName="flotilla", PolicyDocument=policy(actions))
+        users[name] = {"key": k["AccessKeyId"], "secret": k["SecretAccessKey"]}
+    admin = users["admin"]
+    ec2 = client(endpoint, "ec2", admin["key"], admin["secret"])
+    vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+    ec2.create_launch_template(
+        LaunchTemplateName="ci-runner",
+        LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "t3.micro"},
+    )
+    asg = client(endpoint, "autoscaling", admin["key"], admin["secret"])
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName="ci-runners",
+        LaunchTemplate={"LaunchTemplateName": "ci-runner", "Version": "$Latest"},
+        MinSize=0,
+        MaxSize=max_size,
+        DesiredCapacity=0,
+        VPCZoneIdentifier=subnet,
+        NewInstancesProtectedFromScaleIn=True,
+    )
+    asg.suspend_processes(AutoScalingGroupName="ci-runners", ScalingProcesses=["AZRebalance"])
+    print(json.dumps({"users": users, "group": "ci-runners"}))
+
+
+if __name__ == "__main__":
+    main()
