@@ -674,6 +674,23 @@ pub fn parse(path: &Path, text: &str, check_plugins: bool) -> Result<Config, Con
                     let sources: Vec<(&str, &SecretSource)> = match &kind {
                         CredentialKind::Bearer { token } => vec![("token", token)],
                         CredentialKind::Basic { password, .. } => vec![("password", password)],
+                        CredentialKind::Aws(chain) => {
+                            let cfg = &chain.0.config;
+                            if cfg.access_key_id.is_some() != cfg.secret_access_key.is_some() {
+                                c.add(
+                                    &cat("access_key_id"),
+                                    "give both access_key_id and secret_access_key, or neither",
+                                );
+                            }
+                            [
+                                ("access_key_id", &cfg.access_key_id),
+                                ("secret_access_key", &cfg.secret_access_key),
+                                ("session_token", &cfg.session_token),
+                            ]
+                            .into_iter()
+                            .filter_map(|(k, s)| s.as_ref().map(|s| (k, s)))
+                            .collect()
+                        }
                         CredentialKind::AwsSigv4 {
                             access_key_id,
                             secret_access_key,

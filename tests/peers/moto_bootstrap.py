@@ -8,6 +8,8 @@ Prints JSON with both key pairs and the group name.
 usage: moto_bootstrap.py ENDPOINT [MAX_SIZE]
        moto_bootstrap.py ENDPOINT --policy USER ACTIONS...   (replace the plugin user's policy)
        moto_bootstrap.py ENDPOINT --describe ADMIN_KEY ADMIN_SECRET GROUP
+       moto_bootstrap.py ENDPOINT --allow-unsigned N   (let the next N unsigned calls through)
+       moto_bootstrap.py ENDPOINT --assume-role ROLE_ARN  (print temporary keys for the role)
 """
 import json
 import sys
@@ -43,13 +45,23 @@ def main():
         g = client(endpoint, "autoscaling", key, secret).describe_auto_scaling_groups(AutoScalingGroupNames=[group])
         print(json.dumps({"desired": g["AutoScalingGroups"][0]["DesiredCapacity"]}))
         return
+    if len(sys.argv) > 2 and sys.argv[2] == "--allow-unsigned":
+        # moto's auth check crashes on unsigned calls; STS AssumeRoleWithWebIdentity is unsigned.
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=sys.argv[3].encode(), method="POST", headers={"Content-Type": "text/plain"}))
+        return
+    if len(sys.argv) > 2 and sys.argv[2] == "--assume-role":
+        # Temporary keys for the role, to serve from a canned instance metadata service.
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"1", method="POST", headers={"Content-Type": "text/plain"}))
+        c = client(endpoint, "sts").assume_role_with_web_identity(RoleArn=sys.argv[3], RoleSessionName="imds", WebIdentityToken="token")["Credentials"]
+        print(json.dumps({"key": c["AccessKeyId"], "secret": c["SecretAccessKey"], "token": c["SessionToken"]}))
+        return
     if len(sys.argv) > 2 and sys.argv[2] == "--policy":
         user, actions = sys.argv[3], sys.argv[4:]
         urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"1", method="POST", headers={"Content-Type": "text/plain"}))
         client(endpoint, "iam").put_user_policy(UserName=user, PolicyName="flotilla", PolicyDocument=policy(actions))
         return
     max_size = int(sys.argv[2]) if len(sys.argv) > 2 else 6
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"6", method="POST", headers={"Content-Type": "text/plain"}))
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"8", method="POST", headers={"Content-Type": "text/plain"}))
     iam = client(endpoint, "iam")
     users = {}
     for name, actions in (("admin", ["*"]), ("plugin", PLUGIN_ACTIONS)):
@@ -57,6 +69,9 @@ def main():
         k = iam.create_access_key(UserName=name)["AccessKey"]
         iam.put_user_policy(UserName=name, PolicyName="flotilla", PolicyDocument=policy(actions))
         users[name] = {"key": k["AccessKeyId"], "secret": k["SecretAccessKey"]}
+    trust = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Federated": "arn:aws:iam::123456789012:oidc-provider/oidc.example"}, "Action": "sts:AssumeRoleWithWebIdentity"}]})
+    role = iam.create_role(RoleName="ci-scaler", AssumeRolePolicyDocument=trust)["Role"]["Arn"]
+    iam.put_role_policy(RoleName="ci-scaler", PolicyName="flotilla", PolicyDocument=policy(PLUGIN_ACTIONS))
     admin = users["admin"]
     ec2 = client(endpoint, "ec2", admin["key"], admin["secret"])
     vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
@@ -76,7 +91,7 @@ def main():
         NewInstancesProtectedFromScaleIn=True,
     )
     asg.suspend_processes(AutoScalingGroupName="ci-runners", ScalingProcesses=["AZRebalance"])
-    print(json.dumps({"users": users, "group": "ci-runners"}))
+    print(json.dumps({"users": users, "group": "ci-runners", "role": role}))
 
 
 if __name__ == "__main__":

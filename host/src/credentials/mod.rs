@@ -12,6 +12,27 @@ use zeroize::Zeroizing;
 
 use crate::plugin::AllowList;
 
+pub mod aws;
+
+/// A shared handle on an AWS chain, so its cache of temporary keys outlives request clones.
+#[derive(Debug, Clone, Default)]
+pub struct AwsChainHandle(pub std::sync::Arc<aws::AwsChain>);
+
+impl PartialEq for AwsChainHandle {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.config == other.0.config
+    }
+}
+
+impl Eq for AwsChainHandle {}
+
+impl<'de> Deserialize<'de> for AwsChainHandle {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        aws::AwsChainConfig::deserialize(d)
+            .map(|c| AwsChainHandle(std::sync::Arc::new(aws::AwsChain::new(c))))
+    }
+}
+
 /// A secret value: redacted when printed, wiped from memory when dropped.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(Zeroizing<String>);
@@ -168,6 +189,9 @@ pub enum CredentialKind {
         #[serde(default)]
         service: Option<String>,
     },
+    /// The AWS credential chain (config, environment, shared files, web identity, IMDSv2),
+    /// signed with SigV4.
+    Aws(AwsChainHandle),
 }
 
 /// A named credential and the hosts it may be sent to.
@@ -216,7 +240,7 @@ pub fn aws_service_region(host: &str) -> (Option<String>, Option<String>) {
 
 impl Credential {
     /// Adds authorisation to `request`, whose body is fully buffered in `body`.
-    pub fn apply<B>(
+    pub async fn apply<B>(
         &self,
         request: &mut http::Request<B>,
         body: &[u8],
@@ -246,26 +270,7 @@ impl Credential {
                 region,
                 service,
             } => {
-                let host = request.uri().host().unwrap_or_default().to_string();
-                let (derived_service, derived_region) = aws_service_region(&host);
-                let service = service
-                    .clone()
-                    .or_else(|| hints.service.clone())
-                    .or(derived_service)
-                    .ok_or_else(|| {
-                        signing(format!(
-                            "cannot derive the AWS service from host {host}; set `service`"
-                        ))
-                    })?;
-                let region = region
-                    .clone()
-                    .or_else(|| hints.region.clone())
-                    .or(derived_region)
-                    .ok_or_else(|| {
-                        signing(format!(
-                            "cannot derive the AWS region from host {host}; set `region`"
-                        ))
-                    })?;
+                let (service, region) = self.scope(request.uri(), service, region, hints)?;
                 let akid = access_key_id.resolve(&self.name)?;
                 let secret = secret_access_key.resolve(&self.name)?;
                 let token = session_token
@@ -283,7 +288,60 @@ impl Credential {
                 )
                 .map_err(signing)
             }
+            CredentialKind::Aws(chain) => {
+                let cfg = &chain.0.config;
+                let (service, region) =
+                    self.scope(request.uri(), &cfg.service, &cfg.region, hints)?;
+                let keys = chain.0.keys(&self.name, Some(&region)).await?;
+                sign_sigv4(
+                    request,
+                    body,
+                    &service,
+                    &region,
+                    &keys.access_key_id,
+                    &keys.secret_access_key,
+                    keys.session_token.as_ref(),
+                )
+                .map_err(signing)
+            }
         }
+    }
+}
+
+impl Credential {
+    /// The SigV4 service and region: configuration, then the plugin's hints, then the host name.
+    fn scope(
+        &self,
+        uri: &http::Uri,
+        service: &Option<String>,
+        region: &Option<String>,
+        hints: &SigningHints,
+    ) -> Result<(String, String), CredentialError> {
+        let signing = |detail: String| CredentialError::Signing {
+            name: self.name.clone(),
+            detail,
+        };
+        let host = uri.host().unwrap_or_default();
+        let (derived_service, derived_region) = aws_service_region(host);
+        let service = service
+            .clone()
+            .or_else(|| hints.service.clone())
+            .or(derived_service)
+            .ok_or_else(|| {
+                signing(format!(
+                    "cannot derive the AWS service from host {host}; set `service`"
+                ))
+            })?;
+        let region = region
+            .clone()
+            .or_else(|| hints.region.clone())
+            .or(derived_region)
+            .ok_or_else(|| {
+                signing(format!(
+                    "cannot derive the AWS region from host {host}; set `region`"
+                ))
+            })?;
+        Ok((service, region))
     }
 }
 

@@ -510,7 +510,7 @@ impl WasiHttpHooks for EgressHooks {
                     Ok(b) => b,
                     Err(e) => return Err(e),
                 };
-                if let Err(e) = credential.apply(&mut request, &bytes, &hints) {
+                if let Err(e) = credential.apply(&mut request, &bytes, &hints).await {
                     return Err(deny_now(&e.to_string()));
                 }
                 *request.body_mut() = Full::new(bytes)

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod example_cloud;
+pub mod moto;
 pub mod peer;
 
 use std::io::Write;
