@@ -157,13 +157,20 @@ fn http(c: &mut Criterion) {
         .block_on(provider.init(&format!(r#"{{"endpoint":"{endpoint}","group":"ci"}}"#)))
         .unwrap_or_else(|e| panic!("{e}"));
     let url = format!("{endpoint}/v1/groups/ci/instances");
-    let pooled = reqwest::Client::new();
+    let pooled = {
+        // reqwest is built without a default TLS provider; tests use ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::new()
+    };
     // The host opens one connection per guest request (after its own resolution and IP
     // check), so the like-for-like baseline does not pool connections either.
-    let fresh = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let fresh = {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::builder()
+    }
+    .pool_max_idle_per_host(0)
+    .build()
+    .unwrap_or_else(|e| panic!("{e}"));
     let mut g = c.benchmark_group("http_get");
     g.measurement_time(Duration::from_secs(5));
     // One GET each: the template's update() is exactly GET {endpoint}/v1/groups/ci/instances

@@ -163,3 +163,136 @@ async fn bad_settings_are_reported_at_once() {
         "{r:?}"
     );
 }
+
+/// The scaler drives the ASG through the lease API: idle capacity, a burst of 6 slots, and
+/// the scale-down after `idle_time`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaler_end_to_end_through_the_lease_api() {
+    let moto = Moto::start();
+    let (key, secret) = moto.key("plugin");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = std::env::temp_dir().join(format!("flotilla-aws-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let config = dir.join("flotilla.toml");
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+token = {{ value = "t0k" }}
+shutdown_grace = "5s"
+
+[[pool]]
+name = "aws"
+plugin = "{plugin}"
+capacity_per_instance = 2
+max_instances = 4
+update_interval = "1s"
+instance_acquire_timeout = "20s"
+allowed_outbound_hosts = ["{ep}"]
+allowed_ip_ranges = ["127.0.0.0/8"]
+
+[pool.plugin_config]
+name = "ci-runners"
+region = "us-east-1"
+endpoint = "{ep}"
+
+[[pool.credentials]]
+name = "aws"
+kind = "aws-sigv4"
+access_key_id = {{ value = "{key}" }}
+secret_access_key = {{ env = "FLOTILLA_TEST_AWS_SECRET" }}
+hosts = ["{ep}"]
+
+[[pool.policy]]
+idle_count = 2
+idle_time = "3s"
+"#,
+        plugin = flotilla_test_artifacts::AWS_PLUGIN,
+        ep = moto.endpoint,
+    );
+    std::fs::write(&config, text).unwrap_or_else(|e| panic!("{e}"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["run", "-c"])
+        .arg(&config)
+        .env("FLOTILLA_TEST_AWS_SECRET", &secret)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let base = format!("http://127.0.0.1:{port}");
+    let client = {
+        // reqwest is built without a default TLS provider; tests use ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::new()
+    };
+    let call = |method: reqwest::Method, path: String| {
+        let req = client
+            .request(method, format!("{base}{path}"))
+            .bearer_auth("t0k");
+        async move {
+            match req.send().await {
+                Ok(r) => (
+                    r.status().as_u16(),
+                    serde_json::from_str::<serde_json::Value>(&r.text().await.unwrap_or_default())
+                        .unwrap_or_default(),
+                ),
+                Err(_) => (0, serde_json::Value::Null),
+            }
+        }
+    };
+    let wait_desired = |want: u64, what: &'static str| {
+        let moto = &moto;
+        async move {
+            let start = Instant::now();
+            loop {
+                if moto.desired() == want {
+                    return;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(40),
+                    "{what}: moto desired {} != {want}",
+                    moto.desired()
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    };
+    wait_desired(1, "idle_count 2 at 2 slots per instance").await;
+
+    let mut leases = Vec::new();
+    for _ in 0..6 {
+        let (code, body) = call(reqwest::Method::POST, "/v1/pools/aws/leases".into()).await;
+        assert_eq!(code, 201, "{body}");
+        leases.push(body["lease"]["id"].as_u64().unwrap_or_default());
+    }
+    for id in &leases {
+        let (code, body) = call(
+            reqwest::Method::POST,
+            format!("/v1/pools/aws/leases/{id}/acquire"),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            body["connection"]["internal_address"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("10.20.")),
+            "{body}"
+        );
+    }
+    wait_desired(4, "6 busy slots + 2 idle = 4 instances (max)").await;
+    for id in &leases {
+        let (code, _) = call(
+            reqwest::Method::POST,
+            format!("/v1/pools/aws/leases/{id}/release"),
+        )
+        .await;
+        assert_eq!(code, 200);
+    }
+    wait_desired(1, "scale-down after idle_time").await;
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -85,7 +85,11 @@ impl Server {
         let server = Server {
             child,
             base: format!("http://127.0.0.1:{port}"),
-            client: reqwest::Client::new(),
+            client: {
+                // reqwest is built without a default TLS provider; tests use ring.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                reqwest::Client::new()
+            },
             _dir: dir,
             config,
         };
