@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 out=$(mktemp -d)
-FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler -- "$@"
+FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler --bench aws -- "$@"
 python3 - "$CARGO_TARGET_DIR/criterion" "$out" <<'PY'
 import json, os, sys
 root, out = sys.argv[1], sys.argv[2]
@@ -24,7 +24,8 @@ def fmt(ns):
 rows = ["scaler/acquire_release_10k_x4", "scaler/reconcile_tick_10k", "scaler/reservation_to_increase",
         "static/trivial_call", "static/instantiate", "template/instantiate", "static/load_from_cache",
         "template/load_from_cache", "static/first_compile", "template/first_compile",
-        "http_get/guest_update", "http_get/reqwest_fresh_connection", "http_get/reqwest_pooled"]
+        "http_get/guest_update", "http_get/reqwest_fresh_connection", "http_get/reqwest_pooled",
+        "aws_update_100/plugin", "aws_update_100/host_reqwest_sigv4"]
 print("\nmedians:")
 for r in rows: print(f"  {r:<38} {fmt(median(r))}")
 try: print(f"  {'rss_per_instance':<38} {open(os.path.join(out,'rss_per_instance_kib')).read()} KiB")
@@ -32,6 +33,8 @@ except OSError: pass
 g, f, p = median("http_get/guest_update"), median("http_get/reqwest_fresh_connection"), median("http_get/reqwest_pooled")
 if g and f: print(f"  guest GET / reqwest (fresh connection)  {g/f:.2f}x")
 if g and p: print(f"  guest GET / reqwest (pooled)            {g/p:.2f}x")
+w, h = median("aws_update_100/plugin"), median("aws_update_100/host_reqwest_sigv4")
+if w and h: print(f"  AWS update(100) plugin / host reqwest   {w/h:.2f}x")
 a = median("scaler/acquire_release_10k_x4")
 if a: print(f"  acquire+release per second (one core)  {1e9/a:,.0f}")
 PY

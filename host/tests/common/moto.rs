@@ -52,6 +52,11 @@ pub fn python(args: &[&str]) -> String {
 
 impl Moto {
     pub fn start() -> Moto {
+        Moto::start_with_max(6)
+    }
+
+    /// A moto whose group has the given MaxSize.
+    pub fn start_with_max(max_size: u32) -> Moto {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -73,8 +78,8 @@ impl Moto {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        let setup: Value =
-            serde_json::from_str(&python(&[&endpoint])).unwrap_or_else(|e| panic!("{e}"));
+        let setup: Value = serde_json::from_str(&python(&[&endpoint, &max_size.to_string()]))
+            .unwrap_or_else(|e| panic!("{e}"));
         Moto {
             child,
             endpoint,
