@@ -21,7 +21,11 @@ fi
 # moto (with boto3) is the AWS peer of the AWS plugin's tests.
 export FLOTILLA_VENV="${FLOTILLA_VENV:-$HOME/.cache/flotilla-venv}"
 if [ ! -x "$FLOTILLA_VENV/bin/moto_server" ]; then
-  python3 -m venv "$FLOTILLA_VENV"
+  if ! python3 -m venv "$FLOTILLA_VENV"; then
+    # Debian's system python needs python3-venv for ensurepip.
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    python3 -m venv "$FLOTILLA_VENV"
+  fi
   "$FLOTILLA_VENV/bin/pip" install -q "moto[server]" boto3
 fi
 
