@@ -370,8 +370,7 @@ type SendFuture =
 fn deny(
     origin: &super::output::Origin,
     stats: &EgressStats,
-    method: &http::Method,
-    uri: &str,
+    request: &http::Request<WasiBody>,
     reason: &str,
 ) -> HttpError {
     stats.denied.fetch_add(1, Ordering::Relaxed);
@@ -379,8 +378,8 @@ fn deny(
         target: "flotilla::egress",
         pool = %origin.pool,
         plugin = %origin.plugin,
-        method = %method,
-        target_uri = %uri,
+        method = %request.method(),
+        target_uri = %redact_query(request.uri()),
         reason = %reason,
         "denied plugin request"
     );
@@ -412,33 +411,33 @@ impl WasiHttpHooks for EgressHooks {
         fut: IoFuture,
     ) -> SendFuture {
         drop(fut);
-        let method = request.method().clone();
-        let shown = redact_query(request.uri());
-        let denied = |hooks: &EgressHooks, reason: &str| -> SendFuture {
-            let e = deny(&hooks.origin, &hooks.stats, &method, &shown, reason);
-            Box::new(async move { Err(e) })
-        };
+        let denied =
+            |hooks: &EgressHooks, request: &http::Request<WasiBody>, reason: &str| -> SendFuture {
+                let e = deny(&hooks.origin, &hooks.stats, request, reason);
+                Box::new(async move { Err(e) })
+            };
         self.requests_this_call = self.requests_this_call.saturating_add(1);
         if self.requests_this_call > self.policy.max_requests_per_call {
             let reason = format!(
                 "more than {} requests in one call",
                 self.policy.max_requests_per_call
             );
-            return denied(self, &reason);
+            return denied(self, &request, &reason);
         }
         if let Err(reason) = self.policy.allow.check(request.uri()) {
-            return denied(self, &reason);
+            return denied(self, &request, &reason);
         }
         let credential = match header_text(&mut request, CREDENTIAL_HEADER) {
-            Err(reason) => return denied(self, &reason),
+            Err(reason) => return denied(self, &request, &reason),
             Ok(None) => None,
             Ok(Some(name)) => match self.policy.credential(&name) {
-                None => return denied(self, &format!("unknown credential {name:?}")),
+                None => return denied(self, &request, &format!("unknown credential {name:?}")),
                 Some(c) => match c.hosts.check(request.uri()) {
                     Ok(()) => Some(c.clone()),
                     Err(_) => {
                         return denied(
                             self,
+                            &request,
                             &format!("credential {name:?} is not bound to this host"),
                         );
                     }
@@ -452,7 +451,7 @@ impl WasiHttpHooks for EgressHooks {
         ] {
             match header_text(&mut request, header) {
                 Ok(h) => *slot = h,
-                Err(reason) => return denied(self, &reason),
+                Err(reason) => return denied(self, &request, &reason),
             }
         }
         let asked = options.unwrap_or_default();
@@ -470,7 +469,6 @@ impl WasiHttpHooks for EgressHooks {
         let connections = self.connections.clone();
         let tls = self.tls.clone();
         Box::new(async move {
-            let deny_now = |reason: &str| deny(&origin, &stats, &method, &shown, reason);
             let host = request
                 .uri()
                 .host()
@@ -501,7 +499,7 @@ impl WasiHttpHooks for EgressHooks {
             // Every answer must pass, so a name cannot smuggle in a forbidden address.
             for addr in &addrs {
                 if let Err(reason) = policy.check_ip(addr.ip()) {
-                    return Err(deny_now(&format!("{host} {reason}")));
+                    return Err(deny(&origin, &stats, &request, &format!("{host} {reason}")));
                 }
             }
             if let Some(credential) = credential {
@@ -511,7 +509,7 @@ impl WasiHttpHooks for EgressHooks {
                     Err(e) => return Err(e),
                 };
                 if let Err(e) = credential.apply(&mut request, &bytes, &hints).await {
-                    return Err(deny_now(&e.to_string()));
+                    return Err(deny(&origin, &stats, &request, &e.to_string()));
                 }
                 *request.body_mut() = Full::new(bytes)
                     .map_err(|never| match never {})

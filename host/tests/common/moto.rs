@@ -104,26 +104,17 @@ impl Moto {
             .unwrap_or(u64::MAX)
     }
 
+    /// A provider for the AWS plugin signing with the plugin user's keys (or a wrong secret).
     pub fn provider(&self, secret_override: Option<&str>) -> WasmProvider {
         let (key, secret) = self.key("plugin");
         let secret = secret_override.map_or(secret, str::to_string);
-        let allow = AllowList::parse(&[self.endpoint.as_str()]).unwrap_or_else(|e| panic!("{e:?}"));
-        let mut sandbox = Sandbox::default();
-        sandbox.egress.allow = allow.clone();
-        sandbox.egress.allowed_ip_ranges =
-            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
-        sandbox.egress.credentials = vec![Credential {
-            name: "aws".into(),
-            kind: CredentialKind::AwsSigv4 {
-                access_key_id: SecretSource::Value(Secret::new(key)),
-                secret_access_key: SecretSource::Value(Secret::new(secret)),
-                session_token: None,
-                region: None,
-                service: None,
-            },
-            hosts: allow,
-        }];
-        load(guests::AWS_PLUGIN).provider("aws", sandbox)
+        self.provider_with(CredentialKind::AwsSigv4 {
+            access_key_id: SecretSource::Value(Secret::new(key)),
+            secret_access_key: SecretSource::Value(Secret::new(secret)),
+            session_token: None,
+            region: None,
+            service: None,
+        })
     }
 
     pub fn settings(&self) -> String {
