@@ -279,8 +279,14 @@ impl PoolHandle {
         self.core().begin_shutdown();
         self.kick();
         let deadline = tokio::time::Instant::now() + grace;
-        while self.core().busy_leases() > 0 && tokio::time::Instant::now() < deadline {
+        while tokio::time::Instant::now() < deadline {
+            // Register for the wake-up before looking, so a release in between is not missed.
             let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.core().busy_leases() == 0 {
+                break;
+            }
             let _ = tokio::time::timeout_at(deadline, changed).await;
         }
         let busy = self.core().busy_leases();
