@@ -327,6 +327,111 @@ impl Locator {
     }
 }
 
+/// Keys each table may hold; `None` marks free-form tables checked elsewhere (or not at all).
+fn known_keys(path: &[&str]) -> Option<&'static [&'static str]> {
+    Some(match path {
+        [] => &["server", "cache_dir", "pool"],
+        ["server"] => &["listen", "token", "shutdown_grace"],
+        ["server", "token"] => &["value", "env", "file"],
+        ["pool"] => &[
+            "name",
+            "plugin",
+            "plugin_config",
+            "capacity_per_instance",
+            "max_use_count",
+            "max_instances",
+            "instance_acquire_timeout",
+            "update_interval",
+            "deletion_retry_interval",
+            "failure_threshold",
+            "delete_instances_on_shutdown",
+            "scale_throttle",
+            "allowed_outbound_hosts",
+            "allowed_ip_ranges",
+            "resolve",
+            "tls_ca_files",
+            "credentials",
+            "limits",
+            "policy",
+        ],
+        ["pool", "scale_throttle"] => &["limit", "burst"],
+        ["pool", "limits"] => &[
+            "default_deadline",
+            "deadlines",
+            "memory_bytes",
+            "instances",
+            "tables",
+            "table_elements",
+            "memories",
+            "output_bytes",
+            "log_lines_per_call",
+            "circuit_threshold",
+            "circuit_cooldown",
+        ],
+        ["pool", "policy"] => &[
+            "periods",
+            "timezone",
+            "idle_count",
+            "idle_time",
+            "scale_factor",
+            "scale_factor_limit",
+            "preemptive_mode",
+        ],
+        _ => return None,
+    })
+}
+
+/// Every unknown key in the document at once (serde would stop at the first).
+fn unknown_keys(doc: &toml_edit::Document<String>) -> Vec<(Vec<Seg>, String)> {
+    fn walk(
+        table: &dyn toml_edit::TableLike,
+        names: &mut Vec<&'static str>,
+        path: &mut Vec<Seg>,
+        out: &mut Vec<(Vec<Seg>, String)>,
+    ) {
+        let Some(known) = known_keys(names) else {
+            return;
+        };
+        for (key, item) in table.iter() {
+            path.push(Seg::Key(key.to_string()));
+            match known.iter().find(|k| **k == key) {
+                None => out.push((path.clone(), known.join(", "))),
+                Some(name) => {
+                    names.push(name);
+                    match item {
+                        toml_edit::Item::ArrayOfTables(a) => {
+                            for (i, t) in a.iter().enumerate() {
+                                path.push(Seg::Index(i));
+                                walk(t, names, path, out);
+                                path.pop();
+                            }
+                        }
+                        toml_edit::Item::Value(toml_edit::Value::Array(a)) => {
+                            for (i, v) in a.iter().enumerate() {
+                                if let Some(t) = v.as_inline_table() {
+                                    path.push(Seg::Index(i));
+                                    walk(t, names, path, out);
+                                    path.pop();
+                                }
+                            }
+                        }
+                        other => {
+                            if let Some(t) = other.as_table_like() {
+                                walk(t, names, path, out);
+                            }
+                        }
+                    }
+                    names.pop();
+                }
+            }
+            path.pop();
+        }
+    }
+    let mut out = Vec::new();
+    walk(doc.as_table(), &mut Vec::new(), &mut Vec::new(), &mut out);
+    out
+}
+
 struct Collector<'a> {
     file: String,
     locator: &'a Locator,
@@ -392,6 +497,21 @@ pub fn parse(path: &Path, text: &str, check_plugins: bool) -> Result<Config, Con
         doc: doc.as_ref().ok().cloned(),
         text: text.to_string(),
     };
+    if let Some(doc) = &locator.doc {
+        let unknown = unknown_keys(doc);
+        if !unknown.is_empty() {
+            let problems = unknown
+                .into_iter()
+                .map(|(path, known)| Problem {
+                    file: file.clone(),
+                    line: locator.line(&path),
+                    key: path_text(&path),
+                    message: format!("unknown key (known here: {known})"),
+                })
+                .collect();
+            return Err(ConfigErrors(problems));
+        }
+    }
     let raw: FileConfig = match toml::from_str(text) {
         Ok(r) => r,
         Err(e) => {

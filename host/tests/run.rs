@@ -428,18 +428,23 @@ idle_count = 100
     assert!(out.contains("5 problem(s) found"), "{out}");
 
     let unknown = dir.join("unknown.toml");
-    std::fs::write(
-        &unknown,
-        "[server]\nlisten = \"127.0.0.1:1\"\ncolour = \"blue\"\n",
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:1\"\ncolour = \"blue\"\n\n[[pool]]\nname = \"a\"\nplugin = \"{}\"\nmax_instances = 1\nmax_instance = 2\n\n[[pool.policy]]\nidle_cont = 1\n",
+        guests::STATIC_PLUGIN
+    );
+    std::fs::write(&unknown, text).unwrap_or_else(|e| panic!("{e}"));
     let (code, out) = check(&unknown);
     assert_eq!(code, 1);
+    let file = unknown.display();
+    for expected in [
+        format!("{file}:3: server.colour: unknown key"),
+        format!("{file}:9: pool[0].max_instance: unknown key"),
+        format!("{file}:12: pool[0].policy[0].idle_cont: unknown key"),
+    ] {
+        assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
+    }
     assert!(
-        out.contains(&format!(
-            "{}:3: colour: unknown field `colour`",
-            unknown.display()
-        )),
-        "{out}"
+        out.contains("3 problem(s) found"),
+        "every unknown key at once: {out}"
     );
 }
