@@ -39,5 +39,12 @@ echo "== clippy (guests, wasm32-wasip2)"
 cargo clippy --locked --target wasm32-wasip2 \
   -p flotilla-plugin-static -p flotilla-plugin-aws -p flotilla-plugin-template -p guest-misbehave -p guest-escape -p guest-egress -- -D warnings
 
+echo "== guests (wasm32-wasip2)"
+# tests/artifacts builds these too, but cargo may skip its build script when another checkout
+# last used this target directory; building here keeps the guests in step with these sources.
+cargo build --locked --profile guest --target wasm32-wasip2 --target-dir "$CARGO_TARGET_DIR/wasm-guests" \
+  -p flotilla-plugin-static -p flotilla-plugin-aws -p flotilla-plugin-template \
+  -p guest-misbehave -p guest-escape -p guest-egress
+
 echo "== tests"
 cargo test --locked --release -p flotilla
