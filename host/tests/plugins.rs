@@ -525,8 +525,10 @@ mod escape {
 
         let mut sandbox = quick_sandbox(&[]);
         sandbox.limits.output_bytes = 10_000;
+        sandbox.limits.log_lines_per_call = 5;
         let p = load(guests::ESCAPE).provider("escape", sandbox);
-        let settings = format!(r#"{{"tcp":"127.0.0.1:{port}","print_bytes":1000000}}"#);
+        let settings =
+            format!(r#"{{"tcp":"127.0.0.1:{port}","print_bytes":1000000,"log_lines":100}}"#);
         let info = must(p.init(&settings)).await;
         let report: serde_json::Value =
             serde_json::from_str(&info.version).unwrap_or_else(|e| panic!("{e}"));
@@ -581,6 +583,15 @@ mod escape {
             "stderr is logged"
         );
         assert!(!text.contains("hunter2"));
+        let logged = text
+            .lines()
+            .filter(|l| l.contains("escape log line"))
+            .count();
+        assert_eq!(logged, 5, "log lines are capped per call");
+        assert!(
+            text.contains("plugin log cap reached"),
+            "the log cap is reported"
+        );
     }
 }
 

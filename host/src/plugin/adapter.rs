@@ -146,6 +146,7 @@ impl WasmProvider {
         let deadline = self.sandbox.limits.deadline(function);
         slot.store.set_epoch_deadline(ticks(deadline));
         slot.store.data_mut().log_lines_left = self.sandbox.limits.log_lines_per_call;
+        slot.store.data_mut().log_dropped = 0;
         slot.store.data_mut().hooks.requests_this_call = 0;
         match tokio::time::timeout(deadline, call(slot)).await {
             Err(_) => (None, Err(Fault::Timeout(deadline))),

@@ -228,6 +228,7 @@ pub(crate) struct HostState {
     limiter: AggregateLimiter,
     origin: Origin,
     log_lines_left: u32,
+    /// Lines dropped in the current call (the first drop is logged).
     log_dropped: u64,
 }
 
@@ -296,6 +297,14 @@ impl bindings::flotilla::provider::log::Host for HostState {
     fn emit(&mut self, level: bindings::flotilla::provider::log::Level, message: String) {
         use bindings::flotilla::provider::log::Level;
         if self.log_lines_left == 0 {
+            if self.log_dropped == 0 {
+                tracing::warn!(
+                    target: "flotilla::plugin::log",
+                    pool = %self.origin.pool,
+                    plugin = %self.origin.plugin,
+                    "plugin log cap reached; further lines of this call are dropped"
+                );
+            }
             self.log_dropped += 1;
             return;
         }

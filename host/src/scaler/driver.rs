@@ -198,11 +198,12 @@ impl PoolHandle {
     }
 
     fn publish(&self) {
+        let mut core = self.core();
+        // Always drain the latency buffers, so they cannot grow without a metrics sink.
+        let ready = std::mem::take(&mut core.counters.ready_latencies);
+        let lifetimes = std::mem::take(&mut core.counters.lifetimes);
         if let Some(m) = &self.metrics {
-            let mut core = self.core();
             let snap = core.snapshot(self.clock.now());
-            let ready = std::mem::take(&mut core.counters.ready_latencies);
-            let lifetimes = std::mem::take(&mut core.counters.lifetimes);
             let counters = core.counters.clone();
             drop(core);
             m.publish(&snap, &counters, &ready, &lifetimes);

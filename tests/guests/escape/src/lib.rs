@@ -2,7 +2,7 @@
 //! sockets, DNS and a flood of stdout. `init` returns a JSON report of what it got in
 //! `provider-info.version`, so the host test can assert that every attempt got nothing.
 //!
-//! Settings: `{"tcp": "127.0.0.1:PORT", "print_bytes": N}`.
+//! Settings: `{"tcp": "127.0.0.1:PORT", "print_bytes": N, "log_lines": N}`.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -37,6 +37,16 @@ impl Guest for Escape {
             .get("print_bytes")
             .and_then(|v| v.as_u64())
             .unwrap_or(0);
+        let log_lines = settings
+            .get("log_lines")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+        for i in 0..log_lines {
+            flotilla::provider::log::emit(
+                flotilla::provider::log::Level::Info,
+                &format!("escape log line {i}"),
+            );
+        }
 
         let mut stdin = String::new();
         let report = serde_json::json!({
