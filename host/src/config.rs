@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::credentials::{Credential, CredentialKind, SecretSource};
+use crate::oci::{OciRef, PullPolicy};
 use crate::plugin::{AllowList, EgressPolicy, Limits, Sandbox};
 use crate::scaler::{Policy, ScalerConfig};
 
@@ -22,9 +23,57 @@ pub struct FileConfig {
     /// Where compiled plugins are cached.
     #[serde(default)]
     pub cache_dir: Option<PathBuf>,
+    /// How `oci://` plugins are fetched.
+    #[serde(default)]
+    pub oci: OciConfig,
     /// The pools.
     #[serde(default, rename = "pool")]
     pub pools: Vec<PoolConfig>,
+}
+
+/// `[oci]`: registry access for `oci://` plugins.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OciConfig {
+    /// Registries (`host:port`) that may be reached over plain HTTP.
+    #[serde(default)]
+    pub insecure_registries: Vec<String>,
+    /// Registry connect and read timeout.
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+}
+
+/// `verify = { key = "cosign.pub" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyConfig {
+    /// cosign public key (PEM), relative to this file.
+    pub key: String,
+}
+
+/// Where a pool's plugin comes from.
+#[derive(Debug, Clone)]
+pub enum PluginSource {
+    /// A local `.wasm` file.
+    File(PathBuf),
+    /// A registry artifact.
+    Oci {
+        /// The reference.
+        reference: OciRef,
+        /// When to ask the registry.
+        pull_policy: PullPolicy,
+        /// Public key that must have signed it.
+        verify_key: Option<PathBuf>,
+    },
+}
+
+impl std::fmt::Display for PluginSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PluginSource::File(p) => write!(f, "{}", p.display()),
+            PluginSource::Oci { reference, .. } => write!(f, "{reference}"),
+        }
+    }
 }
 
 /// `[server]`.
@@ -112,8 +161,14 @@ pub struct Throttle {
 pub struct PoolConfig {
     /// Unique name (used in URLs and metrics).
     pub name: String,
-    /// The plugin: a path (relative to this file) to a `.wasm` component.
+    /// The plugin: a path (relative to this file) to a `.wasm` component, or `oci://...`.
     pub plugin: String,
+    /// For `oci://` plugins: `if-not-present` (default) or `always`.
+    #[serde(default)]
+    pub pull_policy: Option<PullPolicy>,
+    /// For `oci://` plugins: require a cosign signature by this key.
+    #[serde(default)]
+    pub verify: Option<VerifyConfig>,
     /// The plugin's settings, passed to `init` as JSON.
     #[serde(default)]
     pub plugin_config: toml::Table,
@@ -184,8 +239,8 @@ fn two_minutes() -> Duration {
 pub struct Pool {
     /// Its name.
     pub name: String,
-    /// The plugin file.
-    pub plugin: PathBuf,
+    /// Where the plugin comes from.
+    pub plugin: PluginSource,
     /// `plugin_config` as JSON text.
     pub settings: String,
     /// Scaling knobs.
@@ -211,6 +266,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Compile cache directory.
     pub cache_dir: Option<PathBuf>,
+    /// Registry access.
+    pub oci: OciConfig,
     /// The pools.
     pub pools: Vec<Pool>,
 }
@@ -330,13 +387,17 @@ impl Locator {
 /// Keys each table may hold; `None` marks free-form tables checked elsewhere (or not at all).
 fn known_keys(path: &[&str]) -> Option<&'static [&'static str]> {
     Some(match path {
-        [] => &["server", "cache_dir", "pool"],
+        [] => &["server", "cache_dir", "oci", "pool"],
+        ["oci"] => &["insecure_registries", "timeout"],
+        ["pool", "verify"] => &["key"],
         ["server"] => &["listen", "token", "shutdown_grace"],
         ["server", "token"] => &["value", "env", "file"],
         ["pool"] => &[
             "name",
             "plugin",
             "plugin_config",
+            "pull_policy",
+            "verify",
             "capacity_per_instance",
             "max_use_count",
             "max_instances",
@@ -577,23 +638,61 @@ pub fn parse(path: &Path, text: &str, check_plugins: bool) -> Result<Config, Con
         } else if !names.insert(p.name.clone()) {
             c.add(&at("name"), format!("duplicate pool name {:?}", p.name));
         }
-        let plugin = if Path::new(&p.plugin).is_absolute() {
-            PathBuf::from(&p.plugin)
-        } else {
-            base.join(&p.plugin)
+        let relative = |s: &str| {
+            if Path::new(s).is_absolute() {
+                PathBuf::from(s)
+            } else {
+                base.join(s)
+            }
         };
-        if !check_plugins {
-        } else if p.plugin.starts_with("oci://") {
-            c.add(
-                &at("plugin"),
-                "oci:// references are not supported by this build yet; use a file path",
-            );
-        } else if !plugin.is_file() {
-            c.add(
-                &at("plugin"),
-                format!("{} does not exist or is not a file", plugin.display()),
-            );
-        }
+        let plugin = if p.plugin.starts_with("oci://") {
+            let reference = match OciRef::parse(&p.plugin) {
+                Ok(r) => r,
+                Err(e) => {
+                    c.add(&at("plugin"), e.to_string());
+                    OciRef {
+                        registry: String::new(),
+                        repository: String::new(),
+                        tag: None,
+                        digest: None,
+                    }
+                }
+            };
+            let verify_key = p.verify.as_ref().map(|v| relative(&v.key));
+            if let Some(key) = &verify_key {
+                if !key.is_file() {
+                    c.add(
+                        &[k("pool"), Seg::Index(i), k("verify"), k("key")],
+                        format!("{} does not exist or is not a file", key.display()),
+                    );
+                } else if let Err(e) = crate::oci::PublicKey::load(key) {
+                    c.add(&[k("pool"), Seg::Index(i), k("verify"), k("key")], e.to_string());
+                }
+            }
+            PluginSource::Oci {
+                reference,
+                pull_policy: p.pull_policy.unwrap_or_default(),
+                verify_key,
+            }
+        } else {
+            let path = relative(&p.plugin);
+            if check_plugins && !path.is_file() {
+                c.add(
+                    &at("plugin"),
+                    format!("{} does not exist or is not a file", path.display()),
+                );
+            }
+            if p.pull_policy.is_some() {
+                c.add(&at("pull_policy"), "only applies to oci:// plugins");
+            }
+            if p.verify.is_some() {
+                c.add(
+                    &at("verify"),
+                    "signatures can only be checked for oci:// plugins",
+                );
+            }
+            PluginSource::File(path)
+        };
         let capacity = positive(
             &mut c,
             &at("capacity_per_instance"),
@@ -887,6 +986,14 @@ pub fn parse(path: &Path, text: &str, check_plugins: bool) -> Result<Config, Con
             delete_instances_on_shutdown: p.delete_instances_on_shutdown,
         });
     }
+    for (i, r) in raw.oci.insecure_registries.iter().enumerate() {
+        if OciRef::parse(&format!("oci://{r}/x:y")).is_err() || r.contains('/') {
+            c.add(
+                &[k("oci"), k("insecure_registries"), Seg::Index(i)],
+                format!("{r:?} is not a registry like host:port (no scheme, no path)"),
+            );
+        }
+    }
     if !c.problems.is_empty() {
         return Err(ConfigErrors(c.problems));
     }
@@ -898,6 +1005,7 @@ pub fn parse(path: &Path, text: &str, check_plugins: bool) -> Result<Config, Con
         cache_dir: raw
             .cache_dir
             .map(|d| if d.is_absolute() { d } else { base.join(d) }),
+        oci: raw.oci,
         pools,
     })
 }

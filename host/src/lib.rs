@@ -10,6 +10,7 @@ pub mod check;
 pub mod config;
 pub mod credentials;
 pub mod metrics;
+pub mod oci;
 pub mod plugin;
 pub mod provider;
 pub mod run;

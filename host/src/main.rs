@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use flotilla::check::{CheckOptions, check};
+use flotilla::oci::cli::{self as oci_cli, RegistryArgs};
 
 /// CI fleet autoscaler with sandboxed WebAssembly provider plugins.
 #[derive(Debug, Parser)]
@@ -90,6 +91,86 @@ enum PluginCommand {
         #[arg(long, conflicts_with = "cache_dir")]
         no_cache: bool,
     },
+    /// Publish a plugin component to an OCI registry as a CNCF Wasm artifact.
+    Push {
+        /// The plugin component (.wasm); it must pass `plugin check`.
+        file: PathBuf,
+        /// Where to: oci://registry/repository:tag.
+        reference: String,
+        /// Manifest annotation KEY=VALUE (short keys mean org.opencontainers.image.KEY).
+        #[arg(long = "annotation", short = 'a')]
+        annotations: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Download a plugin artifact into the cache (verified), optionally copying it out.
+    Pull {
+        /// oci://registry/repository[:tag][@sha256:digest].
+        reference: String,
+        /// Also write the component to this file.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Require a cosign signature by this public key.
+        #[arg(long)]
+        verify_key: Option<PathBuf>,
+        /// Print JSON (and no progress bar).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Show an artifact's digest, size, annotations, world, imports and exports.
+    Inspect {
+        /// oci://registry/repository[:tag][@sha256:digest].
+        reference: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Store registry credentials (password read from stdin) after checking them.
+    Login {
+        /// Registry host[:port].
+        registry_host: String,
+        /// User name.
+        #[arg(short, long)]
+        username: String,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Forget stored registry credentials.
+    Logout {
+        /// Registry host[:port].
+        registry_host: String,
+    },
+    /// List cached plugin artifacts.
+    Ls {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Sign an artifact with a cosign key (password from COSIGN_PASSWORD).
+    Sign {
+        /// oci://registry/repository[:tag][@sha256:digest].
+        reference: String,
+        /// cosign private key file.
+        #[arg(long)]
+        key: PathBuf,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Create a cosign-format key pair PREFIX.key / PREFIX.pub (password from COSIGN_PASSWORD).
+    GenerateKey {
+        /// Output prefix, e.g. `cosign`.
+        #[arg(default_value = "cosign")]
+        prefix: PathBuf,
+    },
 }
 
 fn init_logging(json: bool) {
@@ -144,6 +225,59 @@ async fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }
+        Command::Plugin(PluginCommand::Push {
+            file,
+            reference,
+            annotations,
+            json,
+            registry,
+        }) => finish(oci_cli::push(&registry, &file, &reference, &annotations, json).await),
+        Command::Plugin(PluginCommand::Pull {
+            reference,
+            output,
+            verify_key,
+            json,
+            registry,
+        }) => finish(
+            oci_cli::pull(
+                &registry,
+                &reference,
+                output.as_deref(),
+                verify_key.as_deref(),
+                json,
+            )
+            .await,
+        ),
+        Command::Plugin(PluginCommand::Inspect {
+            reference,
+            json,
+            registry,
+        }) => finish(oci_cli::inspect(&registry, &reference, json).await),
+        Command::Plugin(PluginCommand::Login {
+            registry_host,
+            username,
+            registry,
+        }) => finish(
+            oci_cli::login(
+                &registry,
+                &registry_host,
+                &username,
+                std::io::stdin().lock(),
+            )
+            .await,
+        ),
+        Command::Plugin(PluginCommand::Logout { registry_host }) => {
+            finish(oci_cli::logout(&registry_host))
+        }
+        Command::Plugin(PluginCommand::Ls { json, registry }) => finish(oci_cli::ls(&registry, json)),
+        Command::Plugin(PluginCommand::Sign {
+            reference,
+            key,
+            registry,
+        }) => finish(oci_cli::sign(&registry, &reference, &key).await),
+        Command::Plugin(PluginCommand::GenerateKey { prefix }) => {
+            finish(oci_cli::generate_key(&prefix))
+        }
         Command::Run { config } => match flotilla::run::run(config).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -179,6 +313,19 @@ async fn main() -> ExitCode {
             failure_rate,
             seed,
         ),
+    }
+}
+
+fn finish(result: Result<String, flotilla::oci::OciError>) -> ExitCode {
+    match result {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 

@@ -10,9 +10,10 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context;
 
 use crate::api::{AppState, router};
-use crate::config::{self, Config};
+use crate::config::{self, Config, PluginSource};
+use crate::oci::{AuthStore, PublicKey, Registry, RegistryOptions, Store};
 use crate::metrics::Metrics;
-use crate::plugin::{PluginRuntime, RuntimeOptions, WasmProvider};
+use crate::plugin::{LoadedPlugin, PluginRuntime, RuntimeOptions, WasmProvider};
 use crate::provider::Provider;
 use crate::scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, SystemClock};
 
@@ -23,15 +24,67 @@ struct Started {
     delete_on_shutdown: bool,
 }
 
+/// The registry client for `oci://` pools: the config's `[oci]` section, cache under `cache_dir`.
+pub fn registry_for(cfg: &Config) -> anyhow::Result<Registry> {
+    let root = cfg
+        .cache_dir
+        .as_ref()
+        .map(|d| d.join("oci"))
+        .or_else(Store::default_root)
+        .context("no cache directory: set cache_dir")?;
+    let store = Store::open(&root)?;
+    let opts = RegistryOptions {
+        insecure: cfg.oci.insecure_registries.clone(),
+        plain_http_loopback: false,
+        timeout: cfg.oci.timeout.unwrap_or(Duration::from_secs(30)),
+        progress: false,
+    };
+    Ok(Registry::new(opts, AuthStore::default_paths(), store))
+}
+
+/// Loads a pool's plugin from its file, or pulls (or finds in the cache) its OCI artifact.
+pub async fn load_plugin(
+    runtime: &PluginRuntime,
+    registry: Option<&Registry>,
+    pool: &config::Pool,
+) -> anyhow::Result<LoadedPlugin> {
+    match &pool.plugin {
+        PluginSource::File(path) => Ok(runtime.load_file(path)?),
+        PluginSource::Oci {
+            reference,
+            pull_policy,
+            verify_key,
+        } => {
+            let registry = registry.context("no registry client")?;
+            let key = verify_key.as_deref().map(PublicKey::load).transpose()?;
+            let source = reference.to_string();
+            let validate = |bytes: &[u8]| {
+                runtime
+                    .load_bytes(&source, bytes)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            };
+            let pulled = registry
+                .pull(reference, *pull_policy, key.as_ref(), Some(&validate))
+                .await?;
+            tracing::info!(pool = %pool.name, reference = %reference, digest = %pulled.digest, from_cache = pulled.from_cache, signature_verified = pulled.verified, "plugin artifact resolved");
+            let bytes = std::fs::read(&pulled.wasm)
+                .with_context(|| format!("{}", pulled.wasm.display()))?;
+            Ok(runtime.load_bytes(&pulled.reference.to_string(), &bytes)?)
+        }
+    }
+}
+
 async fn start_pool(
     runtime: &PluginRuntime,
+    registry: Option<&Registry>,
     metrics: &Metrics,
     pool: &config::Pool,
 ) -> anyhow::Result<Started> {
-    let plugin = runtime
-        .load_file(&pool.plugin)
+    let plugin = load_plugin(runtime, registry, pool)
+        .await
         .with_context(|| format!("pool {}", pool.name))?;
-    tracing::info!(pool = %pool.name, plugin = %pool.plugin.display(), sha256 = %plugin.sha256, cache = ?plugin.cache, "plugin loaded");
+    tracing::info!(pool = %pool.name, plugin = %pool.plugin, sha256 = %plugin.sha256, cache = ?plugin.cache, "plugin loaded");
     let provider = Arc::new(plugin.provider(&pool.name, pool.sandbox.clone()));
     let info = provider
         .init(&pool.settings)
@@ -100,10 +153,19 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         ),
     };
 
+    let registry = if cfg
+        .pools
+        .iter()
+        .any(|p| matches!(p.plugin, PluginSource::Oci { .. }))
+    {
+        Some(registry_for(&cfg)?)
+    } else {
+        None
+    };
     let mut started = BTreeMap::new();
     let mut failed = BTreeMap::new();
     for pool in &cfg.pools {
-        match start_pool(&runtime, &metrics, pool).await {
+        match start_pool(&runtime, registry.as_ref(), &metrics, pool).await {
             Ok(s) => {
                 started.insert(pool.name.clone(), s);
             }

@@ -175,6 +175,11 @@ impl PluginRuntime {
         self.load_checked(path.display().to_string(), &bytes)
     }
 
+    /// Header-only checks (empty, not wasm, core module) that need no compilation.
+    pub fn check_header(source: &str, bytes: &[u8]) -> Result<(), LoadError> {
+        inspect::check_header(source, bytes)
+    }
+
     /// Checks and compiles plugin bytes from any source (e.g. an OCI blob).
     pub fn load_bytes(&self, source: &str, bytes: &[u8]) -> Result<LoadedPlugin, LoadError> {
         inspect::check_header(source, bytes)?;
