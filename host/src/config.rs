@@ -666,7 +666,10 @@ pub fn parse(path: &Path, text: &str, check_plugins: bool) -> Result<Config, Con
                         format!("{} does not exist or is not a file", key.display()),
                     );
                 } else if let Err(e) = crate::oci::PublicKey::load(key) {
-                    c.add(&[k("pool"), Seg::Index(i), k("verify"), k("key")], e.to_string());
+                    c.add(
+                        &[k("pool"), Seg::Index(i), k("verify"), k("key")],
+                        e.to_string(),
+                    );
                 }
             }
             PluginSource::Oci {

@@ -178,6 +178,7 @@ fn init_logging(json: bool) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();
@@ -269,7 +270,9 @@ async fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Logout { registry_host }) => {
             finish(oci_cli::logout(&registry_host))
         }
-        Command::Plugin(PluginCommand::Ls { json, registry }) => finish(oci_cli::ls(&registry, json)),
+        Command::Plugin(PluginCommand::Ls { json, registry }) => {
+            finish(oci_cli::ls(&registry, json))
+        }
         Command::Plugin(PluginCommand::Sign {
             reference,
             key,

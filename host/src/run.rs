@@ -11,8 +11,8 @@ use anyhow::Context;
 
 use crate::api::{AppState, router};
 use crate::config::{self, Config, PluginSource};
-use crate::oci::{AuthStore, PublicKey, Registry, RegistryOptions, Store};
 use crate::metrics::Metrics;
+use crate::oci::{AuthStore, PublicKey, Registry, RegistryOptions, Store};
 use crate::plugin::{LoadedPlugin, PluginRuntime, RuntimeOptions, WasmProvider};
 use crate::provider::Provider;
 use crate::scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, SystemClock};

@@ -172,7 +172,9 @@ impl ManifestCheck {
         let v: Value = serde_json::from_slice(bytes)
             .map_err(|e| not(format!("the manifest is not valid JSON ({e})")))?;
         let media = v.get("mediaType").and_then(Value::as_str).unwrap_or("");
-        if media.contains("index") || media.contains("manifest.list") || v.get("manifests").is_some()
+        if media.contains("index")
+            || media.contains("manifest.list")
+            || v.get("manifests").is_some()
         {
             return Err(not(format!(
                 "it is an image index ({media}), not a single Wasm artifact manifest"
@@ -323,7 +325,12 @@ impl ArtifactInfo {
     pub fn render(&self) -> String {
         let mut out = format!(
             "reference: {}\ndigest:    {}\nsize:      {} bytes (wasm layer {} bytes, {})\nworld:     {}\n",
-            self.reference, self.digest, self.total_size, self.layer_size, self.layer_digest, self.world
+            self.reference,
+            self.digest,
+            self.total_size,
+            self.layer_size,
+            self.layer_digest,
+            self.world
         );
         if !self.annotations.is_empty() {
             out.push_str("annotations:\n");

@@ -232,7 +232,9 @@ pub async fn login_probe(
         .unwrap_or("")
         .to_string();
     let (scheme, params) = parse_challenge(&challenge);
-    let wrong = || fail("the registry rejected the username or password (401); nothing was saved".to_string());
+    let wrong = || {
+        fail("the registry rejected the username or password (401); nothing was saved".to_string())
+    };
     match scheme.as_str() {
         "basic" => {
             let r = http
@@ -246,7 +248,10 @@ pub async fn login_probe(
             } else if r.status() == reqwest::StatusCode::UNAUTHORIZED {
                 Err(wrong())
             } else {
-                Err(fail(format!("GET /v2/ with credentials answered {}", r.status())))
+                Err(fail(format!(
+                    "GET /v2/ with credentials answered {}",
+                    r.status()
+                )))
             }
         }
         "bearer" => {
@@ -268,7 +273,10 @@ pub async fn login_probe(
                 .send()
                 .await
                 .map_err(|e| OciError::Unreachable {
-                    registry: format!("{registry} (token service {})", url.origin().ascii_serialization()),
+                    registry: format!(
+                        "{registry} (token service {})",
+                        url.origin().ascii_serialization()
+                    ),
                     why: super::registry::describe_reqwest(&e),
                 })?;
             if r.status() == reqwest::StatusCode::UNAUTHORIZED

@@ -88,10 +88,11 @@ pub async fn push(
     json_out: bool,
 ) -> Result<String, OciError> {
     let r = OciRef::parse(reference)?;
-    let annotations = PushAnnotations::parse(annotations).map_err(|why| OciError::BadReference {
-        reference: reference.to_string(),
-        why,
-    })?;
+    let annotations =
+        PushAnnotations::parse(annotations).map_err(|why| OciError::BadReference {
+            reference: reference.to_string(),
+            why,
+        })?;
     let runtime = runtime(args)?;
     let loaded = runtime
         .load_file(file)
@@ -167,7 +168,11 @@ pub async fn pull(
 }
 
 /// `plugin inspect REF`: manifest and config only, the layer is not downloaded.
-pub async fn inspect(args: &RegistryArgs, reference: &str, json_out: bool) -> Result<String, OciError> {
+pub async fn inspect(
+    args: &RegistryArgs,
+    reference: &str,
+    json_out: bool,
+) -> Result<String, OciError> {
     let r = OciRef::parse(reference)?;
     let info = registry(args, json_out)?.inspect(&r).await?;
     Ok(render(
@@ -254,7 +259,10 @@ pub fn ls(args: &RegistryArgs, json_out: bool) -> Result<String, OciError> {
     );
     let mut text = String::new();
     if entries.is_empty() {
-        text.push_str(&format!("no cached plugins in {}\n", store.root().display()));
+        text.push_str(&format!(
+            "no cached plugins in {}\n",
+            store.root().display()
+        ));
     } else {
         text.push_str(&format!(
             "{:<60} {:<20} {:>10} {}\n",
@@ -287,7 +295,9 @@ pub async fn sign(args: &RegistryArgs, reference: &str, key: &Path) -> Result<St
     let r = OciRef::parse(reference)?;
     let pair = KeyPair::load(key, &key_password())?;
     let (digest, tag) = registry(args, true)?.sign(&r, &pair).await?;
-    Ok(format!("signed {r}\ndigest: {digest}\nsignature tag: {tag}\n"))
+    Ok(format!(
+        "signed {r}\ndigest: {digest}\nsignature tag: {tag}\n"
+    ))
 }
 
 /// `plugin generate-key PREFIX`: writes `PREFIX.key` (encrypted with `COSIGN_PASSWORD`) and `PREFIX.pub`.

@@ -39,7 +39,9 @@ pub enum OciError {
         registry: String,
     },
     /// The registry cannot be reached (DNS, connect, TLS or timeout).
-    #[error("cannot reach registry {registry}: {why}; check the name, the network and TLS settings")]
+    #[error(
+        "cannot reach registry {registry}: {why}; check the name, the network and TLS settings"
+    )]
     Unreachable {
         /// The registry.
         registry: String,
@@ -132,8 +134,8 @@ pub enum OciError {
         /// Why.
         why: String,
     },
-    /// The reference is not cached and the registry could not be asked.
-    #[error("{reference} is not in the cache and {why}")]
+    /// The registry is needed (policy `always`) but cannot be asked.
+    #[error("{reference} was not loaded: {why}")]
     NotCached {
         /// The reference.
         reference: String,

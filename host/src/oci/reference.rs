@@ -65,9 +65,7 @@ fn valid_registry(r: &str) -> bool {
         && host.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -122,7 +120,9 @@ impl OciRef {
                 if !valid_tag(tag) {
                     return Err(bad(
                         text,
-                        format!("{tag:?} is not a valid tag (letters, digits, '_', '.', '-'; at most 128)"),
+                        format!(
+                            "{tag:?} is not a valid tag (letters, digits, '_', '.', '-'; at most 128)"
+                        ),
                     ));
                 }
                 (repo, Some(tag.to_string()))
@@ -190,10 +190,7 @@ impl OciRef {
     /// Whether the registry is on this machine (plain HTTP may be allowed there).
     pub fn is_loopback(&self) -> bool {
         let host = self.host();
-        host == "localhost"
-            || host
-                .parse::<IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
+        host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
     }
 
     pub(crate) fn client_ref(&self) -> oci_client::Reference {

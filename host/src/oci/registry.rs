@@ -70,6 +70,29 @@ pub struct Pulled {
     pub verified: bool,
 }
 
+/// A verified blob: already in the cache, or downloaded and waiting to be committed.
+enum Fetched {
+    Cached(PathBuf),
+    Fresh(tempfile::NamedTempFile, String),
+}
+
+impl Fetched {
+    fn read(&self) -> Result<Vec<u8>, OciError> {
+        let path = match self {
+            Fetched::Cached(p) => p.as_path(),
+            Fetched::Fresh(t, _) => t.path(),
+        };
+        std::fs::read(path).map_err(|e| OciError::local(path, e))
+    }
+
+    fn commit(self, store: &Store) -> Result<PathBuf, OciError> {
+        match self {
+            Fetched::Cached(p) => Ok(p),
+            Fetched::Fresh(tmp, digest) => store.commit_blob(tmp, &digest),
+        }
+    }
+}
+
 /// Checks a downloaded component before it enters the cache (header, imports, exports).
 pub type Validate<'a> = &'a (dyn Fn(&[u8]) -> Result<(), String> + Sync);
 
@@ -94,6 +117,10 @@ pub(crate) fn describe_reqwest(e: &reqwest::Error) -> String {
     while let Some(s) = source {
         last = s.to_string();
         source = s.source();
+    }
+    if last.contains("InvalidContentType") || last.contains("corrupt message") {
+        last = "the registry does not answer TLS (a plain-HTTP registry? then list it as insecure)"
+            .to_string();
     }
     if !last.is_empty() {
         parts.push(last);
@@ -214,7 +241,9 @@ impl Registry {
         };
         match e {
             OciDistributionError::RequestError(e) => {
-                if e.is_connect() || e.is_timeout() || e.is_request() {
+                if let Some(status) = e.status() {
+                    by_status(status.as_u16(), describe_reqwest(&e))
+                } else if e.is_connect() || e.is_timeout() || e.is_request() {
                     OciError::Unreachable {
                         registry,
                         why: describe_reqwest(&e),
@@ -324,11 +353,11 @@ impl Registry {
         digest: &str,
         size: u64,
         validate: Option<Validate<'_>>,
-    ) -> Result<PathBuf, OciError> {
+    ) -> Result<Fetched, OciError> {
         if let Some(path) = self.store.blob_path(digest)
             && self.store.get("blobs", digest).is_some()
         {
-            return Ok(path);
+            return Ok(Fetched::Cached(path));
         }
         let desc = OciDescriptor {
             media_type: media_type.to_string(),
@@ -411,7 +440,7 @@ impl Registry {
                 why,
             })?;
         }
-        self.store.commit_blob(tmp, digest)
+        Ok(Fetched::Fresh(tmp, digest.to_string()))
     }
 
     fn progress_bar(&self, size: u64, what: &str) -> Option<indicatif::ProgressBar> {
@@ -508,12 +537,15 @@ impl Registry {
                     tracing::warn!(reference = %r, "registry unreachable ({why}); using the cached copy of the pinned digest");
                     return Ok(hit);
                 }
-                Err(OciError::NotCached {
-                    reference: r.to_string(),
-                    why: format!(
-                        "registry {registry} cannot be reached ({why}); bring it back or pre-pull on a connected machine"
-                    ),
-                })
+                if policy == PullPolicy::Always && self.from_cache(r, key)?.is_some() {
+                    return Err(OciError::NotCached {
+                        reference: r.to_string(),
+                        why: format!(
+                            "pull_policy = always needs registry {registry} to resolve it, but it cannot be reached ({why}); set pull_policy = \"if-not-present\" to start from the cached copy"
+                        ),
+                    });
+                }
+                Err(OciError::Unreachable { registry, why })
             }
             Err(e) => Err(e),
         }
@@ -536,16 +568,18 @@ impl Registry {
             }
             None => false,
         };
-        self.fetch_blob(
-            &client,
-            r,
-            "config",
-            artifact::CONFIG_MEDIA_TYPE,
-            &check.config_digest,
-            check.config_size,
-            None,
-        )
-        .await?;
+        let config = self
+            .fetch_blob(
+                &client,
+                r,
+                "config",
+                artifact::CONFIG_MEDIA_TYPE,
+                &check.config_digest,
+                check.config_size,
+                None,
+            )
+            .await?;
+        ArtifactInfo::new(&r.to_string(), &check, &config.read()?)?;
         let wasm = self
             .fetch_blob(
                 &client,
@@ -557,6 +591,9 @@ impl Registry {
                 validate,
             )
             .await?;
+        // Nothing becomes visible in the cache until every part verified.
+        config.commit(&self.store)?;
+        let wasm = wasm.commit(&self.store)?;
         self.store.put("manifests", &digest, &manifest)?;
         let now = chrono::Utc::now().to_rfc3339();
         for key in [Self::cache_key(r), Self::cache_key(&pinned)] {
@@ -591,7 +628,8 @@ impl Registry {
         let layers = self.signature_layers(client, auth, pinned).await?;
         match signature::check(key, &digest, &layers) {
             SignatureCheck::Verified => {
-                let bytes = serde_json::to_vec(&layers).map_err(|e| OciError::local(self.store.root(), e))?;
+                let bytes = serde_json::to_vec(&layers)
+                    .map_err(|e| OciError::local(self.store.root(), e))?;
                 self.store.put("signatures", &digest, &bytes)?;
                 Ok(())
             }
@@ -611,7 +649,11 @@ impl Registry {
         let digest = pinned.digest.clone().unwrap_or_default();
         let sig_ref = pinned.at_tag(&signature::signature_tag(&digest));
         let bytes = match client
-            .pull_manifest_raw(&sig_ref.client_ref(), auth, &[artifact::MANIFEST_MEDIA_TYPE])
+            .pull_manifest_raw(
+                &sig_ref.client_ref(),
+                auth,
+                &[artifact::MANIFEST_MEDIA_TYPE],
+            )
             .await
             .map_err(|e| self.map_err(&sig_ref, false, e))
         {
@@ -619,10 +661,11 @@ impl Registry {
             Err(OciError::NotFound { .. }) => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| OciError::Signature {
-            reference: pinned.to_string(),
-            why: format!("the signature manifest is not JSON: {e}"),
-        })?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| OciError::Signature {
+                reference: pinned.to_string(),
+                why: format!("the signature manifest is not JSON: {e}"),
+            })?;
         let mut out = Vec::new();
         for layer in v
             .get("layers")
@@ -687,13 +730,20 @@ impl Registry {
         {
             return Err(OciError::BadReference {
                 reference: r.to_string(),
-                why: format!("the pushed manifest would be {}, not {d}", built.manifest_digest),
+                why: format!(
+                    "the pushed manifest would be {}, not {d}",
+                    built.manifest_digest
+                ),
             });
         }
         let (client, auth) = self.client(r)?;
         let target = r.at_tag(&tag);
         client
-            .auth(&target.client_ref(), &auth, oci_client::RegistryOperation::Push)
+            .auth(
+                &target.client_ref(),
+                &auth,
+                oci_client::RegistryOperation::Push,
+            )
             .await
             .map_err(|e| self.map_err(&target, true, e))?;
         for (bytes, digest) in [
@@ -747,7 +797,7 @@ impl Registry {
     pub async fn inspect(&self, r: &OciRef) -> Result<ArtifactInfo, OciError> {
         let (client, auth) = self.client(r)?;
         let (_, check) = self.fetch_manifest(&client, &auth, r).await?;
-        let path = self
+        let config = self
             .fetch_blob(
                 &client,
                 r,
@@ -758,8 +808,9 @@ impl Registry {
                 None,
             )
             .await?;
-        let config = std::fs::read(&path).map_err(|e| OciError::local(&path, e))?;
-        ArtifactInfo::new(&r.to_string(), &check, &config)
+        let info = ArtifactInfo::new(&r.to_string(), &check, &config.read()?)?;
+        config.commit(&self.store)?;
+        Ok(info)
     }
 
     /// Signs the manifest `r` resolves to and stores the signature under `sha256-<hex>.sig`.
@@ -776,12 +827,20 @@ impl Registry {
         let tag = signature::signature_tag(&digest);
         let sig_ref = pinned.at_tag(&tag);
         client
-            .auth(&sig_ref.client_ref(), &auth, oci_client::RegistryOperation::Push)
+            .auth(
+                &sig_ref.client_ref(),
+                &auth,
+                oci_client::RegistryOperation::Push,
+            )
             .await
             .map_err(|e| self.map_err(&sig_ref, true, e))?;
         // Keep signatures already there (other keys), replacing an identical payload's entry.
         let mut layers: Vec<serde_json::Value> = match client
-            .pull_manifest_raw(&sig_ref.client_ref(), &auth, &[artifact::MANIFEST_MEDIA_TYPE])
+            .pull_manifest_raw(
+                &sig_ref.client_ref(),
+                &auth,
+                &[artifact::MANIFEST_MEDIA_TYPE],
+            )
             .await
         {
             Ok((bytes, _)) => serde_json::from_slice::<serde_json::Value>(&bytes)
@@ -825,7 +884,8 @@ impl Registry {
             },
             "layers": layers,
         });
-        let bytes = serde_json::to_vec(&manifest).map_err(|e| OciError::local(self.store.root(), e))?;
+        let bytes =
+            serde_json::to_vec(&manifest).map_err(|e| OciError::local(self.store.root(), e))?;
         self.put_manifest(&client, &sig_ref, bytes).await?;
         Ok((digest, tag))
     }
@@ -837,9 +897,11 @@ impl Registry {
             _ => Path::new("."),
         };
         let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| OciError::local(dir, e))?;
-        let mut src = std::fs::File::open(&pulled.wasm).map_err(|e| OciError::local(&pulled.wasm, e))?;
+        let mut src =
+            std::fs::File::open(&pulled.wasm).map_err(|e| OciError::local(&pulled.wasm, e))?;
         std::io::copy(&mut src, &mut tmp).map_err(|e| OciError::local(out, e))?;
-        tmp.persist(out).map_err(|e| OciError::local(out, e.error))?;
+        tmp.persist(out)
+            .map_err(|e| OciError::local(out, e.error))?;
         Ok(())
     }
 }

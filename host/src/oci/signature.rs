@@ -14,7 +14,8 @@ use zeroize::Zeroizing;
 use super::OciError;
 
 /// Layer media type of a cosign signature payload.
-pub(crate) const SIMPLESIGNING_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+pub(crate) const SIMPLESIGNING_MEDIA_TYPE: &str =
+    "application/vnd.dev.cosign.simplesigning.v1+json";
 /// Annotation carrying the base64 signature.
 pub(crate) const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 /// Config media type cosign uses for signature manifests.
@@ -78,7 +79,8 @@ pub struct PublicKey {
 impl PublicKey {
     /// Loads a PEM public key.
     pub fn load(path: &Path) -> Result<Self, OciError> {
-        let pem = std::fs::read(path).map_err(|e| key_err(path, format!("cannot read key: {e}")))?;
+        let pem =
+            std::fs::read(path).map_err(|e| key_err(path, format!("cannot read key: {e}")))?;
         let key = CosignVerificationKey::try_from_pem(&pem)
             .map_err(|e| key_err(path, format!("not a usable public key: {e}")))?;
         Ok(PublicKey { key })

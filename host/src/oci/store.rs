@@ -43,7 +43,12 @@ fn hex_of(digest: &str) -> Option<&str> {
 impl Store {
     /// Opens (creating, mode 0700) the cache at `root`.
     pub fn open(root: &Path) -> Result<Self, OciError> {
-        for sub in ["blobs/sha256", "manifests/sha256", "signatures/sha256", "tmp"] {
+        for sub in [
+            "blobs/sha256",
+            "manifests/sha256",
+            "signatures/sha256",
+            "tmp",
+        ] {
             let dir = root.join(sub);
             let mut builder = std::fs::DirBuilder::new();
             builder.recursive(true);
@@ -52,9 +57,9 @@ impl Store {
                 use std::os::unix::fs::DirBuilderExt;
                 builder.mode(0o700);
             }
-            builder
-                .create(&dir)
-                .map_err(|e| OciError::local(&dir, format!("cannot create cache directory: {e}")))?;
+            builder.create(&dir).map_err(|e| {
+                OciError::local(&dir, format!("cannot create cache directory: {e}"))
+            })?;
         }
         Ok(Store {
             root: root.to_path_buf(),
@@ -104,7 +109,8 @@ impl Store {
         tmp.write_all(bytes)
             .and_then(|()| tmp.as_file().sync_all())
             .map_err(|e| OciError::local(path, e))?;
-        tmp.persist(path).map_err(|e| OciError::local(path, e.error))?;
+        tmp.persist(path)
+            .map_err(|e| OciError::local(path, e.error))?;
         Ok(())
     }
 
@@ -127,7 +133,6 @@ impl Store {
         }
         Some(bytes)
     }
-
 
     fn index_path(&self) -> PathBuf {
         self.root.join("refs.json")

@@ -4,6 +4,7 @@
 pub mod example_cloud;
 pub mod moto;
 pub mod peer;
+pub mod registry;
 
 use std::io::Write;
 use std::path::Path;
