@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 out=$(mktemp -d)
-FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler --bench aws -- "$@"
+FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler --bench aws --bench oci -- "$@"
 python3 - "$CARGO_TARGET_DIR/criterion" "$out" <<'PY'
 import json, os, sys
 root, out = sys.argv[1], sys.argv[2]
@@ -25,7 +25,9 @@ rows = ["scaler/acquire_release_10k_x4", "scaler/reconcile_tick_10k", "scaler/re
         "static/trivial_call", "static/instantiate", "template/instantiate", "static/load_from_cache",
         "template/load_from_cache", "static/first_compile", "template/first_compile",
         "http_get/guest_update", "http_get/reqwest_fresh_connection", "http_get/reqwest_pooled",
-        "aws_update_100/plugin", "aws_update_100/host_reqwest_sigv4"]
+        "aws_update_100/plugin", "aws_update_100/host_reqwest_sigv4",
+        "oci_start/file_baseline", "oci_start/cached_if_not_present", "oci_start/cached_if_not_present_verified",
+        "oci_start/always_resolve_tag", "oci_start/always_resolve_tag_verified", "oci_start/cold_pull_template"]
 print("\nmedians:")
 for r in rows: print(f"  {r:<38} {fmt(median(r))}")
 try: print(f"  {'rss_per_instance':<38} {open(os.path.join(out,'rss_per_instance_kib')).read()} KiB")
@@ -35,6 +37,10 @@ if g and f: print(f"  guest GET / reqwest (fresh connection)  {g/f:.2f}x")
 if g and p: print(f"  guest GET / reqwest (pooled)            {g/p:.2f}x")
 w, h = median("aws_update_100/plugin"), median("aws_update_100/host_reqwest_sigv4")
 if w and h: print(f"  AWS update(100) plugin / host reqwest   {w/h:.2f}x")
+base = median("oci_start/file_baseline")
+for r in ("cached_if_not_present", "cached_if_not_present_verified", "always_resolve_tag", "always_resolve_tag_verified"):
+    m = median("oci_start/" + r)
+    if base and m: print(f"  oci start {r:<31} / file {m/base:.2f}x")
 a = median("scaler/acquire_release_10k_x4")
 if a: print(f"  acquire+release per second (one core)  {1e9/a:,.0f}")
 PY

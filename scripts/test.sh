@@ -9,13 +9,20 @@ rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add was
 rustup component list --installed | grep -q '^clippy' || rustup component add clippy
 rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
 
-# promtool (Debian package prometheus) lints the /metrics output in the tests.
-if ! command -v promtool >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  else
-    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  fi
+# Debian packages the tests run against:
+#   prometheus      promtool lints the /metrics output;
+#   docker-registry the CNCF distribution registry for the OCI tests (htpasswd: apache2-utils);
+#   bsdutils        `script`, a pseudo-terminal for the progress-bar test.
+need=()
+command -v promtool >/dev/null || need+=(prometheus)
+command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v htpasswd >/dev/null || need+=(apache2-utils)
+command -v script >/dev/null || need+=(bsdutils)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
 # moto (with boto3) is the AWS peer of the AWS plugin's tests.
@@ -28,6 +35,8 @@ if [ ! -x "$FLOTILLA_VENV/bin/moto_server" ]; then
   fi
   "$FLOTILLA_VENV/bin/pip" install -q "moto[server]" boto3
 fi
+# oras-py is the independent OCI client of the cross-checks.
+"$FLOTILLA_VENV/bin/python" -c "import oras" 2>/dev/null || "$FLOTILLA_VENV/bin/pip" install -q "oras==0.2.43"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -605,10 +605,9 @@ async fn a_cached_plugin_starts_with_the_registry_down() {
     assert!(err.contains("cannot be reached"), "{err}");
     // A new user with an empty cache gets a clear error.
     let stranger = User::new(&reg.host());
-    stranger.oci(&["plugin", "pull", &r]).fails_with(&[
-        "cannot reach registry",
-        &reg.host(),
-    ]);
+    stranger
+        .oci(&["plugin", "pull", &r])
+        .fails_with(&["cannot reach registry", &reg.host()]);
     stranger.assert_cache_empty();
 
     // The real binary: `flotilla run` starts the pool from the cache.

@@ -159,7 +159,9 @@ impl AuthStore {
             .map(|a| {
                 registry_keys(registry)
                     .iter()
-                    .fold(false, |acc, k| a.remove(k).is_some() || acc)
+                    .filter(|k| a.remove(k.as_str()).is_some())
+                    .count()
+                    > 0
             })
             .unwrap_or(false);
         if removed {

@@ -70,6 +70,14 @@ pub struct Pulled {
     pub verified: bool,
 }
 
+/// What to download: a descriptor plus a name for messages.
+struct Blob<'a> {
+    what: &'static str,
+    media_type: &'a str,
+    digest: &'a str,
+    size: u64,
+}
+
 /// A verified blob: already in the cache, or downloaded and waiting to be committed.
 enum Fetched {
     Cached(PathBuf),
@@ -348,12 +356,15 @@ impl Registry {
         &self,
         client: &oci_client::Client,
         r: &OciRef,
-        what: &'static str,
-        media_type: &str,
-        digest: &str,
-        size: u64,
+        blob: Blob<'_>,
         validate: Option<Validate<'_>>,
     ) -> Result<Fetched, OciError> {
+        let Blob {
+            what,
+            media_type,
+            digest,
+            size,
+        } = blob;
         if let Some(path) = self.store.blob_path(digest)
             && self.store.get("blobs", digest).is_some()
         {
@@ -469,7 +480,7 @@ impl Registry {
     }
 
     /// A cached artifact for `r`, if its manifest, layer and (when asked) signature are cached.
-    fn from_cache(&self, r: &OciRef, key: Option<&PublicKey>) -> Result<Option<Pulled>, OciError> {
+    fn cached(&self, r: &OciRef, key: Option<&PublicKey>) -> Result<Option<Pulled>, OciError> {
         let digest = match &r.digest {
             Some(d) => d.clone(),
             None => match self.store.lookup(&Self::cache_key(r)) {
@@ -523,7 +534,7 @@ impl Registry {
         validate: Option<Validate<'_>>,
     ) -> Result<Pulled, OciError> {
         if policy == PullPolicy::IfNotPresent
-            && let Some(hit) = self.from_cache(r, key)?
+            && let Some(hit) = self.cached(r, key)?
         {
             return Ok(hit);
         }
@@ -532,12 +543,12 @@ impl Registry {
             Err(OciError::Unreachable { registry, why }) => {
                 // A pinned digest names exact content: the cached copy is that content.
                 if r.digest.is_some()
-                    && let Some(hit) = self.from_cache(r, key)?
+                    && let Some(hit) = self.cached(r, key)?
                 {
                     tracing::warn!(reference = %r, "registry unreachable ({why}); using the cached copy of the pinned digest");
                     return Ok(hit);
                 }
-                if policy == PullPolicy::Always && self.from_cache(r, key)?.is_some() {
+                if policy == PullPolicy::Always && self.cached(r, key)?.is_some() {
                     return Err(OciError::NotCached {
                         reference: r.to_string(),
                         why: format!(
@@ -572,10 +583,12 @@ impl Registry {
             .fetch_blob(
                 &client,
                 r,
-                "config",
-                artifact::CONFIG_MEDIA_TYPE,
-                &check.config_digest,
-                check.config_size,
+                Blob {
+                    what: "config",
+                    media_type: artifact::CONFIG_MEDIA_TYPE,
+                    digest: &check.config_digest,
+                    size: check.config_size,
+                },
                 None,
             )
             .await?;
@@ -584,10 +597,12 @@ impl Registry {
             .fetch_blob(
                 &client,
                 r,
-                "wasm layer",
-                artifact::LAYER_MEDIA_TYPE,
-                &check.layer_digest,
-                check.layer_size,
+                Blob {
+                    what: "wasm layer",
+                    media_type: artifact::LAYER_MEDIA_TYPE,
+                    digest: &check.layer_digest,
+                    size: check.layer_size,
+                },
                 validate,
             )
             .await?;
@@ -801,10 +816,12 @@ impl Registry {
             .fetch_blob(
                 &client,
                 r,
-                "config",
-                artifact::CONFIG_MEDIA_TYPE,
-                &check.config_digest,
-                check.config_size,
+                Blob {
+                    what: "config",
+                    media_type: artifact::CONFIG_MEDIA_TYPE,
+                    digest: &check.config_digest,
+                    size: check.config_size,
+                },
                 None,
             )
             .await?;
