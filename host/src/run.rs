@@ -64,13 +64,30 @@ pub async fn load_plugin(
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             };
-            let pulled = registry
-                .pull(reference, *pull_policy, key.as_ref(), Some(&validate))
-                .await?;
-            tracing::info!(pool = %pool.name, reference = %reference, digest = %pulled.digest, from_cache = pulled.from_cache, signature_verified = pulled.verified, "plugin artifact resolved");
-            let bytes = std::fs::read(&pulled.wasm)
-                .with_context(|| format!("{}", pulled.wasm.display()))?;
-            Ok(runtime.load_bytes(&pulled.reference.to_string(), &bytes)?)
+            // A cached blob corrupted on disk is evicted and fetched once more.
+            for attempt in 0..2 {
+                let pulled = registry
+                    .pull(reference, *pull_policy, key.as_ref(), Some(&validate))
+                    .await?;
+                tracing::info!(pool = %pool.name, reference = %reference, digest = %pulled.digest, from_cache = pulled.from_cache, signature_verified = pulled.verified, "plugin artifact resolved");
+                let bytes = std::fs::read(&pulled.wasm)
+                    .with_context(|| format!("{}", pulled.wasm.display()))?;
+                let loaded = runtime.load_bytes(&pulled.reference.to_string(), &bytes);
+                let sha256 = match &loaded {
+                    Ok(plugin) => plugin.sha256.clone(),
+                    Err(_) => crate::plugin::sha256_hex(&bytes),
+                };
+                if format!("sha256:{sha256}") == pulled.layer_digest {
+                    return Ok(loaded?);
+                }
+                registry.evict(&pulled);
+                if attempt == 1 || !pulled.from_cache {
+                    break;
+                }
+            }
+            anyhow::bail!(
+                "{reference}: the wasm does not match its digest, even after a fresh pull"
+            )
         }
     }
 }

@@ -39,6 +39,9 @@ impl Out {
         for n in needles {
             assert!(self.err.contains(n), "missing {n:?} in: {}", self.err);
         }
+        for secret in [WRITER.1, READER.1, PASSWORD, "wrong-password"] {
+            assert!(!self.err.contains(secret), "a secret leaked: {}", self.err);
+        }
         self
     }
     fn json(&self) -> Value {
@@ -279,7 +282,15 @@ async fn every_command_works_in_all_three_auth_modes() {
         let r = reg.reference("flotilla/static:1.0");
         let ctx = format!("{mode:?}");
 
-        if mode != Mode::Anonymous {
+        if mode == Mode::Anonymous {
+            let login = user.login(WRITER);
+            assert!(
+                login.ok().out.contains("accepts anonymous access"),
+                "{}",
+                login.out
+            );
+            user.raw(&["plugin", "logout", &reg.host()], None).ok();
+        } else {
             user.oci(&["plugin", "push", guests::STATIC_PLUGIN, &r])
                 .fails_with(&["401", "flotilla plugin login"]);
             user.login(("alice", "wrong-password"))
@@ -516,6 +527,30 @@ async fn tampering_is_refused() {
     // Restore it: the registry shares blob storage between repositories.
     bytes[last] ^= 0xff;
     std::fs::write(&file, &bytes).unwrap_or_else(|e| panic!("{e}"));
+
+    // 1b. A cache entry corrupted on disk is noticed, evicted and fetched again.
+    let r = reg.reference("tamper/cache:1");
+    publisher
+        .oci(&["plugin", "push", guests::STATIC_PLUGIN, &r])
+        .ok();
+    let user = User::new(&reg.host());
+    user.load_pool(&format!("plugin = \"{r}\""))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let cached = user
+        .cache_dir()
+        .join("oci/blobs")
+        .join(layer.replacen(':', "/", 1));
+    std::fs::write(&cached, b"\0asm\x0d\0\x01\0garbage").unwrap_or_else(|e| panic!("{e}"));
+    let again = user
+        .load_pool(&format!("plugin = \"{r}\""))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(again.sha256, sha256_file(guests::STATIC_PLUGIN));
+    assert_eq!(
+        std::fs::read(&cached).unwrap_or_default(),
+        std::fs::read(guests::STATIC_PLUGIN).unwrap_or_default()
+    );
 
     // 2. A pinned digest survives the tag moving.
     let r = reg.reference("tamper/pin:stable");

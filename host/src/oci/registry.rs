@@ -1,8 +1,10 @@
 //! Talking to a registry: push, pull (into the cache, verified), inspect, sign and verify.
 //! Every registry failure is mapped to a one-line [`OciError`] that says what to do.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -62,6 +64,8 @@ pub struct Pulled {
     pub digest: String,
     /// The cached wasm file.
     pub wasm: PathBuf,
+    /// Its digest (`sha256:...`); whoever reads the file must check it.
+    pub layer_digest: String,
     /// The wasm size.
     pub size: u64,
     /// Whether the registry was not contacted.
@@ -105,11 +109,23 @@ impl Fetched {
 pub type Validate<'a> = &'a (dyn Fn(&[u8]) -> Result<(), String> + Sync);
 
 /// A registry client bound to a credential store and a cache.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Registry {
     opts: RegistryOptions,
     auth: AuthStore,
     store: Store,
+    /// One HTTP client (connections, bearer tokens) per registry and account.
+    clients: Arc<Mutex<HashMap<String, oci_client::Client>>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("opts", &self.opts)
+            .field("auth", &self.auth)
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Describes a reqwest failure with its cause chain (DNS, refused, timeout) in one line.
@@ -152,7 +168,12 @@ impl Registry {
     /// A client with the given options, credentials and cache.
     pub fn new(opts: RegistryOptions, auth: AuthStore, store: Store) -> Self {
         install_crypto();
-        Registry { opts, auth, store }
+        Registry {
+            opts,
+            auth,
+            store,
+            clients: Arc::default(),
+        }
     }
 
     /// The cache this registry pulls into.
@@ -187,6 +208,17 @@ impl Registry {
     }
 
     fn client(&self, r: &OciRef) -> Result<(oci_client::Client, RegistryAuth), OciError> {
+        let auth = match self.auth.lookup(&r.registry)? {
+            Some(b) => RegistryAuth::Basic(b.user, b.password.to_string()),
+            None => RegistryAuth::Anonymous,
+        };
+        let key = match &auth {
+            RegistryAuth::Basic(user, _) => format!("{}|{user}", r.registry),
+            _ => r.registry.clone(),
+        };
+        if let Some(client) = self.clients.lock().ok().and_then(|c| c.get(&key).cloned()) {
+            return Ok((client, auth));
+        }
         let protocol = if self.plain_http(&r.registry, r.is_loopback())? {
             ClientProtocol::HttpsExcept(vec![r.registry.clone()])
         } else {
@@ -205,10 +237,9 @@ impl Registry {
             reference: r.to_string(),
             why: format!("cannot build an HTTP client: {e}"),
         })?;
-        let auth = match self.auth.lookup(&r.registry)? {
-            Some(b) => RegistryAuth::Basic(b.user, b.password.to_string()),
-            None => RegistryAuth::Anonymous,
-        };
+        if let Ok(mut clients) = self.clients.lock() {
+            clients.insert(key, client.clone());
+        }
         Ok((client, auth))
     }
 
@@ -492,10 +523,8 @@ impl Registry {
             return Ok(None);
         };
         let check = ManifestCheck::parse(&r.to_string(), &digest, &manifest)?;
-        let (Some(wasm), Some(_)) = (
-            self.store.blob_path(&check.layer_digest),
-            self.store.get("blobs", &check.layer_digest),
-        ) else {
+        // The loader hashes the bytes anyway and compares them with `layer_digest`.
+        let Some(wasm) = self.store.blob_path(&check.layer_digest) else {
             return Ok(None);
         };
         let verified = match key {
@@ -512,6 +541,7 @@ impl Registry {
             reference: r.pinned(&digest),
             digest,
             wasm,
+            layer_digest: check.layer_digest.clone(),
             size: check.layer_size,
             from_cache: true,
             verified,
@@ -625,6 +655,7 @@ impl Registry {
             reference: pinned,
             digest,
             wasm,
+            layer_digest: check.layer_digest.clone(),
             size: check.layer_size,
             from_cache: false,
             verified,
@@ -905,6 +936,12 @@ impl Registry {
             serde_json::to_vec(&manifest).map_err(|e| OciError::local(self.store.root(), e))?;
         self.put_manifest(&client, &sig_ref, bytes).await?;
         Ok((digest, tag))
+    }
+
+    /// Drops a cached blob that failed its digest check when read, so the next pull fetches it.
+    pub fn evict(&self, pulled: &Pulled) {
+        tracing::warn!(file = %pulled.wasm.display(), "cached plugin does not match its digest; removing it");
+        let _ = std::fs::remove_file(&pulled.wasm);
     }
 
     /// Copies a cached wasm blob to `out` atomically.
