@@ -27,7 +27,8 @@ rows = ["scaler/acquire_release_10k_x4", "scaler/reconcile_tick_10k", "scaler/re
         "http_get/guest_update", "http_get/reqwest_fresh_connection", "http_get/reqwest_pooled",
         "aws_update_100/plugin", "aws_update_100/host_reqwest_sigv4",
         "oci_start/file_baseline", "oci_start/cached_if_not_present", "oci_start/cached_if_not_present_verified",
-        "oci_start/always_resolve_tag", "oci_start/always_resolve_tag_verified", "oci_start/cold_pull_template"]
+        "oci_start/always_resolve_tag", "oci_start/always_resolve_tag_verified", "oci_start/reqwest_manifest_get",
+        "oci_start/cold_pull_template"]
 print("\nmedians:")
 for r in rows: print(f"  {r:<38} {fmt(median(r))}")
 try: print(f"  {'rss_per_instance':<38} {open(os.path.join(out,'rss_per_instance_kib')).read()} KiB")
@@ -41,6 +42,8 @@ base = median("oci_start/file_baseline")
 for r in ("cached_if_not_present", "cached_if_not_present_verified", "always_resolve_tag", "always_resolve_tag_verified"):
     m = median("oci_start/" + r)
     if base and m: print(f"  oci start {r:<31} / file {m/base:.2f}x")
+t, q = median("oci_start/always_resolve_tag"), median("oci_start/reqwest_manifest_get")
+if t and q and base: print(f"  oci always / (file + one manifest GET)  {t/(base+q):.2f}x")
 a = median("scaler/acquire_release_10k_x4")
 if a: print(f"  acquire+release per second (one core)  {1e9/a:,.0f}")
 PY

@@ -23,6 +23,7 @@ fn oci(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let reg = rt.block_on(Registry::start(Mode::Anonymous));
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let runtime = PluginRuntime::new(RuntimeOptions {
@@ -102,6 +103,24 @@ fn oci(c: &mut Criterion) {
     });
     g.bench_function("always_resolve_tag_verified", |b| {
         b.iter(|| start(PullPolicy::Always, Some(&key)))
+    });
+    // The registry's own cost for the one request `always` adds: GET the manifest by tag.
+    let http = reqwest::Client::new();
+    let manifest_url = format!("http://{}/v2/bench/template/manifests/1", reg.host());
+    g.bench_function("reqwest_manifest_get", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                http.get(&manifest_url)
+                    .header("accept", "application/vnd.oci.image.manifest.v1+json")
+                    .send()
+                    .await
+                    .and_then(|r| r.error_for_status())
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .bytes()
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+            })
+        })
     });
     g.bench_function("cold_pull_template", |b| {
         b.iter_batched(

@@ -639,9 +639,19 @@ impl Registry {
         // Nothing becomes visible in the cache until every part verified.
         config.commit(&self.store)?;
         let wasm = wasm.commit(&self.store)?;
-        self.store.put("manifests", &digest, &manifest)?;
+        // Unchanged entries are not rewritten (each write is fsynced).
+        if self.store.get("manifests", &digest).is_none() {
+            self.store.put("manifests", &digest, &manifest)?;
+        }
         let now = chrono::Utc::now().to_rfc3339();
         for key in [Self::cache_key(r), Self::cache_key(&pinned)] {
+            if self
+                .store
+                .lookup(&key)
+                .is_some_and(|e| e.digest == digest && (e.signature_verified || !verified))
+            {
+                continue;
+            }
             self.store.record(CachedRef {
                 reference: key,
                 digest: digest.clone(),
@@ -676,7 +686,9 @@ impl Registry {
             SignatureCheck::Verified => {
                 let bytes = serde_json::to_vec(&layers)
                     .map_err(|e| OciError::local(self.store.root(), e))?;
-                self.store.put("signatures", &digest, &bytes)?;
+                if self.store.get("signatures", &digest).as_deref() != Some(bytes.as_slice()) {
+                    self.store.put("signatures", &digest, &bytes)?;
+                }
                 Ok(())
             }
             SignatureCheck::Failed(why) => Err(OciError::Signature {
