@@ -1065,3 +1065,96 @@ async fn pull_policy_always_sees_a_moved_tag_and_if_not_present_does_not() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(always.sha256, sha256_file(guests::TEMPLATE_PLUGIN));
 }
+
+/// A registry that lies: wrong manifest bytes for a pinned digest, a layer whose bytes do not
+/// match its descriptor, and a layer longer than declared.
+async fn lying_registry() -> std::net::SocketAddr {
+    use axum::http::{HeaderMap, StatusCode, Uri};
+    let wasm = std::fs::read(guests::STATIC_PLUGIN).unwrap_or_default();
+    let config = CNCF_CONFIG.as_bytes().to_vec();
+    let digest = |b: &[u8]| format!("sha256:{}", flotilla::plugin::sha256_hex(b));
+    let manifest = |layer_digest: &str, layer_size: usize| {
+        serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": { "mediaType": WASM_CONFIG_TYPE, "digest": digest(&config), "size": config.len() },
+            "layers": [{ "mediaType": "application/wasm", "digest": layer_digest, "size": layer_size }],
+        })
+        .to_string()
+    };
+    let honest = manifest(&digest(&wasm), wasm.len());
+    let short = manifest(&digest(&wasm[..100]), 100);
+    let (config_digest, wasm_digest) = (digest(&config), digest(&wasm));
+    let app = axum::Router::new().fallback(move |uri: Uri| {
+        let (honest, short, config, wasm) =
+            (honest.clone(), short.clone(), config.clone(), wasm.clone());
+        let (config_digest, wasm_digest) = (config_digest.clone(), wasm_digest.clone());
+        async move {
+            let path = uri.path().to_string();
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                "content-type",
+                "application/vnd.oci.image.manifest.v1+json"
+                    .parse()
+                    .unwrap_or_else(|_| unreachable!()),
+            );
+            let body: Vec<u8> = if path == "/v2/" {
+                b"{}".to_vec()
+            } else if path.starts_with("/v2/lie/pinned/manifests/") {
+                honest.into_bytes()
+            } else if path == "/v2/lie/blob/manifests/1" {
+                honest.into_bytes()
+            } else if path == "/v2/lie/long/manifests/1" {
+                short.into_bytes()
+            } else if path.ends_with(&format!("/blobs/{config_digest}")) {
+                config
+            } else if path.starts_with("/v2/lie/blob/blobs/") && path.ends_with(&wasm_digest) {
+                let mut w = wasm;
+                w[10] ^= 0x55;
+                w
+            } else if path.starts_with("/v2/lie/long/blobs/") {
+                wasm
+            } else {
+                return (
+                    StatusCode::NOT_FOUND,
+                    headers,
+                    br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"unknown"}]}"#.to_vec(),
+                );
+            };
+            (StatusCode::OK, headers, body)
+        }
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_registry_is_caught_and_nothing_is_cached() {
+    let addr = lying_registry().await;
+    let other = format!("sha256:{}", "ab".repeat(32));
+    for (reference, needles) in [
+        (
+            format!("oci://{addr}/lie/pinned@{other}"),
+            vec!["failed digest verification", other.as_str()],
+        ),
+        (
+            format!("oci://{addr}/lie/blob:1"),
+            vec!["wasm layer", "failed digest verification"],
+        ),
+        (
+            format!("oci://{addr}/lie/long:1"),
+            vec!["wasm layer", "more than 100 bytes"],
+        ),
+    ] {
+        let user = User::new(&addr.to_string());
+        user.oci(&["plugin", "pull", &reference])
+            .fails_with(&needles);
+        user.assert_cache_empty();
+    }
+}

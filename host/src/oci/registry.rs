@@ -304,6 +304,14 @@ impl Registry {
                 }
             }
             OciDistributionError::ImageManifestNotFoundError(_) => by_status(404, String::new()),
+            OciDistributionError::DigestError(
+                oci_client::errors::DigestError::VerificationError { expected, actual },
+            ) => OciError::DigestMismatch {
+                what: "manifest",
+                reference,
+                expected,
+                actual,
+            },
             OciDistributionError::ServerError { code, message, .. } => {
                 by_status(code, format!("HTTP {code}: {}", one_line(&message)))
             }
