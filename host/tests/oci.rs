@@ -603,7 +603,65 @@ async fn tampering_is_refused() {
         "{err}"
     );
     victim.assert_cache_empty();
-    // The signature of the old digest does not transfer: sign covers exactly one digest.
+
+    // 4. A valid signature copied to the new digest's `.sig` tag: it names the old digest.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let signed = publisher.oci(&["plugin", "inspect", &r, "--json"]).json();
+    let new_digest = signed["digest"].as_str().unwrap_or_default().to_string();
+    let old_digest = format!("sha256:{}", {
+        let tags: Value = reqwest::get(format!("http://{}/v2/tamper/signed/tags/list", reg.host()))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        tags["tags"]
+            .as_array()
+            .and_then(|t| {
+                t.iter().find_map(|t| {
+                    t.as_str()?
+                        .strip_prefix("sha256-")?
+                        .strip_suffix(".sig")
+                        .map(str::to_string)
+                })
+            })
+            .unwrap_or_else(|| panic!("no signature tag: {tags}"))
+    });
+    let http = reqwest::Client::new();
+    let accept = "application/vnd.oci.image.manifest.v1+json";
+    let sig_manifest = http
+        .get(format!(
+            "http://{}/v2/tamper/signed/manifests/{}",
+            reg.host(),
+            old_digest.replacen(':', "-", 1) + ".sig"
+        ))
+        .header("accept", accept)
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .bytes()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    http.put(format!(
+        "http://{}/v2/tamper/signed/manifests/{}",
+        reg.host(),
+        new_digest.replacen(':', "-", 1) + ".sig"
+    ))
+    .header("content-type", accept)
+    .body(sig_manifest)
+    .send()
+    .await
+    .and_then(|r| r.error_for_status())
+    .unwrap_or_else(|e| panic!("{e}"));
+    victim
+        .oci(&["plugin", "pull", &r, "--verify-key", &public])
+        .fails_with(&[
+            "signature check",
+            &format!("covers {old_digest}, not {new_digest}"),
+        ]);
+    victim.assert_cache_empty();
+    // Without verification configured the moved tag loads as usual.
     victim.oci(&["plugin", "pull", &r]).ok();
 }
 
@@ -630,6 +688,20 @@ async fn a_cached_plugin_starts_with_the_registry_down() {
         .await
         .unwrap_or_else(|e| panic!("offline: {e:#}"));
     assert_eq!(first.sha256, again.sha256);
+    // The cached signature is checked again, against the key configured now.
+    let (_, other_public) = user.keys("other");
+    let err = user
+        .load_pool(&format!(
+            "plugin = \"{r}\"\nverify = {{ key = \"{other_public}\" }}"
+        ))
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(
+        err.contains("cannot reach registry"),
+        "a cached signature by another key was accepted: {err}"
+    );
     // always: a tag cannot be resolved offline, and the error says so.
     let err = user
         .load_pool(&format!("{pool}\npull_policy = \"always\""))
