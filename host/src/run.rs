@@ -26,13 +26,7 @@ struct Started {
 
 /// The registry client for `oci://` pools: the config's `[oci]` section, cache under `cache_dir`.
 pub fn registry_for(cfg: &Config) -> anyhow::Result<Registry> {
-    let root = cfg
-        .cache_dir
-        .as_ref()
-        .map(|d| d.join("oci"))
-        .or_else(Store::default_root)
-        .context("no cache directory: set cache_dir")?;
-    let store = Store::open(&root)?;
+    let store = Store::for_cache_dir(cfg.cache_dir.as_deref())?;
     let opts = RegistryOptions {
         insecure: cfg.oci.insecure_registries.clone(),
         plain_http_loopback: false,
@@ -40,6 +34,20 @@ pub fn registry_for(cfg: &Config) -> anyhow::Result<Registry> {
         progress: false,
     };
     Ok(Registry::new(opts, AuthStore::default_paths(), store))
+}
+
+/// The check a downloaded component passes before it enters the cache: the full plugin load
+/// checks (compiling into the compile cache, so the load that follows is a cache hit).
+pub fn component_check<'a>(
+    runtime: &'a PluginRuntime,
+    source: &'a str,
+) -> impl Fn(&[u8]) -> Result<(), String> + Sync + 'a {
+    move |bytes: &[u8]| {
+        runtime
+            .load_bytes(source, bytes)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Loads a pool's plugin from its file, or pulls (or finds in the cache) its OCI artifact.
@@ -58,12 +66,7 @@ pub async fn load_plugin(
             let registry = registry.context("no registry client")?;
             let key = verify_key.as_deref().map(PublicKey::load).transpose()?;
             let source = reference.to_string();
-            let validate = |bytes: &[u8]| {
-                runtime
-                    .load_bytes(&source, bytes)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            };
+            let validate = component_check(runtime, &source);
             // A cached blob corrupted on disk is evicted and fetched once more.
             for attempt in 0..2 {
                 let pulled = registry

@@ -1172,9 +1172,9 @@ async fn lying_registry() -> std::net::SocketAddr {
             );
             let body: Vec<u8> = if path == "/v2/" {
                 b"{}".to_vec()
-            } else if path.starts_with("/v2/lie/pinned/manifests/") {
-                honest.into_bytes()
-            } else if path == "/v2/lie/blob/manifests/1" {
+            } else if path.starts_with("/v2/lie/pinned/manifests/")
+                || path == "/v2/lie/blob/manifests/1"
+            {
                 honest.into_bytes()
             } else if path == "/v2/lie/long/manifests/1" {
                 short.into_bytes()

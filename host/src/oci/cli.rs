@@ -31,17 +31,6 @@ pub struct RegistryArgs {
     pub cache_dir: Option<PathBuf>,
 }
 
-fn cache_root(args: &RegistryArgs) -> Result<PathBuf, OciError> {
-    args.cache_dir
-        .as_ref()
-        .map(|d| d.join("oci"))
-        .or_else(Store::default_root)
-        .ok_or_else(|| OciError::Local {
-            path: "(cache)".to_string(),
-            why: "no cache directory could be determined; pass --cache-dir".to_string(),
-        })
-}
-
 fn compile_cache(args: &RegistryArgs) -> Option<PathBuf> {
     args.cache_dir
         .as_ref()
@@ -51,7 +40,7 @@ fn compile_cache(args: &RegistryArgs) -> Option<PathBuf> {
 
 /// Builds the registry client for a command; progress only on a terminal and not for JSON.
 pub fn registry(args: &RegistryArgs, json: bool) -> Result<Registry, OciError> {
-    let store = Store::open(&cache_root(args)?)?;
+    let store = Store::for_cache_dir(args.cache_dir.as_deref())?;
     let opts = RegistryOptions {
         insecure: args.insecure.clone(),
         plain_http_loopback: args.plain_http,
@@ -94,13 +83,13 @@ pub async fn push(
             why,
         })?;
     let runtime = runtime(args)?;
+    let bytes = std::fs::read(file).map_err(|e| OciError::local(file, e))?;
     let loaded = runtime
-        .load_file(file)
+        .load_bytes(&file.display().to_string(), &bytes)
         .map_err(|e| OciError::InvalidComponent {
             source_name: file.display().to_string(),
             why: e.to_string(),
         })?;
-    let bytes = std::fs::read(file).map_err(|e| OciError::local(file, e))?;
     let name = file
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
@@ -129,12 +118,7 @@ pub async fn pull(
     let key = verify_key.map(PublicKey::load).transpose()?;
     let runtime = runtime(args)?;
     let source = r.to_string();
-    let validate = |bytes: &[u8]| {
-        runtime
-            .load_bytes(&source, bytes)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    };
+    let validate = crate::run::component_check(&runtime, &source);
     let registry = registry(args, json_out)?;
     let pulled = registry
         .pull(&r, PullPolicy::Always, key.as_ref(), Some(&validate))
@@ -235,7 +219,7 @@ pub fn logout(registry_text: &str) -> Result<String, OciError> {
 
 /// `plugin ls`: what the cache holds.
 pub fn ls(args: &RegistryArgs, json_out: bool) -> Result<String, OciError> {
-    let store = Store::open(&cache_root(args)?)?;
+    let store = Store::for_cache_dir(args.cache_dir.as_deref())?;
     let index = store.index();
     let entries: Vec<_> = index
         .values()

@@ -66,10 +66,18 @@ impl Store {
         })
     }
 
-    /// The default location next to the compile cache.
-    pub fn default_root() -> Option<PathBuf> {
-        directories::ProjectDirs::from("dev", "flotilla", "flotilla")
-            .map(|d| d.cache_dir().join("oci"))
+    /// Opens `<cache_dir>/oci`, or the user's cache (`~/.cache/flotilla/oci`) without one.
+    pub fn for_cache_dir(cache_dir: Option<&Path>) -> Result<Self, OciError> {
+        let root = match cache_dir {
+            Some(dir) => dir.join("oci"),
+            None => directories::ProjectDirs::from("dev", "flotilla", "flotilla")
+                .map(|d| d.cache_dir().join("oci"))
+                .ok_or_else(|| OciError::Local {
+                    path: "(cache)".to_string(),
+                    why: "no user cache directory; set cache_dir (or --cache-dir)".to_string(),
+                })?,
+        };
+        Self::open(&root)
     }
 
     /// Where the cache lives.
