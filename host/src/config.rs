@@ -41,6 +41,9 @@ pub struct OciConfig {
     /// Registry connect and read timeout.
     #[serde(default, with = "humantime_serde")]
     pub timeout: Option<Duration>,
+    /// Extra PEM root certificates for registries (relative to this file).
+    #[serde(default)]
+    pub tls_ca_files: Vec<PathBuf>,
 }
 
 /// `verify = { key = "cosign.pub" }`.
@@ -388,7 +391,7 @@ impl Locator {
 fn known_keys(path: &[&str]) -> Option<&'static [&'static str]> {
     Some(match path {
         [] => &["server", "cache_dir", "oci", "pool"],
-        ["oci"] => &["insecure_registries", "timeout"],
+        ["oci"] => &["insecure_registries", "timeout", "tls_ca_files"],
         ["pool", "verify"] => &["key"],
         ["server"] => &["listen", "token", "shutdown_grace"],
         ["server", "token"] => &["value", "env", "file"],
@@ -997,6 +1000,18 @@ pub fn parse(path: &Path, text: &str, check_plugins: bool) -> Result<Config, Con
             );
         }
     }
+    let mut oci = raw.oci.clone();
+    for (i, f) in oci.tls_ca_files.iter_mut().enumerate() {
+        if f.is_relative() {
+            *f = base.join(&*f);
+        }
+        if !f.is_file() {
+            c.add(
+                &[k("oci"), k("tls_ca_files"), Seg::Index(i)],
+                format!("{} does not exist or is not a file", f.display()),
+            );
+        }
+    }
     if !c.problems.is_empty() {
         return Err(ConfigErrors(c.problems));
     }
@@ -1008,7 +1023,7 @@ pub fn parse(path: &Path, text: &str, check_plugins: bool) -> Result<Config, Con
         cache_dir: raw
             .cache_dir
             .map(|d| if d.is_absolute() { d } else { base.join(d) }),
-        oci: raw.oci,
+        oci,
         pools,
     })
 }

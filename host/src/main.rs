@@ -174,8 +174,16 @@ enum PluginCommand {
 }
 
 fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let spec = std::env::var("FLOTILLA_LOG").unwrap_or_else(|_| "info".to_string());
+    // rustls' platform verifier logs each rejected certificate itself; flotilla reports it once.
+    let spec = if spec.contains("rustls_platform_verifier") {
+        spec
+    } else {
+        format!("{spec},rustls_platform_verifier=off")
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&spec).unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,rustls_platform_verifier=off")
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

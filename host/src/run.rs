@@ -32,6 +32,7 @@ pub fn registry_for(cfg: &Config) -> anyhow::Result<Registry> {
         plain_http_loopback: false,
         timeout: cfg.oci.timeout.unwrap_or(Duration::from_secs(30)),
         progress: false,
+        ca_files: cfg.oci.tls_ca_files.clone(),
     };
     Ok(Registry::new(opts, AuthStore::default_paths(), store))
 }

@@ -112,6 +112,14 @@ impl User {
         self.raw(&all, stdin)
     }
 
+    /// Runs an OCI command over HTTPS (no --plain-http).
+    fn https(&self, args: &[&str], stdin: Option<&str>) -> Out {
+        let cache = self.cache_dir().display().to_string();
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--timeout", "5s", "--cache-dir", &cache]);
+        self.raw(&all, stdin)
+    }
+
     fn cache_dir(&self) -> PathBuf {
         self.dir.path().join("cache")
     }
@@ -192,11 +200,20 @@ impl User {
 
     /// In-process load of a pool config the way `flotilla run` does it.
     async fn load_pool(&self, toml_pool: &str) -> anyhow::Result<flotilla::plugin::LoadedPlugin> {
+        let oci = format!("insecure_registries = [\"{}\"]", self.registry);
+        self.load_pool_oci(toml_pool, &oci).await
+    }
+
+    /// Like `load_pool`, with the `[oci]` section given.
+    async fn load_pool_oci(
+        &self,
+        toml_pool: &str,
+        oci: &str,
+    ) -> anyhow::Result<flotilla::plugin::LoadedPlugin> {
         let path = self.dir.path().join("flotilla.toml");
         let text = format!(
-            "cache_dir = \"{}\"\n[oci]\ninsecure_registries = [\"{}\"]\ntimeout = \"5s\"\n[[pool]]\nname = \"p\"\nmax_instances = 1\n{toml_pool}\n",
+            "cache_dir = \"{}\"\n[oci]\n{oci}\ntimeout = \"5s\"\n[[pool]]\nname = \"p\"\nmax_instances = 1\n{toml_pool}\n",
             self.cache_dir().display(),
-            self.registry
         );
         std::fs::write(&path, &text)?;
         let cfg =
@@ -204,6 +221,7 @@ impl User {
         let registry = flotilla::oci::Registry::new(
             RegistryOptions {
                 insecure: cfg.oci.insecure_registries.clone(),
+                ca_files: cfg.oci.tls_ca_files.clone(),
                 timeout: Duration::from_secs(5),
                 ..RegistryOptions::default()
             },
@@ -1229,4 +1247,65 @@ async fn a_lying_registry_is_caught_and_nothing_is_cached() {
             .fails_with(&needles);
         user.assert_cache_empty();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_registry_with_a_private_ca() {
+    let reg = Registry::start_tls(Mode::Basic).await;
+    let ca = reg.ca_file().display().to_string();
+    let user = User::new(&reg.host());
+    let r = reg.reference("tls/static:1");
+    // Not trusted: one clear line, nothing sent.
+    user.https(
+        &["plugin", "login", &reg.host(), "-u", WRITER.0],
+        Some(&format!("{}\n", WRITER.1)),
+    )
+    .fails_with(&["cannot reach registry", "certificate"]);
+    user.https(
+        &[
+            "plugin",
+            "login",
+            &reg.host(),
+            "-u",
+            WRITER.0,
+            "--ca-file",
+            &ca,
+        ],
+        Some(&format!("{}\n", WRITER.1)),
+    )
+    .ok();
+    user.https(&["plugin", "push", guests::STATIC_PLUGIN, &r], None)
+        .fails_with(&["cannot reach registry", "certificate"]);
+    user.https(
+        &[
+            "plugin",
+            "push",
+            guests::STATIC_PLUGIN,
+            &r,
+            "--ca-file",
+            &ca,
+        ],
+        None,
+    )
+    .ok();
+    // Plain HTTP against the TLS port fails too: the flag does not downgrade silently.
+    assert_eq!(user.oci(&["plugin", "pull", &r]).code, 1);
+    // The config's [oci] tls_ca_files.
+    let loaded = user
+        .load_pool_oci(
+            &format!("plugin = \"{r}\""),
+            &format!("tls_ca_files = [\"{ca}\"]"),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(loaded.sha256, sha256_file(guests::STATIC_PLUGIN));
+    let fresh = User::new(&reg.host());
+    fresh.docker_config(READER);
+    let err = fresh
+        .load_pool_oci(&format!("plugin = \"{r}\""), "")
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(err.contains("certificate"), "{err}");
 }

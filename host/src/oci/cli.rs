@@ -26,6 +26,9 @@ pub struct RegistryArgs {
     /// Connect and read timeout, e.g. 30s.
     #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// Extra PEM root certificate for the registry's TLS (repeatable).
+    #[arg(long = "ca-file", global = true)]
+    pub ca_files: Vec<PathBuf>,
     /// Cache directory (default: the user's cache dir); artifacts live in its `oci/`.
     #[arg(long, global = true)]
     pub cache_dir: Option<PathBuf>,
@@ -46,6 +49,7 @@ pub fn registry(args: &RegistryArgs, json: bool) -> Result<Registry, OciError> {
         plain_http_loopback: args.plain_http,
         timeout: args.timeout,
         progress: !json && std::io::stderr().is_terminal(),
+        ca_files: args.ca_files.clone(),
     };
     Ok(Registry::new(opts, AuthStore::default_paths(), store))
 }

@@ -42,6 +42,8 @@ pub struct RegistryOptions {
     pub timeout: Duration,
     /// Show a progress bar for layer downloads.
     pub progress: bool,
+    /// Extra PEM root certificates trusted for registries (private CAs).
+    pub ca_files: Vec<PathBuf>,
 }
 
 impl Default for RegistryOptions {
@@ -51,6 +53,7 @@ impl Default for RegistryOptions {
             plain_http_loopback: false,
             timeout: Duration::from_secs(30),
             progress: false,
+            ca_files: Vec::new(),
         }
     }
 }
@@ -146,6 +149,9 @@ pub(crate) fn describe_reqwest(e: &reqwest::Error) -> String {
         last = "the registry does not answer TLS (a plain-HTTP registry? then list it as insecure)"
             .to_string();
     }
+    if last.contains("certificate") {
+        last.push_str(" (trust a private CA with --ca-file or [oci] tls_ca_files)");
+    }
     if !last.is_empty() {
         parts.push(last);
     }
@@ -224,8 +230,17 @@ impl Registry {
         } else {
             ClientProtocol::Https
         };
+        let extra_root_certificates = self
+            .read_ca_files()?
+            .into_iter()
+            .map(|data| oci_client::client::Certificate {
+                encoding: oci_client::client::CertificateEncoding::Pem,
+                data,
+            })
+            .collect();
         let config = ClientConfig {
             protocol,
+            extra_root_certificates,
             connect_timeout: Some(self.opts.timeout.min(super::auth::CONNECT_TIMEOUT)),
             read_timeout: Some(self.opts.timeout),
             user_agent: concat!("flotilla/", env!("CARGO_PKG_VERSION")),
@@ -243,9 +258,29 @@ impl Registry {
         Ok((client, auth))
     }
 
+    fn read_ca_files(&self) -> Result<Vec<Vec<u8>>, OciError> {
+        self.opts
+            .ca_files
+            .iter()
+            .map(|p| {
+                let pem = std::fs::read(p).map_err(|e| OciError::local(p, e))?;
+                reqwest::Certificate::from_pem(&pem)
+                    .map_err(|e| OciError::local(p, format!("not a PEM certificate: {e}")))?;
+                Ok(pem)
+            })
+            .collect()
+    }
+
     /// A plain HTTP client with the same TLS and timeouts (for login).
     pub fn http(&self) -> Result<reqwest::Client, OciError> {
+        let mut roots = Vec::new();
+        for pem in self.read_ca_files()? {
+            if let Ok(c) = reqwest::Certificate::from_pem(&pem) {
+                roots.push(c);
+            }
+        }
         reqwest::Client::builder()
+            .tls_certs_merge(roots)
             .connect_timeout(self.opts.timeout.min(super::auth::CONNECT_TIMEOUT))
             .read_timeout(self.opts.timeout)
             .user_agent(concat!("flotilla/", env!("CARGO_PKG_VERSION")))

@@ -63,6 +63,15 @@ fn htpasswd(dir: &Path) -> PathBuf {
 impl Registry {
     /// Starts a registry in `mode`; token mode also starts the issuer on this runtime.
     pub async fn start(mode: Mode) -> Registry {
+        Self::start_with(mode, false).await
+    }
+
+    /// Starts a registry serving HTTPS with a certificate from a private CA (`ca_file`).
+    pub async fn start_tls(mode: Mode) -> Registry {
+        Self::start_with(mode, true).await
+    }
+
+    async fn start_with(mode: Mode, tls: bool) -> Registry {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let addr = free_port();
         let mut auth = String::new();
@@ -87,8 +96,41 @@ impl Registry {
                 issuer = Some(handle);
             }
         }
+        let mut tls_config = String::new();
+        if tls {
+            let ca_key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("{e}"));
+            let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())
+                .unwrap_or_else(|e| panic!("{e}"));
+            ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            ca_params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "flotilla test CA");
+            let ca = ca_params
+                .self_signed(&ca_key)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let issuer = rcgen::Issuer::new(ca_params, ca_key);
+            let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("{e}"));
+            let params = rcgen::CertificateParams::new(vec![
+                "127.0.0.1".to_string(),
+                "localhost".to_string(),
+            ])
+            .unwrap_or_else(|e| panic!("{e}"));
+            let cert = params
+                .signed_by(&key, &issuer)
+                .unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(dir.path().join("tls.pem"), cert.pem())
+                .unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(dir.path().join("tls.key"), key.serialize_pem())
+                .unwrap_or_else(|e| panic!("{e}"));
+            tls_config = format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                dir.path().join("tls.pem").display(),
+                dir.path().join("tls.key").display()
+            );
+        }
         let config = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{auth}",
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{tls_config}{auth}",
             dir.path().join("data").display()
         );
         std::fs::write(dir.path().join("config.yml"), config).unwrap_or_else(|e| panic!("{e}"));
@@ -137,6 +179,11 @@ impl Registry {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+
+    /// The private CA of a TLS registry.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
     }
 
     pub fn host(&self) -> String {
