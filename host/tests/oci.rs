@@ -1194,6 +1194,8 @@ async fn lying_registry() -> std::net::SocketAddr {
                 || path == "/v2/lie/blob/manifests/1"
             {
                 honest.into_bytes()
+            } else if path == "/v2/lie/huge/manifests/1" {
+                vec![b' '; 5 << 20]
             } else if path == "/v2/lie/long/manifests/1" {
                 short.into_bytes()
             } else if path.ends_with(&format!("/blobs/{config_digest}")) {
@@ -1236,6 +1238,10 @@ async fn a_lying_registry_is_caught_and_nothing_is_cached() {
         (
             format!("oci://{addr}/lie/blob:1"),
             vec!["wasm layer", "failed digest verification"],
+        ),
+        (
+            format!("oci://{addr}/lie/huge:1"),
+            vec!["manifest", "too large", "limit 4194304"],
         ),
         (
             format!("oci://{addr}/lie/long:1"),

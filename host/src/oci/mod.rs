@@ -136,7 +136,7 @@ pub enum OciError {
     },
     /// The registry is needed (policy `always`) but cannot be asked.
     #[error("{reference} was not loaded: {why}")]
-    NotCached {
+    NeedsRegistry {
         /// The reference.
         reference: String,
         /// Why the registry was not asked or did not answer.

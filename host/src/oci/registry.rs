@@ -119,6 +119,8 @@ pub struct Registry {
     store: Store,
     /// One HTTP client (connections, bearer tokens) per registry and account.
     clients: Arc<Mutex<HashMap<String, oci_client::Client>>>,
+    /// The plain client for manifests and login, built once.
+    http: Arc<Mutex<Option<reqwest::Client>>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -179,6 +181,7 @@ impl Registry {
             auth,
             store,
             clients: Arc::default(),
+            http: Arc::default(),
         }
     }
 
@@ -271,8 +274,19 @@ impl Registry {
             .collect()
     }
 
-    /// A plain HTTP client with the same TLS and timeouts (for login).
+    /// A plain HTTP client with the same TLS and timeouts (manifests, login).
     pub fn http(&self) -> Result<reqwest::Client, OciError> {
+        if let Some(c) = self.http.lock().ok().and_then(|c| c.clone()) {
+            return Ok(c);
+        }
+        let client = self.build_http()?;
+        if let Ok(mut slot) = self.http.lock() {
+            *slot = Some(client.clone());
+        }
+        Ok(client)
+    }
+
+    fn build_http(&self) -> Result<reqwest::Client, OciError> {
         let mut roots = Vec::new();
         for pem in self.read_ca_files()? {
             if let Ok(c) = reqwest::Certificate::from_pem(&pem) {
@@ -389,10 +403,11 @@ impl Registry {
         auth: &RegistryAuth,
         r: &OciRef,
     ) -> Result<(Vec<u8>, ManifestCheck), OciError> {
-        let (bytes, _) = client
-            .pull_manifest_raw(
-                &r.client_ref(),
+        let bytes = self
+            .manifest_bytes(
+                client,
                 auth,
+                r,
                 &[
                     artifact::MANIFEST_MEDIA_TYPE,
                     "application/vnd.oci.image.index.v1+json",
@@ -400,16 +415,7 @@ impl Registry {
                     "application/vnd.docker.distribution.manifest.list.v2+json",
                 ],
             )
-            .await
-            .map_err(|e| self.map_err(r, false, e))?;
-        if bytes.len() as u64 > artifact::MAX_MANIFEST {
-            return Err(OciError::TooLarge {
-                what: "manifest",
-                reference: r.to_string(),
-                size: bytes.len() as u64,
-                limit: artifact::MAX_MANIFEST,
-            });
-        }
+            .await?;
         let digest = digest_of(&bytes);
         if let Some(pinned) = &r.digest
             && pinned != &digest
@@ -422,7 +428,83 @@ impl Registry {
             });
         }
         let check = ManifestCheck::parse(&r.to_string(), &digest, &bytes)?;
-        Ok((bytes.to_vec(), check))
+        Ok((bytes, check))
+    }
+
+    /// GETs a manifest with oci-client's authentication but our own bounded read: oci-client
+    /// would buffer any body a registry sends, and a manifest is never larger than a few KiB.
+    async fn manifest_bytes(
+        &self,
+        client: &oci_client::Client,
+        auth: &RegistryAuth,
+        r: &OciRef,
+        accept: &[&str],
+    ) -> Result<Vec<u8>, OciError> {
+        let reference = r.client_ref();
+        let token = client
+            .auth(&reference, auth, oci_client::RegistryOperation::Pull)
+            .await
+            .map_err(|e| self.map_err(r, false, e))?;
+        let target = r.digest.as_deref().or(r.tag.as_deref()).unwrap_or("latest");
+        let url = format!(
+            "{}/v2/{}/manifests/{target}",
+            self.base_url(r)?,
+            r.repository
+        );
+        let mut request = self
+            .http()?
+            .get(&url)
+            .header(reqwest::header::ACCEPT, accept.join(", "));
+        request = match (token, auth) {
+            (Some(token), _) => request.bearer_auth(token),
+            (None, RegistryAuth::Basic(user, password)) => request.basic_auth(user, Some(password)),
+            _ => request,
+        };
+        let unreachable = |e: reqwest::Error| OciError::Unreachable {
+            registry: r.registry.clone(),
+            why: describe_reqwest(&e),
+        };
+        let mut response = request.send().await.map_err(unreachable)?;
+        let status = response.status();
+        let limit = if status.is_success() {
+            artifact::MAX_MANIFEST
+        } else {
+            64 * 1024
+        };
+        if let Some(len) = response.content_length()
+            && len > limit
+        {
+            return Err(OciError::TooLarge {
+                what: "manifest",
+                reference: r.to_string(),
+                size: len,
+                limit,
+            });
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
+            if (body.len() + chunk.len()) as u64 > limit {
+                return Err(OciError::TooLarge {
+                    what: "manifest",
+                    reference: r.to_string(),
+                    size: (body.len() + chunk.len()) as u64,
+                    limit,
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        if status.is_success() {
+            return Ok(body);
+        }
+        let error = match serde_json::from_slice::<oci_client::errors::OciEnvelope>(&body) {
+            Ok(envelope) => OciDistributionError::RegistryError { envelope, url },
+            Err(_) => OciDistributionError::ServerError {
+                code: status.as_u16(),
+                url,
+                message: String::from_utf8_lossy(&body).into_owned(),
+            },
+        };
+        Err(self.map_err(r, false, error))
     }
 
     /// Downloads a blob into the cache, verifying size and digest before it becomes visible.
@@ -622,7 +704,7 @@ impl Registry {
                     return Ok(hit);
                 }
                 if policy == PullPolicy::Always && self.cached(r, key)?.is_some() {
-                    return Err(OciError::NotCached {
+                    return Err(OciError::NeedsRegistry {
                         reference: r.to_string(),
                         why: format!(
                             "pull_policy = always needs registry {registry} to resolve it, but it cannot be reached ({why}); set pull_policy = \"if-not-present\" to start from the cached copy"
@@ -749,16 +831,11 @@ impl Registry {
     ) -> Result<Vec<SignatureLayer>, OciError> {
         let digest = pinned.digest.clone().unwrap_or_default();
         let sig_ref = pinned.at_tag(&signature::signature_tag(&digest));
-        let bytes = match client
-            .pull_manifest_raw(
-                &sig_ref.client_ref(),
-                auth,
-                &[artifact::MANIFEST_MEDIA_TYPE],
-            )
+        let bytes = match self
+            .manifest_bytes(client, auth, &sig_ref, &[artifact::MANIFEST_MEDIA_TYPE])
             .await
-            .map_err(|e| self.map_err(&sig_ref, false, e))
         {
-            Ok((b, _)) => b,
+            Ok(b) => b,
             Err(OciError::NotFound { .. }) => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
@@ -938,15 +1015,11 @@ impl Registry {
             .await
             .map_err(|e| self.map_err(&sig_ref, true, e))?;
         // Keep signatures already there (other keys), replacing an identical payload's entry.
-        let mut layers: Vec<serde_json::Value> = match client
-            .pull_manifest_raw(
-                &sig_ref.client_ref(),
-                &auth,
-                &[artifact::MANIFEST_MEDIA_TYPE],
-            )
+        let mut layers: Vec<serde_json::Value> = match self
+            .manifest_bytes(&client, &auth, &sig_ref, &[artifact::MANIFEST_MEDIA_TYPE])
             .await
         {
-            Ok((bytes, _)) => serde_json::from_slice::<serde_json::Value>(&bytes)
+            Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes)
                 .ok()
                 .and_then(|v| v.get("layers").and_then(|l| l.as_array()).cloned())
                 .unwrap_or_default(),
