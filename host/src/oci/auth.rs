@@ -169,15 +169,6 @@ impl AuthStore {
         }
         Ok(removed)
     }
-
-    /// Registries with stored credentials, own store only.
-    pub fn registries(&self) -> Result<Vec<String>, OciError> {
-        let v = Self::read(&self.own)?;
-        Ok(v.get("auths")
-            .and_then(Value::as_object)
-            .map(|a| a.keys().cloned().collect())
-            .unwrap_or_default())
-    }
 }
 
 fn parse_challenge(header: &str) -> (String, BTreeMap<String, String>) {

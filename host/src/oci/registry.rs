@@ -734,20 +734,7 @@ impl Registry {
             }
             None => false,
         };
-        let config = self
-            .fetch_blob(
-                &client,
-                r,
-                Blob {
-                    what: "config",
-                    media_type: artifact::CONFIG_MEDIA_TYPE,
-                    digest: &check.config_digest,
-                    size: check.config_size,
-                },
-                None,
-            )
-            .await?;
-        ArtifactInfo::new(&r.to_string(), &check, &config.read()?)?;
+        let (config, _) = self.fetch_config(&client, r, &check).await?;
         let wasm = self
             .fetch_blob(
                 &client,
@@ -971,24 +958,29 @@ impl Registry {
         Ok(())
     }
 
+    /// Downloads (or finds) the config blob and reads the component's shape from it.
+    async fn fetch_config(
+        &self,
+        client: &oci_client::Client,
+        r: &OciRef,
+        check: &ManifestCheck,
+    ) -> Result<(Fetched, ArtifactInfo), OciError> {
+        let blob = Blob {
+            what: "config",
+            media_type: artifact::CONFIG_MEDIA_TYPE,
+            digest: &check.config_digest,
+            size: check.config_size,
+        };
+        let config = self.fetch_blob(client, r, blob, None).await?;
+        let info = ArtifactInfo::new(&r.to_string(), check, &config.read()?)?;
+        Ok((config, info))
+    }
+
     /// Manifest, annotations and the component's WIT shape, without downloading the layer.
     pub async fn inspect(&self, r: &OciRef) -> Result<ArtifactInfo, OciError> {
         let (client, auth) = self.client(r)?;
         let (_, check) = self.fetch_manifest(&client, &auth, r).await?;
-        let config = self
-            .fetch_blob(
-                &client,
-                r,
-                Blob {
-                    what: "config",
-                    media_type: artifact::CONFIG_MEDIA_TYPE,
-                    digest: &check.config_digest,
-                    size: check.config_size,
-                },
-                None,
-            )
-            .await?;
-        let info = ArtifactInfo::new(&r.to_string(), &check, &config.read()?)?;
+        let (config, info) = self.fetch_config(&client, r, &check).await?;
         config.commit(&self.store)?;
         Ok(info)
     }

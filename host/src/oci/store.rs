@@ -168,13 +168,6 @@ impl Store {
         self.index().remove(key)
     }
 
-    /// Leftover temporary files (there should be none after any command).
-    pub fn temp_files(&self) -> Vec<PathBuf> {
-        std::fs::read_dir(self.root.join("tmp"))
-            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default()
-    }
-
     /// The path of a cached blob.
     pub fn blob_path(&self, digest: &str) -> Option<PathBuf> {
         self.path_for("blobs", digest).ok().filter(|p| p.is_file())
