@@ -244,11 +244,18 @@ fn venv_python() -> PathBuf {
 }
 
 fn oras(args: &[&str], auth: Option<(&str, &str)>) -> (bool, String) {
+    oras_in(args, auth, false)
+}
+
+fn oras_in(args: &[&str], auth: Option<(&str, &str)>, token: bool) -> (bool, String) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/peers/oras_client.py");
     let mut cmd = Command::new(venv_python());
     cmd.arg(script).args(args);
     if let Some((u, p)) = auth {
         cmd.args(["--user", u, "--password", p]);
+    }
+    if token {
+        cmd.arg("--token");
     }
     let out = cmd
         .output()
@@ -285,7 +292,7 @@ fn oras_push(
         args.push(format!("{}:{media}", p.display()));
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (ok, out) = oras(&args, auth);
+    let (ok, out) = oras_in(&args, auth, reg.mode == Mode::Token);
     assert!(ok, "oras push: {out}");
 }
 
@@ -459,10 +466,10 @@ async fn every_command_works_in_all_three_auth_modes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oras_and_flotilla_read_each_others_artifacts() {
-    for mode in [Mode::Anonymous, Mode::Basic] {
+    for mode in [Mode::Anonymous, Mode::Basic, Mode::Token] {
         let reg = Registry::start(mode).await;
         let user = User::new(&reg.host());
-        let creds = (mode == Mode::Basic).then_some(WRITER);
+        let creds = (mode != Mode::Anonymous).then_some(WRITER);
         if creds.is_some() {
             user.login(WRITER).ok();
         }
@@ -472,7 +479,7 @@ async fn oras_and_flotilla_read_each_others_artifacts() {
             .ok();
         let out = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let target = format!("{}/cross/static:1", reg.host());
-        let (ok, files) = oras(
+        let (ok, files) = oras_in(
             &[
                 "pull",
                 &reg.host(),
@@ -480,6 +487,7 @@ async fn oras_and_flotilla_read_each_others_artifacts() {
                 &out.path().display().to_string(),
             ],
             creds,
+            mode == Mode::Token,
         );
         assert!(ok, "oras pull: {files}");
         let file = files.lines().next().unwrap_or_default().trim().to_string();
@@ -489,7 +497,11 @@ async fn oras_and_flotilla_read_each_others_artifacts() {
             "oras got different bytes"
         );
 
-        // oras pushes with the CNCF media types, flotilla loads it.
+        // oras pushes with the CNCF media types, flotilla loads it. (oras-py 0.2.43 cannot
+        // push through token auth: it does not fetch a token for the upload session.)
+        if mode == Mode::Token {
+            continue;
+        }
         oras_push(
             &reg,
             "cross/template:1",

@@ -1,7 +1,7 @@
 """Independent OCI client for the cross-checks: oras-py (PyPI `oras`).
 
   oras_client.py push HOST REF CONFIG_FILE:MEDIATYPE FILE:MEDIATYPE... [--user U --password P]
-  oras_client.py pull HOST REF OUTDIR [--user U --password P]
+  oras_client.py pull HOST REF OUTDIR [--user U --password P] [--token]
 
 REF is registry/repo:tag without a scheme. Plain HTTP (loopback registries only).
 """
@@ -15,7 +15,7 @@ import oras.client
 
 
 def client(args):
-    backend = "basic" if args.user else "token"
+    backend = "token" if args.token or not args.user else "basic"
     c = oras.client.OrasClient(hostname=args.host, insecure=True, auth_backend=backend)
     if args.user:
         c.auth.set_basic_auth(args.user, args.password)
@@ -30,6 +30,7 @@ def main():
     p.add_argument("rest", nargs="*")
     p.add_argument("--user")
     p.add_argument("--password")
+    p.add_argument("--token", action="store_true", help="registry uses token auth")
     args = p.parse_args()
     c = client(args)
     if args.op == "push":
