@@ -243,11 +243,7 @@ fn venv_python() -> PathBuf {
     common::moto::venv().join("bin/python")
 }
 
-fn oras(args: &[&str], auth: Option<(&str, &str)>) -> (bool, String) {
-    oras_in(args, auth, false)
-}
-
-fn oras_in(args: &[&str], auth: Option<(&str, &str)>, token: bool) -> (bool, String) {
+fn oras(args: &[&str], auth: Option<(&str, &str)>, token: bool) -> (bool, String) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/peers/oras_client.py");
     let mut cmd = Command::new(venv_python());
     cmd.arg(script).args(args);
@@ -292,7 +288,7 @@ fn oras_push(
         args.push(format!("{}:{media}", p.display()));
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (ok, out) = oras_in(&args, auth, reg.mode == Mode::Token);
+    let (ok, out) = oras(&args, auth, reg.mode == Mode::Token);
     assert!(ok, "oras push: {out}");
 }
 
@@ -479,7 +475,7 @@ async fn oras_and_flotilla_read_each_others_artifacts() {
             .ok();
         let out = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let target = format!("{}/cross/static:1", reg.host());
-        let (ok, files) = oras_in(
+        let (ok, files) = oras(
             &[
                 "pull",
                 &reg.host(),
