@@ -1,0 +1,206 @@
+//! Runtime benchmarks on the static plugin and the Rust template: a trivial export call,
+//! instantiation, load from the compile cache, first compile, RSS per live instance, and a
+//! guest HTTP GET against the same GET made directly with reqwest on loopback.
+//!
+//! Run with `./scripts/bench.sh`, which prints the medians and ratios.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+
+#[allow(dead_code)]
+use flotilla_test_support::example_cloud;
+
+use std::path::Path;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use flotilla_net::AllowList;
+use flotilla_plugin_runtime::{EgressPolicy, PluginRuntime, RuntimeOptions, Sandbox};
+use flotilla_provider::Provider;
+use flotilla_test_artifacts as guests;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn runtime(cache: Option<&Path>) -> PluginRuntime {
+    PluginRuntime::new(RuntimeOptions {
+        cache_dir: cache.map(Path::to_path_buf),
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+const STATIC_SETTINGS: &str = r#"{"hosts":[{"address":"192.0.2.1"}]}"#;
+
+fn plugins(c: &mut Criterion) {
+    let tokio = rt();
+    let cache = std::env::temp_dir().join(format!("flotilla-bench-cache-{}", std::process::id()));
+    let rt_cached = runtime(Some(&cache));
+    for (name, path) in [
+        ("static", guests::STATIC_PLUGIN),
+        ("template", guests::TEMPLATE_PLUGIN),
+    ] {
+        let mut g = c.benchmark_group(name);
+        g.measurement_time(Duration::from_secs(4));
+        // Prime the cache.
+        rt_cached
+            .load_file(Path::new(path))
+            .unwrap_or_else(|e| panic!("{e}"));
+        g.bench_function("load_from_cache", |b| {
+            b.iter(|| {
+                rt_cached
+                    .load_file(Path::new(path))
+                    .unwrap_or_else(|e| panic!("{e}"))
+            })
+        });
+        let rt_nocache = runtime(None);
+        g.sample_size(10);
+        g.bench_function("first_compile", |b| {
+            b.iter(|| {
+                rt_nocache
+                    .load_file(Path::new(path))
+                    .unwrap_or_else(|e| panic!("{e}"))
+            })
+        });
+        g.sample_size(100);
+        let plugin = rt_cached
+            .load_file(Path::new(path))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let provider = plugin.provider("bench", Sandbox::default());
+        g.bench_function("instantiate", |b| {
+            b.to_async(&tokio).iter(|| async {
+                provider
+                    .probe_instantiate()
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+            })
+        });
+        g.finish();
+    }
+
+    let plugin = rt_cached
+        .load_file(Path::new(guests::STATIC_PLUGIN))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let provider = plugin.provider("bench", Sandbox::default());
+    tokio
+        .block_on(provider.init(STATIC_SETTINGS))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut g = c.benchmark_group("static");
+    g.bench_function("trivial_call", |b| {
+        b.to_async(&tokio)
+            .iter(|| async { provider.update().await.unwrap_or_else(|e| panic!("{e}")) })
+    });
+    g.finish();
+
+    rss_per_instance(&tokio, &rt_cached);
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+/// Resident memory added per live, initialised instance of the static plugin.
+fn rss_per_instance(tokio: &tokio::runtime::Runtime, rt: &PluginRuntime) {
+    fn rss_kib() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        pages * 4
+    }
+    let plugin = rt
+        .load_file(Path::new(guests::STATIC_PLUGIN))
+        .unwrap_or_else(|e| panic!("{e}"));
+    const N: u64 = 1000;
+    let mut live = Vec::new();
+    let before = rss_kib();
+    for i in 0..N {
+        let p = plugin.provider(&format!("p{i}"), Sandbox::default());
+        tokio
+            .block_on(p.init(STATIC_SETTINGS))
+            .unwrap_or_else(|e| panic!("{e}"));
+        live.push(p);
+    }
+    let after = rss_kib();
+    let per = (after.saturating_sub(before)) as f64 / N as f64;
+    println!("rss_per_instance: {per:.1} KiB ({N} live instances of the static plugin)");
+    if let Some(dir) = std::env::var_os("FLOTILLA_BENCH_OUT") {
+        let _ = std::fs::write(
+            Path::new(&dir).join("rss_per_instance_kib"),
+            format!("{per:.1}"),
+        );
+    }
+}
+
+fn http(c: &mut Criterion) {
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let cloud = tokio.block_on(example_cloud::ExampleCloud::start(3));
+    let endpoint = cloud.endpoint();
+    let sandbox = Sandbox {
+        egress: EgressPolicy {
+            allow: AllowList::parse(&[endpoint.as_str()]).unwrap_or_else(|e| panic!("{e:?}")),
+            allowed_ip_ranges: vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))],
+            max_requests_per_call: 1_000_000,
+            ..EgressPolicy::default()
+        },
+        ..Sandbox::default()
+    };
+    let rt = runtime(None);
+    let plugin = rt
+        .load_file(Path::new(guests::TEMPLATE_PLUGIN))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let provider = plugin.provider("bench", sandbox);
+    tokio
+        .block_on(provider.init(&format!(r#"{{"endpoint":"{endpoint}","group":"ci"}}"#)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("{endpoint}/v1/groups/ci/instances");
+    let pooled = {
+        // reqwest is built without a default TLS provider; tests use ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::new()
+    };
+    // The host opens one connection per guest request (after its own resolution and IP
+    // check), so the like-for-like baseline does not pool connections either.
+    let fresh = {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::builder()
+    }
+    .pool_max_idle_per_host(0)
+    .build()
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut g = c.benchmark_group("http_get");
+    g.measurement_time(Duration::from_secs(5));
+    // One GET each: the template's update() is exactly GET {endpoint}/v1/groups/ci/instances
+    // plus JSON decoding; the baseline does the same GET and decodes the same JSON.
+    g.bench_function("guest_update", |b| {
+        b.to_async(&tokio)
+            .iter(|| async { provider.update().await.unwrap_or_else(|e| panic!("{e}")) })
+    });
+    for (name, client) in [
+        ("reqwest_fresh_connection", &fresh),
+        ("reqwest_pooled", &pooled),
+    ] {
+        g.bench_function(name, |b| {
+            b.to_async(&tokio).iter(|| async {
+                let body = client
+                    .get(&url)
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .bytes()
+                    .await;
+                let v: serde_json::Value =
+                    serde_json::from_slice(&body.unwrap_or_default()).unwrap_or_default();
+                v
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, plugins, http);
+criterion_main!(benches);

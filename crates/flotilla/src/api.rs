@@ -1,0 +1,303 @@
+//! The HTTP server: the lease API (bearer-token guarded JSON), pool status, `/metrics`,
+//! `/healthz` and `/readyz`. Errors are JSON with a stable `code`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use serde_json::json;
+
+use flotilla_credentials::Secret;
+use crate::metrics::Metrics;
+use flotilla_provider::Connection;
+use flotilla_scaler::driver::AcquireError;
+use flotilla_scaler::{LeaseError, PoolHandle, PoolHealth};
+
+/// Shared state of the server.
+pub struct AppState {
+    /// Pools by name.
+    pub pools: BTreeMap<String, Arc<PoolHandle>>,
+    /// Pools that failed to start, with why.
+    pub failed: BTreeMap<String, String>,
+    /// The API token; `None` leaves `/v1` open (only allowed on loopback by `run`).
+    pub token: Option<Secret>,
+    /// Metrics registry.
+    pub metrics: Metrics,
+    /// Set once SIGTERM arrives.
+    pub draining: AtomicBool,
+}
+
+/// An API error: a status, a stable code and a message.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({ "error": { "code": self.code, "message": self.message } })),
+        )
+            .into_response()
+    }
+}
+
+impl From<LeaseError> for ApiError {
+    fn from(e: LeaseError) -> Self {
+        let (status, code) = match &e {
+            LeaseError::UnknownLease(_) => (StatusCode::NOT_FOUND, "unknown_lease"),
+            LeaseError::AlreadyAcquired(_) => (StatusCode::CONFLICT, "already_acquired"),
+            LeaseError::NotAcquired(_) => (StatusCode::CONFLICT, "not_acquired"),
+            LeaseError::Acquired(_) => (StatusCode::CONFLICT, "acquired"),
+            LeaseError::Failed { .. } => (StatusCode::GONE, "lease_failed"),
+            LeaseError::AtCapacity(_) => (StatusCode::TOO_MANY_REQUESTS, "at_capacity"),
+            LeaseError::NoIdleSlot => (StatusCode::TOO_MANY_REQUESTS, "no_idle_slot"),
+            LeaseError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            LeaseError::Stopped(_) => (StatusCode::SERVICE_UNAVAILABLE, "pool_stopped"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+type Shared = Arc<AppState>;
+
+/// Builds the router.
+pub fn router(state: Shared) -> Router {
+    let v1 = Router::new()
+        .route("/v1/pools", get(pools))
+        .route("/v1/pools/{pool}/leases", post(reserve).get(list_leases))
+        .route(
+            "/v1/pools/{pool}/leases/{id}",
+            get(get_lease).delete(unreserve),
+        )
+        .route("/v1/pools/{pool}/leases/{id}/acquire", post(acquire))
+        .route("/v1/pools/{pool}/leases/{id}/release", post(release))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .merge(v1)
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+        })
+        .with_state(state)
+}
+
+async fn auth(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(token) = &state.token {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !token.matches(given.as_bytes()) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or invalid bearer token",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+fn pool(state: &AppState, name: &str) -> Result<Arc<PoolHandle>, ApiError> {
+    if let Some(reason) = state.failed.get(name) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "pool_stopped",
+            format!("pool {name} failed to start: {reason}"),
+        ));
+    }
+    state.pools.get(name).cloned().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_pool",
+            format!("no pool named {name:?}"),
+        )
+    })
+}
+
+fn lease_id(id: &str) -> Result<u64, ApiError> {
+    id.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_lease_id",
+            format!("{id:?} is not a lease id"),
+        )
+    })
+}
+
+async fn pools(State(state): State<Shared>) -> Json<serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    for (name, p) in &state.pools {
+        let snap = p.snapshot();
+        let plugin = p.provider().health();
+        out.insert(name.clone(), json!({ "status": snap, "plugin": plugin }));
+    }
+    for (name, reason) in &state.failed {
+        out.insert(
+            name.clone(),
+            json!({ "status": { "health": { "state": "stopped", "reason": reason } } }),
+        );
+    }
+    Json(json!({ "pools": out }))
+}
+
+async fn reserve(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    if state.draining.load(Ordering::Relaxed) {
+        return Err(LeaseError::ShuttingDown.into());
+    }
+    let p = pool(&state, &name)?;
+    let id = p.reserve()?;
+    let lease = p.with_core(|c| c.lease(id).cloned());
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "pool": name, "lease": lease })),
+    )
+        .into_response())
+}
+
+async fn list_leases(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let p = pool(&state, &name)?;
+    let mut leases = p.with_core(|c| c.leases().cloned().collect::<Vec<_>>());
+    leases.sort_by_key(|l| l.id);
+    Ok(Json(json!({ "pool": name, "leases": leases })))
+}
+
+async fn get_lease(
+    State(state): State<Shared>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let p = pool(&state, &name)?;
+    let id = lease_id(&id)?;
+    let lease = p
+        .with_core(|c| c.lease(id).cloned())
+        .ok_or(LeaseError::UnknownLease(id))?;
+    Ok(Json(json!({ "pool": name, "lease": lease })))
+}
+
+#[derive(Serialize)]
+struct Acquired {
+    pool: String,
+    lease: u64,
+    instance: String,
+    slot: u32,
+    connection: Option<Connection>,
+    connection_error: Option<String>,
+}
+
+async fn acquire(
+    State(state): State<Shared>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Json<Acquired>, ApiError> {
+    let p = pool(&state, &name)?;
+    let id = lease_id(&id)?;
+    let binding = p.acquire(id).await.map_err(|e| match e {
+        AcquireError::Lease(l) => ApiError::from(l),
+        AcquireError::Timeout(_) => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "acquire_timeout",
+            e.to_string(),
+        ),
+    })?;
+    let (connection, connection_error) = match p.provider().connect_info(&binding.instance).await {
+        Ok(c) => (Some(c), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    Ok(Json(Acquired {
+        pool: name,
+        lease: id,
+        instance: binding.instance,
+        slot: binding.slot,
+        connection,
+        connection_error,
+    }))
+}
+
+async fn release(
+    State(state): State<Shared>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let p = pool(&state, &name)?;
+    let id = lease_id(&id)?;
+    p.release(id)?;
+    Ok(Json(json!({ "pool": name, "lease": id, "released": true })))
+}
+
+async fn unreserve(
+    State(state): State<Shared>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let p = pool(&state, &name)?;
+    let id = lease_id(&id)?;
+    p.unreserve(id)?;
+    Ok(Json(
+        json!({ "pool": name, "lease": id, "unreserved": true }),
+    ))
+}
+
+async fn metrics(State(state): State<Shared>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn readyz(State(state): State<Shared>) -> Response {
+    let mut not_ready = serde_json::Map::new();
+    for (name, p) in &state.pools {
+        let health = p.snapshot().health;
+        if health != PoolHealth::Ready {
+            not_ready.insert(name.clone(), json!(health));
+        }
+    }
+    for (name, reason) in &state.failed {
+        not_ready.insert(name.clone(), json!({"state": "stopped", "reason": reason}));
+    }
+    if state.draining.load(Ordering::Relaxed) {
+        not_ready.insert("(process)".into(), json!("draining"));
+    }
+    if not_ready.is_empty() {
+        (StatusCode::OK, Json(json!({"status": "ready"}))).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "not-ready", "pools": not_ready})),
+        )
+            .into_response()
+    }
+}

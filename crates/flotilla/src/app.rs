@@ -1,0 +1,212 @@
+//! `flotilla run`: load every pool's plugin, run the scalers, serve the API, reload policies
+//! on SIGHUP or a config change, and drain on SIGTERM.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+
+use crate::api::{AppState, router};
+use crate::config::{self, Config, PluginSource};
+use crate::metrics::Metrics;
+use flotilla_oci::{AuthStore, Registry, RegistryOptions, Store};
+use flotilla_plugin_runtime::loader::load_plugin;
+use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions, WasmProvider};
+use flotilla_provider::Provider;
+use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, SystemClock};
+
+struct Started {
+    handle: Arc<PoolHandle>,
+    provider: Arc<WasmProvider>,
+    metrics: crate::metrics::PoolMetrics,
+    delete_on_shutdown: bool,
+}
+
+/// The registry client for `oci://` pools: the config's `[oci]` section, cache under `cache_dir`.
+pub fn registry_for(cfg: &Config) -> anyhow::Result<Registry> {
+    let store = Store::for_cache_dir(cfg.cache_dir.as_deref())?;
+    let opts = RegistryOptions {
+        insecure: cfg.oci.insecure_registries.clone(),
+        plain_http_loopback: false,
+        timeout: cfg.oci.timeout.unwrap_or(Duration::from_secs(30)),
+        progress: false,
+        ca_files: cfg.oci.tls_ca_files.clone(),
+    };
+    Ok(Registry::new(opts, AuthStore::default_paths(), store))
+}
+
+async fn start_pool(
+    runtime: &PluginRuntime,
+    registry: Option<&Registry>,
+    metrics: &Metrics,
+    pool: &config::Pool,
+) -> anyhow::Result<Started> {
+    let plugin = load_plugin(runtime, registry, &pool.name, &pool.plugin)
+        .await
+        .with_context(|| format!("pool {}", pool.name))?;
+    tracing::info!(pool = %pool.name, plugin = %pool.plugin, sha256 = %plugin.sha256, cache = ?plugin.cache, "plugin loaded");
+    let provider = Arc::new(plugin.provider(&pool.name, pool.sandbox.clone()));
+    let info = provider
+        .init(&pool.settings)
+        .await
+        .with_context(|| format!("pool {}: init", pool.name))?;
+    tracing::info!(pool = %pool.name, id = %info.id, version = %info.version, max_size = info.max_size, "plugin initialised");
+    let clock = Arc::new(SystemClock);
+    let mut core = PoolCore::new(pool.scaler.clone(), pool.policies.clone(), clock.now());
+    core.set_provider_info(&info);
+    let pool_metrics = metrics.pool(&pool.name, &plugin.sha256[..12]);
+    let dyn_provider: Arc<dyn Provider> = provider.clone();
+    let handle = PoolHandle::spawn(
+        pool.name.clone(),
+        core,
+        dyn_provider,
+        clock,
+        Arc::new(AlwaysReady),
+        Some(Arc::new(pool_metrics.clone())),
+    );
+    Ok(Started {
+        handle,
+        provider,
+        metrics: pool_metrics,
+        delete_on_shutdown: pool.delete_instances_on_shutdown,
+    })
+}
+
+fn mtime(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+fn reload(path: &Path, pools: &BTreeMap<String, Started>) {
+    match config::load(path) {
+        Ok(cfg) => {
+            for pool in cfg.pools {
+                if let Some(started) = pools.get(&pool.name) {
+                    started.handle.set_policies(pool.policies);
+                    tracing::info!(pool = %pool.name, "policies reloaded");
+                }
+            }
+        }
+        Err(e) => tracing::error!("config reload rejected; keeping the running policies:\n{e}"),
+    }
+}
+
+/// Runs until SIGTERM/SIGINT, then drains.
+pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
+    let cfg: Config = config::load(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cache_dir = cfg
+        .cache_dir
+        .clone()
+        .or_else(flotilla_plugin_runtime::default_cache_dir);
+    let runtime = PluginRuntime::new(RuntimeOptions { cache_dir })?;
+    let metrics = Metrics::new()?;
+    let token = match &cfg.token {
+        Some(source) => Some(source.resolve("server.token")?),
+        None if cfg.listen.ip().is_loopback() => {
+            tracing::warn!(
+                "no server.token configured: the lease API is open to anyone on this machine"
+            );
+            None
+        }
+        None => anyhow::bail!(
+            "server.token is required when listening on a non-loopback address ({})",
+            cfg.listen
+        ),
+    };
+
+    let registry = if cfg
+        .pools
+        .iter()
+        .any(|p| matches!(p.plugin, PluginSource::Oci { .. }))
+    {
+        Some(registry_for(&cfg)?)
+    } else {
+        None
+    };
+    let mut started = BTreeMap::new();
+    let mut failed = BTreeMap::new();
+    for pool in &cfg.pools {
+        match start_pool(&runtime, registry.as_ref(), &metrics, pool).await {
+            Ok(s) => {
+                started.insert(pool.name.clone(), s);
+            }
+            Err(e) => {
+                let reason = format!("{e:#}");
+                tracing::error!(pool = %pool.name, "pool not started: {reason}");
+                failed.insert(pool.name.clone(), reason);
+            }
+        }
+    }
+    let state = Arc::new(AppState {
+        pools: started
+            .iter()
+            .map(|(k, v)| (k.clone(), v.handle.clone()))
+            .collect(),
+        failed,
+        token,
+        metrics: metrics.clone(),
+        draining: AtomicBool::new(false),
+    });
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    tracing::info!(listen = %cfg.listen, pools = started.len(), "flotilla is running");
+    let shutdown = Arc::new(tokio::sync::Notify::new());
+    let server = {
+        let shutdown = shutdown.clone();
+        let app = router(state.clone());
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.notified().await })
+                .await
+        })
+    };
+
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    let mut seen = mtime(&config_path);
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = hup.recv() => reload(&config_path, &started),
+            _ = tick.tick() => {
+                for s in started.values() {
+                    let denied = s.provider.egress_stats().denied.load(Ordering::Relaxed);
+                    s.metrics.publish_plugin(&s.provider.health(), denied);
+                }
+                let now = mtime(&config_path);
+                if now != seen {
+                    seen = now;
+                    reload(&config_path, &started);
+                }
+            }
+        }
+    }
+
+    tracing::info!(grace = ?cfg.shutdown_grace, "draining: new reservations are refused");
+    state.draining.store(true, Ordering::Relaxed);
+    let drains = started.values().map(|s| {
+        let handle = s.handle.clone();
+        let grace = cfg.shutdown_grace;
+        let delete = s.delete_on_shutdown;
+        async move { handle.shutdown(grace, delete).await }
+    });
+    futures_join_all(drains).await;
+    shutdown.notify_one();
+    let _ = server.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
+    futs: impl Iterator<Item = F>,
+) {
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    for h in handles {
+        let _ = h.await;
+    }
+}

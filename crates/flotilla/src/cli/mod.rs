@@ -1,0 +1,3 @@
+//! The command-line commands that live outside `main.rs`.
+
+pub mod oci;

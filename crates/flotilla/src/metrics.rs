@@ -1,0 +1,353 @@
+//! Prometheus metrics, prefixed `flotilla_`, labelled by pool and plugin.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use flotilla_provider::{Function, ProviderHealth};
+use flotilla_scaler::PoolObserver;
+use flotilla_scaler::core::{Counters, PoolSnapshot};
+
+/// Every metric family of the process.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    instances: IntGaugeVec,
+    desired: IntGaugeVec,
+    max_instances: IntGaugeVec,
+    slots: IntGaugeVec,
+    provider_ops: IntCounterVec,
+    provider_seconds: HistogramVec,
+    ready_seconds: HistogramVec,
+    lifetime_seconds: HistogramVec,
+    scale_ops: IntCounterVec,
+    lease_wait_seconds: HistogramVec,
+    leases_failed: IntCounterVec,
+    plugin_faults: IntCounterVec,
+    egress_denied: IntCounterVec,
+    pool_up: IntGaugeVec,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+/// Why a metric could not be registered (a programming error, reported not panicked).
+pub type MetricsError = prometheus::Error;
+
+fn gauge(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntGaugeVec, MetricsError> {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn counter(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, MetricsError> {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+fn histogram(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: Vec<f64>,
+) -> Result<HistogramVec, MetricsError> {
+    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)?;
+    r.register(Box::new(h.clone()))?;
+    Ok(h)
+}
+
+const PP: &[&str] = &["pool", "plugin"];
+
+impl Metrics {
+    /// Registers every family.
+    pub fn new() -> Result<Metrics, MetricsError> {
+        let r = Registry::new();
+        let lat = vec![
+            0.001, 0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ];
+        let long = vec![
+            1.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0, 86400.0,
+        ];
+        Ok(Metrics {
+            instances: gauge(
+                &r,
+                "flotilla_instances",
+                "Instances by state.",
+                &["pool", "plugin", "state"],
+            )?,
+            desired: gauge(
+                &r,
+                "flotilla_desired_instances",
+                "Instances the active policy wants.",
+                PP,
+            )?,
+            max_instances: gauge(
+                &r,
+                "flotilla_max_instances",
+                "Upper bound on instances in force.",
+                PP,
+            )?,
+            slots: gauge(
+                &r,
+                "flotilla_slots",
+                "Job slots by state.",
+                &["pool", "plugin", "state"],
+            )?,
+            provider_ops: counter(
+                &r,
+                "flotilla_provider_operations_total",
+                "Provider calls by function and outcome.",
+                &["pool", "plugin", "function", "outcome"],
+            )?,
+            provider_seconds: histogram(
+                &r,
+                "flotilla_provider_operation_duration_seconds",
+                "Provider call duration by function and outcome.",
+                &["pool", "plugin", "function", "outcome"],
+                lat.clone(),
+            )?,
+            ready_seconds: histogram(
+                &r,
+                "flotilla_instance_creation_to_ready_seconds",
+                "Time from an instance's first sighting to ready.",
+                PP,
+                long.clone(),
+            )?,
+            lifetime_seconds: histogram(
+                &r,
+                "flotilla_instance_lifetime_seconds",
+                "Instance lifetime.",
+                PP,
+                long,
+            )?,
+            scale_ops: counter(
+                &r,
+                "flotilla_scale_operations_total",
+                "Instances requested (up) or removed by scale-down (down).",
+                &["pool", "plugin", "direction"],
+            )?,
+            lease_wait_seconds: histogram(
+                &r,
+                "flotilla_lease_wait_seconds",
+                "Time an acquire waited for a ready instance.",
+                PP,
+                lat,
+            )?,
+            leases_failed: counter(
+                &r,
+                "flotilla_leases_failed_total",
+                "Leases failed because their instance failed.",
+                PP,
+            )?,
+            plugin_faults: counter(
+                &r,
+                "flotilla_plugin_faults_total",
+                "Plugin traps, timeouts and contract violations.",
+                &["pool", "plugin", "kind"],
+            )?,
+            egress_denied: counter(
+                &r,
+                "flotilla_egress_denied_total",
+                "Outbound plugin requests denied.",
+                PP,
+            )?,
+            pool_up: gauge(
+                &r,
+                "flotilla_pool_ready",
+                "1 when the pool is ready, 0 otherwise.",
+                PP,
+            )?,
+            registry: r,
+        })
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Handles for one pool.
+    pub fn pool(&self, pool: &str, plugin: &str) -> PoolMetrics {
+        PoolMetrics {
+            m: self.clone(),
+            pool: pool.to_string(),
+            plugin: plugin.to_string(),
+            last: Arc::new(Mutex::new(Last::default())),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Last {
+    scale_up: u64,
+    scale_down: u64,
+    leases_failed: u64,
+    traps: u64,
+    timeouts: u64,
+    violations: u64,
+    denied: u64,
+}
+
+/// Metric handles of one pool.
+#[derive(Debug, Clone)]
+pub struct PoolMetrics {
+    m: Metrics,
+    pool: String,
+    plugin: String,
+    last: Arc<Mutex<Last>>,
+}
+
+fn delta(last: &mut u64, now: u64) -> u64 {
+    let d = now.saturating_sub(*last);
+    *last = now;
+    d
+}
+
+impl PoolMetrics {
+    fn pp(&self) -> [&str; 2] {
+        [&self.pool, &self.plugin]
+    }
+
+    /// Publishes plugin fault counters and egress denials.
+    pub fn publish_plugin(&self, health: &ProviderHealth, denied: u64) {
+        let [pool, plugin] = self.pp();
+        if let Ok(mut last) = self.last.lock() {
+            let traps = delta(&mut last.traps, health.traps);
+            let timeouts = delta(&mut last.timeouts, health.timeouts);
+            let violations = delta(&mut last.violations, health.contract_violations);
+            let denied = delta(&mut last.denied, denied);
+            self.m
+                .plugin_faults
+                .with_label_values(&[pool, plugin, "trap"])
+                .inc_by(traps);
+            self.m
+                .plugin_faults
+                .with_label_values(&[pool, plugin, "timeout"])
+                .inc_by(timeouts);
+            self.m
+                .plugin_faults
+                .with_label_values(&[pool, plugin, "contract-violation"])
+                .inc_by(violations);
+            self.m
+                .egress_denied
+                .with_label_values(&[pool, plugin])
+                .inc_by(denied);
+        }
+    }
+}
+
+impl PoolObserver for PoolMetrics {
+    /// Records one provider call.
+    fn provider_call(&self, function: Function, ok: bool, took: Duration) {
+        let outcome = if ok { "ok" } else { "error" };
+        let labels = [
+            self.pool.as_str(),
+            self.plugin.as_str(),
+            function.name(),
+            outcome,
+        ];
+        self.m.provider_ops.with_label_values(&labels).inc();
+        self.m
+            .provider_seconds
+            .with_label_values(&labels)
+            .observe(took.as_secs_f64());
+    }
+
+    /// Records how long an acquire waited.
+    fn lease_wait(&self, took: Duration) {
+        self.m
+            .lease_wait_seconds
+            .with_label_values(&self.pp())
+            .observe(took.as_secs_f64());
+    }
+
+    /// Publishes a snapshot and the counters accumulated since the last one.
+    fn publish(
+        &self,
+        snap: &PoolSnapshot,
+        counters: &Counters,
+        ready_ms: &[u64],
+        lifetimes_ms: &[u64],
+    ) {
+        let [pool, plugin] = self.pp();
+        for (state, n) in &snap.instances {
+            self.m
+                .instances
+                .with_label_values(&[pool, plugin, state])
+                .set(i64::from(*n));
+        }
+        self.m
+            .desired
+            .with_label_values(&[pool, plugin])
+            .set(i64::from(snap.desired));
+        self.m
+            .max_instances
+            .with_label_values(&[pool, plugin])
+            .set(i64::from(snap.max_instances));
+        for (state, n) in [
+            ("idle", snap.slots.idle),
+            ("reserved", snap.slots.reserved),
+            ("acquired", snap.slots.acquired),
+            ("unavailable", snap.slots.unavailable),
+        ] {
+            self.m
+                .slots
+                .with_label_values(&[pool, plugin, state])
+                .set(i64::from(n));
+        }
+        let up = matches!(snap.health, flotilla_scaler::PoolHealth::Ready);
+        self.m
+            .pool_up
+            .with_label_values(&[pool, plugin])
+            .set(i64::from(up));
+        for ms in ready_ms {
+            self.m
+                .ready_seconds
+                .with_label_values(&[pool, plugin])
+                .observe(*ms as f64 / 1000.0);
+        }
+        for ms in lifetimes_ms {
+            self.m
+                .lifetime_seconds
+                .with_label_values(&[pool, plugin])
+                .observe(*ms as f64 / 1000.0);
+        }
+        if let Ok(mut last) = self.last.lock() {
+            let up = delta(&mut last.scale_up, counters.scale_up);
+            let down = delta(&mut last.scale_down, counters.scale_down);
+            let failed = delta(&mut last.leases_failed, counters.leases_failed);
+            self.m
+                .scale_ops
+                .with_label_values(&[pool, plugin, "up"])
+                .inc_by(up);
+            self.m
+                .scale_ops
+                .with_label_values(&[pool, plugin, "down"])
+                .inc_by(down);
+            self.m
+                .leases_failed
+                .with_label_values(&[pool, plugin])
+                .inc_by(failed);
+        }
+    }
+}

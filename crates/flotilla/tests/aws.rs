@@ -1,0 +1,299 @@
+//! The AWS plugin through the real host against moto with SigV4 checking on
+//! (`INITIAL_NO_AUTH_ACTION_COUNT=0`). The plugin never holds a key: the host signs.
+//! Needs the venv that `scripts/test.sh` creates (`moto[server]` and boto3).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+
+use flotilla_test_support as common;
+
+use std::time::{Duration, Instant};
+
+use common::LogCapture;
+use common::moto::{Moto, python};
+use flotilla_provider::{CallError, InstanceState, Provider, ProviderError};
+
+async fn must<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> T {
+    match f.await {
+        Ok(v) => v,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn contract_calls_against_moto_with_sigv4() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let moto = Moto::start();
+    let p = moto.provider(None);
+    let info = match p.init(&moto.settings()).await {
+        Ok(i) => i,
+        Err(e) => panic!("{e}\n{}", logs.text()),
+    };
+    assert_eq!(
+        (info.id.as_str(), info.max_size),
+        ("aws/us-east-1/ci-runners", 6)
+    );
+
+    assert_eq!(must(p.increase(5)).await, 5);
+    let start = Instant::now();
+    let instances = loop {
+        let list = must(p.update()).await;
+        if list
+            .iter()
+            .filter(|i| i.state == InstanceState::Running)
+            .count()
+            == 5
+        {
+            break list;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{list:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let c = must(p.connect_info(&instances[0].id)).await;
+    assert!(
+        c.internal_address
+            .as_deref()
+            .is_some_and(|a| a.starts_with("10.20.1.")),
+        "{c:?}"
+    );
+
+    let ids: Vec<String> = instances[..2].iter().map(|i| i.id.clone()).collect();
+    assert_eq!(must(p.decrease(&ids)).await, ids);
+    let live = must(p.update()).await;
+    let running: Vec<_> = live
+        .iter()
+        .filter(|i| i.state == InstanceState::Running)
+        .collect();
+    assert_eq!(running.len(), 3, "{live:?}");
+    assert_eq!(
+        moto.desired(),
+        3,
+        "moto's desired capacity followed the decrease"
+    );
+    assert_eq!(
+        must(p.increase(10)).await,
+        3,
+        "capped at MaxSize 6 (moto would accept more; AWS would not)"
+    );
+    assert_eq!(moto.desired(), 6);
+
+    let (_, secret) = moto.key("plugin");
+    assert!(!logs.text().contains(&secret), "the secret reached the log");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn credential_failures_are_unauthorized_and_never_leak() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let moto = Moto::start();
+    let wrong = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+    let p = moto.provider(Some(wrong));
+    let r = p.init(&moto.settings()).await;
+    let Err(CallError::Provider {
+        error: ProviderError::Unauthorized(msg),
+        ..
+    }) = &r
+    else {
+        panic!("expected unauthorized, got {r:?}")
+    };
+    assert!(
+        msg.contains("DescribeAutoScalingGroups"),
+        "names the action: {msg}"
+    );
+
+    // Remove one action from the plugin user's policy: only that call is refused.
+    let good = moto.provider(None);
+    must(good.init(&moto.settings())).await;
+    python(&[
+        &moto.endpoint,
+        "--policy",
+        "plugin",
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:TerminateInstanceInAutoScalingGroup",
+        "ec2:DescribeInstances",
+    ]);
+    let r = good.increase(1).await;
+    let Err(CallError::Provider {
+        error: ProviderError::Unauthorized(msg),
+        ..
+    }) = &r
+    else {
+        panic!("expected unauthorized, got {r:?}")
+    };
+    assert!(msg.contains("SetDesiredCapacity"), "{msg}");
+    must(good.update()).await;
+
+    let (_, secret) = moto.key("plugin");
+    let text = logs.text();
+    for s in [secret.as_str(), wrong] {
+        assert!(!text.contains(s), "a secret reached the log");
+        assert!(!msg.contains(s));
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn bad_settings_are_reported_at_once() {
+    let moto = Moto::start();
+    let p = moto.provider(None);
+    let r = p
+        .init(r#"{"name":"","region":"mars","endpoint":"ftp://x"}"#)
+        .await;
+    let Err(CallError::Provider {
+        error: ProviderError::InvalidConfig(msg),
+        ..
+    }) = &r
+    else {
+        panic!("{r:?}")
+    };
+    for key in ["name:", "region:", "endpoint:"] {
+        assert!(msg.contains(key), "{key} missing: {msg}");
+    }
+    let r = p
+        .init(&format!(
+            r#"{{"name":"nope","region":"us-east-1","endpoint":"{}","credential":"aws"}}"#,
+            moto.endpoint
+        ))
+        .await;
+    assert!(
+        matches!(
+            r,
+            Err(CallError::Provider {
+                error: ProviderError::NotFound(_),
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+/// The scaler drives the ASG through the lease API: idle capacity, a burst of 6 slots, and
+/// the scale-down after `idle_time`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaler_end_to_end_through_the_lease_api() {
+    let moto = Moto::start();
+    let (key, secret) = moto.key("plugin");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = std::env::temp_dir().join(format!("flotilla-aws-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let config = dir.join("flotilla.toml");
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+token = {{ value = "t0k" }}
+shutdown_grace = "5s"
+
+[[pool]]
+name = "aws"
+plugin = "{plugin}"
+capacity_per_instance = 2
+max_instances = 4
+update_interval = "1s"
+instance_acquire_timeout = "20s"
+allowed_outbound_hosts = ["{ep}"]
+allowed_ip_ranges = ["127.0.0.0/8"]
+
+[pool.plugin_config]
+name = "ci-runners"
+region = "us-east-1"
+endpoint = "{ep}"
+
+[[pool.credentials]]
+name = "aws"
+kind = "aws-sigv4"
+access_key_id = {{ value = "{key}" }}
+secret_access_key = {{ env = "FLOTILLA_TEST_AWS_SECRET" }}
+hosts = ["{ep}"]
+
+[[pool.policy]]
+idle_count = 2
+idle_time = "3s"
+"#,
+        plugin = flotilla_test_artifacts::AWS_PLUGIN,
+        ep = moto.endpoint,
+    );
+    std::fs::write(&config, text).unwrap_or_else(|e| panic!("{e}"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["run", "-c"])
+        .arg(&config)
+        .env("FLOTILLA_TEST_AWS_SECRET", &secret)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let base = format!("http://127.0.0.1:{port}");
+    let client = {
+        // reqwest is built without a default TLS provider; tests use ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::new()
+    };
+    let call = |method: reqwest::Method, path: String| {
+        let req = client
+            .request(method, format!("{base}{path}"))
+            .bearer_auth("t0k");
+        async move {
+            match req.send().await {
+                Ok(r) => (
+                    r.status().as_u16(),
+                    serde_json::from_str::<serde_json::Value>(&r.text().await.unwrap_or_default())
+                        .unwrap_or_default(),
+                ),
+                Err(_) => (0, serde_json::Value::Null),
+            }
+        }
+    };
+    let wait_desired = |want: u64, what: &'static str| {
+        let moto = &moto;
+        async move {
+            let start = Instant::now();
+            loop {
+                if moto.desired() == want {
+                    return;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(40),
+                    "{what}: moto desired {} != {want}",
+                    moto.desired()
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    };
+    wait_desired(1, "idle_count 2 at 2 slots per instance").await;
+
+    let mut leases = Vec::new();
+    for _ in 0..6 {
+        let (code, body) = call(reqwest::Method::POST, "/v1/pools/aws/leases".into()).await;
+        assert_eq!(code, 201, "{body}");
+        leases.push(body["lease"]["id"].as_u64().unwrap_or_default());
+    }
+    for id in &leases {
+        let (code, body) = call(
+            reqwest::Method::POST,
+            format!("/v1/pools/aws/leases/{id}/acquire"),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            body["connection"]["internal_address"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("10.20.")),
+            "{body}"
+        );
+    }
+    wait_desired(4, "6 busy slots + 2 idle = 4 instances (max)").await;
+    for id in &leases {
+        let (code, _) = call(
+            reqwest::Method::POST,
+            format!("/v1/pools/aws/leases/{id}/release"),
+        )
+        .await;
+        assert_eq!(code, 200);
+    }
+    wait_desired(1, "scale-down after idle_time").await;
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -1,0 +1,246 @@
+//! The `aws` credential chain, link by link, against moto with SigV4 checking on: shared files
+//! with a profile, the environment overriding them, web identity through moto's STS, and
+//! IMDSv2 (a loopback server with the documented shapes, since no emulator exists), with the
+//! refresh of temporary credentials. One test in its own binary, because it sets env vars.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+
+use flotilla_test_support as common;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::moto::{Moto, python};
+use flotilla_credentials::aws::{AwsChain, AwsChainConfig};
+use flotilla_credentials::{AwsChainHandle, CredentialKind};
+use flotilla_provider::{CallError, Provider, ProviderError};
+use http_body_util::Full;
+use hyper::body::Bytes;
+
+fn chain(config: AwsChainConfig) -> CredentialKind {
+    CredentialKind::Aws(AwsChainHandle(Arc::new(AwsChain::new(config))))
+}
+
+fn unset_all() {
+    for var in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_ROLE_ARN",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_EC2_METADATA_DISABLED",
+    ] {
+        // SAFETY: this binary has one test, on a current-thread runtime.
+        unsafe { std::env::remove_var(var) };
+    }
+}
+
+fn set(var: &str, value: &str) {
+    // SAFETY: see unset_all.
+    unsafe { std::env::set_var(var, value) };
+}
+
+async fn works(moto: &Moto, kind: CredentialKind) -> Result<(), CallError> {
+    let p = moto.provider_with(kind);
+    p.init(&moto.settings()).await.map(drop)
+}
+
+/// A loopback IMDSv2 that hands out `keys` (id, secret, token) with the given lifetime and
+/// counts credential fetches.
+async fn imds(
+    keys: (String, String, String),
+    lifetime_s: i64,
+    fetches: Arc<AtomicUsize>,
+) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let keys = keys.clone();
+            let fetches = fetches.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let keys = keys.clone();
+                        let fetches = fetches.clone();
+                        async move {
+                            let token_ok = req
+                                .headers()
+                                .get("x-aws-ec2-metadata-token")
+                                .is_some_and(|t| t == "imds-token");
+                            let body = match (req.method().as_str(), req.uri().path()) {
+                                ("PUT", "/latest/api/token") => "imds-token".to_string(),
+                                ("GET", "/latest/meta-data/iam/security-credentials/")
+                                    if token_ok =>
+                                {
+                                    "ci-role\n".to_string()
+                                }
+                                ("GET", "/latest/meta-data/iam/security-credentials/ci-role")
+                                    if token_ok =>
+                                {
+                                    fetches.fetch_add(1, Ordering::SeqCst);
+                                    let expires =
+                                        chrono::Utc::now() + chrono::Duration::seconds(lifetime_s);
+                                    serde_json::json!({
+                                    "Code": "Success",
+                                    "AccessKeyId": keys.0,
+                                    "SecretAccessKey": keys.1,
+                                    "Token": keys.2,
+                                    "Expiration": expires.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                                })
+                                .to_string()
+                                }
+                                _ => {
+                                    let mut r =
+                                        hyper::Response::new(Full::new(Bytes::from_static(b"")));
+                                    *r.status_mut() = hyper::StatusCode::UNAUTHORIZED;
+                                    return Ok::<_, Infallible>(r);
+                                }
+                            };
+                            Ok(hyper::Response::new(Full::new(Bytes::from(body))))
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_link_of_the_chain_signs_requests_moto_accepts() {
+    unset_all();
+    let logs = common::LogCapture::default();
+    let _guard = logs.install();
+    let moto = Moto::start();
+    let (key, secret) = moto.key("plugin");
+    let dir = std::env::temp_dir().join(format!("flotilla-aws-chain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+
+    // Shared credentials file, named profile.
+    let file = dir.join("credentials");
+    std::fs::write(&file, format!("[default]\naws_access_key_id = WRONG\naws_secret_access_key = WRONG\n\n[ci]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    set("AWS_SHARED_CREDENTIALS_FILE", &file.display().to_string());
+    set("AWS_CONFIG_FILE", &dir.join("none").display().to_string());
+    set("AWS_EC2_METADATA_DISABLED", "true");
+    let profile = AwsChainConfig {
+        profile: Some("ci".into()),
+        ..AwsChainConfig::default()
+    };
+    works(&moto, chain(profile.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("shared file: {e}"));
+    let r = works(&moto, chain(AwsChainConfig::default())).await;
+    assert!(
+        matches!(
+            r,
+            Err(CallError::Provider {
+                error: ProviderError::Unauthorized(_),
+                ..
+            })
+        ),
+        "default profile has wrong keys: {r:?}"
+    );
+
+    // The environment comes before the files.
+    set("AWS_ACCESS_KEY_ID", &key);
+    set("AWS_SECRET_ACCESS_KEY", "wrong-secret-from-env");
+    let r = works(&moto, chain(profile.clone())).await;
+    assert!(
+        matches!(
+            r,
+            Err(CallError::Provider {
+                error: ProviderError::Unauthorized(_),
+                ..
+            })
+        ),
+        "env wins: {r:?}"
+    );
+    set("AWS_SECRET_ACCESS_KEY", &secret);
+    works(&moto, chain(profile))
+        .await
+        .unwrap_or_else(|e| panic!("env: {e}"));
+    unset_all();
+
+    // Web identity: STS AssumeRoleWithWebIdentity gives temporary keys for the role.
+    let token = dir.join("token");
+    std::fs::write(&token, "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJjaSJ9.sig")
+        .unwrap_or_else(|e| panic!("{e}"));
+    set(
+        "AWS_ROLE_ARN",
+        moto.setup["role"].as_str().unwrap_or_default(),
+    );
+    set("AWS_WEB_IDENTITY_TOKEN_FILE", &token.display().to_string());
+    set(
+        "AWS_SHARED_CREDENTIALS_FILE",
+        &dir.join("none").display().to_string(),
+    );
+    python(&[&moto.endpoint, "--allow-unsigned", "1"]);
+    let wi = AwsChainConfig {
+        sts_endpoint: Some(format!("{}/", moto.endpoint)),
+        ..AwsChainConfig::default()
+    };
+    works(&moto, chain(wi))
+        .await
+        .unwrap_or_else(|e| panic!("web identity: {e}"));
+    unset_all();
+
+    // IMDSv2, with refresh: credentials that expire within five minutes are fetched again.
+    set(
+        "AWS_SHARED_CREDENTIALS_FILE",
+        &dir.join("none").display().to_string(),
+    );
+    let role = moto.setup["role"].as_str().unwrap_or_default().to_string();
+    let temp: serde_json::Value =
+        serde_json::from_str(&python(&[&moto.endpoint, "--assume-role", &role]))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let field = |k: &str| temp[k].as_str().unwrap_or_default().to_string();
+    for (lifetime, expected) in [(3600, 1), (120, 2)] {
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let endpoint = imds(
+            (field("key"), field("secret"), field("token")),
+            lifetime,
+            fetches.clone(),
+        )
+        .await;
+        let kind = chain(AwsChainConfig {
+            imds_endpoint: Some(endpoint),
+            ..AwsChainConfig::default()
+        });
+        let p = moto.provider_with(kind);
+        p.init(&moto.settings())
+            .await
+            .unwrap_or_else(|e| panic!("imds: {e}"));
+        p.update().await.unwrap_or_else(|e| panic!("imds: {e}"));
+        assert_eq!(
+            fetches.load(Ordering::SeqCst),
+            expected,
+            "lifetime {lifetime}s"
+        );
+    }
+
+    // Nothing anywhere: the request is refused and the host log says why, with no secret.
+    set("AWS_EC2_METADATA_DISABLED", "true");
+    let r = works(&moto, chain(AwsChainConfig::default())).await;
+    assert!(format!("{r:?}").contains("HttpRequestDenied"), "{r:?}");
+    let text = logs.text();
+    assert!(text.contains("no AWS credentials found"), "{text}");
+    for s in [
+        secret.as_str(),
+        field("secret").as_str(),
+        field("token").as_str(),
+    ] {
+        assert!(!text.contains(s), "a secret reached the log");
+    }
+    unset_all();
+}

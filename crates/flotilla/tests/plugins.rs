@@ -1,0 +1,737 @@
+//! The host loads each guest and runs every export; test guests prove the sandbox and limits.
+//! Each protection test here fails when its protection is removed (see the issue notes).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+
+use flotilla_test_support as common;
+#[path = "plugins/egress.rs"]
+mod egress;
+
+use std::time::{Duration, Instant};
+
+use common::{LogCapture, load, quick_sandbox};
+use flotilla_plugin_runtime::Sandbox;
+use flotilla_provider::{CallError, Function, InstanceState, Protocol, Provider, ProviderError};
+use flotilla_test_artifacts as guests;
+
+flotilla_test_artifacts::assert_test_guests_covered!();
+
+async fn must<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> T {
+    match f.await {
+        Ok(v) => v,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+/// A well-behaved second plugin in the same process, to prove faults stay contained.
+async fn bystander() -> impl Provider {
+    let p = load(guests::STATIC_PLUGIN).provider("bystander", Sandbox::default());
+    must(p.init(r#"{"hosts":[{"address":"198.51.100.7"}]}"#)).await;
+    p
+}
+
+async fn assert_bystander_works(p: &impl Provider) {
+    let before = must(p.update()).await.len();
+    assert!(must(p.increase(1)).await <= 1);
+    let after = must(p.update()).await;
+    assert!(after.len() >= before);
+    let ids: Vec<String> = after.iter().map(|i| i.id.clone()).collect();
+    must(p.decrease(&ids)).await;
+}
+
+mod static_plugin {
+    use super::*;
+
+    const SETTINGS: &str = r#"{"name":"lab","hosts":[
+        {"address":"192.0.2.1","username":"ci"},
+        {"id":"win","address":"192.0.2.2","protocol":"winrm","os":"windows","external_address":"203.0.113.2"},
+        {"address":"192.0.2.3","port":2222}]}"#;
+
+    #[tokio::test]
+    async fn every_export() {
+        let p = load(guests::STATIC_PLUGIN).provider("static", Sandbox::default());
+        let info = must(p.init(SETTINGS)).await;
+        assert_eq!(info.id, "static/lab");
+        assert_eq!(info.max_size, 3);
+        assert!(
+            must(p.update()).await.is_empty(),
+            "nothing is active before increase"
+        );
+
+        assert_eq!(must(p.increase(2)).await, 2);
+        let active = must(p.update()).await;
+        let ids: Vec<&str> = active.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, ["192.0.2.1", "win"]);
+        assert!(active.iter().all(|i| i.state == InstanceState::Running));
+
+        assert_eq!(
+            must(p.increase(5)).await,
+            1,
+            "partial success: only one host left"
+        );
+        assert_eq!(must(p.increase(1)).await, 0);
+
+        let win = must(p.connect_info("win")).await;
+        assert_eq!(win.protocol, Protocol::Winrm);
+        assert_eq!(win.port, 5986);
+        assert_eq!(win.internal_address.as_deref(), Some("192.0.2.2"));
+        assert_eq!(win.external_address.as_deref(), Some("203.0.113.2"));
+        let third = must(p.connect_info("192.0.2.3")).await;
+        assert_eq!((third.protocol, third.port), (Protocol::Ssh, 2222));
+        let missing = p.connect_info("nope").await;
+        assert!(
+            matches!(
+                missing,
+                Err(CallError::Provider {
+                    error: ProviderError::NotFound(_),
+                    ..
+                })
+            ),
+            "{missing:?}"
+        );
+
+        must(p.heartbeat("win")).await;
+        let accepted = must(p.decrease(&["win".to_string(), "unknown".to_string()])).await;
+        assert_eq!(accepted, ["win"], "unknown ids are not accepted");
+        assert_eq!(
+            must(p.decrease(&["win".to_string()])).await,
+            ["win"],
+            "decrease is idempotent"
+        );
+        assert!(
+            p.heartbeat("win").await.is_err(),
+            "released host is not alive"
+        );
+        let ids: Vec<String> = must(p.update()).await.into_iter().map(|i| i.id).collect();
+        assert_eq!(ids, ["192.0.2.1", "192.0.2.3"]);
+        must(p.shutdown()).await;
+    }
+
+    #[tokio::test]
+    async fn bad_settings_report_every_problem() {
+        let p = load(guests::STATIC_PLUGIN).provider("static", Sandbox::default());
+        let err = p
+            .init(r#"{"hosts":[{"address":""},{"address":"x","os":"plan9"},{"address":"x"}],"colour":1}"#)
+            .await;
+        let Err(CallError::Provider {
+            error: ProviderError::InvalidConfig(msg),
+            ..
+        }) = err
+        else {
+            panic!("expected invalid-config, got {err:?}");
+        };
+        for needle in [
+            "colour: unknown key",
+            "hosts[0].address",
+            "hosts[1].os",
+            "duplicate id \"x\"",
+        ] {
+            assert!(msg.contains(needle), "{needle:?} missing from {msg:?}");
+        }
+        for bad in ["not json", "[]", "{}"] {
+            let r = p.init(bad).await;
+            assert!(
+                matches!(
+                    r,
+                    Err(CallError::Provider {
+                        error: ProviderError::InvalidConfig(_),
+                        ..
+                    })
+                ),
+                "{bad}: {r:?}"
+            );
+        }
+        let r = p.update().await;
+        assert!(matches!(r, Err(CallError::NotInitialized { .. })), "{r:?}");
+    }
+}
+
+mod template {
+    use super::*;
+    use common::example_cloud::ExampleCloud;
+
+    #[tokio::test]
+    async fn every_export_over_http() {
+        let cloud = ExampleCloud::start(3).await;
+        let allow = format!("http://{}", cloud.addr);
+        let mut sandbox = quick_sandbox(&[allow.as_str()]);
+        sandbox.egress.allowed_ip_ranges =
+            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
+        sandbox.egress.credentials = vec![flotilla_credentials::Credential {
+            name: "example".into(),
+            kind: flotilla_credentials::CredentialKind::Bearer {
+                token: flotilla_credentials::SecretSource::Value(
+                    flotilla_credentials::Secret::new("tkn-123"),
+                ),
+            },
+            hosts: flotilla_net::AllowList::parse(&[allow.as_str()])
+                .unwrap_or_else(|e| panic!("{e:?}")),
+        }];
+        let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
+        let settings = format!(
+            r#"{{"endpoint":"{}","group":"ci","credential":"example"}}"#,
+            cloud.endpoint()
+        );
+        let info = must(p.init(&settings)).await;
+        assert_eq!((info.id.as_str(), info.max_size), ("example/ci", 3));
+        assert_eq!(must(p.increase(5)).await, 3, "the cloud granted only 3");
+        let list = must(p.update()).await;
+        assert_eq!(list.len(), 3);
+        assert!(list.iter().all(|i| i.state == InstanceState::Creating));
+        let c = must(p.connect_info("i-2")).await;
+        assert_eq!(c.internal_address.as_deref(), Some("192.0.2.10"));
+        let accepted = must(p.decrease(&["i-1".into(), "i-9".into()])).await;
+        assert_eq!(accepted, ["i-1"]);
+        assert_eq!(must(p.update()).await.len(), 2);
+        let hb = p.heartbeat("i-2").await;
+        assert!(matches!(
+            hb,
+            Err(CallError::Provider {
+                error: ProviderError::Unsupported(_),
+                ..
+            })
+        ));
+        must(p.shutdown()).await;
+        // Every call was authenticated by the host, not by the plugin.
+        for seen in cloud.seen() {
+            let auth = seen
+                .headers
+                .iter()
+                .find(|(k, _)| k == "authorization")
+                .map(|(_, v)| v.as_str());
+            assert_eq!(
+                auth,
+                Some("Bearer tkn-123"),
+                "{} {}",
+                seen.method,
+                seen.path
+            );
+        }
+        let paths: Vec<String> = cloud
+            .seen()
+            .iter()
+            .map(|s| format!("{} {}", s.method, s.path))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "GET /v1/groups/ci",
+                "POST /v1/groups/ci/increase",
+                "GET /v1/groups/ci/instances",
+                "GET /v1/groups/ci/instances/i-2",
+                "POST /v1/groups/ci/decrease",
+                "GET /v1/groups/ci/instances",
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn cloud_errors_map_to_contract_errors() {
+        let cloud = ExampleCloud::start(3).await;
+        let allow = format!("http://{}", cloud.addr);
+        let mut sandbox = quick_sandbox(&[allow.as_str()]);
+        sandbox.egress.allowed_ip_ranges =
+            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
+        let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
+        must(p.init(&format!(
+            r#"{{"endpoint":"{}","group":"ci"}}"#,
+            cloud.endpoint()
+        )))
+        .await;
+        for (status, check) in [
+            (
+                403u16,
+                (|e: &ProviderError| matches!(e, ProviderError::Unauthorized(_)))
+                    as fn(&ProviderError) -> bool,
+            ),
+            (429, |e| matches!(e, ProviderError::Throttled { .. })),
+            (503, |e| matches!(e, ProviderError::Transient(_))),
+        ] {
+            if let Ok(mut s) = cloud.state.lock() {
+                s.fail_with = Some(status);
+            }
+            let r = p.update().await;
+            let e = r.as_ref().err().and_then(CallError::provider_error);
+            assert!(e.is_some_and(check), "HTTP {status} gave {r:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_outside_the_allow_list_never_leave() {
+        let cloud = ExampleCloud::start(3).await;
+        let logs = LogCapture::default();
+        let _guard = logs.install();
+        // Allowed: a different port on the same host.
+        let mut sandbox = quick_sandbox(&["http://127.0.0.1:1"]);
+        sandbox.egress.allowed_ip_ranges =
+            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
+        let p = load(guests::TEMPLATE_PLUGIN).provider("walled", sandbox);
+        let r = p
+            .init(&format!(
+                r#"{{"endpoint":"{}","group":"ci"}}"#,
+                cloud.endpoint()
+            ))
+            .await;
+        let Err(CallError::Provider {
+            error: ProviderError::Transient(msg),
+            ..
+        }) = &r
+        else {
+            panic!("expected a denied request, got {r:?}");
+        };
+        assert!(msg.to_lowercase().contains("denied"), "{msg}");
+        assert!(cloud.seen().is_empty(), "the request reached the server");
+        let text = logs.text();
+        assert!(
+            text.contains("denied plugin request") && text.contains("pool=walled"),
+            "{text}"
+        );
+        assert_eq!(
+            p.egress_stats()
+                .denied
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn empty_allow_list_denies_all() {
+        let cloud = ExampleCloud::start(3).await;
+        let p = load(guests::TEMPLATE_PLUGIN).provider("empty", quick_sandbox(&[]));
+        let r = p
+            .init(&format!(
+                r#"{{"endpoint":"{}","group":"ci"}}"#,
+                cloud.endpoint()
+            ))
+            .await;
+        assert!(r.is_err());
+        assert!(cloud.seen().is_empty());
+    }
+}
+
+mod misbehave {
+    use super::*;
+
+    fn provider(
+        pool: &str,
+        settings_sandbox: impl FnOnce(&mut Sandbox),
+    ) -> flotilla_plugin_runtime::WasmProvider {
+        let mut sandbox = quick_sandbox(&[]);
+        settings_sandbox(&mut sandbox);
+        load(guests::MISBEHAVE).provider(pool, sandbox)
+    }
+
+    async fn call(p: &impl Provider, f: Function) -> Result<(), CallError> {
+        match f {
+            Function::Init => unreachable!(),
+            Function::Update => p.update().await.map(drop),
+            Function::Increase => p.increase(1).await.map(drop),
+            Function::Decrease => p.decrease(&["m-1".to_string()]).await.map(drop),
+            Function::ConnectInfo => p.connect_info("m-1").await.map(drop),
+            Function::Heartbeat => p.heartbeat("m-1").await,
+            Function::Shutdown => p.shutdown().await,
+        }
+    }
+
+    #[tokio::test]
+    async fn infinite_loop_hits_the_deadline() {
+        let p = provider("loop", |s| {
+            s.limits.default_deadline = Duration::from_millis(300)
+        });
+        must(p.init(r#"{"on":{"update":"loop"}}"#)).await;
+        let start = Instant::now();
+        let r = p.update().await;
+        assert!(
+            matches!(
+                r,
+                Err(CallError::Timeout {
+                    function: Function::Update,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            start.elapsed()
+        );
+        // The next call runs in a fresh, re-initialised instance.
+        assert_eq!(must(p.increase(2)).await, 2);
+        assert_eq!(p.health().timeouts, 1);
+        assert_eq!(p.health().restarts, 1);
+    }
+
+    #[tokio::test]
+    async fn waiting_on_host_io_hits_the_deadline() {
+        // Epochs do not fire while the guest blocks in a host call; the tokio timeout must.
+        let p = provider("sleep", |s| {
+            s.limits.default_deadline = Duration::from_millis(300)
+        });
+        must(p.init(r#"{"on":{"heartbeat":"sleep"}}"#)).await;
+        let start = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(10), p.heartbeat("x")).await;
+        assert!(matches!(r, Ok(Err(CallError::Timeout { .. }))), "{r:?}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+        must(p.update()).await;
+    }
+
+    #[tokio::test]
+    async fn allocation_past_the_cap_traps() {
+        let p = provider("alloc", |s| s.limits.memory_bytes = 48 << 20);
+        must(p.init(r#"{"on":{"update":"alloc"}}"#)).await;
+        let r = p.update().await;
+        let Err(CallError::Trap { message, .. }) = &r else {
+            panic!("expected a trap, got {r:?}")
+        };
+        assert!(message.contains("memory cap exceeded"), "{message}");
+        must(p.increase(1)).await;
+    }
+
+    #[tokio::test]
+    async fn trap_or_panic_in_each_export_is_contained() {
+        let other = bystander().await;
+        for fault in ["trap", "panic"] {
+            for f in Function::ALL.into_iter().filter(|f| *f != Function::Init) {
+                let p = provider("faulty", |_| {});
+                must(p.init(&format!(r#"{{"on":{{"{}":"{fault}"}}}}"#, f.name()))).await;
+                let r = call(&p, f).await;
+                assert!(
+                    matches!(&r, Err(CallError::Trap { function, .. }) if *function == f),
+                    "{fault} in {f}: {r:?}"
+                );
+                // Another export of the same pool works in a fresh instance...
+                let healthy = if f == Function::Update {
+                    Function::Increase
+                } else {
+                    Function::Update
+                };
+                call(&p, healthy)
+                    .await
+                    .unwrap_or_else(|e| panic!("after {fault} in {f}: {e}"));
+                // ...and so does another plugin in the same process.
+                assert_bystander_works(&other).await;
+            }
+            let p = provider("faulty-init", |_| {});
+            let r = p.init(&format!(r#"{{"on":{{"init":"{fault}"}}}}"#)).await;
+            assert!(
+                matches!(
+                    r,
+                    Err(CallError::Trap {
+                        function: Function::Init,
+                        ..
+                    })
+                ),
+                "{r:?}"
+            );
+            assert!(matches!(
+                p.update().await,
+                Err(CallError::NotInitialized { .. })
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_trap_poisons_only_its_own_store() {
+        let plugin = load(guests::MISBEHAVE);
+        let a = plugin.provider("a", quick_sandbox(&[]));
+        let b = plugin.provider("b", quick_sandbox(&[]));
+        must(a.init(r#"{"trap_on_delta":13}"#)).await;
+        must(b.init(r#"{"trap_on_delta":13}"#)).await;
+        must(a.increase(2)).await;
+        must(b.increase(2)).await;
+        assert!(matches!(a.increase(13).await, Err(CallError::Trap { .. })));
+        // a's instance was replaced: its in-memory group starts empty again; b keeps its state.
+        assert_eq!(must(a.update()).await.len(), 0);
+        assert_eq!(must(b.update()).await.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn repeated_faults_open_the_circuit() {
+        let logs = LogCapture::default();
+        let _guard = logs.install();
+        let p = provider("flaky", |s| {
+            s.limits.circuit_threshold = 3;
+            s.limits.circuit_cooldown = Duration::from_millis(400);
+        });
+        must(p.init(r#"{"on":{"update":"trap"}}"#)).await;
+        for _ in 0..3 {
+            assert!(matches!(p.update().await, Err(CallError::Trap { .. })));
+        }
+        let h = p.health();
+        assert!(
+            h.circuit_open && h.consecutive_faults == 3 && h.traps == 3,
+            "{h:?}"
+        );
+        let r = p.increase(1).await;
+        assert!(
+            matches!(r, Err(CallError::CircuitOpen { faults: 3, .. })),
+            "{r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        must(p.increase(1)).await;
+        assert!(!p.health().circuit_open);
+        assert!(
+            logs.text().contains("plugin fault"),
+            "faults are reported in the log"
+        );
+    }
+
+    #[tokio::test]
+    async fn contract_violations_are_not_forwarded() {
+        let p = provider("liar", |_| {});
+        must(p.init(
+            r#"{"on":{"update":"dup-ids","increase":"over-increase","decrease":"foreign-ids"}}"#,
+        ))
+        .await;
+        let r = p.increase(2).await;
+        assert!(
+            matches!(
+                &r,
+                Err(CallError::ContractViolation {
+                    function: Function::Increase,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        let r = p.update().await;
+        assert!(
+            matches!(&r, Err(CallError::ContractViolation { detail, .. }) if detail.contains("twice")),
+            "{r:?}"
+        );
+        let r = p.decrease(&["m-1".to_string()]).await;
+        assert!(
+            matches!(&r, Err(CallError::ContractViolation { detail, .. }) if detail.contains("never-asked-for")),
+            "{r:?}"
+        );
+        assert_eq!(p.health().contract_violations, 3);
+    }
+}
+
+mod escape {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn sandbox_grants_nothing() {
+        // SAFETY: single-threaded test runtime; nothing else reads the environment now.
+        unsafe { std::env::set_var("FLOTILLA_TEST_SECRET", "hunter2") };
+        let _ = std::fs::remove_file("/tmp/flotilla-escape");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        listener
+            .set_nonblocking(true)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+        let logs = LogCapture::default();
+        let _guard = logs.install();
+
+        let mut sandbox = quick_sandbox(&[]);
+        sandbox.limits.output_bytes = 10_000;
+        sandbox.limits.log_lines_per_call = 5;
+        let p = load(guests::ESCAPE).provider("escape", sandbox);
+        let settings =
+            format!(r#"{{"tcp":"127.0.0.1:{port}","print_bytes":1000000,"log_lines":100}}"#);
+        let info = must(p.init(&settings)).await;
+        let report: serde_json::Value =
+            serde_json::from_str(&info.version).unwrap_or_else(|e| panic!("{e}"));
+
+        for key in [
+            "read_dir_root",
+            "read_dir_dot",
+            "read_passwd",
+            "write_file",
+            "tcp_connect",
+            "dns",
+        ] {
+            assert!(
+                report[key].get("err").is_some(),
+                "{key} succeeded: {report}"
+            );
+        }
+        assert_eq!(
+            report["env"],
+            serde_json::json!([]),
+            "environment leaked: {report}"
+        );
+        assert_eq!(
+            report["args"],
+            serde_json::json!([]),
+            "arguments leaked: {report}"
+        );
+        assert_eq!(
+            report["stdin"]["ok"], "(0, \"\")",
+            "stdin is empty: {report}"
+        );
+        assert!(
+            listener.accept().is_err(),
+            "the guest opened a TCP connection"
+        );
+        assert!(!std::path::Path::new("/tmp/flotilla-escape").exists());
+
+        let text = logs.text();
+        let printed = text
+            .lines()
+            .filter(|l| l.contains("stream=\"stdout\""))
+            .map(str::len)
+            .sum::<usize>();
+        assert!(printed > 0, "stdout is logged");
+        assert!(text.contains("output cap reached"), "the cap is reported");
+        assert!(
+            printed < 10_000 + 4_096 * 4,
+            "stdout was not capped: {printed} bytes logged"
+        );
+        assert!(
+            text.contains("escape guest: stderr line") || text.contains("stderr"),
+            "stderr is logged"
+        );
+        assert!(!text.contains("hunter2"));
+        let logged = text
+            .lines()
+            .filter(|l| l.contains("escape log line"))
+            .count();
+        assert_eq!(logged, 5, "log lines are capped per call");
+        assert!(
+            text.contains("plugin log cap reached"),
+            "the log cap is reported"
+        );
+    }
+}
+
+mod load_checks {
+    use super::*;
+    use flotilla_plugin_runtime::LoadError;
+    use std::path::Path;
+
+    fn write(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("flotilla-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{e}"));
+        path
+    }
+
+    fn wat(text: &str) -> Vec<u8> {
+        wat::parse_str(text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn load_err(path: &Path) -> LoadError {
+        match common::runtime().load_file(path) {
+            Ok(_) => panic!("{} loaded", path.display()),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn bad_files_get_clear_errors() {
+        let missing = load_err(Path::new("/nonexistent/plugin.wasm"));
+        assert!(
+            matches!(missing, LoadError::Unreadable { .. })
+                && missing.to_string().contains("/nonexistent/plugin.wasm")
+        );
+        let empty = load_err(&write("empty.wasm", b""));
+        assert!(empty.to_string().contains("empty"), "{empty}");
+        let text = load_err(&write("text.wasm", b"#!/bin/sh\necho hi\n"));
+        assert!(
+            text.to_string().contains("not a WebAssembly binary"),
+            "{text}"
+        );
+        let core = load_err(&write("core.wasm", &wat("(module (func (export \"f\")))")));
+        assert!(
+            matches!(core, LoadError::CoreModule { .. })
+                && core.to_string().contains("core WebAssembly module"),
+            "{core}"
+        );
+        let garbage = load_err(&write("garbage.wasm", b"\0asm\x0d\0\x01\0garbage"));
+        assert!(matches!(garbage, LoadError::Invalid { .. }), "{garbage}");
+    }
+
+    #[test]
+    fn foreign_imports_are_named() {
+        let e = load_err(&write(
+            "kv.wasm",
+            &wat(r#"(component (import "wasi:keyvalue/store@0.2.0" (instance)))"#),
+        ));
+        assert!(
+            matches!(e, LoadError::ForbiddenImport { ref import, .. } if import == "wasi:keyvalue/store@0.2.0"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("`wasi:keyvalue/store@0.2.0`"), "{e}");
+        let e = load_err(&write(
+            "inc.wasm",
+            &wat(r#"(component (import "wasi:http/incoming-handler@0.2.12" (instance)))"#),
+        ));
+        assert!(e.to_string().contains("wasi:http/incoming-handler"), "{e}");
+        let e = load_err(&write(
+            "func.wasm",
+            &wat(r#"(component (import "exec" (func)))"#),
+        ));
+        assert!(e.to_string().contains("`exec`"), "{e}");
+    }
+
+    #[test]
+    fn wrong_world_or_version_is_rejected() {
+        let e = load_err(&write("none.wasm", &wat("(component)")));
+        assert!(
+            matches!(e, LoadError::MissingExport { .. })
+                && e.to_string().contains("exports nothing"),
+            "{e}"
+        );
+        let v2 = wat(
+            r#"(component (instance $i) (export "flotilla:provider/instance-group@0.2.0" (instance $i)))"#,
+        );
+        let e = load_err(&write("v2.wasm", &v2));
+        assert!(e.to_string().contains("instance-group@0.2.0"), "{e}");
+        let log2 = wat(r#"(component (import "flotilla:provider/log@0.2.0" (instance)))"#);
+        let e = load_err(&write("log2.wasm", &log2));
+        assert!(e.to_string().contains("0.1.0"), "{e}");
+        let hollow = wat(
+            r#"(component (instance $i) (export "flotilla:provider/instance-group@0.1.0" (instance $i)))"#,
+        );
+        let e = load_err(&write("hollow.wasm", &hollow));
+        assert!(matches!(e, LoadError::ContractMismatch { .. }), "{e}");
+    }
+
+    #[test]
+    fn compile_cache_skips_the_second_compile() {
+        use flotilla_plugin_runtime::{CacheOutcome, PluginRuntime, RuntimeOptions};
+        let dir = std::env::temp_dir().join(format!("flotilla-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let open = || {
+            PluginRuntime::new(RuntimeOptions {
+                cache_dir: Some(dir.clone()),
+            })
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let first = open()
+            .load_file(Path::new(guests::STATIC_PLUGIN))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(first.cache, CacheOutcome::Compiled { .. }),
+            "{:?}",
+            first.cache
+        );
+        let second = open()
+            .load_file(Path::new(guests::STATIC_PLUGIN))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(second.cache, CacheOutcome::Hit);
+        // A corrupt entry is discarded and recompiled, never trusted. (Replace, never truncate,
+        // a file that may be memory-mapped: that is how the cache itself writes.)
+        drop((first, second));
+        for entry in std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .flatten()
+        {
+            let tmp = entry.path().with_extension("tmp");
+            std::fs::write(&tmp, b"corrupt").unwrap_or_else(|e| panic!("{e}"));
+            std::fs::rename(&tmp, entry.path()).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let third = open()
+            .load_file(Path::new(guests::STATIC_PLUGIN))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(third.cache, CacheOutcome::Compiled { .. }),
+            "{:?}",
+            third.cache
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,451 @@
+//! `flotilla run` and `flotilla config check` as an operator uses them: the real binary, the
+//! static plugin, the lease API over HTTP, metrics checked by promtool, drain on SIGTERM.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flotilla_test_artifacts as guests;
+use serde_json::Value;
+
+const TOKEN: &str = "test-token-6f1c";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flotilla-run-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    dir
+}
+
+fn config(port: u16, idle_count: u32, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+token = {{ value = "{TOKEN}" }}
+shutdown_grace = "20s"
+
+[[pool]]
+name = "local"
+plugin = "{plugin}"
+capacity_per_instance = 2
+max_instances = 3
+instance_acquire_timeout = "10s"
+update_interval = "1s"
+{extra}
+[pool.plugin_config]
+hosts = [{{ address = "127.0.0.1" }}, {{ address = "127.0.0.2" }}, {{ address = "127.0.0.3" }}]
+
+[[pool.policy]]
+idle_count = {idle_count}
+idle_time = "1h"
+"#,
+        plugin = guests::STATIC_PLUGIN
+    )
+}
+
+struct Server {
+    child: Child,
+    base: String,
+    client: reqwest::Client,
+    _dir: PathBuf,
+    config: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    async fn start(name: &str, idle_count: u32) -> Server {
+        let dir = temp_dir(name);
+        let port = free_port();
+        let config = dir.join("flotilla.toml");
+        std::fs::write(&config, config_text(port, idle_count)).unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["run", "-c"])
+            .arg(&config)
+            .env("FLOTILLA_LOG", "info")
+            .env("XDG_CACHE_HOME", dir.join("cache"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let server = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            client: {
+                // reqwest is built without a default TLS provider; tests use ring.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                reqwest::Client::new()
+            },
+            _dir: dir,
+            config,
+        };
+        let start = Instant::now();
+        while server.get("/healthz", None).await.0 != 200 {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "flotilla did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        server
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, token: Option<&str>) -> (u16, Value) {
+        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        match req.send().await {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let text = r.text().await.unwrap_or_default();
+                (
+                    status,
+                    serde_json::from_str(&text).unwrap_or(Value::String(text)),
+                )
+            }
+            Err(_) => (0, Value::Null),
+        }
+    }
+
+    async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, token).await
+    }
+
+    async fn post(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(TOKEN)).await
+    }
+
+    async fn pool(&self) -> Value {
+        self.get("/v1/pools", Some(TOKEN)).await.1["pools"]["local"]["status"].clone()
+    }
+
+    async fn wait_for(&self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let status = self.pool().await;
+            if check(&status) {
+                return status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "timed out waiting for {what}: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .map(|s| s.success());
+        assert_eq!(ok.ok(), Some(true));
+    }
+}
+
+fn config_text(port: u16, idle_count: u32) -> String {
+    config(port, idle_count, "")
+}
+
+#[tokio::test]
+async fn lease_lifecycle_over_http() {
+    let s = Server::start("leases", 2).await;
+    // Unauthenticated and wrongly authenticated calls get 401 with no detail.
+    for token in [None, Some("wrong")] {
+        let (code, body) = s.get("/v1/pools", token).await;
+        assert_eq!(code, 401);
+        assert_eq!(body["error"]["code"], "unauthorized");
+        assert!(!body.to_string().contains(TOKEN));
+    }
+    let ready = s
+        .wait_for("idle capacity", |p| {
+            p["slots"]["idle"] == 2 && p["instances"]["ready"] == 1
+        })
+        .await;
+    assert_eq!(ready["desired"], 1);
+    let (code, _) = s.get("/readyz", None).await;
+    assert_eq!(code, 200);
+
+    let (code, body) = s.post("/v1/pools/local/leases").await;
+    assert_eq!(code, 201, "{body}");
+    let id = body["lease"]["id"].as_u64().unwrap_or_default();
+    assert_eq!(body["lease"]["state"]["state"], "reserved");
+    let (code, body) = s
+        .post(&format!("/v1/pools/local/leases/{id}/acquire"))
+        .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["instance"], "127.0.0.1");
+    assert_eq!(body["connection"]["protocol"], "ssh");
+    // Demand changed: the idle target is restored on another instance.
+    let status = s
+        .wait_for("replacement idle capacity", |p| {
+            p["slots"]["idle"].as_u64() >= Some(2)
+        })
+        .await;
+    assert_eq!(status["slots"]["acquired"], 1);
+    let (code, list) = s.get("/v1/pools/local/leases", Some(TOKEN)).await;
+    assert_eq!(
+        (code, list["leases"].as_array().map(Vec::len)),
+        (200, Some(1))
+    );
+
+    let (code, _) = s
+        .post(&format!("/v1/pools/local/leases/{id}/release"))
+        .await;
+    assert_eq!(code, 200);
+    let (code, body) = s
+        .post(&format!("/v1/pools/local/leases/{id}/release"))
+        .await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (404, Some("unknown_lease")),
+        "double release"
+    );
+    let (code, body) = s
+        .call(
+            reqwest::Method::DELETE,
+            "/v1/pools/local/leases/999",
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (404, Some("unknown_lease"))
+    );
+    let (code, body) = s.post("/v1/pools/local/leases/abc/acquire").await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (400, Some("bad_lease_id"))
+    );
+    let (code, body) = s.post("/v1/pools/nope/leases").await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (404, Some("unknown_pool"))
+    );
+    // Capacity: 3 instances x 2 slots.
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        let (code, body) = s.post("/v1/pools/local/leases").await;
+        assert_eq!(code, 201, "{body}");
+        ids.push(body["lease"]["id"].as_u64().unwrap_or_default());
+    }
+    let (code, body) = s.post("/v1/pools/local/leases").await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (429, Some("at_capacity"))
+    );
+    for id in ids {
+        let (code, _) = s
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/v1/pools/local/leases/{id}"),
+                Some(TOKEN),
+            )
+            .await;
+        assert_eq!(code, 200);
+    }
+    assert_eq!(
+        s.pool().await["slots"]["reserved"],
+        0,
+        "state intact after the refusals"
+    );
+}
+
+#[tokio::test]
+async fn metrics_pass_promtool() {
+    let s = Server::start("metrics", 2).await;
+    s.wait_for("ready", |p| p["instances"]["ready"] == 1).await;
+    let (code, _) = s.post("/v1/pools/local/leases").await;
+    assert_eq!(code, 201);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let text = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let text = text.text().await.unwrap_or_default();
+    for family in [
+        "flotilla_instances{",
+        "flotilla_desired_instances{",
+        "flotilla_slots{",
+        "flotilla_provider_operations_total{",
+        "flotilla_provider_operation_duration_seconds_bucket{",
+        "flotilla_instance_creation_to_ready_seconds_bucket{",
+        "flotilla_scale_operations_total{",
+        "flotilla_egress_denied_total{",
+    ] {
+        assert!(text.contains(family), "{family} missing from:\n{text}");
+    }
+    assert!(text.contains(r#"flotilla_slots{plugin="#) && text.contains(r#"pool="local""#));
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("promtool is required (Debian package prometheus): {e}"));
+    promtool
+        .stdin
+        .take()
+        .map(|mut i| i.write_all(text.as_bytes()));
+    let out = promtool
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_sighup_reloads_policies() {
+    let mut s = Server::start("drain", 2).await;
+    s.wait_for("ready", |p| p["desired"] == 1).await;
+    // Hot reload: more idle slots wanted.
+    std::fs::write(
+        &s.config,
+        config_text(
+            s.base
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0),
+            5,
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    s.signal("-HUP");
+    s.wait_for("reloaded policy", |p| p["desired"] == 3).await;
+
+    let (_, body) = s.post("/v1/pools/local/leases").await;
+    let id = body["lease"]["id"].as_u64().unwrap_or_default();
+    let (code, _) = s
+        .post(&format!("/v1/pools/local/leases/{id}/acquire"))
+        .await;
+    assert_eq!(code, 200);
+    s.signal("-TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (code, body) = s.post("/v1/pools/local/leases").await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (503, Some("shutting_down"))
+    );
+    let (code, _) = s.get("/readyz", None).await;
+    assert_eq!(code, 503, "draining is not ready");
+    assert!(
+        s.child.try_wait().ok().flatten().is_none(),
+        "still running while a lease is held"
+    );
+    let (code, _) = s
+        .post(&format!("/v1/pools/local/leases/{id}/release"))
+        .await;
+    assert_eq!(code, 200);
+    let start = Instant::now();
+    let status = loop {
+        if let Ok(Some(st)) = s.child.try_wait() {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "did not exit after the last lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success());
+}
+
+fn check(path: &Path) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["config", "check", "-c"])
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn config_check_reports_every_error_with_file_line_and_key() {
+    let dir = temp_dir("check");
+    let good = dir.join("good.toml");
+    std::fs::write(&good, config_text(8080, 2)).unwrap_or_else(|e| panic!("{e}"));
+    let (code, out) = check(&good);
+    assert_eq!(code, 0, "{out}");
+
+    let bad = dir.join("bad.toml");
+    let text = format!(
+        r#"[[pool]]
+name = "a"
+plugin = "{plugin}"
+capacity_per_instance = 0
+max_instances = 2
+allowed_outbound_hosts = ["https://api.example.com/path"]
+
+[[pool.policy]]
+periods = ["61 * * * *"]
+timezone = "Mars/Olympus"
+idle_count = 100
+"#,
+        plugin = guests::STATIC_PLUGIN
+    );
+    std::fs::write(&bad, text).unwrap_or_else(|e| panic!("{e}"));
+    let (code, out) = check(&bad);
+    assert_eq!(code, 1);
+    let file = bad.display().to_string();
+    for expected in [
+        format!("{file}:4: pool[0].capacity_per_instance: must be at least 1"),
+        format!("{file}:6: pool[0].allowed_outbound_hosts[0]:"),
+        format!("{file}:9: pool[0].policy[0].periods[0]:"),
+        format!("{file}:10: pool[0].policy[0].timezone: unknown timezone"),
+        format!("{file}:11: pool[0].policy[0].idle_count: 100 idle slots can never be met"),
+    ] {
+        assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
+    }
+    assert!(out.contains("5 problem(s) found"), "{out}");
+
+    let unknown = dir.join("unknown.toml");
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:1\"\ncolour = \"blue\"\n\n[[pool]]\nname = \"a\"\nplugin = \"{}\"\nmax_instances = 1\nmax_instance = 2\n\n[[pool.policy]]\nidle_cont = 1\n",
+        guests::STATIC_PLUGIN
+    );
+    std::fs::write(&unknown, text).unwrap_or_else(|e| panic!("{e}"));
+    let (code, out) = check(&unknown);
+    assert_eq!(code, 1);
+    let file = unknown.display();
+    for expected in [
+        format!("{file}:3: server.colour: unknown key"),
+        format!("{file}:9: pool[0].max_instance: unknown key"),
+        format!("{file}:12: pool[0].policy[0].idle_cont: unknown key"),
+    ] {
+        assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
+    }
+    assert!(
+        out.contains("3 problem(s) found"),
+        "every unknown key at once: {out}"
+    );
+}

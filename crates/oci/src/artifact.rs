@@ -1,0 +1,353 @@
+//! The CNCF Wasm OCI artifact: building one for `push` and checking one before anything from
+//! it is cached or compiled.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::OciError;
+use super::reference::valid_digest;
+
+/// OCI image manifest media type.
+pub(crate) const MANIFEST_MEDIA_TYPE: &str = oci_wasm::WASM_MANIFEST_MEDIA_TYPE;
+/// CNCF Wasm config media type (not oci-client's older `WASM_CONFIG_MEDIA_TYPE`).
+pub(crate) const CONFIG_MEDIA_TYPE: &str = oci_wasm::WASM_MANIFEST_CONFIG_MEDIA_TYPE;
+/// CNCF Wasm layer media type.
+pub(crate) const LAYER_MEDIA_TYPE: &str = oci_wasm::WASM_LAYER_MEDIA_TYPE;
+/// Largest manifest accepted.
+pub(crate) const MAX_MANIFEST: u64 = 4 << 20;
+/// Largest config blob accepted.
+pub(crate) const MAX_CONFIG: u64 = 1 << 20;
+/// Largest wasm layer accepted (Python and JS plugins are ~20 MB).
+pub(crate) const MAX_LAYER: u64 = 256 << 20;
+
+/// Manifest annotations for `push`: defaults filled in, `--annotation` wins.
+#[derive(Debug, Clone, Default)]
+pub struct PushAnnotations(pub BTreeMap<String, String>);
+
+const OCI_PREFIX: &str = "org.opencontainers.image.";
+
+impl PushAnnotations {
+    /// Parses `k=v` pairs; short keys (`version`) mean `org.opencontainers.image.version`.
+    pub fn parse(pairs: &[String]) -> Result<Self, String> {
+        let mut map = BTreeMap::new();
+        let mut errors = Vec::new();
+        for pair in pairs {
+            match pair.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => {
+                    let k = k.trim();
+                    let key = if k.contains('.') {
+                        k.to_string()
+                    } else {
+                        format!("{OCI_PREFIX}{k}")
+                    };
+                    map.insert(key, v.to_string());
+                }
+                _ => errors.push(format!("--annotation {pair:?}: expected KEY=VALUE")),
+            }
+        }
+        if errors.is_empty() {
+            Ok(PushAnnotations(map))
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    /// Adds the standard annotations the user did not set.
+    pub(crate) fn with_defaults(mut self, title: &str, tag: Option<&str>, created: &str) -> Self {
+        let mut set = |k: &str, v: String| {
+            self.0.entry(format!("{OCI_PREFIX}{k}")).or_insert(v);
+        };
+        set("title", title.to_string());
+        set("created", created.to_string());
+        if let Some(tag) = tag {
+            set("version", tag.to_string());
+        }
+        self
+    }
+}
+
+/// A built artifact, ready to upload.
+pub(crate) struct Built {
+    pub config: Vec<u8>,
+    pub config_digest: String,
+    pub layer_digest: String,
+    pub manifest: Vec<u8>,
+    pub manifest_digest: String,
+}
+
+pub(crate) fn digest_of(bytes: &[u8]) -> String {
+    flotilla_net::sha256_digest(bytes)
+}
+
+/// Builds config (imports and exports read from the component by oci-wasm) and manifest.
+pub(crate) fn build(
+    wasm: &[u8],
+    file_name: &str,
+    world: &str,
+    annotations: &PushAnnotations,
+) -> Result<Built, OciError> {
+    let (mut config, _layer) = oci_wasm::WasmConfig::from_raw_component(wasm.to_vec(), None)
+        .map_err(|e| OciError::InvalidComponent {
+            source_name: file_name.to_string(),
+            why: format!("cannot read its WIT world: {e:#}"),
+        })?;
+    if let Some(component) = config.component.as_mut() {
+        component.target = Some(world.to_string());
+    }
+    if let Some(created) = annotations.0.get("org.opencontainers.image.created")
+        && let Ok(t) = chrono::DateTime::parse_from_rfc3339(created)
+    {
+        config.created = t.with_timezone(&chrono::Utc);
+    }
+    let config = serde_json::to_vec(&config).map_err(|e| OciError::InvalidComponent {
+        source_name: file_name.to_string(),
+        why: e.to_string(),
+    })?;
+    let config_digest = digest_of(&config);
+    let layer_digest = digest_of(wasm);
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": {
+            "mediaType": CONFIG_MEDIA_TYPE,
+            "digest": config_digest,
+            "size": config.len(),
+        },
+        "layers": [{
+            "mediaType": LAYER_MEDIA_TYPE,
+            "digest": layer_digest,
+            "size": wasm.len(),
+            "annotations": { "org.opencontainers.image.title": file_name },
+        }],
+        "annotations": annotations.0,
+    });
+    let manifest = serde_json::to_vec(&manifest).map_err(|e| OciError::InvalidComponent {
+        source_name: file_name.to_string(),
+        why: e.to_string(),
+    })?;
+    Ok(Built {
+        manifest_digest: digest_of(&manifest),
+        config,
+        config_digest,
+        layer_digest,
+        manifest,
+    })
+}
+
+/// A manifest that passed every check: exactly one `application/wasm` layer and a CNCF config.
+#[derive(Debug, Clone, Serialize)]
+pub struct ManifestCheck {
+    /// The manifest's own digest.
+    pub digest: String,
+    /// Manifest size in bytes.
+    pub manifest_size: u64,
+    /// Config blob digest.
+    pub config_digest: String,
+    /// Config blob size.
+    pub config_size: u64,
+    /// The wasm layer digest.
+    pub layer_digest: String,
+    /// The wasm layer size.
+    pub layer_size: u64,
+    /// The manifest annotations.
+    pub annotations: BTreeMap<String, String>,
+}
+
+fn descriptor(v: &Value) -> Option<(String, String, u64)> {
+    let media = v.get("mediaType")?.as_str()?.to_string();
+    let digest = v.get("digest")?.as_str()?.to_string();
+    let size = v.get("size")?.as_u64()?;
+    Some((media, digest, size))
+}
+
+impl ManifestCheck {
+    /// Checks a manifest's bytes, which must already match `digest`.
+    pub(crate) fn parse(reference: &str, digest: &str, bytes: &[u8]) -> Result<Self, OciError> {
+        let not = |why: String| OciError::NotWasm {
+            reference: reference.to_string(),
+            why,
+        };
+        let v: Value = serde_json::from_slice(bytes)
+            .map_err(|e| not(format!("the manifest is not valid JSON ({e})")))?;
+        let media = v.get("mediaType").and_then(Value::as_str).unwrap_or("");
+        if media.contains("index")
+            || media.contains("manifest.list")
+            || v.get("manifests").is_some()
+        {
+            return Err(not(format!(
+                "it is an image index ({media}), not a single Wasm artifact manifest"
+            )));
+        }
+        if !media.is_empty() && media != MANIFEST_MEDIA_TYPE {
+            return Err(not(format!(
+                "manifest media type {media} (expected {MANIFEST_MEDIA_TYPE})"
+            )));
+        }
+        if v.get("schemaVersion").and_then(Value::as_u64) != Some(2) {
+            return Err(not("manifest schemaVersion is not 2".to_string()));
+        }
+        let (config_media, config_digest, config_size) = v
+            .get("config")
+            .and_then(descriptor)
+            .ok_or_else(|| not("the manifest has no valid config descriptor".to_string()))?;
+        if config_media != CONFIG_MEDIA_TYPE {
+            return Err(not(format!(
+                "config media type {config_media} (expected {CONFIG_MEDIA_TYPE}); is this a container image or an old-style Wasm artifact?"
+            )));
+        }
+        let layers = v
+            .get("layers")
+            .and_then(Value::as_array)
+            .ok_or_else(|| not("the manifest has no layers".to_string()))?;
+        if layers.len() != 1 {
+            return Err(not(format!(
+                "it has {} layers; a plugin artifact has exactly one {LAYER_MEDIA_TYPE} layer",
+                layers.len()
+            )));
+        }
+        let (layer_media, layer_digest, layer_size) = layers
+            .first()
+            .and_then(descriptor)
+            .ok_or_else(|| not("its layer descriptor is incomplete".to_string()))?;
+        if layer_media != LAYER_MEDIA_TYPE {
+            return Err(not(format!(
+                "layer media type {layer_media} (expected {LAYER_MEDIA_TYPE})"
+            )));
+        }
+        for d in [&config_digest, &layer_digest] {
+            if !valid_digest(d) {
+                return Err(not(format!("unsupported digest {d:?} (only sha256)")));
+            }
+        }
+        if config_size > MAX_CONFIG {
+            return Err(OciError::TooLarge {
+                what: "config",
+                reference: reference.to_string(),
+                size: config_size,
+                limit: MAX_CONFIG,
+            });
+        }
+        if layer_size > MAX_LAYER {
+            return Err(OciError::TooLarge {
+                what: "wasm layer",
+                reference: reference.to_string(),
+                size: layer_size,
+                limit: MAX_LAYER,
+            });
+        }
+        let annotations = v
+            .get("annotations")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(ManifestCheck {
+            digest: digest.to_string(),
+            manifest_size: bytes.len() as u64,
+            config_digest,
+            config_size,
+            layer_digest,
+            layer_size,
+            annotations,
+        })
+    }
+}
+
+/// What `plugin inspect` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArtifactInfo {
+    /// The reference as given.
+    pub reference: String,
+    /// The manifest digest (pin with `@` this).
+    pub digest: String,
+    /// Manifest, config and layer bytes together.
+    pub total_size: u64,
+    /// The wasm layer size.
+    pub layer_size: u64,
+    /// The wasm layer digest.
+    pub layer_digest: String,
+    /// Manifest annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// The world the component targets.
+    pub world: String,
+    /// Imports, as recorded in the config.
+    pub imports: Vec<String>,
+    /// Exports, as recorded in the config.
+    pub exports: Vec<String>,
+}
+
+impl ArtifactInfo {
+    /// Combines a checked manifest and its config blob.
+    pub(crate) fn new(reference: &str, m: &ManifestCheck, config: &[u8]) -> Result<Self, OciError> {
+        let v: Value = serde_json::from_slice(config).map_err(|e| OciError::NotWasm {
+            reference: reference.to_string(),
+            why: format!("the config blob is not valid JSON ({e})"),
+        })?;
+        let list = |key: &str| -> Vec<String> {
+            v.pointer(&format!("/component/{key}"))
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| s.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let exports = list("exports");
+        let world = v
+            .pointer("/component/target")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .or_else(|| {
+                exports.iter().find_map(|e| {
+                    e.strip_prefix("flotilla:provider/instance-group")
+                        .map(|ver| format!("flotilla:provider/provider{ver}"))
+                })
+            })
+            .unwrap_or_else(|| "(unknown)".to_string());
+        Ok(ArtifactInfo {
+            reference: reference.to_string(),
+            digest: m.digest.clone(),
+            total_size: m.manifest_size + m.config_size + m.layer_size,
+            layer_size: m.layer_size,
+            layer_digest: m.layer_digest.clone(),
+            annotations: m.annotations.clone(),
+            world,
+            imports: list("imports"),
+            exports,
+        })
+    }
+
+    /// Human-readable form.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "reference: {}\ndigest:    {}\nsize:      {} bytes (wasm layer {} bytes, {})\nworld:     {}\n",
+            self.reference,
+            self.digest,
+            self.total_size,
+            self.layer_size,
+            self.layer_digest,
+            self.world
+        );
+        if !self.annotations.is_empty() {
+            out.push_str("annotations:\n");
+            for (k, v) in &self.annotations {
+                out.push_str(&format!("  {k} = {v}\n"));
+            }
+        }
+        out.push_str("imports:\n");
+        for i in &self.imports {
+            out.push_str(&format!("  {i}\n"));
+        }
+        out.push_str("exports:\n");
+        for e in &self.exports {
+            out.push_str(&format!("  {e}\n"));
+        }
+        out
+    }
+}

@@ -1,0 +1,582 @@
+//! [`WasmProvider`]: the `Provider` trait over the generated bindings, with deadlines, fault
+//! containment (a faulty instance is discarded and re-initialised), contract checks and a
+//! circuit breaker.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use wasmtime::Store;
+
+use super::bindings;
+use super::bindings::flotilla::provider::types as wit;
+use super::egress::{EgressShared, EgressStats};
+use super::output::{GuestOutput, Origin};
+use super::{EPOCH_TICK, HostState, Sandbox};
+use flotilla_provider::{
+    Arch, CallError, Connection, Function, Instance, InstanceState, Os, Protocol, Provider,
+    ProviderError, ProviderHealth, ProviderInfo,
+};
+
+/// One live plugin instance.
+struct Slot {
+    store: Store<HostState>,
+    bindings: bindings::Provider,
+    stdout: GuestOutput,
+    stderr: GuestOutput,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.stdout.flush_line();
+        self.stderr.flush_line();
+    }
+}
+
+struct Inner {
+    slot: Option<Slot>,
+    settings: Option<String>,
+}
+
+#[derive(Default)]
+struct HealthState {
+    health: ProviderHealth,
+    open_until: Option<Instant>,
+}
+
+type CallFuture<T> =
+    Pin<Box<dyn Future<Output = (Slot, wasmtime::Result<Result<T, wit::Error>>)> + Send>>;
+
+/// A pool's plugin as a [`Provider`]: calls are serialised, bounded and contained.
+pub struct WasmProvider {
+    pre: bindings::ProviderPre<HostState>,
+    origin: Origin,
+    sandbox: Sandbox,
+    egress: EgressShared,
+    inner: tokio::sync::Mutex<Inner>,
+    health: Mutex<HealthState>,
+}
+
+impl std::fmt::Debug for WasmProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmProvider")
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a call ended, before it is turned into a `CallError`.
+enum Fault {
+    Trap(String),
+    Timeout(Duration),
+}
+
+impl WasmProvider {
+    pub(crate) fn new(
+        pre: bindings::ProviderPre<HostState>,
+        origin: Origin,
+        sandbox: Sandbox,
+    ) -> Self {
+        WasmProvider {
+            pre,
+            origin,
+            egress: EgressShared {
+                policy: Arc::new(sandbox.egress.clone()),
+                ..EgressShared::default()
+            },
+            sandbox,
+            inner: tokio::sync::Mutex::new(Inner {
+                slot: None,
+                settings: None,
+            }),
+            health: Mutex::new(HealthState::default()),
+        }
+    }
+
+    /// Creates and discards one fresh instance: a cheap probe that the plugin still links and
+    /// starts, and the unit that instantiation benchmarks measure.
+    pub async fn probe_instantiate(&self) -> Result<(), CallError> {
+        self.instantiate().await.map(drop)
+    }
+
+    /// Outbound request counters of this pool's plugin.
+    pub fn egress_stats(&self) -> Arc<EgressStats> {
+        self.egress.stats.clone()
+    }
+
+    async fn instantiate(&self) -> Result<Slot, CallError> {
+        let budget = self.sandbox.limits.output_bytes;
+        let stdout = GuestOutput::new(self.origin.clone(), "stdout", budget);
+        let stderr = GuestOutput::new(self.origin.clone(), "stderr", budget);
+        let state = HostState::new(
+            self.origin.clone(),
+            &self.sandbox.limits,
+            &self.egress,
+            stdout.clone(),
+            stderr.clone(),
+        );
+        let mut store = Store::new(self.pre.engine(), state);
+        store.limiter(|s| &mut s.limiter);
+        store.set_epoch_deadline(ticks(self.sandbox.limits.deadline(Function::Init)));
+        match self.pre.instantiate_async(&mut store).await {
+            Ok(bindings) => Ok(Slot {
+                store,
+                bindings,
+                stdout,
+                stderr,
+            }),
+            Err(e) => {
+                let message = describe_trap(&store, &e);
+                Err(self.fault(Function::Init, Fault::Trap(message)))
+            }
+        }
+    }
+
+    /// Runs one export call on `slot` under the function's deadline. The slot is returned
+    /// only if the call completed without a trap.
+    async fn call_in<T: Send + 'static>(
+        &self,
+        function: Function,
+        mut slot: Slot,
+        call: impl FnOnce(Slot) -> CallFuture<T>,
+    ) -> (Option<Slot>, Result<Result<T, wit::Error>, Fault>) {
+        let deadline = self.sandbox.limits.deadline(function);
+        slot.store.set_epoch_deadline(ticks(deadline));
+        slot.store.data_mut().log_lines_left = self.sandbox.limits.log_lines_per_call;
+        slot.store.data_mut().log_dropped = 0;
+        slot.store.data_mut().hooks.requests_this_call = 0;
+        match tokio::time::timeout(deadline, call(slot)).await {
+            Err(_) => (None, Err(Fault::Timeout(deadline))),
+            Ok((slot, Ok(result))) => (Some(slot), Ok(result)),
+            Ok((slot, Err(e))) => {
+                let fault = match e.downcast_ref::<wasmtime::Trap>() {
+                    Some(wasmtime::Trap::Interrupt) => Fault::Timeout(deadline),
+                    _ => Fault::Trap(describe_trap(&slot.store, &e)),
+                };
+                (None, Err(fault))
+            }
+        }
+    }
+
+    /// Gets the live instance, or a fresh one re-initialised with the pool's settings.
+    async fn live_slot(&self, inner: &mut Inner, function: Function) -> Result<Slot, CallError> {
+        if let Some(slot) = inner.slot.take() {
+            return Ok(slot);
+        }
+        let Some(settings) = inner.settings.clone() else {
+            return Err(CallError::NotInitialized { function });
+        };
+        self.record_restart();
+        let slot = self.instantiate().await?;
+        let (slot, outcome) = self
+            .call_in(Function::Init, slot, move |s| init_call(s, settings))
+            .await;
+        match outcome {
+            Ok(Ok(_info)) => slot.ok_or_else(|| CallError::Host {
+                function,
+                message: "lost instance".into(),
+            }),
+            Ok(Err(e)) => Err(CallError::Provider {
+                function: Function::Init,
+                error: convert_error(e),
+            }),
+            Err(fault) => Err(self.fault(Function::Init, fault)),
+        }
+    }
+
+    /// Runs `call` with containment: circuit check, live instance, deadline, fault accounting.
+    async fn run<T: Send + 'static>(
+        &self,
+        function: Function,
+        call: impl FnOnce(Slot) -> CallFuture<T>,
+    ) -> Result<T, CallError> {
+        self.check_circuit(function)?;
+        let mut inner = self.inner.lock().await;
+        let slot = self.live_slot(&mut inner, function).await?;
+        let (slot, outcome) = self.call_in(function, slot, call).await;
+        inner.slot = slot;
+        match outcome {
+            Ok(Ok(value)) => {
+                self.record_success();
+                Ok(value)
+            }
+            Ok(Err(e)) => {
+                self.record_success();
+                Err(CallError::Provider {
+                    function,
+                    error: convert_error(e),
+                })
+            }
+            Err(fault) => Err(self.fault(function, fault)),
+        }
+    }
+
+    fn check_circuit(&self, function: Function) -> Result<(), CallError> {
+        let Ok(h) = self.health.lock() else {
+            return Ok(());
+        };
+        match h.open_until {
+            Some(until) if Instant::now() < until => Err(CallError::CircuitOpen {
+                function,
+                faults: h.health.consecutive_faults,
+                last: h.health.last_fault.clone().unwrap_or_default(),
+                retry_in: until.saturating_duration_since(Instant::now()),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn record_success(&self) {
+        if let Ok(mut h) = self.health.lock() {
+            h.health.consecutive_faults = 0;
+            h.health.circuit_open = false;
+            h.open_until = None;
+        }
+    }
+
+    fn record_restart(&self) {
+        if let Ok(mut h) = self.health.lock() {
+            h.health.restarts += 1;
+        }
+    }
+
+    fn fault(&self, function: Function, fault: Fault) -> CallError {
+        let error = match fault {
+            Fault::Trap(message) => CallError::Trap { function, message },
+            Fault::Timeout(after) => CallError::Timeout { function, after },
+        };
+        self.note_fault(&error);
+        error
+    }
+
+    fn note_fault(&self, error: &CallError) {
+        let Ok(mut h) = self.health.lock() else {
+            return;
+        };
+        match error {
+            CallError::Trap { .. } => h.health.traps += 1,
+            CallError::Timeout { .. } => h.health.timeouts += 1,
+            CallError::ContractViolation { .. } => h.health.contract_violations += 1,
+            _ => {}
+        }
+        h.health.consecutive_faults += 1;
+        h.health.last_fault = Some(error.to_string());
+        let threshold = self.sandbox.limits.circuit_threshold;
+        if h.health.consecutive_faults >= threshold {
+            h.health.circuit_open = true;
+            h.open_until = Some(Instant::now() + self.sandbox.limits.circuit_cooldown);
+        }
+        tracing::warn!(
+            target: "flotilla::plugin",
+            pool = %self.origin.pool,
+            plugin = %self.origin.plugin,
+            consecutive_faults = h.health.consecutive_faults,
+            circuit_open = h.health.circuit_open,
+            "plugin fault: {error}"
+        );
+    }
+
+    fn violation(&self, function: Function, detail: String) -> CallError {
+        let error = CallError::ContractViolation { function, detail };
+        self.note_fault(&error);
+        error
+    }
+}
+
+fn ticks(deadline: Duration) -> u64 {
+    let tick = EPOCH_TICK.as_micros().max(1);
+    u64::try_from(deadline.as_micros() / tick)
+        .unwrap_or(u64::MAX)
+        .saturating_add(2)
+}
+
+/// A trap message that says what happened in plain words (memory cap, interrupt, panic).
+fn describe_trap(store: &Store<HostState>, e: &wasmtime::Error) -> String {
+    if let Some(after) = store.data().limiter.exceeded {
+        return format!("memory cap exceeded (tried to grow to {} MiB)", after >> 20);
+    }
+    let root = match e.downcast_ref::<wasmtime::Trap>() {
+        Some(trap) => trap.to_string(),
+        None => format!("{e}"),
+    };
+    let mut chain = format!("{e:#}");
+    if chain.len() > 2048 {
+        chain.truncate(
+            chain
+                .char_indices()
+                .take_while(|(i, _)| *i < 2048)
+                .last()
+                .map_or(0, |(i, _)| i),
+        );
+    }
+    if chain.contains(&root) {
+        chain
+    } else {
+        format!("{root}: {chain}")
+    }
+}
+
+fn init_call(mut s: Slot, settings: String) -> CallFuture<wit::ProviderInfo> {
+    Box::pin(async move {
+        let r = s
+            .bindings
+            .flotilla_provider_instance_group()
+            .call_init(&mut s.store, &settings)
+            .await;
+        (s, r)
+    })
+}
+
+fn convert_error(e: wit::Error) -> ProviderError {
+    match e {
+        wit::Error::InvalidConfig(m) => ProviderError::InvalidConfig(m),
+        wit::Error::Unauthorized(m) => ProviderError::Unauthorized(m),
+        wit::Error::QuotaExceeded(m) => ProviderError::QuotaExceeded(m),
+        wit::Error::Throttled(t) => ProviderError::Throttled {
+            retry_after: Duration::from_secs(u64::from(t.retry_after_seconds)),
+            message: t.message,
+        },
+        wit::Error::NotFound(m) => ProviderError::NotFound(m),
+        wit::Error::Unsupported(m) => ProviderError::Unsupported(m),
+        wit::Error::Transient(m) => ProviderError::Transient(m),
+        wit::Error::Other(m) => ProviderError::Other(m),
+    }
+}
+
+fn convert_info(i: wit::ProviderInfo) -> ProviderInfo {
+    ProviderInfo {
+        id: i.id,
+        version: i.version,
+        max_size: i.max_size,
+        heartbeat: i.capabilities.heartbeat,
+        expiring_connect_info: i.capabilities.expiring_connect_info,
+    }
+}
+
+fn convert_state(s: wit::InstanceState) -> InstanceState {
+    match s {
+        wit::InstanceState::Creating => InstanceState::Creating,
+        wit::InstanceState::Running => InstanceState::Running,
+        wit::InstanceState::Deleting => InstanceState::Deleting,
+        wit::InstanceState::Deleted => InstanceState::Deleted,
+        wit::InstanceState::Failed(r) => InstanceState::Failed(r),
+    }
+}
+
+fn convert_connection(c: wit::Connection) -> Connection {
+    Connection {
+        id: c.id,
+        os: match c.os {
+            wit::Os::Linux => Os::Linux,
+            wit::Os::Windows => Os::Windows,
+            wit::Os::Darwin => Os::Darwin,
+            wit::Os::Freebsd => Os::Freebsd,
+        },
+        arch: match c.arch {
+            wit::Arch::Amd64 => Arch::Amd64,
+            wit::Arch::Arm64 => Arch::Arm64,
+            wit::Arch::X86 => Arch::X86,
+            wit::Arch::Arm => Arch::Arm,
+        },
+        protocol: match c.protocol {
+            wit::Protocol::Ssh => Protocol::Ssh,
+            wit::Protocol::Winrm => Protocol::Winrm,
+            wit::Protocol::DockerTls => Protocol::DockerTls,
+        },
+        internal_address: c.internal_address,
+        external_address: c.external_address,
+        port: c.port,
+        username: c.username,
+        expires: c.expires,
+    }
+}
+
+#[async_trait]
+impl Provider for WasmProvider {
+    async fn init(&self, settings: &str) -> Result<ProviderInfo, CallError> {
+        let function = Function::Init;
+        self.check_circuit(function)?;
+        let mut inner = self.inner.lock().await;
+        // A fresh instance every time: init is the one call that may change the settings.
+        inner.slot = None;
+        let slot = self.instantiate().await?;
+        let settings = settings.to_string();
+        let for_call = settings.clone();
+        let (slot, outcome) = self
+            .call_in(function, slot, move |s| init_call(s, for_call))
+            .await;
+        match outcome {
+            Ok(Ok(info)) => {
+                self.record_success();
+                inner.slot = slot;
+                inner.settings = Some(settings);
+                Ok(convert_info(info))
+            }
+            Ok(Err(e)) => {
+                self.record_success();
+                inner.settings = None;
+                Err(CallError::Provider {
+                    function,
+                    error: convert_error(e),
+                })
+            }
+            Err(fault) => {
+                inner.settings = None;
+                Err(self.fault(function, fault))
+            }
+        }
+    }
+
+    async fn update(&self) -> Result<Vec<Instance>, CallError> {
+        let list = self
+            .run(Function::Update, |mut s| {
+                Box::pin(async move {
+                    let r = s
+                        .bindings
+                        .flotilla_provider_instance_group()
+                        .call_update(&mut s.store)
+                        .await;
+                    (s, r)
+                })
+            })
+            .await?;
+        let mut seen = HashSet::with_capacity(list.len());
+        for i in &list {
+            if i.id.is_empty() {
+                return Err(
+                    self.violation(Function::Update, "an instance has an empty id".to_string())
+                );
+            }
+            if !seen.insert(i.id.as_str()) {
+                return Err(self.violation(
+                    Function::Update,
+                    format!("instance id {:?} is listed twice", i.id),
+                ));
+            }
+        }
+        Ok(list
+            .into_iter()
+            .map(|i| Instance {
+                id: i.id,
+                state: convert_state(i.state),
+            })
+            .collect())
+    }
+
+    async fn increase(&self, delta: u32) -> Result<u32, CallError> {
+        let granted = self
+            .run(Function::Increase, move |mut s| {
+                Box::pin(async move {
+                    let r = s
+                        .bindings
+                        .flotilla_provider_instance_group()
+                        .call_increase(&mut s.store, delta)
+                        .await;
+                    (s, r)
+                })
+            })
+            .await?;
+        if granted > delta {
+            return Err(self.violation(
+                Function::Increase,
+                format!("asked for {delta} instances, plugin claims {granted}"),
+            ));
+        }
+        Ok(granted)
+    }
+
+    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
+        let asked = ids.to_vec();
+        let accepted = self
+            .run(Function::Decrease, move |mut s| {
+                Box::pin(async move {
+                    let r = s
+                        .bindings
+                        .flotilla_provider_instance_group()
+                        .call_decrease(&mut s.store, &asked)
+                        .await;
+                    (s, r)
+                })
+            })
+            .await?;
+        let asked: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let mut seen = HashSet::with_capacity(accepted.len());
+        for id in &accepted {
+            if !asked.contains(id.as_str()) {
+                return Err(self.violation(
+                    Function::Decrease,
+                    format!("accepted id {id:?}, which was not asked for"),
+                ));
+            }
+            if !seen.insert(id.as_str()) {
+                return Err(self.violation(Function::Decrease, format!("accepted id {id:?} twice")));
+            }
+        }
+        Ok(accepted)
+    }
+
+    async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
+        let asked = id.to_string();
+        let info = self
+            .run(Function::ConnectInfo, move |mut s| {
+                Box::pin(async move {
+                    let r = s
+                        .bindings
+                        .flotilla_provider_instance_group()
+                        .call_connect_info(&mut s.store, &asked)
+                        .await;
+                    (s, r)
+                })
+            })
+            .await?;
+        if info.id != id {
+            return Err(self.violation(
+                Function::ConnectInfo,
+                format!("asked about {id:?}, answered about {:?}", info.id),
+            ));
+        }
+        Ok(convert_connection(info))
+    }
+
+    async fn heartbeat(&self, id: &str) -> Result<(), CallError> {
+        let asked = id.to_string();
+        self.run(Function::Heartbeat, move |mut s| {
+            Box::pin(async move {
+                let r = s
+                    .bindings
+                    .flotilla_provider_instance_group()
+                    .call_heartbeat(&mut s.store, &asked)
+                    .await;
+                (s, r)
+            })
+        })
+        .await
+    }
+
+    async fn shutdown(&self) -> Result<(), CallError> {
+        self.run(Function::Shutdown, |mut s| {
+            Box::pin(async move {
+                let r = s
+                    .bindings
+                    .flotilla_provider_instance_group()
+                    .call_shutdown(&mut s.store)
+                    .await;
+                (s, r)
+            })
+        })
+        .await
+    }
+
+    fn health(&self) -> ProviderHealth {
+        let Ok(mut h) = self.health.lock() else {
+            return ProviderHealth::default();
+        };
+        if h.open_until.is_some_and(|until| Instant::now() >= until) {
+            h.health.circuit_open = false;
+        }
+        h.health.clone()
+    }
+}

@@ -1,0 +1,335 @@
+//! The plugin runtime: the only crate that knows wasmtime.
+//!
+//! Owns: the engine, loading (from a file or an OCI reference, through [`loader`]), load-time
+//! checks, the compile cache, the sandbox and its limits, the egress hook, and the adapter from
+//! the WIT bindings to [`flotilla_provider::Provider`].
+//! Must not know: scaling policy, config files, the API or metrics.
+//!
+//! A [`PluginRuntime`] owns the engine (with epoch interruption), the linker and the compile
+//! cache. [`PluginRuntime::load_file`] checks and compiles a component into a [`LoadedPlugin`]
+//! (an `InstancePre`), and [`LoadedPlugin::provider`] turns it into a [`WasmProvider`], the
+//! implementation of [`flotilla_provider::Provider`] the scaler uses.
+
+mod adapter;
+mod cache;
+mod egress;
+mod inspect;
+mod limits;
+pub mod loader;
+mod output;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::{Config, Engine};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+pub use adapter::WasmProvider;
+pub use cache::{CacheOutcome, default_cache_dir};
+pub use egress::{EgressPolicy, EgressStats};
+pub use inspect::{ComponentShape, ImportInfo, ImportKind, LoadError, WORLD};
+pub use limits::Limits;
+
+use limits::AggregateLimiter;
+use output::{GuestOutput, Origin};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "flotilla:provider/provider",
+        exports: { default: async },
+        with: {
+            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+            "wasi:io": wasmtime_wasi::p2::bindings::io,
+            "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+        },
+        require_store_data_send: true,
+    });
+}
+
+/// Granularity of the epoch clock that enforces deadlines inside wasm code.
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// Options for the runtime shared by every pool in a process.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeOptions {
+    /// Where compiled plugins are cached; `None` disables the cache.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Increments the engine's epoch in the background, which makes wasm deadlines fire.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("flotilla-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })?;
+        Ok(EpochTicker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Engine, linker and compile cache shared by every plugin in the process.
+pub struct PluginRuntime {
+    engine: Engine,
+    linker: Linker<HostState>,
+    cache: cache::CompileCache,
+    _ticker: EpochTicker,
+}
+
+impl std::fmt::Debug for PluginRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginRuntime")
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A checked and compiled plugin, ready to instantiate cheaply any number of times.
+pub struct LoadedPlugin {
+    pre: bindings::ProviderPre<HostState>,
+    /// Where it came from, for messages.
+    pub source: String,
+    /// Hex sha256 of the wasm bytes.
+    pub sha256: String,
+    /// Size of the wasm in bytes.
+    pub size: usize,
+    /// What it imports and exports.
+    pub shape: ComponentShape,
+    /// Whether this load compiled.
+    pub cache: CacheOutcome,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("source", &self.source)
+            .field("sha256", &self.sha256)
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Per-pool sandbox settings applied to every instance of a plugin.
+#[derive(Debug, Clone, Default)]
+pub struct Sandbox {
+    /// Outbound HTTP policy.
+    pub egress: EgressPolicy,
+    /// Resource limits.
+    pub limits: Limits,
+}
+
+impl PluginRuntime {
+    /// Builds the engine, links the world with nothing granted, and starts the epoch clock.
+    pub fn new(options: RuntimeOptions) -> Result<Self, LoadError> {
+        let host_err = |e: wasmtime::Error| LoadError::Cache(format!("engine setup: {e:#}"));
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        config.max_wasm_stack(1 << 20);
+        let engine = Engine::new(&config).map_err(host_err)?;
+        let mut linker = Linker::<HostState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(host_err)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(host_err)?;
+        bindings::flotilla::provider::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(host_err)?;
+        bindings::flotilla::provider::types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(host_err)?;
+        let cache = cache::CompileCache::new(options.cache_dir)?;
+        let ticker = EpochTicker::start(engine.clone())
+            .map_err(|e| LoadError::Cache(format!("cannot start the epoch thread: {e}")))?;
+        Ok(PluginRuntime {
+            engine,
+            linker,
+            cache,
+            _ticker: ticker,
+        })
+    }
+
+    /// Reads, checks and compiles (or loads from cache) a plugin file.
+    pub fn load_file(&self, path: &Path) -> Result<LoadedPlugin, LoadError> {
+        let bytes = inspect::read_plugin(path)?;
+        self.load_checked(path.display().to_string(), &bytes)
+    }
+
+    /// Header-only checks (empty, not wasm, core module) that need no compilation.
+    pub fn check_header(source: &str, bytes: &[u8]) -> Result<(), LoadError> {
+        inspect::check_header(source, bytes)
+    }
+
+    /// Checks and compiles plugin bytes from any source (e.g. an OCI blob).
+    pub fn load_bytes(&self, source: &str, bytes: &[u8]) -> Result<LoadedPlugin, LoadError> {
+        inspect::check_header(source, bytes)?;
+        self.load_checked(source.to_string(), bytes)
+    }
+
+    fn load_checked(&self, source: String, bytes: &[u8]) -> Result<LoadedPlugin, LoadError> {
+        let sha256 = flotilla_net::sha256_hex(bytes);
+        let (component, cache) = self.cache.load(&self.engine, &source, &sha256, bytes)?;
+        let shape = inspect::check_shape(&source, &self.engine, &component)?;
+        let instance_pre =
+            self.linker
+                .instantiate_pre(&component)
+                .map_err(|e| LoadError::Invalid {
+                    path: source.clone(),
+                    message: format!("{e:#}"),
+                })?;
+        let pre =
+            bindings::ProviderPre::new(instance_pre).map_err(|e| LoadError::ContractMismatch {
+                path: source.clone(),
+                message: format!("{e:#}"),
+            })?;
+        Ok(LoadedPlugin {
+            pre,
+            source,
+            sha256,
+            size: bytes.len(),
+            shape,
+            cache,
+        })
+    }
+}
+
+impl LoadedPlugin {
+    /// A provider for one pool; each pool gets its own instances and sandbox.
+    pub fn provider(&self, pool: &str, sandbox: Sandbox) -> WasmProvider {
+        let origin = Origin {
+            pool: Arc::from(pool),
+            plugin: Arc::from(&self.sha256[..12]),
+        };
+        WasmProvider::new(self.pre.clone(), origin, sandbox)
+    }
+}
+
+/// Everything one plugin instance's store holds.
+pub(crate) struct HostState {
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    table: ResourceTable,
+    hooks: egress::EgressHooks,
+    limiter: AggregateLimiter,
+    origin: Origin,
+    log_lines_left: u32,
+    /// Lines dropped in the current call (the first drop is logged).
+    log_dropped: u64,
+}
+
+impl HostState {
+    fn new(
+        origin: Origin,
+        limits: &Limits,
+        egress: &egress::EgressShared,
+        stdout: GuestOutput,
+        stderr: GuestOutput,
+    ) -> Self {
+        // Nothing is granted: no preopens, env, args or stdin (WasiCtxBuilder's defaults), and
+        // no sockets or name lookups.
+        let wasi = WasiCtx::builder()
+            .stdout(stdout)
+            .stderr(stderr)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .socket_addr_check(|_, _| Box::pin(async { false }))
+            .build();
+        HostState {
+            wasi,
+            http: WasiHttpCtx::new(),
+            table: ResourceTable::new(),
+            hooks: egress::EgressHooks {
+                policy: egress.policy.clone(),
+                stats: egress.stats.clone(),
+                origin: origin.clone(),
+                requests_this_call: 0,
+                connections: egress.connections.clone(),
+                tls: egress.tls.clone(),
+            },
+            limiter: AggregateLimiter::new(limits.clone()),
+            origin,
+            log_lines_left: limits.log_lines_per_call,
+            log_dropped: 0,
+        }
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+impl bindings::flotilla::provider::types::Host for HostState {}
+
+const MAX_LOG_LINE: usize = 4096;
+
+impl bindings::flotilla::provider::log::Host for HostState {
+    fn emit(&mut self, level: bindings::flotilla::provider::log::Level, message: String) {
+        use bindings::flotilla::provider::log::Level;
+        if self.log_lines_left == 0 {
+            if self.log_dropped == 0 {
+                tracing::warn!(
+                    target: "flotilla::plugin::log",
+                    pool = %self.origin.pool,
+                    plugin = %self.origin.plugin,
+                    "plugin log cap reached; further lines of this call are dropped"
+                );
+            }
+            self.log_dropped += 1;
+            return;
+        }
+        self.log_lines_left -= 1;
+        let mut end = message.len().min(MAX_LOG_LINE);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let msg = &message[..end];
+        let (pool, plugin) = (&*self.origin.pool, &*self.origin.plugin);
+        match level {
+            Level::Trace => tracing::trace!(target: "flotilla::plugin::log", pool, plugin, "{msg}"),
+            Level::Debug => tracing::debug!(target: "flotilla::plugin::log", pool, plugin, "{msg}"),
+            Level::Info => tracing::info!(target: "flotilla::plugin::log", pool, plugin, "{msg}"),
+            Level::Warn => tracing::warn!(target: "flotilla::plugin::log", pool, plugin, "{msg}"),
+            Level::Error => tracing::error!(target: "flotilla::plugin::log", pool, plugin, "{msg}"),
+        }
+    }
+}

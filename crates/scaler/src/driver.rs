@@ -1,0 +1,314 @@
+//! The async driver of one pool: runs the state machine's actions against a provider, event
+//! by event. A change in demand wakes it at once; `update_interval` is only a safety net.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use super::core::{Action, Binding, LeaseError, PoolCore, PoolSnapshot};
+use super::{Millis, Policy};
+use flotilla_provider::{Function, Provider};
+
+use crate::observer::PoolObserver;
+
+/// The source of time, so tests and the simulator can use virtual time.
+pub trait Clock: Send + Sync {
+    /// Now, in milliseconds since the Unix epoch.
+    fn now(&self) -> Millis;
+}
+
+/// Wall-clock time.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Millis {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as Millis)
+    }
+}
+
+/// Decides whether a running instance can take jobs (e.g. Docker answers on it).
+#[async_trait]
+pub trait Readiness: Send + Sync {
+    /// `Ok` when ready; `Err` says why not (counted toward `failure_threshold`).
+    async fn check(&self, provider: &dyn Provider, instance: &str) -> Result<(), String>;
+}
+
+/// The default readiness: an instance the cloud reports running is ready.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AlwaysReady;
+
+#[async_trait]
+impl Readiness for AlwaysReady {
+    async fn check(&self, _provider: &dyn Provider, _instance: &str) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Why `acquire` gave up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AcquireError {
+    /// The lease itself was refused.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    /// No ready instance within the timeout; the lease stays reserved.
+    #[error("no instance became ready within {0:?}; the lease is still reserved")]
+    Timeout(Duration),
+}
+
+/// A running pool: its state machine, provider and driver task.
+pub struct PoolHandle {
+    /// The pool's name.
+    pub name: String,
+    core: Mutex<PoolCore>,
+    provider: Arc<dyn Provider>,
+    clock: Arc<dyn Clock>,
+    readiness: Arc<dyn Readiness>,
+    observer: Option<Arc<dyn PoolObserver>>,
+    wake: Notify,
+    changed: Notify,
+    stop: Notify,
+}
+
+impl std::fmt::Debug for PoolHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolHandle")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PoolHandle {
+    /// Starts the driver for a pool whose provider is already initialised.
+    pub fn spawn(
+        name: String,
+        core: PoolCore,
+        provider: Arc<dyn Provider>,
+        clock: Arc<dyn Clock>,
+        readiness: Arc<dyn Readiness>,
+        observer: Option<Arc<dyn PoolObserver>>,
+    ) -> Arc<PoolHandle> {
+        let handle = Arc::new(PoolHandle {
+            name,
+            core: Mutex::new(core),
+            provider,
+            clock,
+            readiness,
+            observer,
+            wake: Notify::new(),
+            changed: Notify::new(),
+            stop: Notify::new(),
+        });
+        let driver = handle.clone();
+        tokio::spawn(async move { driver.run().await });
+        handle
+    }
+
+    fn core(&self) -> MutexGuard<'_, PoolCore> {
+        // A poisoned lock means a panic while holding it; the state is still consistent
+        // because every mutation is a single method call on PoolCore.
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn kick(&self) {
+        self.wake.notify_one();
+        self.changed.notify_waiters();
+    }
+
+    async fn run(self: Arc<Self>) {
+        loop {
+            let now = self.clock.now();
+            let (actions, wake_at) = {
+                let mut core = self.core();
+                let actions = core.plan(now);
+                (actions, core.next_wakeup(now))
+            };
+            for action in actions {
+                let me = self.clone();
+                tokio::spawn(async move { me.execute(action).await });
+            }
+            self.publish();
+            let sleep = Duration::from_millis(wake_at.saturating_sub(now).max(1));
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+                _ = self.stop.notified() => return,
+            }
+        }
+    }
+
+    async fn timed<T, E: std::fmt::Display>(
+        &self,
+        function: Function,
+        fut: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let start = Instant::now();
+        let r = fut.await;
+        if let Some(m) = &self.observer {
+            m.provider_call(function, r.is_ok(), start.elapsed());
+        }
+        if let Err(e) = &r {
+            tracing::warn!(pool = %self.name, function = %function, "provider call failed: {e}");
+        }
+        r
+    }
+
+    async fn execute(&self, action: Action) {
+        match action {
+            Action::Update => {
+                let r = self.timed(Function::Update, self.provider.update()).await;
+                self.core().on_update(self.clock.now(), r);
+            }
+            Action::Increase(n) => {
+                let r = self
+                    .timed(Function::Increase, self.provider.increase(n))
+                    .await;
+                if let Ok(granted) = &r {
+                    tracing::info!(pool = %self.name, asked = n, granted, "scaled up");
+                }
+                self.core().on_increase(self.clock.now(), n, r);
+            }
+            Action::Decrease(ids) => {
+                let r = self
+                    .timed(Function::Decrease, self.provider.decrease(&ids))
+                    .await;
+                if let Ok(accepted) = &r {
+                    tracing::info!(pool = %self.name, ?accepted, "removing instances");
+                }
+                self.core().on_decrease(self.clock.now(), &ids, r);
+            }
+            Action::Heartbeat(id) => {
+                let r = self
+                    .timed(Function::Heartbeat, self.provider.heartbeat(&id))
+                    .await;
+                self.core().on_heartbeat(self.clock.now(), &id, r);
+            }
+            Action::CheckReady(id) => {
+                let r = self.readiness.check(self.provider.as_ref(), &id).await;
+                if let Err(e) = &r {
+                    tracing::warn!(pool = %self.name, instance = %id, "readiness check failed: {e}");
+                }
+                self.core().on_ready(self.clock.now(), &id, r);
+            }
+        }
+        self.kick();
+    }
+
+    fn publish(&self) {
+        let mut core = self.core();
+        // Always drain the latency buffers, so they cannot grow without an observer.
+        let ready = std::mem::take(&mut core.counters.ready_latencies);
+        let lifetimes = std::mem::take(&mut core.counters.lifetimes);
+        if let Some(m) = &self.observer {
+            let snap = core.snapshot(self.clock.now());
+            let counters = core.counters.clone();
+            drop(core);
+            m.publish(&snap, &counters, &ready, &lifetimes);
+        }
+    }
+
+    /// Promises a slot; wakes the driver so capacity follows demand at once.
+    pub fn reserve(&self) -> Result<u64, LeaseError> {
+        let r = self.core().reserve(self.clock.now());
+        self.kick();
+        r
+    }
+
+    /// Binds a reserved lease to a ready instance, waiting up to `instance_acquire_timeout`.
+    pub async fn acquire(&self, id: u64) -> Result<Binding, AcquireError> {
+        let timeout = Duration::from_millis(self.core().config().instance_acquire_timeout_ms);
+        let start = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(binding) = self.core().acquire(self.clock.now(), id)? {
+                if let Some(m) = &self.observer {
+                    m.lease_wait(start.elapsed());
+                }
+                self.kick();
+                return Ok(binding);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(AcquireError::Timeout(timeout));
+            }
+        }
+    }
+
+    /// Frees a slot.
+    pub fn release(&self, id: u64) -> Result<(), LeaseError> {
+        let r = self.core().release(self.clock.now(), id);
+        self.kick();
+        r
+    }
+
+    /// Drops a reservation.
+    pub fn unreserve(&self, id: u64) -> Result<(), LeaseError> {
+        let r = self.core().unreserve(id);
+        self.kick();
+        r
+    }
+
+    /// Runs `f` on the state machine (read-mostly queries).
+    pub fn with_core<T>(&self, f: impl FnOnce(&PoolCore) -> T) -> T {
+        f(&self.core())
+    }
+
+    /// Status for `/v1/pools`.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        self.core().snapshot(self.clock.now())
+    }
+
+    /// The provider, e.g. for connection details of a lease's instance.
+    pub fn provider(&self) -> &Arc<dyn Provider> {
+        &self.provider
+    }
+
+    /// Hot-reloads the policies.
+    pub fn set_policies(&self, policies: Vec<Policy>) {
+        self.core().set_policies(policies);
+        self.kick();
+    }
+
+    /// Refuses new reservations, waits up to `grace` for leases to end, then (optionally)
+    /// deletes the pool's instances and stops the driver.
+    pub async fn shutdown(&self, grace: Duration, delete_instances: bool) {
+        self.core().begin_shutdown();
+        self.kick();
+        let deadline = tokio::time::Instant::now() + grace;
+        while tokio::time::Instant::now() < deadline {
+            // Register for the wake-up before looking, so a release in between is not missed.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.core().busy_leases() == 0 {
+                break;
+            }
+            let _ = tokio::time::timeout_at(deadline, changed).await;
+        }
+        let busy = self.core().busy_leases();
+        if busy > 0 {
+            tracing::warn!(pool = %self.name, busy, "grace period over with leases still held");
+        }
+        if delete_instances {
+            let ids = self.core().instance_ids();
+            if !ids.is_empty() {
+                match self.provider.decrease(&ids).await {
+                    Ok(accepted) => {
+                        tracing::info!(pool = %self.name, count = accepted.len(), "deleted instances")
+                    }
+                    Err(e) => {
+                        tracing::warn!(pool = %self.name, "deleting instances on shutdown failed: {e}")
+                    }
+                }
+            }
+        }
+        let _ = self.provider.shutdown().await;
+        self.stop.notify_one();
+    }
+}

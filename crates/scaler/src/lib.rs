@@ -1,0 +1,61 @@
+//! Scaling policy and lease state machines, their async driver, and the simulator.
+//!
+//! Owns: when to grow and shrink, which instance serves which lease, backoff and throttles.
+//! Must not know: wasmtime, HTTP, Prometheus or config files. It talks to the
+//! [`flotilla_provider::Provider`] trait, takes time from an injected [`Clock`], and reports
+//! through a [`PoolObserver`].
+
+pub mod core;
+pub mod driver;
+mod observer;
+pub mod policy;
+pub mod sim;
+
+pub use self::core::{
+    Action, Binding, InstState, Lease, LeaseError, LeaseState, PoolCore, PoolHealth, PoolSnapshot,
+};
+pub use driver::{AlwaysReady, Clock, PoolHandle, Readiness, SystemClock};
+pub use observer::PoolObserver;
+pub use policy::Policy;
+
+/// Milliseconds since the Unix epoch (real or virtual).
+pub type Millis = u64;
+
+/// The numeric knobs of a pool, with GitLab Runner's autoscaler names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScalerConfig {
+    /// Job slots per instance.
+    pub capacity_per_instance: u32,
+    /// Jobs an instance may run before it is replaced (0 = unlimited).
+    pub max_use_count: u32,
+    /// Upper bound on instances.
+    pub max_instances: u32,
+    /// Token bucket refill, instances per second (0 = unthrottled).
+    pub throttle_limit: f64,
+    /// Token bucket size.
+    pub throttle_burst: u32,
+    /// Consecutive readiness failures before an instance is replaced.
+    pub failure_threshold: u32,
+    /// Wait before asking again to delete an instance.
+    pub deletion_retry_interval_ms: Millis,
+    /// How long `acquire` waits for a ready instance.
+    pub instance_acquire_timeout_ms: Millis,
+    /// Safety-net polling of `update()`.
+    pub update_interval_ms: Millis,
+}
+
+impl Default for ScalerConfig {
+    fn default() -> Self {
+        ScalerConfig {
+            capacity_per_instance: 1,
+            max_use_count: 0,
+            max_instances: 10,
+            throttle_limit: 0.0,
+            throttle_burst: 1,
+            failure_threshold: 3,
+            deletion_retry_interval_ms: 60_000,
+            instance_acquire_timeout_ms: 120_000,
+            update_interval_ms: 60_000,
+        }
+    }
+}

@@ -1,0 +1,547 @@
+//! A discrete-event simulation of one pool on virtual time: the real [`PoolCore`] against a
+//! simulated cloud (provisioning delay, failure rate) fed by a job trace. Used by
+//! `flotilla simulate` and by the property tests.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use serde::Serialize;
+
+use super::core::{Action, LeaseError, PoolCore};
+use super::{Millis, Policy, ScalerConfig};
+use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderError};
+
+/// One job of a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// When it arrives (ms from the trace start).
+    pub submit_at: Millis,
+    /// How long it runs once it has a slot (ms).
+    pub duration: Millis,
+    /// Optional tag from the trace.
+    pub tag: Option<String>,
+}
+
+/// The simulated cloud.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimCloud {
+    /// Provisioning delay range (ms), uniformly drawn per instance.
+    pub provisioning_delay_ms: (Millis, Millis),
+    /// Probability that an `increase`, `decrease` or `update` call fails (transient or throttled).
+    pub failure_rate: f64,
+    /// Probability that a failure is a throttle (with retry-after) rather than transient.
+    pub throttle_share: f64,
+    /// Probability that a running instance fails during its life (checked once per instance).
+    pub instance_failure_rate: f64,
+    /// Largest group size the cloud grants; 0 means no limit.
+    pub max_size: u32,
+    /// Provider call latency (ms).
+    pub api_latency_ms: Millis,
+    /// Seed of the deterministic random stream.
+    pub seed: u64,
+}
+
+impl Default for SimCloud {
+    fn default() -> Self {
+        SimCloud {
+            provisioning_delay_ms: (30_000, 90_000),
+            failure_rate: 0.0,
+            throttle_share: 0.5,
+            instance_failure_rate: 0.0,
+            max_size: 0,
+            api_latency_ms: 200,
+            seed: 1,
+        }
+    }
+}
+
+/// What a simulation found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SimReport {
+    /// Jobs in the trace.
+    pub jobs: u64,
+    /// Jobs that ran.
+    pub completed: u64,
+    /// Jobs that gave up waiting (instance_acquire_timeout) or whose instance failed.
+    pub timed_out: u64,
+    /// Jobs whose instance failed under them.
+    pub failed: u64,
+    /// Cost: instance-seconds billed (from request to deletion).
+    pub instance_seconds: f64,
+    /// Most instances alive at once.
+    pub peak_instances: u32,
+    /// Wait from submit to slot: median (s).
+    pub wait_p50_s: f64,
+    /// 95th percentile (s).
+    pub wait_p95_s: f64,
+    /// Maximum (s).
+    pub wait_max_s: f64,
+    /// Busy slot-seconds over available slot-seconds on ready instances.
+    pub slot_utilisation: f64,
+    /// Increase and decrease calls made.
+    pub scale_operations: u64,
+    /// Simulated time span (s).
+    pub span_s: f64,
+    /// Invariant violations found (only with `check_invariants`).
+    pub invariant_violations: Vec<String>,
+}
+
+/// One sample of the timeline, for plots.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Sample {
+    /// Seconds from the start.
+    pub t_s: f64,
+    /// Instances alive.
+    pub instances: u32,
+    /// Slots in use.
+    pub busy_slots: u32,
+    /// Jobs waiting for a slot.
+    pub queued: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Wake,
+    Submit(usize),
+    Finish(u64, usize),
+    Up(u64),
+    Crash(u64),
+    Done(u64),
+}
+
+#[derive(Debug)]
+struct CloudInst {
+    state: InstanceState,
+}
+
+/// splitmix64: small, deterministic, good enough for simulation draws.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn range(&mut self, lo: Millis, hi: Millis) -> Millis {
+        if hi <= lo {
+            lo
+        } else {
+            lo + self.next() % (hi - lo + 1)
+        }
+    }
+}
+
+enum Pending {
+    Update,
+    Increase(u32),
+    Decrease(Vec<String>),
+}
+
+/// Options of one run.
+#[derive(Debug, Clone, Default)]
+pub struct SimOptions {
+    /// Check the state machine's invariants after every event (slow; for tests).
+    pub check_invariants: bool,
+    /// Timeline samples wanted (0 = none).
+    pub samples: usize,
+    /// Virtual start time (ms since the epoch), so cron policies see real dates.
+    pub start_at: Millis,
+}
+
+/// Runs a trace through the real scaler against the simulated cloud.
+pub fn simulate(
+    cfg: &ScalerConfig,
+    policies: &[Policy],
+    cloud: &SimCloud,
+    jobs: &[Job],
+    options: &SimOptions,
+) -> (SimReport, Vec<Sample>) {
+    Sim::new(cfg, policies, cloud, jobs, options).run()
+}
+
+struct Sim<'a> {
+    cfg: &'a ScalerConfig,
+    cloud_cfg: &'a SimCloud,
+    jobs: &'a [Job],
+    opts: &'a SimOptions,
+    core: PoolCore,
+    rng: Rng,
+    heap: BinaryHeap<Reverse<(Millis, u64, Ev)>>,
+    seq: u64,
+    cloud: HashMap<String, CloudInst>,
+    next_inst: u64,
+    calls: HashMap<u64, Pending>,
+    next_call: u64,
+    /// Jobs waiting for a reservation.
+    to_reserve: VecDeque<usize>,
+    /// Jobs holding a reservation and waiting for a slot: (job, lease, reserved_at).
+    to_acquire: VecDeque<(usize, u64)>,
+    /// Lease of each running job.
+    running: HashMap<u64, usize>,
+    waits: Vec<Millis>,
+    report: SimReport,
+    wake_at: Option<Millis>,
+    submitted: usize,
+    samples: Vec<Sample>,
+}
+
+impl<'a> Sim<'a> {
+    fn new(
+        cfg: &'a ScalerConfig,
+        policies: &[Policy],
+        cloud_cfg: &'a SimCloud,
+        jobs: &'a [Job],
+        opts: &'a SimOptions,
+    ) -> Self {
+        let mut core = PoolCore::new(cfg.clone(), policies.to_vec(), opts.start_at);
+        core.set_provider_info(&flotilla_provider::ProviderInfo {
+            id: "sim".into(),
+            version: "0".into(),
+            max_size: cloud_cfg.max_size,
+            heartbeat: false,
+            expiring_connect_info: false,
+        });
+        Sim {
+            cfg,
+            cloud_cfg,
+            jobs,
+            opts,
+            core,
+            rng: Rng(cloud_cfg.seed),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            cloud: HashMap::new(),
+            next_inst: 1,
+            calls: HashMap::new(),
+            next_call: 1,
+            to_reserve: VecDeque::new(),
+            to_acquire: VecDeque::new(),
+            running: HashMap::new(),
+            waits: Vec::with_capacity(jobs.len()),
+            report: SimReport {
+                jobs: jobs.len() as u64,
+                ..SimReport::default()
+            },
+            wake_at: None,
+            submitted: 0,
+            samples: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, at: Millis, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, ev)));
+    }
+
+    fn run(mut self) -> (SimReport, Vec<Sample>) {
+        let start = self.opts.start_at;
+        for (i, job) in self.jobs.iter().enumerate() {
+            self.push(start + job.submit_at, Ev::Submit(i));
+        }
+        self.push(start, Ev::Wake);
+        let end_of_trace = start + self.jobs.iter().map(|j| j.submit_at).max().unwrap_or(0);
+        let sample_every = match self.opts.samples {
+            0 => Millis::MAX,
+            n => (self
+                .jobs
+                .iter()
+                .map(|j| j.submit_at + j.duration)
+                .max()
+                .unwrap_or(1)
+                / n as u64)
+                .max(1000),
+        };
+        let mut next_sample = start;
+        let mut now = start;
+        let mut last = start;
+        let mut ready_slot_ms = 0f64;
+        let mut busy_slot_ms = 0f64;
+        while let Some(Reverse((at, _, ev))) = self.heap.pop() {
+            now = at;
+            // Integrate cost and utilisation over [last, now).
+            let dt = now.saturating_sub(last) as f64;
+            if dt > 0.0 {
+                let snap = self.core.snapshot(now);
+                let ready = snap.instances.get("ready").copied().unwrap_or(0)
+                    + snap.instances.get("draining").copied().unwrap_or(0);
+                ready_slot_ms += dt * f64::from(ready * self.cfg.capacity_per_instance);
+                busy_slot_ms += dt * f64::from(snap.slots.acquired);
+                self.report.instance_seconds += dt * self.cloud.len() as f64 / 1000.0;
+                while next_sample <= now {
+                    self.samples.push(Sample {
+                        t_s: (next_sample - start) as f64 / 1000.0,
+                        instances: self.cloud.len() as u32,
+                        busy_slots: snap.slots.acquired,
+                        queued: (self.to_reserve.len() + self.to_acquire.len()) as u32,
+                    });
+                    next_sample = next_sample.saturating_add(sample_every);
+                }
+            }
+            last = now;
+            self.handle(now, ev);
+            self.settle(now);
+            if self.opts.check_invariants
+                && let Err(e) = self.core.check_invariants()
+            {
+                self.report
+                    .invariant_violations
+                    .push(format!("t={}ms: {e}", now - start));
+            }
+            // Stop once the trace is done and nothing is running or waiting: idle instances
+            // would otherwise be simulated forever.
+            let idle =
+                self.running.is_empty() && self.to_acquire.is_empty() && self.to_reserve.is_empty();
+            if now >= end_of_trace && self.submitted == self.jobs.len() && idle {
+                break;
+            }
+        }
+        self.report.span_s = (now - start) as f64 / 1000.0;
+        self.report.slot_utilisation = if ready_slot_ms > 0.0 {
+            busy_slot_ms / ready_slot_ms
+        } else {
+            0.0
+        };
+        self.waits.sort_unstable();
+        let pct = |p: f64| -> f64 {
+            if self.waits.is_empty() {
+                return 0.0;
+            }
+            let i = ((self.waits.len() - 1) as f64 * p).round() as usize;
+            self.waits[i] as f64 / 1000.0
+        };
+        self.report.wait_p50_s = pct(0.5);
+        self.report.wait_p95_s = pct(0.95);
+        self.report.wait_max_s = self.waits.last().map_or(0.0, |w| *w as f64 / 1000.0);
+        (self.report, self.samples)
+    }
+
+    fn fail(&mut self, function: Function) -> Option<CallError> {
+        if self.cloud_cfg.failure_rate <= 0.0 || self.rng.unit() >= self.cloud_cfg.failure_rate {
+            return None;
+        }
+        let error = if self.rng.unit() < self.cloud_cfg.throttle_share {
+            ProviderError::Throttled {
+                retry_after: std::time::Duration::from_secs(5),
+                message: "slow down".into(),
+            }
+        } else {
+            ProviderError::Transient("simulated 503".into())
+        };
+        Some(CallError::Provider { function, error })
+    }
+
+    fn handle(&mut self, now: Millis, ev: Ev) {
+        match ev {
+            Ev::Wake => self.wake_at = None,
+            Ev::Submit(i) => {
+                self.submitted += 1;
+                self.to_reserve.push_back(i);
+            }
+            Ev::Finish(lease, _job) => {
+                if self.running.remove(&lease).is_some() {
+                    self.report.completed += 1;
+                    let _ = self.core.release(now, lease);
+                }
+            }
+            Ev::Up(n) => {
+                if let Some(inst) = self.cloud.get_mut(&format!("i-{n}"))
+                    && inst.state == InstanceState::Creating
+                {
+                    inst.state = InstanceState::Running;
+                    if self.cloud_cfg.instance_failure_rate > 0.0
+                        && self.rng.unit() < self.cloud_cfg.instance_failure_rate
+                    {
+                        let life = self.rng.range(60_000, 3_600_000);
+                        self.push(now + life, Ev::Crash(n));
+                    }
+                }
+            }
+            Ev::Crash(n) => {
+                if let Some(inst) = self.cloud.get_mut(&format!("i-{n}")) {
+                    inst.state = InstanceState::Failed("simulated hardware failure".into());
+                }
+                // The core's next scheduled `update()` reports the failure.
+                self.push(now, Ev::Wake);
+            }
+            Ev::Done(call) => self.finish_call(now, call),
+        }
+    }
+
+    fn finish_call(&mut self, now: Millis, call: u64) {
+        let Some(pending) = self.calls.remove(&call) else {
+            return;
+        };
+        match pending {
+            Pending::Update => {
+                let result = match self.fail(Function::Update) {
+                    Some(e) => Err(e),
+                    None => Ok(self
+                        .cloud
+                        .iter()
+                        .map(|(id, i)| Instance {
+                            id: id.clone(),
+                            state: i.state.clone(),
+                        })
+                        .collect()),
+                };
+                self.core.on_update(now, result);
+            }
+            Pending::Increase(n) => {
+                let result = match self.fail(Function::Increase) {
+                    Some(e) => Err(e),
+                    None => {
+                        let room = match self.cloud_cfg.max_size {
+                            0 => n,
+                            m => m.saturating_sub(self.cloud.len() as u32).min(n),
+                        };
+                        for _ in 0..room {
+                            let k = self.next_inst;
+                            self.next_inst += 1;
+                            self.cloud.insert(
+                                format!("i-{k}"),
+                                CloudInst {
+                                    state: InstanceState::Creating,
+                                },
+                            );
+                            let (lo, hi) = self.cloud_cfg.provisioning_delay_ms;
+                            let delay = self.rng.range(lo, hi);
+                            self.push(now + delay, Ev::Up(k));
+                        }
+                        self.report.peak_instances =
+                            self.report.peak_instances.max(self.cloud.len() as u32);
+                        Ok(room)
+                    }
+                };
+                self.core.on_increase(now, n, result);
+            }
+            Pending::Decrease(ids) => {
+                let result = match self.fail(Function::Decrease) {
+                    Some(e) => Err(e),
+                    None => {
+                        let accepted: Vec<String> = ids
+                            .iter()
+                            .filter(|id| self.cloud.remove(*id).is_some())
+                            .cloned()
+                            .collect();
+                        Ok(accepted)
+                    }
+                };
+                self.core.on_decrease(now, &ids, result);
+            }
+        }
+    }
+
+    /// Lets jobs reserve and acquire, then lets the scaler plan, until nothing changes.
+    fn settle(&mut self, now: Millis) {
+        while self.settle_once(now) {}
+        self.schedule_wake(now);
+    }
+
+    /// One round; true when an instance became ready, so waiting jobs should try again.
+    fn settle_once(&mut self, now: Millis) -> bool {
+        let mut again = false;
+        let timeout = self.cfg.instance_acquire_timeout_ms;
+        // Jobs that waited too long give up.
+        while let Some(&(job, lease)) = self.to_acquire.front() {
+            if now.saturating_sub(self.opts.start_at + self.jobs[job].submit_at) < timeout {
+                break;
+            }
+            self.to_acquire.pop_front();
+            let _ = self.core.unreserve(lease);
+            self.report.timed_out += 1;
+        }
+        while let Some(&job) = self.to_reserve.front() {
+            if now.saturating_sub(self.opts.start_at + self.jobs[job].submit_at) >= timeout {
+                self.to_reserve.pop_front();
+                self.report.timed_out += 1;
+                continue;
+            }
+            match self.core.reserve(now) {
+                Ok(lease) => {
+                    self.to_reserve.pop_front();
+                    self.to_acquire.push_back((job, lease));
+                }
+                Err(LeaseError::AtCapacity(_)) | Err(LeaseError::NoIdleSlot) => break,
+                Err(_) => {
+                    self.to_reserve.pop_front();
+                    self.report.timed_out += 1;
+                }
+            }
+        }
+        while let Some(&(job, lease)) = self.to_acquire.front() {
+            match self.core.acquire(now, lease) {
+                Ok(Some(_)) => {
+                    self.to_acquire.pop_front();
+                    self.waits
+                        .push(now.saturating_sub(self.opts.start_at + self.jobs[job].submit_at));
+                    self.running.insert(lease, job);
+                    self.push(now + self.jobs[job].duration, Ev::Finish(lease, job));
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    self.to_acquire.pop_front();
+                    self.report.timed_out += 1;
+                }
+            }
+        }
+        // Leases whose instance failed under them.
+        let failed: Vec<u64> = self
+            .running
+            .keys()
+            .copied()
+            .filter(|l| {
+                matches!(
+                    self.core.lease(*l).map(|l| &l.state),
+                    Some(super::LeaseState::Failed { .. })
+                )
+            })
+            .collect();
+        for lease in failed {
+            self.running.remove(&lease);
+            let _ = self.core.release(now, lease);
+            self.report.failed += 1;
+        }
+        for action in self.core.plan(now) {
+            let call = self.next_call;
+            self.next_call += 1;
+            let pending = match action {
+                Action::Update => Pending::Update,
+                Action::Increase(n) => {
+                    self.report.scale_operations += 1;
+                    Pending::Increase(n)
+                }
+                Action::Decrease(ids) => {
+                    self.report.scale_operations += 1;
+                    Pending::Decrease(ids)
+                }
+                Action::Heartbeat(id) => {
+                    self.core.on_heartbeat(now, &id, Ok(()));
+                    continue;
+                }
+                Action::CheckReady(id) => {
+                    self.core.on_ready(now, &id, Ok(()));
+                    again = true;
+                    continue;
+                }
+            };
+            self.calls.insert(call, pending);
+            self.push(now + self.cloud_cfg.api_latency_ms, Ev::Done(call));
+        }
+        again
+    }
+
+    fn schedule_wake(&mut self, now: Millis) {
+        let wake = self.core.next_wakeup(now);
+        if self.wake_at.is_none_or(|w| wake < w) {
+            self.wake_at = Some(wake);
+            self.push(wake, Ev::Wake);
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Helpers shared by the host's integration tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+#![allow(dead_code)]
+
+pub mod example_cloud;
+pub mod moto;
+pub mod peer;
+pub mod registry;
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use flotilla_plugin_runtime::{EgressPolicy, LoadedPlugin, PluginRuntime, RuntimeOptions, Sandbox};
+
+/// One runtime per test binary, without a compile cache (tests of the cache make their own).
+pub fn runtime() -> &'static PluginRuntime {
+    static RT: OnceLock<PluginRuntime> = OnceLock::new();
+    RT.get_or_init(
+        || match PluginRuntime::new(RuntimeOptions { cache_dir: None }) {
+            Ok(rt) => rt,
+            Err(e) => panic!("runtime: {e}"),
+        },
+    )
+}
+
+/// Loads a guest, panicking with the load error (tests only).
+pub fn load(path: &str) -> LoadedPlugin {
+    match runtime().load_file(Path::new(path)) {
+        Ok(p) => p,
+        Err(e) => panic!("load {path}: {e}"),
+    }
+}
+
+/// A sandbox with short deadlines, so fault tests are quick.
+pub fn quick_sandbox(allow: &[&str]) -> Sandbox {
+    let mut sandbox = Sandbox::default();
+    sandbox.limits.default_deadline = Duration::from_secs(2);
+    sandbox.limits.deadlines.clear();
+    sandbox.limits.memory_bytes = 64 << 20;
+    sandbox.egress = EgressPolicy {
+        allow: flotilla_net::AllowList::parse(allow).unwrap_or_else(|e| panic!("{e:?}")),
+        ..EgressPolicy::default()
+    };
+    sandbox
+}
+
+/// Captures every log line (all targets, all levels) into a shared buffer.
+#[derive(Clone, Default)]
+pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().map(|b| b.clone()).unwrap_or_default()).into_owned()
+    }
+
+    /// Installs the capture for the current thread; keep the guard alive.
+    pub fn install(&self) -> tracing::subscriber::DefaultGuard {
+        let writer = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+}
+
+impl Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut b) = self.0.lock() {
+            b.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! A moto server with SigV4 checking on, bootstrapped by tests/peers/moto_bootstrap.py.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource};
+use flotilla_plugin_runtime::{Sandbox, WasmProvider};
+use flotilla_net::AllowList;
+use flotilla_test_artifacts as guests;
+use serde_json::Value;
+
+use crate::load;
+
+pub fn venv() -> PathBuf {
+    std::env::var_os("FLOTILLA_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/flotilla-venv")
+        })
+}
+
+pub struct Moto {
+    child: Child,
+    pub endpoint: String,
+    pub setup: Value,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn python(args: &[&str]) -> String {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/peers/moto_bootstrap.py"
+    );
+    let out = Command::new(venv().join("bin/python"))
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("python: {e}"));
+    assert!(
+        out.status.success(),
+        "bootstrap failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Moto {
+    pub fn start() -> Moto {
+        Moto::start_with_max(6)
+    }
+
+    /// A moto whose group has the given MaxSize.
+    pub fn start_with_max(max_size: u32) -> Moto {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let bin = venv().join("bin/moto_server");
+        let child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .env("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e} (scripts/test.sh installs moto)", bin.display()));
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "moto did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let setup: Value = serde_json::from_str(&python(&[&endpoint, &max_size.to_string()]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        Moto {
+            child,
+            endpoint,
+            setup,
+        }
+    }
+
+    pub fn key(&self, user: &str) -> (String, String) {
+        let u = &self.setup["users"][user];
+        (
+            u["key"].as_str().unwrap_or_default().into(),
+            u["secret"].as_str().unwrap_or_default().into(),
+        )
+    }
+
+    pub fn desired(&self) -> u64 {
+        let (k, s) = self.key("admin");
+        let out = python(&[&self.endpoint, "--describe", &k, &s, "ci-runners"]);
+        serde_json::from_str::<Value>(&out)
+            .ok()
+            .and_then(|v| v["desired"].as_u64())
+            .unwrap_or(u64::MAX)
+    }
+
+    /// A provider for the AWS plugin signing with the plugin user's keys (or a wrong secret).
+    pub fn provider(&self, secret_override: Option<&str>) -> WasmProvider {
+        let (key, secret) = self.key("plugin");
+        let secret = secret_override.map_or(secret, str::to_string);
+        self.provider_with(CredentialKind::AwsSigv4 {
+            access_key_id: SecretSource::Value(Secret::new(key)),
+            secret_access_key: SecretSource::Value(Secret::new(secret)),
+            session_token: None,
+            region: None,
+            service: None,
+        })
+    }
+
+    pub fn settings(&self) -> String {
+        format!(
+            r#"{{"name":"ci-runners","region":"us-east-1","endpoint":"{}","credential":"aws"}}"#,
+            self.endpoint
+        )
+    }
+}
+
+impl Moto {
+    /// A provider for the AWS plugin whose credential is the given kind.
+    pub fn provider_with(&self, kind: CredentialKind) -> WasmProvider {
+        let allow = AllowList::parse(&[self.endpoint.as_str()]).unwrap_or_else(|e| panic!("{e:?}"));
+        let mut sandbox = Sandbox::default();
+        sandbox.egress.allow = allow.clone();
+        sandbox.egress.allowed_ip_ranges =
+            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
+        sandbox.egress.credentials = vec![Credential {
+            name: "aws".into(),
+            kind,
+            hosts: allow,
+        }];
+        load(guests::AWS_PLUGIN).provider("aws", sandbox)
+    }
+}
