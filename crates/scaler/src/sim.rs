@@ -3,7 +3,7 @@
 //! `flotilla simulate` and by the property tests.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
 use serde::Serialize;
 
@@ -102,11 +102,22 @@ pub struct Sample {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     Wake,
-    Submit(usize),
-    Finish(u64, usize),
+    /// A job arrives; the event time is its submit time.
+    Submit(Waiting),
+    /// The job holding this lease is done.
+    Finish(u64),
     Up(u64),
     Crash(u64),
     Done(u64),
+}
+
+/// A job as the queues carry it: what they need of it, so no lookup into the trace is needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Waiting {
+    /// Absolute submit time (ms, virtual clock).
+    submit_at: Millis,
+    /// Run time once it has a slot (ms).
+    duration: Millis,
 }
 
 #[derive(Debug)]
@@ -180,11 +191,11 @@ struct Sim<'a> {
     calls: HashMap<u64, Pending>,
     next_call: u64,
     /// Jobs waiting for a reservation.
-    to_reserve: VecDeque<usize>,
-    /// Jobs holding a reservation and waiting for a slot: (job, lease, reserved_at).
-    to_acquire: VecDeque<(usize, u64)>,
-    /// Lease of each running job.
-    running: HashMap<u64, usize>,
+    to_reserve: VecDeque<Waiting>,
+    /// Jobs holding a reservation and waiting for a slot: (job, lease).
+    to_acquire: VecDeque<(Waiting, u64)>,
+    /// Leases of the running jobs.
+    running: HashSet<u64>,
     waits: Vec<Millis>,
     report: SimReport,
     wake_at: Option<Millis>,
@@ -223,7 +234,7 @@ impl<'a> Sim<'a> {
             next_call: 1,
             to_reserve: VecDeque::new(),
             to_acquire: VecDeque::new(),
-            running: HashMap::new(),
+            running: HashSet::new(),
             waits: Vec::with_capacity(jobs.len()),
             report: SimReport {
                 jobs: jobs.len() as u64,
@@ -242,8 +253,12 @@ impl<'a> Sim<'a> {
 
     fn run(mut self) -> (SimReport, Vec<Sample>) {
         let start = self.opts.start_at;
-        for (i, job) in self.jobs.iter().enumerate() {
-            self.push(start + job.submit_at, Ev::Submit(i));
+        for job in self.jobs {
+            let waiting = Waiting {
+                submit_at: start + job.submit_at,
+                duration: job.duration,
+            };
+            self.push(waiting.submit_at, Ev::Submit(waiting));
         }
         self.push(start, Ev::Wake);
         let end_of_trace = start + self.jobs.iter().map(|j| j.submit_at).max().unwrap_or(0);
@@ -314,7 +329,8 @@ impl<'a> Sim<'a> {
                 return 0.0;
             }
             let i = ((self.waits.len() - 1) as f64 * p).round() as usize;
-            self.waits[i] as f64 / 1000.0
+            // `i` is at most `len - 1` because `p` is at most 1.
+            self.waits.get(i).map_or(0.0, |w| *w as f64 / 1000.0)
         };
         self.report.wait_p50_s = pct(0.5);
         self.report.wait_p95_s = pct(0.95);
@@ -340,12 +356,12 @@ impl<'a> Sim<'a> {
     fn handle(&mut self, now: Millis, ev: Ev) {
         match ev {
             Ev::Wake => self.wake_at = None,
-            Ev::Submit(i) => {
+            Ev::Submit(job) => {
                 self.submitted += 1;
-                self.to_reserve.push_back(i);
+                self.to_reserve.push_back(job);
             }
-            Ev::Finish(lease, _job) => {
-                if self.running.remove(&lease).is_some() {
+            Ev::Finish(lease) => {
+                if self.running.remove(&lease) {
                     self.report.completed += 1;
                     let _ = self.core.release(now, lease);
                 }
@@ -450,7 +466,7 @@ impl<'a> Sim<'a> {
         let timeout = self.cfg.instance_acquire_timeout_ms;
         // Jobs that waited too long give up.
         while let Some(&(job, lease)) = self.to_acquire.front() {
-            if now.saturating_sub(self.opts.start_at + self.jobs[job].submit_at) < timeout {
+            if now.saturating_sub(job.submit_at) < timeout {
                 break;
             }
             self.to_acquire.pop_front();
@@ -458,7 +474,7 @@ impl<'a> Sim<'a> {
             self.report.timed_out += 1;
         }
         while let Some(&job) = self.to_reserve.front() {
-            if now.saturating_sub(self.opts.start_at + self.jobs[job].submit_at) >= timeout {
+            if now.saturating_sub(job.submit_at) >= timeout {
                 self.to_reserve.pop_front();
                 self.report.timed_out += 1;
                 continue;
@@ -479,10 +495,9 @@ impl<'a> Sim<'a> {
             match self.core.acquire(now, lease) {
                 Ok(Some(_)) => {
                     self.to_acquire.pop_front();
-                    self.waits
-                        .push(now.saturating_sub(self.opts.start_at + self.jobs[job].submit_at));
-                    self.running.insert(lease, job);
-                    self.push(now + self.jobs[job].duration, Ev::Finish(lease, job));
+                    self.waits.push(now.saturating_sub(job.submit_at));
+                    self.running.insert(lease);
+                    self.push(now + job.duration, Ev::Finish(lease));
                 }
                 Ok(None) => break,
                 Err(_) => {
@@ -494,7 +509,7 @@ impl<'a> Sim<'a> {
         // Leases whose instance failed under them.
         let failed: Vec<u64> = self
             .running
-            .keys()
+            .iter()
             .copied()
             .filter(|l| {
                 matches!(
