@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+. scripts/toolchain.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
@@ -41,19 +42,22 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== clippy (host)"
-cargo clippy --locked -p flotilla --all-targets -- -D warnings
+# The guest components (plugins, the template, hostile test guests), from their manifests.
+read -r -a guests <<< "$(./scripts/guests.sh)"
+
+echo "== clippy (host crates)"
+cargo clippy --locked --all-targets -- -D warnings
 
 echo "== clippy (guests, wasm32-wasip2)"
-cargo clippy --locked --target wasm32-wasip2 \
-  -p flotilla-plugin-static -p flotilla-plugin-aws -p flotilla-plugin-template -p guest-misbehave -p guest-escape -p guest-egress -- -D warnings
+cargo clippy --locked --target wasm32-wasip2 "${guests[@]}" -- -D warnings
 
 echo "== guests (wasm32-wasip2)"
 # tests/artifacts builds these too, but cargo may skip its build script when another checkout
 # last used this target directory; building here keeps the guests in step with these sources.
-cargo build --locked --profile guest --target wasm32-wasip2 --target-dir "$CARGO_TARGET_DIR/wasm-guests" \
-  -p flotilla-plugin-static -p flotilla-plugin-aws -p flotilla-plugin-template \
-  -p guest-misbehave -p guest-escape -p guest-egress
+cargo build --locked --profile guest --target wasm32-wasip2 --target-dir "$CARGO_TARGET_DIR/wasm-guests" "${guests[@]}"
 
 echo "== tests"
-cargo test --locked --release -p flotilla
+cargo test --locked --release
+
+echo "== the Rust template, standalone (copied out of the repository)"
+./scripts/template-standalone.sh

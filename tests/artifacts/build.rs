@@ -8,15 +8,48 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// (package, constant name, is a test guest)
-const GUESTS: &[(&str, &str, bool)] = &[
-    ("flotilla-plugin-static", "STATIC_PLUGIN", false),
-    ("flotilla-plugin-aws", "AWS_PLUGIN", false),
-    ("flotilla-plugin-template", "TEMPLATE_PLUGIN", false),
-    ("guest-misbehave", "MISBEHAVE", true),
-    ("guest-escape", "ESCAPE", true),
-    ("guest-egress", "EGRESS", true),
-];
+/// One guest: a workspace member with `[package.metadata.flotilla-guest]`.
+struct Guest {
+    package: String,
+    constant: String,
+    test: bool,
+}
+
+/// The guests, read from `cargo metadata`: the one list, kept in each guest's own manifest.
+fn guests(cargo: &str, root: &Path) -> Vec<Guest> {
+    let out = Command::new(cargo)
+        .current_dir(root)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
+        .output()
+        .unwrap_or_else(|e| fail(&format!("cannot run cargo metadata: {e}")));
+    if !out.status.success() {
+        fail(&format!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| fail(&format!("cargo metadata output: {e}")));
+    let mut found: Vec<Guest> = meta
+        .get("packages")
+        .and_then(|p| p.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            let guest = p.get("metadata")?.get("flotilla-guest")?;
+            Some(Guest {
+                package: p.get("name")?.as_str()?.to_string(),
+                constant: guest.get("constant")?.as_str()?.to_string(),
+                test: guest.get("test").and_then(|t| t.as_bool()).unwrap_or(false),
+            })
+        })
+        .collect();
+    found.sort_by(|a, b| a.package.cmp(&b.package));
+    if found.is_empty() {
+        fail("no workspace member has [package.metadata.flotilla-guest]");
+    }
+    found
+}
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
@@ -45,7 +78,8 @@ fn main() {
     }
 
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let mut cmd = Command::new(cargo);
+    let guests = guests(&cargo, &root);
+    let mut cmd = Command::new(&cargo);
     cmd.current_dir(&root)
         .args([
             "build",
@@ -57,8 +91,8 @@ fn main() {
             "--target-dir",
         ])
         .arg(&target_dir);
-    for (package, _, _) in GUESTS {
-        cmd.args(["-p", package]);
+    for guest in &guests {
+        cmd.args(["-p", &guest.package]);
     }
     for var in [
         "CARGO_ENCODED_RUSTFLAGS",
@@ -80,7 +114,12 @@ fn main() {
 
     let mut code = String::new();
     let mut test_guests = Vec::new();
-    for (package, constant, is_test) in GUESTS {
+    for Guest {
+        package,
+        constant,
+        test,
+    } in &guests
+    {
         let file = target_dir
             .join("wasm32-wasip2/guest")
             .join(format!("{}.wasm", package.replace('-', "_")));
@@ -92,7 +131,7 @@ fn main() {
             "/// Path of the `{package}` component.\npub const {constant}: &str = {:?};",
             file.display().to_string()
         );
-        if *is_test {
+        if *test {
             test_guests.push(package.trim_start_matches("guest-").replace('-', "_"));
         }
     }

@@ -254,7 +254,7 @@ pub struct Config {
 }
 
 /// One problem, located.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Problem {
     /// The file.
     pub file: String,

@@ -513,8 +513,12 @@ mod escape {
 
     #[tokio::test(flavor = "current_thread")]
     async fn sandbox_grants_nothing() {
-        // SAFETY: single-threaded test runtime; nothing else reads the environment now.
-        unsafe { std::env::set_var("FLOTILLA_TEST_SECRET", "hunter2") };
+        // The host process has an environment (PATH at least); the guest must see none of it.
+        // (Setting a variable here would race with the other tests' threads, so none is set.)
+        assert!(
+            std::env::var_os("PATH").is_some(),
+            "the test needs a host environment to leak"
+        );
         let _ = std::fs::remove_file("/tmp/flotilla-escape");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
         listener

@@ -10,7 +10,7 @@ use serde_json::json;
 use wstd::http::{Body, Client, Method, Request, Response, StatusCode};
 
 wit_bindgen::generate!({
-    path: "../../wit",
+    path: "wit",
     world: "flotilla:provider/provider",
     generate_all,
 });

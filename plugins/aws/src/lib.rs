@@ -3,6 +3,7 @@
 //! Scaling policy lives in the host: this plugin reads the group, sets its desired capacity
 //! and terminates the instances the host names. Every request names the pool credential;
 //! the host signs it with SigV4 (see the WIT's "Credentials" section).
+#![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 
 mod query;
 

@@ -6,6 +6,7 @@
 //! Activation lives in the plugin instance's memory. If the host replaces the instance
 //! (after a trap or a timeout), activation starts empty again and the host sees the hosts as
 //! released; this is safe because nothing is ever created or destroyed.
+#![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 
 mod settings;
 

@@ -1,3 +1,62 @@
-//! The command-line commands that live outside `main.rs`.
+//! The command line: one file per command, each an `Args` struct (or a subcommand enum) with
+//! `run()`. Commands whose output is data take `--json`. Every command returns
+//! `anyhow::Result<()>`; `main` maps that to the exit code in one place.
 
+use clap::{Parser, Subcommand};
+
+pub mod config;
 pub mod oci;
+pub mod plugin;
+pub mod run;
+pub mod simulate;
+
+/// CI fleet autoscaler with sandboxed WebAssembly provider plugins.
+#[derive(Debug, Parser)]
+#[command(name = "flotilla", version, about)]
+pub struct Cli {
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true)]
+    pub log_json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Work with provider plugins.
+    #[command(subcommand)]
+    Plugin(plugin::PluginCommand),
+    /// Run the autoscaler: every pool, the lease API, metrics and health endpoints.
+    Run(run::Args),
+    /// Work with configuration files.
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
+    /// Replay a job trace through the real scaler on virtual time.
+    Simulate(simulate::Args),
+}
+
+impl Command {
+    /// Runs the command.
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self {
+            Command::Plugin(c) => c.run().await,
+            Command::Run(a) => a.run().await,
+            Command::Config(c) => c.run(),
+            Command::Simulate(a) => a.run(),
+        }
+    }
+}
+
+/// A failure the command has already reported on its own output (a report with the failed
+/// checks, or every config problem); `main` only sets the exit code.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Reported(pub String);
+
+/// Prints `value` as pretty JSON on standard output.
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}

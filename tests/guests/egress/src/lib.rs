@@ -6,6 +6,7 @@
 //!   "body": "..."}` and answers with a JSON report in `connection.username`:
 //! `{"results": [{"status": 200, "bytes": 12} | {"error": "..."}], "sent_headers": [[k, v]...]}`.
 //! `sent_headers` is the guest's own view of the request it built.
+#![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 
 use serde_json::{Value, json};
 use wstd::http::{Body, BodyExt, Client, Request};

@@ -3,6 +3,7 @@
 //! `provider-info.version`, so the host test can assert that every attempt got nothing.
 //!
 //! Settings: `{"tcp": "127.0.0.1:PORT", "print_bytes": N, "log_lines": N}`.
+#![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};

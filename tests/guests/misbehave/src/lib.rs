@@ -4,6 +4,7 @@
 //! init, update, increase, decrease, connect-info, heartbeat, shutdown and fault is one of
 //! `trap`, `panic`, `loop`, `alloc`, `sleep`, `dup-ids`, `over-increase`, `foreign-ids`.
 //! Without faults it behaves like a tiny in-memory group.
+#![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

@@ -1,0 +1,119 @@
+//! `flotilla simulate -c CONFIG... --trace FILE [--json] [--svg FILE]`.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use anyhow::Context;
+
+use super::print_json;
+use crate::simulate;
+
+/// A range of seconds, `MIN..MAX`, e.g. `30..90`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SecondsRange {
+    /// Lower bound, seconds.
+    pub min: f64,
+    /// Upper bound, seconds.
+    pub max: f64,
+}
+
+impl FromStr for SecondsRange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let seconds = |t: &str| {
+            t.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+        };
+        match s.split_once("..").map(|(a, b)| (seconds(a), seconds(b))) {
+            Some((Some(min), Some(max))) if min <= max => Ok(SecondsRange { min, max }),
+            _ => Err(format!("{s:?}: expected MIN..MAX seconds, e.g. 30..90")),
+        }
+    }
+}
+
+fn probability(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("{s:?}: must be a number between 0 and 1")),
+    }
+}
+
+/// Replay a job trace through the real scaler on virtual time.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Configuration files to compare (every pool of each is simulated).
+    #[arg(short, long, required = true)]
+    pub config: Vec<PathBuf>,
+    /// CSV trace: submit_at_s,duration_s[,tag].
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw instances, busy slots and queued jobs over time.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Provisioning delay range in seconds, e.g. 30..90.
+    #[arg(long, default_value = "30..90")]
+    pub provisioning_delay: SecondsRange,
+    /// Probability that a provider call fails.
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
+    pub failure_rate: f64,
+    /// Random seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+impl Args {
+    /// Runs every configuration over the trace and prints the comparison.
+    pub fn run(self) -> anyhow::Result<()> {
+        let jobs = simulate::read_trace(&self.trace)?;
+        let delay = self.provisioning_delay;
+        let cloud = flotilla_scaler::sim::SimCloud {
+            provisioning_delay_ms: ((delay.min * 1000.0) as u64, (delay.max * 1000.0) as u64),
+            failure_rate: self.failure_rate,
+            seed: self.seed,
+            ..Default::default()
+        };
+        let samples = if self.svg.is_some() { 1000 } else { 0 };
+        let runs =
+            simulate::run_all(&self.config, &jobs, &cloud, samples).map_err(anyhow::Error::msg)?;
+        if let Some(path) = &self.svg {
+            simulate::svg(&runs, path)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| path.display().to_string())?;
+        }
+        if self.json {
+            print_json(&runs)
+        } else {
+            print!("{}", simulate::table(&runs));
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seconds_range_parses_min_and_max() {
+        assert_eq!(
+            "30..90".parse::<SecondsRange>(),
+            Ok(SecondsRange {
+                min: 30.0,
+                max: 90.0
+            })
+        );
+    }
+
+    #[test]
+    fn a_reversed_or_negative_range_is_refused() {
+        for bad in ["90..30", "-1..5", "x..5", "30", "nan..1"] {
+            assert!(bad.parse::<SecondsRange>().is_err(), "{bad}");
+        }
+    }
+}
