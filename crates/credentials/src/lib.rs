@@ -55,7 +55,10 @@ impl Secret {
         if ours.len() != given.len() {
             return false;
         }
-        ours.iter().zip(given).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        ours.iter()
+            .zip(given)
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
     }
 }
 

@@ -1,7 +1,12 @@
 //! `update()` of the AWS plugin for a group of 100 instances on moto, against the same
 //! DescribeAutoScalingGroups call made directly from the host with reqwest plus SigV4 (signed
 //! by the same host code) and the instance ids extracted. Needs the venv of scripts/test.sh.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
 

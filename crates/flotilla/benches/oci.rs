@@ -2,7 +2,12 @@
 //! baseline), on the real registry: a start from the cache (`if-not-present`), a start that
 //! re-resolves the tag (`always`), one that also re-checks a cosign signature, and a cold pull
 //! of the 438 KB template plugin into an empty cache. Needs Debian's docker-registry.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
 

@@ -3,7 +3,12 @@
 //! guest HTTP GET against the same GET made directly with reqwest on loopback.
 //!
 //! Run with `./scripts/bench.sh`, which prints the medians and ratios.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
 
 #[allow(dead_code)]
 use flotilla_test_support::example_cloud;

@@ -13,8 +13,8 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::json;
 
-use flotilla_credentials::Secret;
 use crate::metrics::Metrics;
+use flotilla_credentials::Secret;
 use flotilla_provider::Connection;
 use flotilla_scaler::driver::AcquireError;
 use flotilla_scaler::{LeaseError, PoolHandle, PoolHealth};

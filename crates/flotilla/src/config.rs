@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use flotilla_credentials::{Credential, CredentialKind, SecretSource};
-use flotilla_oci::{OciRef, PullPolicy};
 use flotilla_net::AllowList;
+use flotilla_oci::{OciRef, PullPolicy};
 use flotilla_plugin_runtime::{EgressPolicy, Limits, Sandbox};
 use flotilla_scaler::{Policy, ScalerConfig};
 

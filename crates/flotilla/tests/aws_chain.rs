@@ -3,7 +3,12 @@
 //! IMDSv2 (a loopback server with the documented shapes, since no emulator exists), with the
 //! refresh of temporary credentials. One test in its own binary, because it sets env vars.
 #![allow(unsafe_code)] // set_var/remove_var: this binary holds one test, on a current-thread runtime
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
 

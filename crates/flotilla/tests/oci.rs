@@ -1,6 +1,11 @@
 //! Plugin distribution against a real CNCF distribution registry (anonymous, htpasswd and
 //! token auth), cross-checked with an independent client (oras-py).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
 
@@ -200,7 +205,10 @@ impl User {
     }
 
     /// In-process load of a pool config the way `flotilla run` does it.
-    async fn load_pool(&self, toml_pool: &str) -> anyhow::Result<flotilla_plugin_runtime::LoadedPlugin> {
+    async fn load_pool(
+        &self,
+        toml_pool: &str,
+    ) -> anyhow::Result<flotilla_plugin_runtime::LoadedPlugin> {
         let oci = format!("insecure_registries = [\"{}\"]", self.registry);
         self.load_pool_oci(toml_pool, &oci).await
     }
@@ -232,7 +240,14 @@ impl User {
             },
             Store::open(&self.cache_dir().join("oci"))?,
         );
-        flotilla_plugin_runtime::loader::load_plugin(common::runtime(), Some(&registry), &cfg.pools[0].name, &cfg.pools[0].plugin).await.map_err(anyhow::Error::from)
+        flotilla_plugin_runtime::loader::load_plugin(
+            common::runtime(),
+            Some(&registry),
+            &cfg.pools[0].name,
+            &cfg.pools[0].plugin,
+        )
+        .await
+        .map_err(anyhow::Error::from)
     }
 }
 

@@ -1,6 +1,11 @@
 //! The host loads each guest and runs every export; test guests prove the sandbox and limits.
 //! Each protection test here fails when its protection is removed (see the issue notes).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
 #[path = "plugins/egress.rs"]

@@ -1,6 +1,11 @@
 //! `flotilla run` and `flotilla config check` as an operator uses them: the real binary, the
 //! static plugin, the lease API over HTTP, metrics checked by promtool, drain on SIGTERM.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

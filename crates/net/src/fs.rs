@@ -53,7 +53,11 @@ mod tests {
             .filter_map(Result::ok)
             .map(|e| e.file_name())
             .collect();
-        assert_eq!(names.len(), 1, "no temporary file is left behind: {names:?}");
+        assert_eq!(
+            names.len(),
+            1,
+            "no temporary file is left behind: {names:?}"
+        );
     }
 
     #[cfg(unix)]
@@ -63,7 +67,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let inner = dir.path().join("a/b");
         create_private_dir(&inner).expect("create");
-        let mode = std::fs::metadata(&inner).expect("stat").permissions().mode();
+        let mode = std::fs::metadata(&inner)
+            .expect("stat")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o700);
     }
 }

@@ -95,8 +95,9 @@ impl CompileCache {
         match component
             .serialize()
             .map_err(|e| format!("{e:#}"))
-            .and_then(|code| flotilla_net::fs::write_atomic(&entry, &code).map_err(|e| e.to_string()))
-        {
+            .and_then(|code| {
+                flotilla_net::fs::write_atomic(&entry, &code).map_err(|e| e.to_string())
+            }) {
             Ok(()) => Ok((component, CacheOutcome::Compiled { millis })),
             Err(e) => {
                 tracing::warn!(cache_entry = %entry.display(), "cannot store compiled plugin: {e}");
@@ -105,7 +106,6 @@ impl CompileCache {
         }
     }
 }
-
 
 /// The default cache directory: `$XDG_CACHE_HOME/flotilla/compiled` or the platform's.
 pub fn default_cache_dir() -> Option<PathBuf> {

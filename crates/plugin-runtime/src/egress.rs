@@ -22,10 +22,10 @@ use tokio::net::TcpStream;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
-use flotilla_net::{AllowList, blocked_reason};
 use flotilla_credentials::{
     AWS_REGION_HEADER, AWS_SERVICE_HEADER, CREDENTIAL_HEADER, Credential, SigningHints,
 };
+use flotilla_net::{AllowList, blocked_reason};
 
 /// Egress settings of one pool.
 #[derive(Debug, Clone)]

@@ -86,7 +86,8 @@ pub async fn load_plugin(
             pull_policy,
             verify_key,
         } => {
-            let registry = registry.ok_or_else(|| LoaderError::NoRegistry(reference.to_string()))?;
+            let registry =
+                registry.ok_or_else(|| LoaderError::NoRegistry(reference.to_string()))?;
             let key = verify_key.as_deref().map(PublicKey::load).transpose()?;
             let source = reference.to_string();
             let validate = component_check(runtime, &source);

@@ -1,7 +1,12 @@
 //! Helpers shared by the host crates' integration tests and benchmarks: one plugin runtime per
 //! binary, log capture, quick sandboxes, and the real peers (moto, the CNCF registry, loopback
 //! HTTP servers standing in for clouds).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
 #![allow(missing_docs)] // helpers named for what they start or return; read with the tests
 #![allow(dead_code)]
 

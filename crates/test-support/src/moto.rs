@@ -5,8 +5,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource};
-use flotilla_plugin_runtime::{Sandbox, WasmProvider};
 use flotilla_net::AllowList;
+use flotilla_plugin_runtime::{Sandbox, WasmProvider};
 use flotilla_test_artifacts as guests;
 use serde_json::Value;
 

@@ -4,6 +4,7 @@
 //! and terminates the instances the host names. Every request names the pool credential;
 //! the host signs it with SigV4 (see the WIT's "Credentials" section).
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
+#![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
 
 mod query;
 

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::*;
-use flotilla_test_support::peer::Peer;
 use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource};
 use flotilla_net::AllowList;
 use flotilla_plugin_runtime::WasmProvider;
+use flotilla_test_support::peer::Peer;
 
 const SECRET: &str = "s3cr3t-t0ken-do-not-leak";
 

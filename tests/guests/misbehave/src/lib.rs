@@ -5,6 +5,7 @@
 //! `trap`, `panic`, `loop`, `alloc`, `sleep`, `dup-ids`, `over-increase`, `foreign-ids`.
 //! Without faults it behaves like a tiny in-memory group.
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
+#![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -40,6 +41,7 @@ fn fault(export: &str) -> Option<String> {
 fn misbehave(export: &str) {
     match fault(export).as_deref() {
         Some("trap") => core::arch::wasm32::unreachable(),
+        #[allow(clippy::panic)] // panicking on purpose is this guest's job
         Some("panic") => panic!("misbehave: panic in {export}"),
         Some("loop") => {
             let mut x: u64 = 0;
