@@ -8,7 +8,9 @@
 //! double the host's build for five well-documented HTTP exchanges.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
@@ -156,8 +158,7 @@ impl AwsChain {
 
     /// Current keys, from the cache while they stay valid for five more minutes.
     pub async fn keys(&self, name: &str, region: Option<&str>) -> Result<AwsKeys, CredentialError> {
-        if let Ok(cache) = self.cache.lock()
-            && let Some(k) = cache.as_ref()
+        if let Some(k) = self.cache.lock().as_ref()
             && k.expires
                 .is_none_or(|e| SystemTime::now() + REFRESH_BEFORE < e)
         {
@@ -169,9 +170,7 @@ impl AwsChain {
             source = keys.source,
             "AWS credentials resolved"
         );
-        if let Ok(mut cache) = self.cache.lock() {
-            *cache = Some(keys.clone());
-        }
+        *self.cache.lock() = Some(keys.clone());
         Ok(keys)
     }
 

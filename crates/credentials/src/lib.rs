@@ -1,6 +1,10 @@
 //! Credentials a pool may use: named, bound to hosts, applied by the host to a plugin's
 //! outgoing request. Secret values never leave this module except into the request that
 //! leaves the machine, and are redacted in `Debug` and `Display`.
+//!
+//! Owns: secret sources (value, env, file), the credential kinds (bearer, basic, AWS SigV4 and
+//! the AWS chain), and signing or authorising one request.
+//! Must not know: plugins, wasmtime, pools or config files; the egress hook calls in here.
 
 use std::fmt;
 use std::path::PathBuf;

@@ -1,6 +1,8 @@
 //! Prometheus metrics, prefixed `flotilla_`, labelled by pool and plugin.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use prometheus::{
@@ -231,7 +233,8 @@ impl PoolMetrics {
     /// Publishes plugin fault counters and egress denials.
     pub fn publish_plugin(&self, health: &ProviderHealth, denied: u64) {
         let [pool, plugin] = self.pp();
-        if let Ok(mut last) = self.last.lock() {
+        {
+            let mut last = self.last.lock();
             let traps = delta(&mut last.traps, health.traps);
             let timeouts = delta(&mut last.timeouts, health.timeouts);
             let violations = delta(&mut last.violations, health.contract_violations);
@@ -332,7 +335,8 @@ impl PoolObserver for PoolMetrics {
                 .with_label_values(&[pool, plugin])
                 .observe(*ms as f64 / 1000.0);
         }
-        if let Ok(mut last) = self.last.lock() {
+        {
+            let mut last = self.last.lock();
             let up = delta(&mut last.scale_up, counters.scale_up);
             let down = delta(&mut last.scale_down, counters.scale_down);
             let failed = delta(&mut last.leases_failed, counters.leases_failed);

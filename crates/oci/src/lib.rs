@@ -1,8 +1,11 @@
 //! Plugin distribution over OCI registries: CNCF Wasm artifacts pushed, pulled, pinned by
 //! digest, cached for offline starts and checked against cosign signatures.
 //!
-//! Nothing here knows wasmtime: a pulled artifact is handed to the plugin runtime as bytes
-//! only after every registry-side check (media types, layer count, digests, signature) passed.
+//! Owns: references, the registry client and its auth store, the content-addressed cache, and
+//! cosign signatures.
+//! Must not know: wasmtime or what a component is. A pulled artifact is handed on as bytes
+//! only after every registry-side check (media types, layer count, digests, signature)
+//! passed; the component check itself is injected ([`Validate`]).
 
 mod artifact;
 mod auth;

@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -225,7 +227,7 @@ impl Registry {
             RegistryAuth::Basic(user, _) => format!("{}|{user}", r.registry),
             _ => r.registry.clone(),
         };
-        if let Some(client) = self.clients.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        if let Some(client) = self.clients.lock().get(&key).cloned() {
             return Ok((client, auth));
         }
         let protocol = if self.plain_http(&r.registry, r.is_loopback())? {
@@ -255,9 +257,7 @@ impl Registry {
             reference: r.to_string(),
             why: format!("cannot build an HTTP client: {e}"),
         })?;
-        if let Ok(mut clients) = self.clients.lock() {
-            clients.insert(key, client.clone());
-        }
+        self.clients.lock().insert(key, client.clone());
         Ok((client, auth))
     }
 
@@ -276,13 +276,11 @@ impl Registry {
 
     /// A plain HTTP client with the same TLS and timeouts (manifests, login).
     pub fn http(&self) -> Result<reqwest::Client, OciError> {
-        if let Some(c) = self.http.lock().ok().and_then(|c| c.clone()) {
+        if let Some(c) = self.http.lock().clone() {
             return Ok(c);
         }
         let client = self.build_http()?;
-        if let Ok(mut slot) = self.http.lock() {
-            *slot = Some(client.clone());
-        }
+        *self.http.lock() = Some(client.clone());
         Ok(client)
     }
 

@@ -5,7 +5,9 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -215,9 +217,7 @@ impl WasmProvider {
     }
 
     fn check_circuit(&self, function: Function) -> Result<(), CallError> {
-        let Ok(h) = self.health.lock() else {
-            return Ok(());
-        };
+        let h = self.health.lock();
         match h.open_until {
             Some(until) if Instant::now() < until => Err(CallError::CircuitOpen {
                 function,
@@ -230,17 +230,14 @@ impl WasmProvider {
     }
 
     fn record_success(&self) {
-        if let Ok(mut h) = self.health.lock() {
-            h.health.consecutive_faults = 0;
-            h.health.circuit_open = false;
-            h.open_until = None;
-        }
+        let mut h = self.health.lock();
+        h.health.consecutive_faults = 0;
+        h.health.circuit_open = false;
+        h.open_until = None;
     }
 
     fn record_restart(&self) {
-        if let Ok(mut h) = self.health.lock() {
-            h.health.restarts += 1;
-        }
+        self.health.lock().health.restarts += 1;
     }
 
     fn fault(&self, function: Function, fault: Fault) -> CallError {
@@ -253,9 +250,7 @@ impl WasmProvider {
     }
 
     fn note_fault(&self, error: &CallError) {
-        let Ok(mut h) = self.health.lock() else {
-            return;
-        };
+        let mut h = self.health.lock();
         match error {
             CallError::Trap { .. } => h.health.traps += 1,
             CallError::Timeout { .. } => h.health.timeouts += 1,
@@ -571,9 +566,7 @@ impl Provider for WasmProvider {
     }
 
     fn health(&self) -> ProviderHealth {
-        let Ok(mut h) = self.health.lock() else {
-            return ProviderHealth::default();
-        };
+        let mut h = self.health.lock();
         if h.open_until.is_some_and(|until| Instant::now() >= until) {
             h.health.circuit_open = false;
         }

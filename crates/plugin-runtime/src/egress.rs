@@ -10,7 +10,9 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -335,7 +337,7 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 impl ConnectionPool {
     async fn take(&self, key: &PoolKey) -> Option<Sender> {
         loop {
-            let (at, mut sender) = self.idle.lock().ok()?.get_mut(key)?.pop()?;
+            let (at, mut sender) = self.idle.lock().get_mut(key)?.pop()?;
             if sender.is_closed() || at.elapsed() > IDLE_TIMEOUT {
                 continue;
             }
@@ -350,11 +352,10 @@ impl ConnectionPool {
         if sender.is_closed() {
             return;
         }
-        if let Ok(mut idle) = self.idle.lock() {
-            let list = idle.entry(key).or_default();
-            if list.len() < MAX_IDLE_PER_KEY {
-                list.push((tokio::time::Instant::now(), sender));
-            }
+        let mut idle = self.idle.lock();
+        let list = idle.entry(key).or_default();
+        if list.len() < MAX_IDLE_PER_KEY {
+            list.push((tokio::time::Instant::now(), sender));
         }
     }
 }

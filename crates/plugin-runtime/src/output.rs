@@ -3,7 +3,9 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::task::{Context, Poll};
 
 use tokio::io::AsyncWrite;
@@ -88,7 +90,8 @@ impl GuestOutput {
 
     /// Logs a trailing partial line (called when the instance goes away).
     pub(crate) fn flush_line(&self) {
-        if let Ok(mut sink) = self.0.lock() {
+        {
+            let mut sink = self.0.lock();
             sink.emit();
         }
     }
@@ -112,7 +115,8 @@ impl AsyncWrite for GuestOutput {
         _cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if let Ok(mut sink) = self.0.lock() {
+        {
+            let mut sink = self.0.lock();
             sink.write(buf);
         }
         Poll::Ready(Ok(buf.len()))

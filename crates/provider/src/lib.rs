@@ -1,5 +1,9 @@
 //! The `Provider` trait: the only face of a plugin the scaler ever sees.
 //!
+//! Owns: the trait, the instance and connection types, and the error taxonomy that keeps a
+//! plugin's deliberate errors apart from host-contained faults.
+//! Must not know: WebAssembly, tokio, HTTP or config. A leaf crate.
+//!
 //! Nothing here knows about WebAssembly. The wasm adapter in `flotilla-plugin-runtime` is one
 //! implementation; tests and the simulator use in-process ones.
 

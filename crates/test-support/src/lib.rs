@@ -1,6 +1,9 @@
 //! Helpers shared by the host crates' integration tests and benchmarks: one plugin runtime per
 //! binary, log capture, quick sandboxes, and the real peers (moto, the CNCF registry, loopback
 //! HTTP servers standing in for clouds).
+//!
+//! Owns: starting and stopping peers, and the helpers tests would otherwise copy.
+//! Must not know: anything a production crate needs; nothing but tests and benches use it.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
