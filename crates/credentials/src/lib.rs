@@ -17,6 +17,7 @@ use zeroize::Zeroizing;
 use flotilla_net::AllowList;
 
 pub mod aws;
+pub mod config;
 
 /// A shared handle on an AWS chain, so its cache of temporary keys outlives request clones.
 #[derive(Debug, Clone, Default)]
@@ -161,14 +162,12 @@ impl SecretSource {
         }
     }
 
-    /// Problems visible without reading the secret (for config checks).
-    pub fn problems(&self, at: &str) -> Vec<String> {
+    /// What is wrong with the source, visible without reading the secret (for config checks).
+    fn problem(&self) -> Option<&'static str> {
         match self {
-            SecretSource::Value(s) if s.expose().is_empty() => {
-                vec![format!("{at}: value is empty")]
-            }
-            SecretSource::Env(v) if v.is_empty() => vec![format!("{at}: env name is empty")],
-            _ => Vec::new(),
+            SecretSource::Value(s) if s.expose().is_empty() => Some("value is empty"),
+            SecretSource::Env(v) if v.is_empty() => Some("env name is empty"),
+            _ => None,
         }
     }
 }

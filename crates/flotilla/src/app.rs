@@ -12,7 +12,7 @@ use anyhow::Context;
 use crate::api::{AppState, router};
 use crate::config::{self, Config, PluginSource};
 use crate::metrics::Metrics;
-use flotilla_oci::{AuthStore, Registry, RegistryOptions, Store};
+use flotilla_oci::{AuthStore, Registry, Store};
 use flotilla_plugin_runtime::loader::load_plugin;
 use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions, WasmProvider};
 use flotilla_provider::Provider;
@@ -28,14 +28,11 @@ struct Started {
 /// The registry client for `oci://` pools: the config's `[oci]` section, cache under `cache_dir`.
 pub fn registry_for(cfg: &Config) -> anyhow::Result<Registry> {
     let store = Store::for_cache_dir(cfg.cache_dir.as_deref())?;
-    let opts = RegistryOptions {
-        insecure: cfg.oci.insecure_registries.clone(),
-        plain_http_loopback: false,
-        timeout: cfg.oci.timeout.unwrap_or(Duration::from_secs(30)),
-        progress: false,
-        ca_files: cfg.oci.tls_ca_files.clone(),
-    };
-    Ok(Registry::new(opts, AuthStore::default_paths(), store))
+    Ok(Registry::new(
+        cfg.registry.clone(),
+        AuthStore::default_paths(),
+        store,
+    ))
 }
 
 async fn start_pool(
@@ -195,18 +192,29 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         let delete = s.delete_on_shutdown;
         async move { handle.shutdown(grace, delete).await }
     });
-    futures_join_all(drains).await;
+    let failed_drains = join_all(drains).await;
     shutdown.notify_one();
-    let _ = server.await;
+    let served = server.await.context("the API server task panicked")?;
+    served.context("the API server failed")?;
+    if failed_drains > 0 {
+        anyhow::bail!("{failed_drains} pool(s) failed while draining; see the log above");
+    }
     tracing::info!("stopped");
     Ok(())
 }
 
-async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
+/// Runs every future on its own task and waits for all; returns how many panicked (each is
+/// logged), so one pool's failure neither stops the others' drain nor goes unreported.
+async fn join_all<F: std::future::Future<Output = ()> + Send + 'static>(
     futs: impl Iterator<Item = F>,
-) {
+) -> usize {
     let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut failed = 0;
     for h in handles {
-        let _ = h.await;
+        if let Err(e) = h.await {
+            tracing::error!("a pool's drain task failed: {e}");
+            failed += 1;
+        }
     }
+    failed
 }

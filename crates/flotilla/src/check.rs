@@ -133,7 +133,11 @@ pub async fn check(options: &CheckOptions) -> CheckReport {
                 return report;
             }
         }
-        let _ = provider.shutdown().await;
+        // The check is over either way; a plugin that fails its shutdown is still reported.
+        if let Err(e) = provider.shutdown().await {
+            report.error = Some(format!("shutdown: {e}"));
+            return report;
+        }
     }
     report.ok = true;
     report

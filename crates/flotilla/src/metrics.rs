@@ -184,7 +184,9 @@ impl Metrics {
     /// The text exposition format.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!("cannot encode metrics: {e}");
+        }
         String::from_utf8(buf).unwrap_or_default()
     }
 

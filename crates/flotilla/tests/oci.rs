@@ -229,8 +229,8 @@ impl User {
             flotilla::config::parse(&path, &text, true).map_err(|e| anyhow::anyhow!("{e}"))?;
         let registry = flotilla_oci::Registry::new(
             RegistryOptions {
-                insecure: cfg.oci.insecure_registries.clone(),
-                ca_files: cfg.oci.tls_ca_files.clone(),
+                insecure: cfg.registry.insecure.clone(),
+                ca_files: cfg.registry.ca_files.clone(),
                 timeout: Duration::from_secs(5),
                 ..RegistryOptions::default()
             },

@@ -14,6 +14,8 @@ mod registry;
 mod signature;
 mod store;
 
+pub mod config;
+
 pub use artifact::{ArtifactInfo, ManifestCheck, PushAnnotations};
 pub use auth::{AuthStore, login_probe, read_password};
 pub use reference::OciRef;

@@ -167,6 +167,8 @@ pub(crate) fn describe_reqwest(e: &reqwest::Error) -> String {
 
 fn install_crypto() {
     // reqwest is built without a default TLS provider; ring is the one the host uses.
+    // Err means a provider is already installed (by this call earlier, or by the host), which
+    // is what is wanted.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
@@ -1059,7 +1061,9 @@ impl Registry {
     /// Drops a cached blob that failed its digest check when read, so the next pull fetches it.
     pub fn evict(&self, pulled: &Pulled) {
         tracing::warn!(file = %pulled.wasm.display(), "cached plugin does not match its digest; removing it");
-        let _ = std::fs::remove_file(&pulled.wasm);
+        if let Err(e) = std::fs::remove_file(&pulled.wasm) {
+            tracing::warn!(file = %pulled.wasm.display(), "cannot remove it: {e}; the next pull overwrites it");
+        }
     }
 
     /// Copies a cached wasm blob to `out` atomically.

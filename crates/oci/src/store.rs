@@ -136,6 +136,7 @@ impl Store {
         let actual = flotilla_net::sha256_digest(&bytes);
         if kind != "signatures" && actual != digest {
             tracing::warn!(path = %path.display(), "cached entry does not match its digest; ignoring it");
+            // Not removable means it stays ignored: every read re-checks the digest.
             let _ = std::fs::remove_file(&path);
             return None;
         }

@@ -12,6 +12,7 @@
 
 mod adapter;
 mod cache;
+pub mod config;
 mod egress;
 mod inspect;
 mod limits;
@@ -91,6 +92,7 @@ impl Drop for EpochTicker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
+            // The ticker only sleeps and increments; a panic there has nothing left to clean.
             let _ = t.join();
         }
     }

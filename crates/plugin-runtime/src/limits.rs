@@ -17,7 +17,7 @@ pub struct Limits {
     pub default_deadline: Duration,
     /// Deadlines per export, keyed by WIT name (`init`, `update`, `connect-info`...).
     #[serde(with = "humantime_serde_map")]
-    pub deadlines: BTreeMap<String, Duration>,
+    pub deadlines: BTreeMap<Function, Duration>,
     /// Total bytes across all linear memories of one instance.
     pub memory_bytes: usize,
     /// Core instances one component may create.
@@ -44,10 +44,10 @@ impl Default for Limits {
         Limits {
             default_deadline: Duration::from_secs(30),
             deadlines: BTreeMap::from([
-                ("increase".to_string(), Duration::from_secs(60)),
-                ("decrease".to_string(), Duration::from_secs(60)),
-                ("heartbeat".to_string(), Duration::from_secs(10)),
-                ("connect-info".to_string(), Duration::from_secs(15)),
+                (Function::Increase, Duration::from_secs(60)),
+                (Function::Decrease, Duration::from_secs(60)),
+                (Function::Heartbeat, Duration::from_secs(10)),
+                (Function::ConnectInfo, Duration::from_secs(15)),
             ]),
             memory_bytes: 256 << 20,
             instances: 32,
@@ -66,7 +66,7 @@ impl Limits {
     /// The deadline for one export call.
     pub fn deadline(&self, function: Function) -> Duration {
         self.deadlines
-            .get(function.name())
+            .get(&function)
             .copied()
             .unwrap_or(self.default_deadline)
     }
@@ -74,13 +74,6 @@ impl Limits {
     /// Every problem with these limits, for config validation.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for key in self.deadlines.keys() {
-            if !Function::ALL.iter().any(|f| f.name() == key) {
-                out.push(format!(
-                    "deadlines.{key}: unknown export (known: init, update, increase, decrease, connect-info, heartbeat, shutdown)"
-                ));
-            }
-        }
         let zero_deadline =
             self.default_deadline.is_zero() || self.deadlines.values().any(|d| d.is_zero());
         if zero_deadline {
@@ -105,15 +98,17 @@ mod humantime_serde_map {
 
     use serde::{Deserialize, Deserializer};
 
+    use flotilla_provider::Function;
+
     pub fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
-    ) -> Result<BTreeMap<String, Duration>, D::Error> {
-        let raw = BTreeMap::<String, String>::deserialize(d)?;
+    ) -> Result<BTreeMap<Function, Duration>, D::Error> {
+        let raw = BTreeMap::<Function, String>::deserialize(d)?;
         raw.into_iter()
             .map(|(k, v)| {
                 humantime::parse_duration(&v)
-                    .map(|d| (k.clone(), d))
-                    .map_err(|e| serde::de::Error::custom(format!("deadlines.{k}: {e}")))
+                    .map(|d| (k, d))
+                    .map_err(|e| serde::de::Error::custom(format!("deadlines.{}: {e}", k.name())))
             })
             .collect()
     }

@@ -151,7 +151,9 @@ pub enum ProviderError {
 }
 
 /// The exported functions, named as in the WIT, for deadlines, metrics and messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Function {
     /// `init`

@@ -59,3 +59,6 @@ impl Default for ScalerConfig {
         }
     }
 }
+
+/// The scaler's part of the configuration file.
+pub mod config;

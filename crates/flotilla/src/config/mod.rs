@@ -1,0 +1,204 @@
+//! The configuration file. Each room owns the shape of its part (`deny_unknown_fields`) and a
+//! `validate` that turns it into its runtime type; this module composes them into one file,
+//! reports every problem at once with its file, line and key, and builds nothing when any
+//! problem was found.
+
+mod locate;
+mod pool;
+mod serde_errors;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use flotilla_credentials::SecretSource;
+use flotilla_oci::RegistryOptions;
+use flotilla_oci::config::OciConfig;
+use flotilla_validate::{Context, KeyPath, Problems, Validate};
+
+pub use flotilla_plugin_runtime::loader::PluginSource;
+pub use pool::{Pool, PoolConfig};
+
+use locate::Locator;
+
+/// The whole file as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// The HTTP server (lease API, status, metrics).
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Where compiled and pulled plugins are cached (relative to this file).
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    /// How `oci://` plugins are fetched.
+    #[serde(default)]
+    pub oci: OciConfig,
+    /// The pools.
+    #[serde(default, rename = "pool")]
+    pub pools: Vec<PoolConfig>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Listen address, e.g. `127.0.0.1:8080`.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Bearer token guarding `/v1/*`: `{ value = "..." }`, `{ env = "VAR" }` or `{ file = "path" }`.
+    #[serde(default)]
+    pub token: Option<SecretSource>,
+    /// How long SIGTERM waits for leases to be released.
+    #[serde(default = "default_grace", with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+fn default_grace() -> Duration {
+    Duration::from_secs(600)
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            token: None,
+            shutdown_grace: default_grace(),
+        }
+    }
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// API token source.
+    pub token: Option<SecretSource>,
+    /// Drain grace period.
+    pub shutdown_grace: Duration,
+    /// Compile and OCI cache directory.
+    pub cache_dir: Option<PathBuf>,
+    /// Registry access.
+    pub registry: RegistryOptions,
+    /// The pools.
+    pub pools: Vec<Pool>,
+}
+
+/// One problem, located.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Problem {
+    /// The file.
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// Dotted key path, e.g. `pool[0].policy[1].timezone`.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}: {}", self.file, line, self.key, self.message),
+            None => write!(f, "{}: {}: {}", self.file, self.key, self.message),
+        }
+    }
+}
+
+/// Every problem in a configuration.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigErrors(pub Vec<Problem>);
+
+/// Reads and validates a configuration file, reporting every problem at once.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    load_with(path, true)
+}
+
+/// Like [`load`]; `check_files = false` skips checks that named files exist (for `simulate`).
+pub fn load_with(path: &Path, check_files: bool) -> Result<Config, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![Problem {
+            file: path.display().to_string(),
+            line: None,
+            key: "(file)".to_string(),
+            message: format!("cannot read: {e}"),
+        }])
+    })?;
+    parse(path, &text, check_files)
+}
+
+/// Validates configuration text that came from `path`.
+pub fn parse(path: &Path, text: &str, check_files: bool) -> Result<Config, ConfigErrors> {
+    let file = path.display().to_string();
+    let locator = Locator::new(text);
+    let located = |path: &KeyPath, offset: Option<usize>, message: String| Problem {
+        file: file.clone(),
+        line: offset
+            .map(|o| locator.line_of(o))
+            .or_else(|| locator.line(path.segments())),
+        key: path.to_string(),
+        message,
+    };
+    let raw: FileConfig = serde_errors::deserialize_all(text).map_err(|found| {
+        ConfigErrors(
+            found
+                .into_iter()
+                .map(|p| located(&p.path, p.offset, p.message))
+                .collect(),
+        )
+    })?;
+    let cx = Context {
+        base_dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+        check_files,
+    };
+    let mut problems = Problems::default();
+    let config = raw.validate(&cx, &KeyPath::root(), &mut problems);
+    match config {
+        Some(mut config) if problems.is_empty() => {
+            config.path = path.to_path_buf();
+            Ok(config)
+        }
+        _ => Err(ConfigErrors(
+            problems
+                .into_vec()
+                .into_iter()
+                .map(|p| located(&p.path, None, p.message))
+                .collect(),
+        )),
+    }
+}
+
+impl Validate for FileConfig {
+    type Output = Config;
+
+    fn validate(&self, cx: &Context, at: &KeyPath, problems: &mut Problems) -> Option<Config> {
+        let token_ok = match &self.server.token {
+            Some(token) => token.check(&at.key("server").key("token"), problems),
+            None => true,
+        };
+        let registry = self.oci.validate(cx, &at.key("oci"), problems);
+        let pools = pool::validate_all(&self.pools, cx, &at.key("pool"), problems);
+        if !token_ok {
+            return None;
+        }
+        Some(Config {
+            path: PathBuf::new(),
+            listen: self.server.listen,
+            token: self.server.token.as_ref().map(|t| t.resolved(cx)),
+            shutdown_grace: self.server.shutdown_grace,
+            cache_dir: self.cache_dir.as_deref().map(|d| cx.resolve(d)),
+            registry: registry?,
+            pools: pools?,
+        })
+    }
+}

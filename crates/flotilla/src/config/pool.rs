@@ -1,0 +1,241 @@
+//! `[[pool]]`: the keys users write in one table (GitLab Runner's names), handed to the room
+//! that owns each: the plugin source and sandbox to the plugin runtime, credentials to the
+//! credentials crate, the knobs and policies to the scaler.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use flotilla_credentials::config::{CredentialConfig, validate_all as validate_credentials};
+use flotilla_oci::PullPolicy;
+use flotilla_oci::config::VerifyConfig;
+use flotilla_plugin_runtime::config::{EgressConfig, SourceConfig, sandbox};
+use flotilla_plugin_runtime::loader::PluginSource;
+use flotilla_plugin_runtime::{Limits, Sandbox};
+use flotilla_scaler::config::{InPool, KnobsConfig, PolicyConfig, ThrottleConfig};
+use flotilla_scaler::{Policy, ScalerConfig};
+use flotilla_validate::{Context, KeyPath, Problems, Validate};
+
+/// `[[pool]]` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Unique name (used in URLs and metrics).
+    pub name: String,
+    /// The plugin: a path (relative to this file) to a `.wasm` component, or `oci://...`.
+    pub plugin: String,
+    /// For `oci://` plugins: `if-not-present` (default) or `always`.
+    #[serde(default)]
+    pub pull_policy: Option<PullPolicy>,
+    /// For `oci://` plugins: require a cosign signature by this key.
+    #[serde(default)]
+    pub verify: Option<VerifyConfig>,
+    /// The plugin's settings, passed to `init` as JSON.
+    #[serde(default)]
+    pub plugin_config: toml::Table,
+    /// Job slots per instance.
+    #[serde(default = "one")]
+    pub capacity_per_instance: u32,
+    /// Jobs per instance before it is replaced (0 = unlimited).
+    #[serde(default)]
+    pub max_use_count: u32,
+    /// Upper bound on instances.
+    pub max_instances: u32,
+    /// How long acquire waits for a ready instance.
+    #[serde(default = "two_minutes", with = "humantime_serde")]
+    pub instance_acquire_timeout: Duration,
+    /// Safety-net polling of `update()`.
+    #[serde(default = "one_minute", with = "humantime_serde")]
+    pub update_interval: Duration,
+    /// Wait before retrying a deletion.
+    #[serde(default = "one_minute", with = "humantime_serde")]
+    pub deletion_retry_interval: Duration,
+    /// Consecutive readiness failures before replacement.
+    #[serde(default = "three")]
+    pub failure_threshold: u32,
+    /// Delete the pool's instances after draining on shutdown.
+    #[serde(default)]
+    pub delete_instances_on_shutdown: bool,
+    /// Token bucket on instance creation.
+    #[serde(default)]
+    pub scale_throttle: Option<ThrottleConfig>,
+    /// Egress allow-list, `scheme://host[:port]`; empty denies all.
+    #[serde(default)]
+    pub allowed_outbound_hosts: Vec<String>,
+    /// Normally refused ranges this pool may reach (e.g. `127.0.0.0/8` for an emulator).
+    #[serde(default)]
+    pub allowed_ip_ranges: Vec<IpNet>,
+    /// Fixed name resolution for the plugin's requests (checked like DNS answers).
+    #[serde(default)]
+    pub resolve: BTreeMap<String, Vec<IpAddr>>,
+    /// Extra CA certificates (PEM files, relative to this file) trusted for HTTPS.
+    #[serde(default)]
+    pub tls_ca_files: Vec<PathBuf>,
+    /// Credentials the plugin may name.
+    #[serde(default)]
+    pub credentials: Vec<CredentialConfig>,
+    /// Plugin resource limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Idle policies; the last matching wins.
+    #[serde(default)]
+    pub policy: Vec<PolicyConfig>,
+}
+
+fn one() -> u32 {
+    1
+}
+fn three() -> u32 {
+    3
+}
+fn one_minute() -> Duration {
+    Duration::from_secs(60)
+}
+fn two_minutes() -> Duration {
+    Duration::from_secs(120)
+}
+
+/// A pool ready to start.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    /// Its name.
+    pub name: String,
+    /// Where the plugin comes from.
+    pub plugin: PluginSource,
+    /// `plugin_config` as JSON text.
+    pub settings: String,
+    /// Scaling knobs.
+    pub scaler: ScalerConfig,
+    /// Idle policies.
+    pub policies: Vec<Policy>,
+    /// Sandbox for the plugin.
+    pub sandbox: Sandbox,
+    /// Delete instances after draining on shutdown.
+    pub delete_instances_on_shutdown: bool,
+}
+
+/// Every pool, with unique names; at least one.
+pub(super) fn validate_all(
+    pools: &[PoolConfig],
+    cx: &Context,
+    at: &KeyPath,
+    problems: &mut Problems,
+) -> Option<Vec<Pool>> {
+    if pools.is_empty() {
+        problems.add(at, "no [[pool]] defined");
+        return None;
+    }
+    let mut out = Vec::new();
+    for (i, p) in pools.iter().enumerate() {
+        let here = at.index(i);
+        if pools.iter().take(i).any(|q| q.name == p.name) {
+            problems.add(
+                &here.key("name"),
+                format!("duplicate pool name {:?}", p.name),
+            );
+        }
+        if let Some(pool) = p.validate(cx, &here, problems) {
+            out.push(pool);
+        }
+    }
+    (out.len() == pools.len()).then_some(out)
+}
+
+impl PoolConfig {
+    fn knobs(&self) -> KnobsConfig {
+        KnobsConfig {
+            capacity_per_instance: self.capacity_per_instance,
+            max_use_count: self.max_use_count,
+            max_instances: self.max_instances,
+            instance_acquire_timeout: self.instance_acquire_timeout,
+            update_interval: self.update_interval,
+            deletion_retry_interval: self.deletion_retry_interval,
+            failure_threshold: self.failure_threshold,
+            scale_throttle: self.scale_throttle,
+        }
+    }
+
+    fn policies(&self, cx: &Context, at: &KeyPath, problems: &mut Problems) -> Option<Vec<Policy>> {
+        let max_slots = (self.max_instances > 0 && self.capacity_per_instance > 0)
+            .then(|| u64::from(self.max_instances) * u64::from(self.capacity_per_instance));
+        let checked: Vec<Option<Policy>> = self
+            .policy
+            .iter()
+            .enumerate()
+            .map(|(j, policy)| {
+                InPool { policy, max_slots }.validate(cx, &at.key("policy").index(j), problems)
+            })
+            .collect();
+        checked.into_iter().collect()
+    }
+
+    fn sandbox(&self, cx: &Context, at: &KeyPath, problems: &mut Problems) -> Option<Sandbox> {
+        let credentials =
+            validate_credentials(&self.credentials, cx, &at.key("credentials"), problems);
+        let egress = EgressConfig {
+            allowed_outbound_hosts: &self.allowed_outbound_hosts,
+            allowed_ip_ranges: &self.allowed_ip_ranges,
+            resolve: &self.resolve,
+            tls_ca_files: &self.tls_ca_files,
+            credentials: credentials.clone().unwrap_or_default(),
+        }
+        .validate(cx, at, problems);
+        let limits = self.limits.validate(cx, &at.key("limits"), problems);
+        credentials?;
+        sandbox(egress, limits)
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_')
+}
+
+impl Validate for PoolConfig {
+    type Output = Pool;
+
+    fn validate(&self, cx: &Context, at: &KeyPath, problems: &mut Problems) -> Option<Pool> {
+        let named = valid_name(&self.name);
+        if !named {
+            problems.add(
+                &at.key("name"),
+                format!("{:?}: use letters, digits, '-' and '_'", self.name),
+            );
+        }
+        let plugin = SourceConfig {
+            plugin: &self.plugin,
+            pull_policy: self.pull_policy,
+            verify: self.verify.as_ref(),
+        }
+        .validate(cx, at, problems);
+        let scaler = self.knobs().validate(cx, at, problems);
+        let policies = self.policies(cx, at, problems);
+        let sandbox = self.sandbox(cx, at, problems);
+        let settings = serde_json::to_string(&self.plugin_config)
+            .map_err(|e| {
+                problems.add(
+                    &at.key("plugin_config"),
+                    format!("cannot be expressed as JSON: {e}"),
+                );
+            })
+            .ok();
+        if !named {
+            return None;
+        }
+        Some(Pool {
+            name: self.name.clone(),
+            plugin: plugin?,
+            settings: settings?,
+            scaler: scaler?,
+            policies: policies?,
+            sandbox: sandbox?,
+            delete_instances_on_shutdown: self.delete_instances_on_shutdown,
+        })
+    }
+}

@@ -1,0 +1,373 @@
+//! The outbound HTTP policy: the single place where a plugin's requests leave the sandbox.
+//!
+//! Every `wasi:http/outgoing-handler` request passes through [`EgressHooks::send_request`].
+//! A request whose scheme, host and port do not match the pool's allow-list is denied with
+//! `HTTP-request-denied`, logged with the pool, the target and the reason, and counted.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use http::uri::Scheme;
+use http_body_util::{BodyExt, Full};
+use ipnet::IpNet;
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+
+use flotilla_credentials::{
+    AWS_REGION_HEADER, AWS_SERVICE_HEADER, CREDENTIAL_HEADER, Credential, SigningHints,
+};
+use flotilla_net::{AllowList, blocked_reason};
+
+mod client;
+
+pub use client::ConnectionPool;
+use client::{Timeouts, TlsCell, collect_limited, send_pinned, tls_config};
+
+/// Egress settings of one pool.
+#[derive(Debug, Clone)]
+pub struct EgressPolicy {
+    /// Where the plugin may send requests.
+    pub allow: AllowList,
+    /// Address ranges that are normally refused (loopback, private, link-local...) but that
+    /// this pool explicitly allows, e.g. `127.0.0.0/8` for a local emulator.
+    pub allowed_ip_ranges: Vec<IpNet>,
+    /// Fixed name resolution (like curl's `--resolve`), checked like any other answer.
+    pub resolve_overrides: BTreeMap<String, Vec<IpAddr>>,
+    /// Upper bound for the connect timeout a plugin may ask for.
+    pub max_connect_timeout: Duration,
+    /// Upper bound for the time to the first response byte.
+    pub max_first_byte_timeout: Duration,
+    /// Upper bound for the time between response body chunks.
+    pub max_between_bytes_timeout: Duration,
+    /// Response body bytes a plugin may read per request.
+    pub max_response_bytes: u64,
+    /// Request body bytes buffered for signing.
+    pub max_signed_body_bytes: usize,
+    /// Outgoing requests per export call.
+    pub max_requests_per_call: u32,
+    /// Named credentials the plugin may ask the host to apply.
+    pub credentials: Vec<Credential>,
+    /// Extra CA certificates (DER) trusted for HTTPS, on top of the Web PKI roots; for
+    /// private endpoints and emulators.
+    pub extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+}
+
+impl Default for EgressPolicy {
+    fn default() -> Self {
+        EgressPolicy {
+            allow: AllowList::default(),
+            allowed_ip_ranges: Vec::new(),
+            resolve_overrides: BTreeMap::new(),
+            max_connect_timeout: Duration::from_secs(10),
+            max_first_byte_timeout: Duration::from_secs(30),
+            max_between_bytes_timeout: Duration::from_secs(30),
+            max_response_bytes: 16 << 20,
+            max_signed_body_bytes: 8 << 20,
+            max_requests_per_call: 100,
+            credentials: Vec::new(),
+            extra_roots: Vec::new(),
+        }
+    }
+}
+
+fn clamp(asked: Option<Duration>, max: Duration) -> Duration {
+    asked.map_or(max, |a| a.min(max))
+}
+
+impl EgressPolicy {
+    /// Whether a resolved address may be contacted; `Err` says why not.
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), String> {
+        match blocked_reason(ip) {
+            Some(reason) if !self.allowed_ip_ranges.iter().any(|r| r.contains(&ip)) => Err(
+                format!("resolves to {ip}, a {reason} address the pool does not allow"),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    fn credential(&self, name: &str) -> Option<&Credential> {
+        self.credentials.iter().find(|c| c.name == name)
+    }
+
+    async fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<Vec<SocketAddr>, String> {
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Ok(vec![SocketAddr::new(ip, port)]);
+        }
+        if let Some(ips) = self.resolve_overrides.get(host) {
+            return Ok(ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect());
+        }
+        match tokio::time::timeout(timeout, tokio::net::lookup_host((host, port))).await {
+            Ok(Ok(addrs)) => Ok(addrs.collect()),
+            Ok(Err(e)) => Err(format!("cannot resolve {host}: {e}")),
+            Err(_) => Err(format!("resolving {host} timed out")),
+        }
+    }
+}
+
+/// Counts of what the policy did, for metrics.
+#[derive(Debug, Default)]
+pub struct EgressStats {
+    /// Requests let through.
+    pub allowed: AtomicU64,
+    /// Requests denied.
+    pub denied: AtomicU64,
+}
+
+/// What all instances of one pool's plugin share: the policy, counters and connections.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EgressShared {
+    pub policy: Arc<EgressPolicy>,
+    pub stats: Arc<EgressStats>,
+    pub connections: Arc<ConnectionPool>,
+    pub tls: Arc<TlsCell>,
+}
+
+/// The wasi-http hooks of one plugin instance.
+pub(crate) struct EgressHooks {
+    pub policy: Arc<EgressPolicy>,
+    pub stats: Arc<EgressStats>,
+    pub origin: crate::output::Origin,
+    /// Requests made in the current export call (reset before each call).
+    pub requests_this_call: u32,
+    /// Keep-alive connections shared by the pool's instances.
+    pub connections: Arc<ConnectionPool>,
+    /// The pool's TLS client configuration.
+    pub tls: Arc<TlsCell>,
+}
+
+pub(crate) type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
+type SendFuture =
+    Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), HttpError>> + Send>;
+
+/// Logs and counts a denial; the guest sees `HTTP-request-denied`.
+fn deny(
+    origin: &crate::output::Origin,
+    stats: &EgressStats,
+    request: &http::Request<WasiBody>,
+    reason: &str,
+) -> HttpError {
+    stats.denied.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        target: "flotilla::egress",
+        pool = %origin.pool,
+        plugin = %origin.plugin,
+        method = %request.method(),
+        target_uri = %redact_query(request.uri()),
+        reason = %reason,
+        "denied plugin request"
+    );
+    HttpError::HttpRequestDenied
+}
+
+fn header_text(
+    request: &mut http::Request<WasiBody>,
+    name: &str,
+) -> Result<Option<String>, String> {
+    match request.headers_mut().remove(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim().to_string()))
+            .map_err(|_| format!("{name} header is not valid text")),
+    }
+}
+
+impl WasiHttpHooks for EgressHooks {
+    fn default_scheme(&mut self) -> Option<Scheme> {
+        None
+    }
+
+    fn send_request(
+        &mut self,
+        mut request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        fut: IoFuture,
+    ) -> SendFuture {
+        drop(fut);
+        let (credential, hints) = match self.admit(&mut request) {
+            Ok(admitted) => admitted,
+            Err(reason) => {
+                let e = deny(&self.origin, &self.stats, &request, &reason);
+                return Box::new(async move { Err(e) });
+            }
+        };
+        let asked = options.unwrap_or_default();
+        let policy = self.policy.clone();
+        let timeouts = Timeouts {
+            connect: clamp(asked.connect_timeout, policy.max_connect_timeout),
+            first_byte: clamp(asked.first_byte_timeout, policy.max_first_byte_timeout),
+            between_bytes: clamp(
+                asked.between_bytes_timeout,
+                policy.max_between_bytes_timeout,
+            ),
+        };
+        let forward = Forward {
+            policy,
+            origin: self.origin.clone(),
+            stats: self.stats.clone(),
+            connections: self.connections.clone(),
+            tls: self.tls.clone(),
+            timeouts,
+        };
+        Box::new(forward.send(request, credential, hints))
+    }
+}
+
+impl EgressHooks {
+    /// The checks that need no I/O: the per-call cap, the allow-list, and the credential the
+    /// request names (which must exist and be bound to the target). Removes the host-only
+    /// headers. `Err` is the denial reason.
+    fn admit(
+        &mut self,
+        request: &mut http::Request<WasiBody>,
+    ) -> Result<(Option<Credential>, SigningHints), String> {
+        self.requests_this_call = self.requests_this_call.saturating_add(1);
+        if self.requests_this_call > self.policy.max_requests_per_call {
+            return Err(format!(
+                "more than {} requests in one call",
+                self.policy.max_requests_per_call
+            ));
+        }
+        self.policy.allow.check(request.uri())?;
+        let credential = match header_text(request, CREDENTIAL_HEADER)? {
+            None => None,
+            Some(name) => {
+                let c = self
+                    .policy
+                    .credential(&name)
+                    .ok_or_else(|| format!("unknown credential {name:?}"))?;
+                c.hosts
+                    .check(request.uri())
+                    .map_err(|_| format!("credential {name:?} is not bound to this host"))?;
+                Some(c.clone())
+            }
+        };
+        let hints = SigningHints {
+            service: header_text(request, AWS_SERVICE_HEADER)?,
+            region: header_text(request, AWS_REGION_HEADER)?,
+        };
+        Ok((credential, hints))
+    }
+}
+
+/// What one admitted request needs after the hook returns: resolution, the address check,
+/// signing, and the send.
+struct Forward {
+    policy: Arc<EgressPolicy>,
+    origin: crate::output::Origin,
+    stats: Arc<EgressStats>,
+    connections: Arc<ConnectionPool>,
+    tls: Arc<TlsCell>,
+    timeouts: Timeouts,
+}
+
+impl Forward {
+    async fn send(
+        self,
+        mut request: http::Request<WasiBody>,
+        credential: Option<Credential>,
+        hints: SigningHints,
+    ) -> Result<(http::Response<WasiBody>, IoFuture), HttpError> {
+        let host = request
+            .uri()
+            .host()
+            .unwrap_or_default()
+            .trim_matches(['[', ']'])
+            .to_ascii_lowercase();
+        let https = request.uri().scheme() == Some(&Scheme::HTTPS);
+        let port = request
+            .uri()
+            .port_u16()
+            .unwrap_or(if https { 443 } else { 80 });
+        let addrs = match self.resolve_checked(&host, port).await {
+            Ok(addrs) => addrs,
+            Err(Refused::Http(e)) => return Err(e),
+            Err(Refused::Address(reason)) => {
+                return Err(deny(&self.origin, &self.stats, &request, &reason));
+            }
+        };
+        if let Some(credential) = credential {
+            let body = request.body_mut();
+            let bytes = collect_limited(body, self.policy.max_signed_body_bytes).await?;
+            if let Err(e) = credential.apply(&mut request, &bytes, &hints).await {
+                return Err(deny(&self.origin, &self.stats, &request, &e.to_string()));
+            }
+            *request.body_mut() = Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync();
+        }
+        self.stats.allowed.fetch_add(1, Ordering::Relaxed);
+        send_pinned(
+            request,
+            &host,
+            &addrs,
+            self.timeouts,
+            self.policy.max_response_bytes,
+            &self.connections,
+            https
+                .then(|| tls_config(&self.policy, &self.tls))
+                .transpose()?,
+        )
+        .await
+    }
+
+    /// Resolves the name (by the host, never the guest) and checks every answer, so a name
+    /// cannot smuggle in a forbidden address; the connection goes to these addresses only.
+    async fn resolve_checked(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, Refused> {
+        let addrs = match self.policy.resolve(host, port, self.timeouts.connect).await {
+            Ok(a) if !a.is_empty() => a,
+            Ok(_) => {
+                return Err(Refused::Http(HttpError::DnsError {
+                    rcode: Some("no addresses".into()),
+                    info_code: None,
+                }));
+            }
+            Err(e) => {
+                tracing::info!(target: "flotilla::egress", pool = %self.origin.pool, "{e}");
+                return Err(Refused::Http(HttpError::DnsError {
+                    rcode: Some("lookup failed".into()),
+                    info_code: None,
+                }));
+            }
+        };
+        for addr in &addrs {
+            if let Err(reason) = self.policy.check_ip(addr.ip()) {
+                return Err(Refused::Address(format!("{host} {reason}")));
+            }
+        }
+        Ok(addrs)
+    }
+}
+
+/// Why a name did not yield addresses to connect to.
+enum Refused {
+    /// Resolution failed (the guest sees a DNS error).
+    Http(HttpError),
+    /// An answer is in a class the pool does not allow (the guest sees a denial).
+    Address(String),
+}
+
+/// The URI without its query, which may carry tokens.
+fn redact_query(uri: &http::Uri) -> String {
+    let mut s = String::new();
+    if let Some(scheme) = uri.scheme_str() {
+        s.push_str(scheme);
+        s.push_str("://");
+    }
+    if let Some(a) = uri.authority() {
+        s.push_str(a.host());
+        if let Some(p) = a.port_u16() {
+            s.push_str(&format!(":{p}"));
+        }
+    }
+    s.push_str(uri.path());
+    s
+}

@@ -1,0 +1,282 @@
+//! The scaler's part of a pool's configuration: `[[pool.policy]]`, `scale_throttle`, and the
+//! numeric knobs (GitLab Runner's `[runners.autoscaler]` names), validated into
+//! [`ScalerConfig`] and [`Policy`]. The binary places these in the document; this module
+//! knows nothing of files or lines.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use flotilla_validate::{Context, KeyPath, Problems, Validate};
+
+use crate::{Millis, Policy, ScalerConfig};
+
+fn millis(d: Duration) -> Millis {
+    Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
+}
+
+/// `[[pool.policy]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// 5-field cron expressions.
+    #[serde(default = "default_periods")]
+    pub periods: Vec<String>,
+    /// IANA zone for the periods.
+    #[serde(default = "default_timezone")]
+    pub timezone: String,
+    /// Idle job slots to keep.
+    #[serde(default)]
+    pub idle_count: u32,
+    /// How long an unused instance may stay.
+    #[serde(default = "default_idle_time", with = "humantime_serde")]
+    pub idle_time: Duration,
+    /// Extra idle slots per slot in use.
+    #[serde(default)]
+    pub scale_factor: f64,
+    /// Cap on the extra idle slots (0 = none).
+    #[serde(default)]
+    pub scale_factor_limit: u32,
+    /// Reserve only when an idle slot exists.
+    #[serde(default)]
+    pub preemptive_mode: bool,
+}
+
+fn default_periods() -> Vec<String> {
+    vec!["* * * * *".to_string()]
+}
+fn default_timezone() -> String {
+    "UTC".to_string()
+}
+fn default_idle_time() -> Duration {
+    Duration::from_secs(300)
+}
+
+/// `scale_throttle = { limit, burst }`: a token bucket on instance creation.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThrottleConfig {
+    /// Instances per second.
+    pub limit: f64,
+    /// Bucket size.
+    pub burst: u32,
+}
+
+/// The numeric knobs of a pool as written (they sit directly in `[[pool]]`).
+#[derive(Debug, Clone)]
+pub struct KnobsConfig {
+    /// Job slots per instance.
+    pub capacity_per_instance: u32,
+    /// Jobs per instance before it is replaced (0 = unlimited).
+    pub max_use_count: u32,
+    /// Upper bound on instances.
+    pub max_instances: u32,
+    /// How long acquire waits for a ready instance.
+    pub instance_acquire_timeout: Duration,
+    /// Safety-net polling of `update()`.
+    pub update_interval: Duration,
+    /// Wait before retrying a deletion.
+    pub deletion_retry_interval: Duration,
+    /// Consecutive readiness failures before replacement.
+    pub failure_threshold: u32,
+    /// Token bucket on instance creation.
+    pub scale_throttle: Option<ThrottleConfig>,
+}
+
+impl Validate for KnobsConfig {
+    type Output = ScalerConfig;
+
+    fn validate(&self, _: &Context, at: &KeyPath, problems: &mut Problems) -> Option<ScalerConfig> {
+        let capacity = problems.at_least(
+            &at.key("capacity_per_instance"),
+            self.capacity_per_instance,
+            1,
+        );
+        let max_instances = problems.at_least(&at.key("max_instances"), self.max_instances, 1);
+        let failure_threshold =
+            problems.at_least(&at.key("failure_threshold"), self.failure_threshold, 1);
+        let mut ok = true;
+        for (key, d) in [
+            ("update_interval", self.update_interval),
+            ("instance_acquire_timeout", self.instance_acquire_timeout),
+            ("deletion_retry_interval", self.deletion_retry_interval),
+        ] {
+            if d.is_zero() {
+                problems.add(&at.key(key), "must be greater than zero");
+                ok = false;
+            }
+        }
+        let (throttle_limit, throttle_burst) = match self.scale_throttle {
+            None => (0.0, 1),
+            Some(t) => {
+                let at = at.key("scale_throttle");
+                if !t.limit.is_finite() || t.limit <= 0.0 {
+                    problems.add(
+                        &at.key("limit"),
+                        "must be a positive number of instances per second",
+                    );
+                    ok = false;
+                }
+                (t.limit, problems.at_least(&at.key("burst"), t.burst, 1)?)
+            }
+        };
+        if !ok {
+            return None;
+        }
+        Some(ScalerConfig {
+            capacity_per_instance: capacity?,
+            max_use_count: self.max_use_count,
+            max_instances: max_instances?,
+            throttle_limit,
+            throttle_burst,
+            failure_threshold: failure_threshold?,
+            deletion_retry_interval_ms: millis(self.deletion_retry_interval),
+            instance_acquire_timeout_ms: millis(self.instance_acquire_timeout),
+            update_interval_ms: millis(self.update_interval),
+        })
+    }
+}
+
+/// A policy checked against the pool it belongs to: `idle_count` must be reachable with
+/// `max_slots` (max_instances x capacity_per_instance), when those are known.
+#[derive(Debug, Clone, Copy)]
+pub struct InPool<'a> {
+    /// The policy as written.
+    pub policy: &'a PolicyConfig,
+    /// The pool's slot ceiling, when its knobs were valid.
+    pub max_slots: Option<u64>,
+}
+
+impl Validate for InPool<'_> {
+    type Output = Policy;
+
+    fn validate(&self, _: &Context, at: &KeyPath, problems: &mut Problems) -> Option<Policy> {
+        let p = self.policy;
+        let mut ok = true;
+        if let Some(max_slots) = self.max_slots
+            && u64::from(p.idle_count) > max_slots
+        {
+            problems.add(
+                &at.key("idle_count"),
+                format!(
+                    "{} idle slots can never be met: max_instances x capacity_per_instance = {max_slots}",
+                    p.idle_count
+                ),
+            );
+            ok = false;
+        }
+        let policy = Policy::new(
+            p.periods.clone(),
+            &p.timezone,
+            p.idle_count,
+            millis(p.idle_time),
+            p.scale_factor,
+            p.scale_factor_limit,
+            p.preemptive_mode,
+        );
+        match policy {
+            Ok(policy) if ok => Some(policy),
+            Ok(_) => None,
+            Err(errors) => {
+                for (key, message) in errors {
+                    problems.add(&policy_key(at, &key), message);
+                }
+                None
+            }
+        }
+    }
+}
+
+/// `Policy::new` names keys as `periods[2]` or `timezone`; this places them under `at`.
+fn policy_key(at: &KeyPath, key: &str) -> KeyPath {
+    match key.split_once('[') {
+        Some((name, rest)) => match rest.trim_end_matches(']').parse() {
+            Ok(n) => at.key(name).index(n),
+            Err(_) => at.key(name),
+        },
+        None => at.key(key),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cx() -> Context {
+        Context {
+            base_dir: ".".into(),
+            check_files: false,
+        }
+    }
+
+    fn knobs() -> KnobsConfig {
+        KnobsConfig {
+            capacity_per_instance: 2,
+            max_use_count: 0,
+            max_instances: 4,
+            instance_acquire_timeout: Duration::from_secs(120),
+            update_interval: Duration::from_secs(60),
+            deletion_retry_interval: Duration::from_secs(60),
+            failure_threshold: 3,
+            scale_throttle: None,
+        }
+    }
+
+    #[test]
+    fn valid_knobs_become_a_scaler_config() {
+        let mut problems = Problems::default();
+        let cfg = knobs().validate(&cx(), &KeyPath::root(), &mut problems);
+        assert!(problems.is_empty());
+        assert_eq!(cfg.map(|c| c.max_instances), Some(4));
+    }
+
+    #[test]
+    fn every_bad_knob_is_reported_and_nothing_is_built() {
+        let mut k = knobs();
+        k.capacity_per_instance = 0;
+        k.update_interval = Duration::ZERO;
+        k.scale_throttle = Some(ThrottleConfig {
+            limit: -1.0,
+            burst: 0,
+        });
+        let mut problems = Problems::default();
+        let at = KeyPath::root().key("pool").index(0);
+        assert!(k.validate(&cx(), &at, &mut problems).is_none());
+        let keys: Vec<String> = problems
+            .into_vec()
+            .iter()
+            .map(|p| p.path.to_string())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "pool[0].capacity_per_instance",
+                "pool[0].update_interval",
+                "pool[0].scale_throttle.limit",
+                "pool[0].scale_throttle.burst"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_idle_count_above_the_pool_ceiling_is_refused() {
+        let policy: PolicyConfig = PolicyConfig {
+            periods: default_periods(),
+            timezone: default_timezone(),
+            idle_count: 9,
+            idle_time: default_idle_time(),
+            scale_factor: 0.0,
+            scale_factor_limit: 0,
+            preemptive_mode: false,
+        };
+        let mut problems = Problems::default();
+        let at = KeyPath::root().key("policy").index(0);
+        let checked = InPool {
+            policy: &policy,
+            max_slots: Some(8),
+        }
+        .validate(&cx(), &at, &mut problems);
+        assert!(checked.is_none());
+        assert_eq!(problems.len(), 1);
+    }
+}
