@@ -36,15 +36,67 @@ pub struct AppState {
 /// An API error: a status, a stable code and a message.
 #[derive(Debug)]
 pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
 }
 
+/// The stable error codes of the API (`{"error": {"code": ...}}`); clients match on these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// No such endpoint.
+    NotFound,
+    /// Missing or wrong bearer token.
+    Unauthorized,
+    /// No pool by that name.
+    UnknownPool,
+    /// The path's lease id is not a number.
+    BadLeaseId,
+    /// No lease by that id in the pool.
+    UnknownLease,
+    /// The lease is already bound to an instance.
+    AlreadyAcquired,
+    /// The lease was never bound.
+    NotAcquired,
+    /// The lease is bound, so it cannot be unreserved.
+    Acquired,
+    /// The lease failed (its instance went away); the message says why.
+    LeaseFailed,
+    /// The pool cannot promise another slot.
+    AtCapacity,
+    /// Preemptive mode, and no idle slot now.
+    NoIdleSlot,
+    /// The process is draining.
+    ShuttingDown,
+    /// The pool stopped or failed to start.
+    PoolStopped,
+    /// No instance became ready in time; the lease is still reserved.
+    AcquireTimeout,
+}
+
+impl ErrorCode {
+    /// The HTTP status that goes with the code.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::NotFound | ErrorCode::UnknownPool | ErrorCode::UnknownLease => {
+                StatusCode::NOT_FOUND
+            }
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::BadLeaseId => StatusCode::BAD_REQUEST,
+            ErrorCode::AlreadyAcquired | ErrorCode::NotAcquired | ErrorCode::Acquired => {
+                StatusCode::CONFLICT
+            }
+            ErrorCode::LeaseFailed => StatusCode::GONE,
+            ErrorCode::AtCapacity | ErrorCode::NoIdleSlot => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::ShuttingDown | ErrorCode::PoolStopped => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::AcquireTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+}
+
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {
-            status,
             code,
             message: message.into(),
         }
@@ -54,7 +106,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (
-            self.status,
+            self.code.status(),
             Json(json!({ "error": { "code": self.code, "message": self.message } })),
         )
             .into_response()
@@ -63,18 +115,18 @@ impl IntoResponse for ApiError {
 
 impl From<LeaseError> for ApiError {
     fn from(e: LeaseError) -> Self {
-        let (status, code) = match &e {
-            LeaseError::UnknownLease(_) => (StatusCode::NOT_FOUND, "unknown_lease"),
-            LeaseError::AlreadyAcquired(_) => (StatusCode::CONFLICT, "already_acquired"),
-            LeaseError::NotAcquired(_) => (StatusCode::CONFLICT, "not_acquired"),
-            LeaseError::Acquired(_) => (StatusCode::CONFLICT, "acquired"),
-            LeaseError::Failed { .. } => (StatusCode::GONE, "lease_failed"),
-            LeaseError::AtCapacity(_) => (StatusCode::TOO_MANY_REQUESTS, "at_capacity"),
-            LeaseError::NoIdleSlot => (StatusCode::TOO_MANY_REQUESTS, "no_idle_slot"),
-            LeaseError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
-            LeaseError::Stopped(_) => (StatusCode::SERVICE_UNAVAILABLE, "pool_stopped"),
+        let code = match &e {
+            LeaseError::UnknownLease(_) => ErrorCode::UnknownLease,
+            LeaseError::AlreadyAcquired(_) => ErrorCode::AlreadyAcquired,
+            LeaseError::NotAcquired(_) => ErrorCode::NotAcquired,
+            LeaseError::Acquired(_) => ErrorCode::Acquired,
+            LeaseError::Failed { .. } => ErrorCode::LeaseFailed,
+            LeaseError::AtCapacity(_) => ErrorCode::AtCapacity,
+            LeaseError::NoIdleSlot => ErrorCode::NoIdleSlot,
+            LeaseError::ShuttingDown => ErrorCode::ShuttingDown,
+            LeaseError::Stopped(_) => ErrorCode::PoolStopped,
         };
-        ApiError::new(status, code, e.to_string())
+        ApiError::new(code, e.to_string())
     }
 }
 
@@ -97,9 +149,7 @@ pub fn router(state: Shared) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-        })
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
         .with_state(state)
 }
 
@@ -116,12 +166,8 @@ async fn auth(
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
         if !token.matches(given.as_bytes()) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "missing or invalid bearer token",
-            )
-            .into_response();
+            return ApiError::new(ErrorCode::Unauthorized, "missing or invalid bearer token")
+                .into_response();
         }
     }
     next.run(request).await
@@ -130,28 +176,20 @@ async fn auth(
 fn pool(state: &AppState, name: &str) -> Result<Arc<PoolHandle>, ApiError> {
     if let Some(reason) = state.failed.get(name) {
         return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "pool_stopped",
+            ErrorCode::PoolStopped,
             format!("pool {name} failed to start: {reason}"),
         ));
     }
-    state.pools.get(name).cloned().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_pool",
-            format!("no pool named {name:?}"),
-        )
-    })
+    state
+        .pools
+        .get(name)
+        .cloned()
+        .ok_or_else(|| ApiError::new(ErrorCode::UnknownPool, format!("no pool named {name:?}")))
 }
 
 fn lease_id(id: &str) -> Result<u64, ApiError> {
-    id.parse().map_err(|_| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_lease_id",
-            format!("{id:?} is not a lease id"),
-        )
-    })
+    id.parse()
+        .map_err(|_| ApiError::new(ErrorCode::BadLeaseId, format!("{id:?} is not a lease id")))
 }
 
 async fn pools(State(state): State<Shared>) -> Json<serde_json::Value> {
@@ -227,11 +265,7 @@ async fn acquire(
     let id = lease_id(&id)?;
     let binding = p.acquire(id).await.map_err(|e| match e {
         AcquireError::Lease(l) => ApiError::from(l),
-        AcquireError::Timeout(_) => ApiError::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "acquire_timeout",
-            e.to_string(),
-        ),
+        AcquireError::Timeout(_) => ApiError::new(ErrorCode::AcquireTimeout, e.to_string()),
     })?;
     let (connection, connection_error) = match p.provider().connect_info(&binding.instance).await {
         Ok(c) => (Some(c), None),

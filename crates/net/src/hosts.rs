@@ -147,35 +147,49 @@ impl AllowList {
     }
 
     /// Whether a request target is allowed; `Err` says why not.
-    pub fn check(&self, uri: &http::Uri) -> Result<(), String> {
+    pub fn check(&self, uri: &http::Uri) -> Result<(), NotAllowed> {
         let scheme = uri
             .scheme_str()
             .map(str::to_ascii_lowercase)
-            .ok_or("request has no scheme")?;
-        let host = uri.host().ok_or("request has no host")?;
+            .ok_or(NotAllowed::NoScheme)?;
+        let host = uri.host().ok_or(NotAllowed::NoHost)?;
         let host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_ascii_lowercase();
         let port = match uri.port_u16() {
             Some(p) => p,
-            None => {
-                default_port(&scheme).ok_or_else(|| format!("scheme {scheme} is not allowed"))?
-            }
+            None => default_port(&scheme).ok_or_else(|| NotAllowed::Scheme(scheme.clone()))?,
         };
         if self.0.is_empty() {
-            return Err(
-                "the pool's allow-list is empty, so all outbound HTTP is denied".to_string(),
-            );
+            return Err(NotAllowed::EmptyList);
         }
         if self.0.iter().any(|h| h.matches(&scheme, &host, port)) {
             Ok(())
         } else {
-            Err(format!(
-                "{scheme}://{host}:{port} is not in the pool's allow-list"
-            ))
+            Err(NotAllowed::NotListed(format!("{scheme}://{host}:{port}")))
         }
     }
+}
+
+/// Why a request target is refused by an allow-list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotAllowed {
+    /// The URI has no scheme.
+    #[error("request has no scheme")]
+    NoScheme,
+    /// The URI has no host.
+    #[error("request has no host")]
+    NoHost,
+    /// Only http and https are ever allowed.
+    #[error("scheme {0} is not allowed")]
+    Scheme(String),
+    /// An empty list allows nothing.
+    #[error("the allow-list is empty, so all outbound HTTP is denied")]
+    EmptyList,
+    /// The normalised `scheme://host:port` matches no entry.
+    #[error("{0} is not in the allow-list")]
+    NotListed(String),
 }
 
 #[cfg(test)]

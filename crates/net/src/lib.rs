@@ -10,5 +10,5 @@ mod hosts;
 mod ip;
 
 pub use digest::{sha256_digest, sha256_hex};
-pub use hosts::{AllowList, AllowListError, AllowedHost};
+pub use hosts::{AllowList, AllowListError, AllowedHost, NotAllowed};
 pub use ip::blocked_reason;

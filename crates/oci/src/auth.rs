@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -208,7 +207,7 @@ pub async fn login_probe(
     };
     let unreachable = |e: reqwest::Error| OciError::Unreachable {
         registry: registry.to_string(),
-        why: super::registry::describe_reqwest(&e),
+        why: crate::http::describe_reqwest(&e),
     };
     let v2 = format!("{base}/v2/");
     let first = http.get(&v2).send().await.map_err(unreachable)?;
@@ -270,7 +269,7 @@ pub async fn login_probe(
                         "{registry} (token service {})",
                         url.origin().ascii_serialization()
                     ),
-                    why: super::registry::describe_reqwest(&e),
+                    why: crate::http::describe_reqwest(&e),
                 })?;
             if r.status() == reqwest::StatusCode::UNAUTHORIZED
                 || r.status() == reqwest::StatusCode::FORBIDDEN
@@ -319,6 +318,3 @@ pub fn read_password(mut input: impl std::io::BufRead) -> Result<Zeroizing<Strin
     }
     Ok(trimmed)
 }
-
-/// Default timeouts for registry traffic.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

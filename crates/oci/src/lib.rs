@@ -9,6 +9,7 @@
 
 mod artifact;
 mod auth;
+mod http;
 mod reference;
 mod registry;
 mod signature;

@@ -120,6 +120,49 @@ pub(crate) fn payload(repo_name: &str, digest: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A signature manifest under `sha256-<hex>.sig`, as cosign writes it: an image manifest whose
+/// layers are simple-signing payloads, each with its signature in an annotation.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SignatureManifest {
+    pub schema_version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Descriptor>,
+    #[serde(default)]
+    pub layers: Vec<Descriptor>,
+}
+
+/// An OCI descriptor; keys this type does not name are kept as they were (`extra`), so
+/// rewriting a manifest does not drop what another tool put there.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Descriptor {
+    #[serde(default)]
+    pub media_type: String,
+    pub digest: String,
+    #[serde(default)]
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: std::collections::BTreeMap<String, String>,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+impl Descriptor {
+    /// The cosign signature this layer carries, if it is a simple-signing layer.
+    pub fn signature(&self) -> Option<&str> {
+        (self.media_type == SIMPLESIGNING_MEDIA_TYPE)
+            .then(|| {
+                self.annotations
+                    .get(SIGNATURE_ANNOTATION)
+                    .map(String::as_str)
+            })
+            .flatten()
+    }
+}
+
 /// A signature layer as found in a `.sig` manifest (payload fetched and digest-verified).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SignatureLayer {

@@ -79,11 +79,11 @@ fn clamp(asked: Option<Duration>, max: Duration) -> Duration {
 
 impl EgressPolicy {
     /// Whether a resolved address may be contacted; `Err` says why not.
-    pub fn check_ip(&self, ip: IpAddr) -> Result<(), String> {
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), BlockedAddress> {
         match blocked_reason(ip) {
-            Some(reason) if !self.allowed_ip_ranges.iter().any(|r| r.contains(&ip)) => Err(
-                format!("resolves to {ip}, a {reason} address the pool does not allow"),
-            ),
+            Some(class) if !self.allowed_ip_ranges.iter().any(|r| r.contains(&ip)) => {
+                Err(BlockedAddress { ip, class })
+            }
             _ => Ok(()),
         }
     }
@@ -110,6 +110,16 @@ impl EgressPolicy {
             Err(_) => Err(format!("resolving {host} timed out")),
         }
     }
+}
+
+/// A resolved address in a class the pool does not allow.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("resolves to {ip}, a {class} address the pool does not allow")]
+pub struct BlockedAddress {
+    /// The address.
+    pub ip: IpAddr,
+    /// Its class (loopback, private, link-local...).
+    pub class: &'static str,
 }
 
 /// Counts of what the policy did, for metrics.
@@ -236,7 +246,10 @@ impl EgressHooks {
                 self.policy.max_requests_per_call
             ));
         }
-        self.policy.allow.check(request.uri())?;
+        self.policy
+            .allow
+            .check(request.uri())
+            .map_err(|e| e.to_string())?;
         let credential = match header_text(request, CREDENTIAL_HEADER)? {
             None => None,
             Some(name) => {
