@@ -162,6 +162,7 @@ impl CheckReport {
                     ImportKind::Contract => "contract",
                     ImportKind::Http => "outbound HTTP, allow-listed",
                     ImportKind::WasiRuntime => "WASI runtime, nothing granted",
+                    ImportKind::TestProbe => "test probe (test builds only)",
                 };
                 out.push_str(&format!("  {:<45} {how}\n", import.name));
             }

@@ -120,6 +120,11 @@ impl WasmProvider {
             stdout.clone(),
             stderr.clone(),
         );
+        #[cfg(feature = "test-probe")]
+        let state = HostState {
+            probe: self.sandbox.probe.clone(),
+            ..state
+        };
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(ticks(self.sandbox.limits.deadline(Function::Init)));

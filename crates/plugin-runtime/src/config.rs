@@ -188,5 +188,7 @@ pub fn sandbox(egress: Option<EgressPolicy>, limits: Option<Limits>) -> Option<S
     Some(Sandbox {
         egress: egress?,
         limits: limits?,
+        #[cfg(feature = "test-probe")]
+        probe: None,
     })
 }

@@ -177,6 +177,8 @@ pub enum ImportKind {
     Http,
     /// A WASI runtime interface, linked with nothing granted.
     WasiRuntime,
+    /// `flotilla:test/probe`, linked only in the host's own tests (`test-probe` feature).
+    TestProbe,
 }
 
 /// One import and how it is served.
@@ -244,6 +246,10 @@ fn classify_import(name: &str) -> Result<ImportKind, String> {
         return Err(
             "; only wasi:http/outgoing-handler and wasi:http/types (0.2.x) are offered".to_string(),
         );
+    }
+    #[cfg(feature = "test-probe")]
+    if name == crate::probe::INTERFACE {
+        return Ok(ImportKind::TestProbe);
     }
     if let Some((_, interfaces)) = WASI_RUNTIME.iter().find(|(p, _)| *p == n.package) {
         if interfaces.contains(&n.interface) && wasi_compatible(n.version) {

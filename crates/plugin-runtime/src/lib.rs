@@ -18,6 +18,11 @@ mod inspect;
 mod limits;
 pub mod loader;
 mod output;
+#[cfg(feature = "test-probe")]
+mod probe;
+
+#[cfg(feature = "test-probe")]
+pub use probe::Probe;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -146,6 +151,9 @@ pub struct Sandbox {
     pub egress: EgressPolicy,
     /// Resource limits.
     pub limits: Limits,
+    /// Test-only: where `flotilla:test/probe` reports go.
+    #[cfg(feature = "test-probe")]
+    pub probe: Option<Probe>,
 }
 
 impl PluginRuntime {
@@ -164,6 +172,8 @@ impl PluginRuntime {
             .map_err(host_err)?;
         bindings::flotilla::provider::types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(host_err)?;
+        #[cfg(feature = "test-probe")]
+        probe::add_to_linker(&mut linker).map_err(host_err)?;
         let cache = cache::CompileCache::new(options.cache_dir)?;
         let ticker = EpochTicker::start(engine.clone())
             .map_err(|e| LoadError::Cache(format!("cannot start the epoch thread: {e}")))?;
@@ -241,6 +251,8 @@ pub(crate) struct HostState {
     log_lines_left: u32,
     /// Lines dropped in the current call (the first drop is logged).
     log_dropped: u64,
+    #[cfg(feature = "test-probe")]
+    probe: Option<Probe>,
 }
 
 impl HostState {
@@ -277,6 +289,8 @@ impl HostState {
             origin,
             log_lines_left: limits.log_lines_per_call,
             log_dropped: 0,
+            #[cfg(feature = "test-probe")]
+            probe: None,
         }
     }
 }

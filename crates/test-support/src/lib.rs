@@ -89,3 +89,36 @@ impl Write for LogCapture {
         Ok(())
     }
 }
+
+/// Collects what a guest reports through `flotilla:test/probe`.
+#[derive(Clone, Default)]
+pub struct ProbeLog(Arc<Mutex<Vec<(String, String)>>>);
+
+impl ProbeLog {
+    /// The sink to put into a sandbox (`sandbox.probe = Some(log.probe())`).
+    pub fn probe(&self) -> flotilla_plugin_runtime::Probe {
+        let log = self.clone();
+        flotilla_plugin_runtime::Probe(Arc::new(move |key: &str, value: &str| {
+            if let Ok(mut entries) = log.0.lock() {
+                entries.push((key.to_string(), value.to_string()));
+            }
+        }))
+    }
+
+    /// Forgets everything reported so far.
+    pub fn clear(&self) {
+        self.0.lock().expect("probe log lock").clear();
+    }
+
+    /// The latest value reported under `key`, parsed as JSON.
+    pub fn json(&self, key: &str) -> serde_json::Value {
+        let entries = self.0.lock().expect("probe log lock");
+        let value = entries
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("the guest reported nothing under {key:?}"));
+        serde_json::from_str(&value).unwrap_or_else(|e| panic!("{key}: {e}: {value}"))
+    }
+}

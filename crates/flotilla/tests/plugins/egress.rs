@@ -11,6 +11,7 @@ use super::*;
 use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource};
 use flotilla_net::AllowList;
 use flotilla_plugin_runtime::WasmProvider;
+use flotilla_test_support::ProbeLog;
 use flotilla_test_support::peer::Peer;
 
 const SECRET: &str = "s3cr3t-t0ken-do-not-leak";
@@ -23,19 +24,38 @@ fn loopback() -> Vec<ipnet::IpNet> {
     vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))]
 }
 
-fn egress_plugin(configure: impl FnOnce(&mut Sandbox)) -> WasmProvider {
+/// The egress guest and what it reports through the test probe.
+struct Egress {
+    provider: WasmProvider,
+    probe: ProbeLog,
+}
+
+impl std::ops::Deref for Egress {
+    type Target = WasmProvider;
+    fn deref(&self) -> &WasmProvider {
+        &self.provider
+    }
+}
+
+fn egress_plugin(configure: impl FnOnce(&mut Sandbox)) -> Egress {
+    let probe = ProbeLog::default();
     let mut sandbox = quick_sandbox(&[]);
+    sandbox.probe = Some(probe.probe());
     configure(&mut sandbox);
-    load(guests::EGRESS).provider("egress", sandbox)
+    Egress {
+        provider: load(guests::EGRESS).provider("egress", sandbox),
+        probe,
+    }
 }
 
 /// Runs one command in the guest and returns its report.
-async fn attack(p: &WasmProvider, cmd: Value) -> Value {
+async fn attack(p: &Egress, cmd: Value) -> Value {
     if p.update().await.is_err() {
         must(p.init("{}")).await;
     }
-    let c = must(p.connect_info(&cmd.to_string())).await;
-    serde_json::from_str(&c.username).unwrap_or_else(|e| panic!("{e}: {}", c.username))
+    p.probe.clear();
+    must(p.connect_info(&cmd.to_string())).await;
+    p.probe.json("report")
 }
 
 fn denied(report: &Value) -> bool {

@@ -3,7 +3,8 @@
 //!
 //! `connect-info(id)` takes a JSON command as `id`:
 //! `{"url": "...", "credential": "name", "service": "ec2", "count": N, "method": "POST",
-//!   "body": "..."}` and answers with a JSON report in `connection.username`:
+//!   "body": "..."}` and reports, through the test-only `flotilla:test/probe` import under the
+//! key `report`:
 //! `{"results": [{"status": 200, "bytes": 12} | {"error": "..."}], "sent_headers": [[k, v]...]}`.
 //! `sent_headers` is the guest's own view of the request it built.
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
@@ -17,6 +18,14 @@ wit_bindgen::generate!({
     world: "flotilla:provider/provider",
     generate_all,
 });
+
+mod probe {
+    wit_bindgen::generate!({
+        path: "../../wit/probe.wit",
+        world: "flotilla:test/reporter",
+    });
+    pub use self::flotilla::test::probe::report;
+}
 
 use exports::flotilla::provider::instance_group::Guest;
 use flotilla::provider::types::{
@@ -100,6 +109,7 @@ impl Guest for Egress {
             }
             json!({"results": results, "sent_headers": sent})
         });
+        probe::report("report", &report.to_string());
         Ok(Connection {
             id,
             os: Os::Linux,
@@ -108,7 +118,7 @@ impl Guest for Egress {
             internal_address: None,
             external_address: None,
             port: 0,
-            username: report.to_string(),
+            username: "probe".to_string(),
             expires: None,
         })
     }

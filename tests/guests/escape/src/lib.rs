@@ -1,6 +1,7 @@
 //! A test guest that tries to escape the sandbox: files, environment, arguments, stdin,
-//! sockets, DNS and a flood of stdout. `init` returns a JSON report of what it got in
-//! `provider-info.version`, so the host test can assert that every attempt got nothing.
+//! sockets, DNS and a flood of stdout. `init` reports what each attempt got through the
+//! test-only `flotilla:test/probe` import (one key per attempt), so the host tests can assert
+//! that every attempt got nothing.
 //!
 //! Settings: `{"tcp": "127.0.0.1:PORT", "print_bytes": N, "log_lines": N}`.
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
@@ -14,6 +15,14 @@ wit_bindgen::generate!({
     world: "flotilla:provider/provider",
     generate_all,
 });
+
+mod probe {
+    wit_bindgen::generate!({
+        path: "../../wit/probe.wit",
+        world: "flotilla:test/reporter",
+    });
+    pub use self::flotilla::test::probe::report;
+}
 
 use exports::flotilla::provider::instance_group::Guest;
 use flotilla::provider::types::{Capabilities, Connection, Error, Instance, ProviderInfo};
@@ -39,6 +48,10 @@ impl Guest for Escape {
             .get("print_bytes")
             .and_then(|v| v.as_u64())
             .unwrap_or(0);
+        let write_to = settings
+            .get("write_to")
+            .and_then(|v| v.as_str())
+            .unwrap_or("/tmp/flotilla-escape");
         let log_lines = settings
             .get("log_lines")
             .and_then(|v| v.as_u64())
@@ -55,7 +68,7 @@ impl Guest for Escape {
             "read_dir_root": outcome(std::fs::read_dir("/").map(|d| d.count())),
             "read_dir_dot": outcome(std::fs::read_dir(".").map(|d| d.count())),
             "read_passwd": outcome(std::fs::read_to_string("/etc/passwd")),
-            "write_file": outcome(std::fs::write("/tmp/flotilla-escape", b"x")),
+            "write_file": outcome(std::fs::write(write_to, b"x")),
             "env": std::env::vars().map(|(k, _)| k).collect::<Vec<_>>(),
             "args": std::env::args().collect::<Vec<_>>(),
             "stdin": outcome(std::io::stdin().read_to_string(&mut stdin).map(|n| (n, stdin.clone()))),
@@ -74,9 +87,14 @@ impl Guest for Escape {
         let _ = out.flush();
         eprintln!("escape guest: stderr line");
 
+        if let Some(fields) = report.as_object() {
+            for (key, value) in fields {
+                probe::report(key, &value.to_string());
+            }
+        }
         Ok(ProviderInfo {
             id: "test/escape".to_string(),
-            version: report.to_string(),
+            version: "0.0.0".to_string(),
             max_size: 0,
             capabilities: Capabilities {
                 heartbeat: false,
