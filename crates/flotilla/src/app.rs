@@ -14,13 +14,12 @@ use crate::config::{self, Config, PluginSource};
 use crate::metrics::Metrics;
 use flotilla_oci::{AuthStore, Registry, Store};
 use flotilla_plugin_runtime::loader::load_plugin;
-use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions, WasmProvider};
+use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
 use flotilla_provider::Provider;
 use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, SystemClock};
 
 struct Started {
     handle: Arc<PoolHandle>,
-    provider: Arc<WasmProvider>,
     metrics: crate::metrics::PoolMetrics,
     delete_on_shutdown: bool,
 }
@@ -45,7 +44,7 @@ async fn start_pool(
         .await
         .with_context(|| format!("pool {}", pool.name))?;
     tracing::info!(pool = %pool.name, plugin = %pool.plugin, sha256 = %plugin.sha256, cache = ?plugin.cache, "plugin loaded");
-    let provider = Arc::new(plugin.provider(&pool.name, pool.sandbox.clone()));
+    let provider: Arc<dyn Provider> = Arc::new(plugin.provider(&pool.name, pool.sandbox.clone()));
     let info = provider
         .init(&pool.settings)
         .await
@@ -55,18 +54,16 @@ async fn start_pool(
     let mut core = PoolCore::new(pool.scaler.clone(), pool.policies.clone(), clock.now());
     core.set_provider_info(&info);
     let pool_metrics = metrics.pool(&pool.name, &plugin.sha256[..12]);
-    let dyn_provider: Arc<dyn Provider> = provider.clone();
     let handle = PoolHandle::spawn(
         pool.name.clone(),
         core,
-        dyn_provider,
+        provider,
         clock,
         Arc::new(AlwaysReady),
         Some(Arc::new(pool_metrics.clone())),
     );
     Ok(Started {
         handle,
-        provider,
         metrics: pool_metrics,
         delete_on_shutdown: pool.delete_instances_on_shutdown,
     })
@@ -90,38 +87,29 @@ fn reload(path: &Path, pools: &BTreeMap<String, Started>) {
     }
 }
 
-/// Runs until SIGTERM/SIGINT, then drains.
-pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
-    let cfg: Config = config::load(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+/// Everything `flotilla run` built before it serves.
+struct Built {
+    cfg: Config,
+    started: BTreeMap<String, Started>,
+    state: Arc<AppState>,
+}
+
+/// Loads the config, the plugins and the pools. A pool that fails to start is reported in the
+/// API (`/v1/pools`, `/readyz`) instead of stopping the others.
+async fn build(config_path: &Path) -> anyhow::Result<Built> {
+    let cfg: Config = config::load(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let cache_dir = cfg
         .cache_dir
         .clone()
         .or_else(flotilla_plugin_runtime::default_cache_dir);
     let runtime = PluginRuntime::new(RuntimeOptions { cache_dir })?;
     let metrics = Metrics::new()?;
-    let token = match &cfg.token {
-        Some(source) => Some(source.resolve("server.token")?),
-        None if cfg.listen.ip().is_loopback() => {
-            tracing::warn!(
-                "no server.token configured: the lease API is open to anyone on this machine"
-            );
-            None
-        }
-        None => anyhow::bail!(
-            "server.token is required when listening on a non-loopback address ({})",
-            cfg.listen
-        ),
-    };
-
-    let registry = if cfg
+    let token = api_token(&cfg)?;
+    let needs_registry = cfg
         .pools
         .iter()
-        .any(|p| matches!(p.plugin, PluginSource::Oci { .. }))
-    {
-        Some(registry_for(&cfg)?)
-    } else {
-        None
-    };
+        .any(|p| matches!(p.plugin, PluginSource::Oci { .. }));
+    let registry = needs_registry.then(|| registry_for(&cfg)).transpose()?;
     let mut started = BTreeMap::new();
     let mut failed = BTreeMap::new();
     for pool in &cfg.pools {
@@ -143,9 +131,69 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
             .collect(),
         failed,
         token,
-        metrics: metrics.clone(),
+        metrics,
         draining: AtomicBool::new(false),
     });
+    Ok(Built {
+        cfg,
+        started,
+        state,
+    })
+}
+
+/// The API token; required unless the API listens on loopback only.
+fn api_token(cfg: &Config) -> anyhow::Result<Option<flotilla_credentials::Secret>> {
+    match &cfg.token {
+        Some(source) => Ok(Some(source.resolve("server.token")?)),
+        None if cfg.listen.ip().is_loopback() => {
+            tracing::warn!(
+                "no server.token configured: the lease API is open to anyone on this machine"
+            );
+            Ok(None)
+        }
+        None => anyhow::bail!(
+            "server.token is required when listening on a non-loopback address ({})",
+            cfg.listen
+        ),
+    }
+}
+
+/// Waits for SIGTERM or Ctrl-C; meanwhile publishes plugin health and reloads policies on
+/// SIGHUP or when the config file changes.
+async fn until_stopped(
+    config_path: &Path,
+    started: &BTreeMap<String, Started>,
+) -> anyhow::Result<()> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    let mut seen = mtime(config_path);
+    loop {
+        tokio::select! {
+            _ = term.recv() => return Ok(()),
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = hup.recv() => reload(config_path, started),
+            _ = tick.tick() => {
+                for s in started.values() {
+                    s.metrics.publish_plugin(&s.handle.provider().health());
+                }
+                let now = mtime(config_path);
+                if now != seen {
+                    seen = now;
+                    reload(config_path, started);
+                }
+            }
+        }
+    }
+}
+
+/// Runs until SIGTERM/SIGINT, then drains.
+pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
+    let Built {
+        cfg,
+        started,
+        state,
+    } = build(&config_path).await?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
@@ -160,29 +208,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
                 .await
         })
     };
-
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
-    let mut seen = mtime(&config_path);
-    loop {
-        tokio::select! {
-            _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
-            _ = hup.recv() => reload(&config_path, &started),
-            _ = tick.tick() => {
-                for s in started.values() {
-                    let denied = s.provider.egress_stats().denied.load(Ordering::Relaxed);
-                    s.metrics.publish_plugin(&s.provider.health(), denied);
-                }
-                let now = mtime(&config_path);
-                if now != seen {
-                    seen = now;
-                    reload(&config_path, &started);
-                }
-            }
-        }
-    }
+    until_stopped(&config_path, &started).await?;
 
     tracing::info!(grace = ?cfg.shutdown_grace, "draining: new reservations are refused");
     state.draining.store(true, Ordering::Relaxed);

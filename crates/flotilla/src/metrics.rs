@@ -233,7 +233,8 @@ impl PoolMetrics {
     }
 
     /// Publishes plugin fault counters and egress denials.
-    pub fn publish_plugin(&self, health: &ProviderHealth, denied: u64) {
+    pub fn publish_plugin(&self, health: &ProviderHealth) {
+        let denied = health.egress_denied;
         let [pool, plugin] = self.pp();
         {
             let mut last = self.last.lock();

@@ -59,66 +59,43 @@ async fn imds(
     lifetime_s: i64,
     fetches: Arc<AtomicUsize>,
 ) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
+    let addr = flotilla_test_support::serve::serve_http(
+        move |req: hyper::Request<hyper::body::Incoming>| {
             let keys = keys.clone();
             let fetches = fetches.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let keys = keys.clone();
-                        let fetches = fetches.clone();
-                        async move {
-                            let token_ok = req
-                                .headers()
-                                .get("x-aws-ec2-metadata-token")
-                                .is_some_and(|t| t == "imds-token");
-                            let body = match (req.method().as_str(), req.uri().path()) {
-                                ("PUT", "/latest/api/token") => "imds-token".to_string(),
-                                ("GET", "/latest/meta-data/iam/security-credentials/")
-                                    if token_ok =>
-                                {
-                                    "ci-role\n".to_string()
-                                }
-                                ("GET", "/latest/meta-data/iam/security-credentials/ci-role")
-                                    if token_ok =>
-                                {
-                                    fetches.fetch_add(1, Ordering::SeqCst);
-                                    let expires =
-                                        chrono::Utc::now() + chrono::Duration::seconds(lifetime_s);
-                                    serde_json::json!({
-                                    "Code": "Success",
-                                    "AccessKeyId": keys.0,
-                                    "SecretAccessKey": keys.1,
-                                    "Token": keys.2,
-                                    "Expiration": expires.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                                })
-                                .to_string()
-                                }
-                                _ => {
-                                    let mut r =
-                                        hyper::Response::new(Full::new(Bytes::from_static(b"")));
-                                    *r.status_mut() = hyper::StatusCode::UNAUTHORIZED;
-                                    return Ok::<_, Infallible>(r);
-                                }
-                            };
-                            Ok(hyper::Response::new(Full::new(Bytes::from(body))))
-                        }
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
-                    .await;
-            });
-        }
-    });
+            async move {
+                let token_ok = req
+                    .headers()
+                    .get("x-aws-ec2-metadata-token")
+                    .is_some_and(|t| t == "imds-token");
+                let body = match (req.method().as_str(), req.uri().path()) {
+                    ("PUT", "/latest/api/token") => "imds-token".to_string(),
+                    ("GET", "/latest/meta-data/iam/security-credentials/") if token_ok => {
+                        "ci-role\n".to_string()
+                    }
+                    ("GET", "/latest/meta-data/iam/security-credentials/ci-role") if token_ok => {
+                        fetches.fetch_add(1, Ordering::SeqCst);
+                        let expires = chrono::Utc::now() + chrono::Duration::seconds(lifetime_s);
+                        serde_json::json!({
+                    "Code": "Success",
+                    "AccessKeyId": keys.0,
+                    "SecretAccessKey": keys.1,
+                    "Token": keys.2,
+                    "Expiration": expires.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                })
+                .to_string()
+                    }
+                    _ => {
+                        let mut r = hyper::Response::new(Full::new(Bytes::from_static(b"")));
+                        *r.status_mut() = hyper::StatusCode::UNAUTHORIZED;
+                        return Ok::<_, Infallible>(r);
+                    }
+                };
+                Ok(hyper::Response::new(Full::new(Bytes::from(body))))
+            }
+        },
+    )
+    .await;
     format!("http://{addr}")
 }
 

@@ -201,21 +201,24 @@ pub async fn login_probe(
     user: &str,
     password: &str,
 ) -> Result<bool, OciError> {
-    let fail = |why: String| OciError::Login {
-        registry: registry.to_string(),
-        why,
+    let probe = LoginProbe {
+        http,
+        v2: format!("{base}/v2/"),
+        registry,
+        user,
+        password,
     };
-    let unreachable = |e: reqwest::Error| OciError::Unreachable {
-        registry: registry.to_string(),
-        why: crate::http::describe_reqwest(&e),
-    };
-    let v2 = format!("{base}/v2/");
-    let first = http.get(&v2).send().await.map_err(unreachable)?;
+    let first = probe
+        .http
+        .get(&probe.v2)
+        .send()
+        .await
+        .map_err(|e| probe.unreachable(e))?;
     if first.status().is_success() {
         return Ok(false);
     }
     if first.status() != reqwest::StatusCode::UNAUTHORIZED {
-        return Err(fail(format!("GET /v2/ answered {}", first.status())));
+        return Err(probe.fail(format!("GET /v2/ answered {}", first.status())));
     }
     let challenge = first
         .headers()
@@ -224,85 +227,121 @@ pub async fn login_probe(
         .unwrap_or("")
         .to_string();
     let (scheme, params) = parse_challenge(&challenge);
-    let wrong = || {
-        fail("the registry rejected the username or password (401); nothing was saved".to_string())
-    };
     match scheme.as_str() {
-        "basic" => {
-            let r = http
-                .get(&v2)
-                .basic_auth(user, Some(password))
-                .send()
-                .await
-                .map_err(unreachable)?;
-            if r.status().is_success() {
-                Ok(true)
-            } else if r.status() == reqwest::StatusCode::UNAUTHORIZED {
-                Err(wrong())
-            } else {
-                Err(fail(format!(
-                    "GET /v2/ with credentials answered {}",
-                    r.status()
-                )))
-            }
-        }
-        "bearer" => {
-            let realm = params
-                .get("realm")
-                .ok_or_else(|| fail("Bearer challenge without a realm".to_string()))?;
-            let mut url = url::Url::parse(realm)
-                .map_err(|e| fail(format!("token realm {realm:?} is not a URL: {e}")))?;
-            {
-                let mut q = url.query_pairs_mut();
-                if let Some(service) = params.get("service") {
-                    q.append_pair("service", service);
-                }
-                q.append_pair("account", user);
-            }
-            let r = http
-                .get(url.clone())
-                .basic_auth(user, Some(password))
-                .send()
-                .await
-                .map_err(|e| OciError::Unreachable {
-                    registry: format!(
-                        "{registry} (token service {})",
-                        url.origin().ascii_serialization()
-                    ),
-                    why: crate::http::describe_reqwest(&e),
-                })?;
-            if r.status() == reqwest::StatusCode::UNAUTHORIZED
-                || r.status() == reqwest::StatusCode::FORBIDDEN
-            {
-                return Err(wrong());
-            }
-            if !r.status().is_success() {
-                return Err(fail(format!("token service answered {}", r.status())));
-            }
-            let body: Value = r
-                .json()
-                .await
-                .map_err(|e| fail(format!("token service answer is not JSON: {e}")))?;
-            let token = body
-                .get("token")
-                .or_else(|| body.get("access_token"))
-                .and_then(Value::as_str)
-                .ok_or_else(|| fail("token service answer holds no token".to_string()))?;
-            let check = http
-                .get(&v2)
-                .bearer_auth(token)
-                .send()
-                .await
-                .map_err(unreachable)?;
-            if check.status().is_success() {
-                Ok(true)
-            } else {
-                Err(wrong())
-            }
-        }
-        _ => Err(fail(format!(
+        "basic" => probe.basic().await,
+        "bearer" => probe.bearer(&params).await,
+        _ => Err(probe.fail(format!(
             "unsupported authentication challenge {challenge:?}"
         ))),
+    }
+}
+
+/// One login attempt against one registry.
+struct LoginProbe<'a> {
+    http: &'a reqwest::Client,
+    v2: String,
+    registry: &'a str,
+    user: &'a str,
+    password: &'a str,
+}
+
+impl LoginProbe<'_> {
+    fn fail(&self, why: String) -> OciError {
+        OciError::Login {
+            registry: self.registry.to_string(),
+            why,
+        }
+    }
+
+    fn unreachable(&self, e: reqwest::Error) -> OciError {
+        OciError::Unreachable {
+            registry: self.registry.to_string(),
+            why: crate::http::describe_reqwest(&e),
+        }
+    }
+
+    fn wrong(&self) -> OciError {
+        self.fail("the registry rejected the username or password (401); nothing was saved".into())
+    }
+
+    async fn basic(&self) -> Result<bool, OciError> {
+        let r = self
+            .http
+            .get(&self.v2)
+            .basic_auth(self.user, Some(self.password))
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        if r.status().is_success() {
+            Ok(true)
+        } else if r.status() == reqwest::StatusCode::UNAUTHORIZED {
+            Err(self.wrong())
+        } else {
+            Err(self.fail(format!("GET /v2/ with credentials answered {}", r.status())))
+        }
+    }
+
+    async fn bearer(&self, params: &BTreeMap<String, String>) -> Result<bool, OciError> {
+        let token = self.token(params).await?;
+        let check = self
+            .http
+            .get(&self.v2)
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        if check.status().is_success() {
+            Ok(true)
+        } else {
+            Err(self.wrong())
+        }
+    }
+
+    /// A token from the realm of a Bearer challenge, asked for with the user's password.
+    async fn token(&self, params: &BTreeMap<String, String>) -> Result<String, OciError> {
+        let realm = params
+            .get("realm")
+            .ok_or_else(|| self.fail("Bearer challenge without a realm".to_string()))?;
+        let mut url = url::Url::parse(realm)
+            .map_err(|e| self.fail(format!("token realm {realm:?} is not a URL: {e}")))?;
+        {
+            let mut q = url.query_pairs_mut();
+            if let Some(service) = params.get("service") {
+                q.append_pair("service", service);
+            }
+            q.append_pair("account", self.user);
+        }
+        let r = self
+            .http
+            .get(url.clone())
+            .basic_auth(self.user, Some(self.password))
+            .send()
+            .await
+            .map_err(|e| OciError::Unreachable {
+                registry: format!(
+                    "{} (token service {})",
+                    self.registry,
+                    url.origin().ascii_serialization()
+                ),
+                why: crate::http::describe_reqwest(&e),
+            })?;
+        if r.status() == reqwest::StatusCode::UNAUTHORIZED
+            || r.status() == reqwest::StatusCode::FORBIDDEN
+        {
+            return Err(self.wrong());
+        }
+        if !r.status().is_success() {
+            return Err(self.fail(format!("token service answered {}", r.status())));
+        }
+        let body: Value = r
+            .json()
+            .await
+            .map_err(|e| self.fail(format!("token service answer is not JSON: {e}")))?;
+        body.get("token")
+            .or_else(|| body.get("access_token"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| self.fail("token service answer holds no token".to_string()))
     }
 }
 

@@ -575,6 +575,13 @@ impl Provider for WasmProvider {
         if h.open_until.is_some_and(|until| Instant::now() >= until) {
             h.health.circuit_open = false;
         }
-        h.health.clone()
+        ProviderHealth {
+            egress_denied: self
+                .egress
+                .stats
+                .denied
+                .load(std::sync::atomic::Ordering::Relaxed),
+            ..h.health.clone()
+        }
     }
 }

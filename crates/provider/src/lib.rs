@@ -304,6 +304,9 @@ pub struct ProviderHealth {
     pub circuit_open: bool,
     /// The last fault, for operators.
     pub last_fault: Option<String>,
+    /// Outbound requests the host refused (off the allow-list, forbidden address, unknown
+    /// or unbound credential, over a cap) since start.
+    pub egress_denied: u64,
 }
 
 /// A cloud group the scaler can grow and shrink, with fleeting's partial-success semantics.

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
 /// One request as the server saw it.
@@ -39,31 +38,12 @@ pub struct ExampleCloud {
 
 impl ExampleCloud {
     pub async fn start(max_size: u32) -> ExampleCloud {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("bind: {e}"));
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("addr: {e}"));
         let state = Arc::new(Mutex::new(CloudState {
             max_size,
             ..CloudState::default()
         }));
         let shared = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let state = shared.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let addr = crate::serve::serve_http(move |req| handle(shared.clone(), req)).await;
         ExampleCloud { addr, state }
     }
 

@@ -17,6 +17,7 @@ pub mod example_cloud;
 pub mod moto;
 pub mod peer;
 pub mod registry;
+pub mod serve;
 
 use std::io::Write;
 use std::path::Path;

@@ -9,7 +9,6 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Bytes, Frame, Incoming};
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 
 /// What one request looked like on arrival.
 #[derive(Debug, Clone)]
@@ -28,27 +27,9 @@ type Body = BoxBody<Bytes, Infallible>;
 
 impl Peer {
     pub async fn start() -> Peer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("bind: {e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let arrivals = Arc::new(Mutex::new(Vec::new()));
         let shared = arrivals.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let arrivals = shared.clone();
-                tokio::spawn(async move {
-                    let service =
-                        hyper::service::service_fn(move |req| handle(arrivals.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let addr = crate::serve::serve_http(move |req| handle(shared.clone(), req)).await;
         Peer { addr, arrivals }
     }
 

@@ -80,6 +80,7 @@ pub struct Pulled {
 }
 
 /// What to download: a descriptor plus a name for messages.
+#[derive(Clone, Copy)]
 struct Blob<'a> {
     what: &'static str,
     media_type: &'a str,

@@ -164,60 +164,43 @@ impl Registry {
         let mut got: u64 = 0;
         let mut stream_error = None;
         while let Some(chunk) = stream.next().await {
-            match chunk {
-                Ok(bytes) => {
-                    got += bytes.len() as u64;
-                    if got > size {
-                        return Err(OciError::DigestMismatch {
-                            what,
-                            reference: r.to_string(),
-                            expected: format!("{digest} ({size} bytes)"),
-                            actual: format!("more than {size} bytes"),
-                        });
-                    }
-                    hasher.update(&bytes);
-                    tmp.write_all(&bytes)
-                        .map_err(|e| OciError::local(&tmp_path, e))?;
-                    if let Some(b) = &bar {
-                        b.set_position(got);
-                    }
-                }
+            let bytes = match chunk {
+                Ok(bytes) => bytes,
                 Err(e) => {
                     stream_error = Some(e);
                     break;
                 }
+            };
+            got += bytes.len() as u64;
+            if got > size {
+                return Err(OciError::DigestMismatch {
+                    what,
+                    reference: r.to_string(),
+                    expected: format!("{digest} ({size} bytes)"),
+                    actual: format!("more than {size} bytes"),
+                });
+            }
+            hasher.update(&bytes);
+            tmp.write_all(&bytes)
+                .map_err(|e| OciError::local(&tmp_path, e))?;
+            if let Some(b) = &bar {
+                b.set_position(got);
             }
         }
         if let Some(b) = &bar {
             b.finish_and_clear();
         }
-        let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
-        if got == size && actual != digest {
-            return Err(OciError::DigestMismatch {
-                what,
-                reference: r.to_string(),
-                expected: digest.to_string(),
-                actual,
-            });
-        }
-        if let Some(e) = stream_error {
-            let why = match e.get_ref().and_then(|i| i.downcast_ref::<reqwest::Error>()) {
-                Some(inner) => describe_reqwest(inner),
-                None => e.to_string(),
-            };
-            return Err(OciError::Unreachable {
-                registry: r.registry.clone(),
-                why: format!("download of the {what} was interrupted after {got} bytes: {why}"),
-            });
-        }
-        if got != size || actual != digest {
-            return Err(OciError::DigestMismatch {
-                what,
-                reference: r.to_string(),
-                expected: format!("{digest} ({size} bytes)"),
-                actual: format!("{actual} ({got} bytes)"),
-            });
-        }
+        let download = Download {
+            got,
+            actual: format!("sha256:{}", hex::encode(hasher.finalize())),
+            interrupted: stream_error.map(|e| {
+                match e.get_ref().and_then(|i| i.downcast_ref::<reqwest::Error>()) {
+                    Some(inner) => describe_reqwest(inner),
+                    None => e.to_string(),
+                }
+            }),
+        };
+        download.verify(r, &blob)?;
         tmp.as_file()
             .sync_all()
             .map_err(|e| OciError::local(&tmp_path, e))?;
@@ -507,5 +490,47 @@ impl Registry {
         let (config, info) = self.fetch_config(&client, r, &check).await?;
         config.commit(&self.store)?;
         Ok(info)
+    }
+}
+
+/// What a blob download produced, before it is trusted.
+struct Download {
+    got: u64,
+    actual: String,
+    /// Why the stream ended early, if it did.
+    interrupted: Option<String>,
+}
+
+impl Download {
+    /// A complete download whose digest matches; a wrong digest is reported before an
+    /// interruption, since a registry that sent the wrong bytes is the finding.
+    fn verify(&self, r: &OciRef, blob: &Blob<'_>) -> Result<(), OciError> {
+        let (what, digest, size) = (blob.what, blob.digest, blob.size);
+        if self.got == size && self.actual != digest {
+            return Err(OciError::DigestMismatch {
+                what,
+                reference: r.to_string(),
+                expected: digest.to_string(),
+                actual: self.actual.clone(),
+            });
+        }
+        if let Some(why) = &self.interrupted {
+            return Err(OciError::Unreachable {
+                registry: r.registry.clone(),
+                why: format!(
+                    "download of the {what} was interrupted after {} bytes: {why}",
+                    self.got
+                ),
+            });
+        }
+        if self.got != size || self.actual != digest {
+            return Err(OciError::DigestMismatch {
+                what,
+                reference: r.to_string(),
+                expected: format!("{digest} ({size} bytes)"),
+                actual: format!("{} ({} bytes)", self.actual, self.got),
+            });
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,38 @@
+//! One loopback HTTP/1 server loop for every stand-in peer: bind a free port, accept forever,
+//! and serve each connection with a fresh service from `make`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+
+use hyper::body::{Body, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+
+/// Starts the server on `127.0.0.1:0` and returns its address; it runs until the runtime ends.
+pub async fn serve_http<S, F, B>(handler: S) -> SocketAddr
+where
+    S: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("the listener's address");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(handler);
+                // A client that hangs up mid-request ends only its own connection.
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
