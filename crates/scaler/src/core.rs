@@ -2,8 +2,9 @@
 //! clock. It decides (`plan`) and learns (`on_*`); the async driver and the simulator carry
 //! out its actions against a provider. It never calls a provider itself.
 
+use std::cell::Cell;
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use serde::Serialize;
 
@@ -71,6 +72,115 @@ struct Inst {
     delete_requested_at: Option<Millis>,
     failure: Option<String>,
 }
+
+/// What the indexes of [`PoolCore`] record about one instance; recomputed around every change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Indexed {
+    state: InstState,
+    /// Slots in use, when the instance can take a lease.
+    available: Option<u32>,
+    idle_since: Option<Millis>,
+    delete_requested_at: Option<Millis>,
+}
+
+impl Indexed {
+    fn of(inst: &Inst, cfg: &ScalerConfig) -> Indexed {
+        let available = (inst.state == InstState::Ready
+            && inst.used < cfg.capacity_per_instance
+            && (cfg.max_use_count == 0 || inst.uses < cfg.max_use_count))
+            .then_some(inst.used);
+        Indexed {
+            state: inst.state,
+            available,
+            idle_since: inst.idle_since,
+            delete_requested_at: inst.delete_requested_at,
+        }
+    }
+}
+
+/// Indexes over the instances, so no decision has to scan them all.
+#[derive(Debug, Default)]
+struct Index {
+    /// Ready, non-draining instances with a free slot, ordered fullest first.
+    available: BTreeSet<(Reverse<u32>, u64)>,
+    /// Free slots on those instances.
+    free_slots: u32,
+    /// Instances by state (indexed by `InstState as usize`).
+    by_state: [BTreeSet<u64>; 6],
+    /// Instances with `idle_since`, oldest first.
+    idle: BTreeSet<(Millis, u64)>,
+    /// Instances with `delete_requested_at`, oldest first.
+    delete_requested: BTreeSet<(Millis, u64)>,
+}
+
+impl Index {
+    /// Moves `key` from what `old` recorded to what `new` records (`None`: not indexed).
+    fn update(&mut self, key: u64, old: Option<Indexed>, new: Option<Indexed>, capacity: u32) {
+        if old == new {
+            return;
+        }
+        if old.map(|o| o.state) != new.map(|n| n.state) {
+            if let Some(set) = old.and_then(|o| self.by_state.get_mut(o.state as usize)) {
+                set.remove(&key);
+            }
+            if let Some(set) = new.and_then(|n| self.by_state.get_mut(n.state as usize)) {
+                set.insert(key);
+            }
+        }
+        let (was, is) = (old.and_then(|o| o.available), new.and_then(|n| n.available));
+        if was != is {
+            if let Some(used) = was {
+                self.available.remove(&(Reverse(used), key));
+                self.free_slots -= capacity.saturating_sub(used);
+            }
+            if let Some(used) = is {
+                self.available.insert((Reverse(used), key));
+                self.free_slots += capacity.saturating_sub(used);
+            }
+        }
+        let (was, is) = (
+            old.and_then(|o| o.idle_since),
+            new.and_then(|n| n.idle_since),
+        );
+        if was != is {
+            if let Some(t) = was {
+                self.idle.remove(&(t, key));
+            }
+            if let Some(t) = is {
+                self.idle.insert((t, key));
+            }
+        }
+        let (was, is) = (
+            old.and_then(|o| o.delete_requested_at),
+            new.and_then(|n| n.delete_requested_at),
+        );
+        if was != is {
+            if let Some(t) = was {
+                self.delete_requested.remove(&(t, key));
+            }
+            if let Some(t) = is {
+                self.delete_requested.insert((t, key));
+            }
+        }
+    }
+
+    fn in_state(&self, state: InstState) -> impl Iterator<Item = u64> + '_ {
+        self.by_state
+            .get(state as usize)
+            .into_iter()
+            .flat_map(|set| set.iter().copied())
+    }
+
+    fn count(&self, state: InstState) -> u32 {
+        self.by_state
+            .get(state as usize)
+            .map_or(0, |set| set.len() as u32)
+    }
+}
+
+/// The policy found for a span of time, so cron expressions are evaluated once per minute.
+#[derive(Debug, Clone, Copy)]
+struct PolicyCache(Option<policy::ActiveWindow>);
 
 /// A lease's current state, as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -240,14 +350,16 @@ pub struct PoolCore {
     insts: HashMap<u64, Inst>,
     by_id: HashMap<String, u64>,
     next_key: u64,
-    /// Ready, non-draining instances with a free slot, ordered fullest first.
-    available: BTreeSet<(Reverse<u32>, u64)>,
+    /// Kept in step with `insts` by `with_inst`, `add_inst` and `forget_inst`.
+    index: Index,
+    /// The active policy and the span it holds for.
+    active_policy: Cell<PolicyCache>,
     leases: HashMap<u64, Lease>,
     next_lease: u64,
     reserved: u32,
     acquired: u32,
     /// Instances requested and not yet seen, with when they were requested.
-    pending: Vec<Millis>,
+    pending: VecDeque<Millis>,
     increase_in_flight: bool,
     update_in_flight: bool,
     last_update: Option<Millis>,
@@ -281,12 +393,13 @@ impl PoolCore {
             insts: HashMap::new(),
             by_id: HashMap::new(),
             next_key: 1,
-            available: BTreeSet::new(),
+            index: Index::default(),
+            active_policy: Cell::new(PolicyCache(None)),
             leases: HashMap::new(),
             next_lease: 1,
             reserved: 0,
             acquired: 0,
-            pending: Vec::new(),
+            pending: VecDeque::new(),
             increase_in_flight: false,
             update_in_flight: false,
             last_update: None,
@@ -312,6 +425,7 @@ impl PoolCore {
     /// Replaces the policies (hot reload).
     pub fn set_policies(&mut self, policies: Vec<Policy>) {
         self.policies = policies;
+        self.active_policy.set(PolicyCache(None));
     }
 
     /// The configuration in force.
@@ -320,7 +434,18 @@ impl PoolCore {
     }
 
     fn policy(&self, now: Millis) -> &Policy {
-        policy::active(&self.policies, now).unwrap_or(&self.fallback)
+        let window = match self.active_policy.get().0 {
+            Some(w) if w.covers(now) => w,
+            _ => {
+                let w = policy::active_window(&self.policies, now);
+                self.active_policy.set(PolicyCache(Some(w)));
+                w
+            }
+        };
+        window
+            .index
+            .and_then(|i| self.policies.get(i))
+            .unwrap_or(&self.fallback)
     }
 
     fn max_instances(&self) -> u32 {
@@ -334,30 +459,36 @@ impl PoolCore {
         self.cfg.capacity_per_instance
     }
 
-    fn avail_key(inst: &Inst, key: u64) -> (Reverse<u32>, u64) {
-        (Reverse(inst.used), key)
-    }
-
     fn is_available(&self, inst: &Inst) -> bool {
-        inst.state == InstState::Ready
-            && inst.used < self.capacity()
-            && (self.cfg.max_use_count == 0 || inst.uses < self.cfg.max_use_count)
+        Indexed::of(inst, &self.cfg).available.is_some()
     }
 
-    /// Runs `f` on an instance and keeps the `available` index in step.
+    /// Runs `f` on an instance and keeps the indexes in step.
     fn with_inst<T>(&mut self, key: u64, f: impl FnOnce(&mut Inst) -> T) -> Option<T> {
-        let inst = self.insts.get(&key)?;
-        let was = self.is_available(inst).then(|| Self::avail_key(inst, key));
-        if let Some(k) = was {
-            self.available.remove(&k);
-        }
         let inst = self.insts.get_mut(&key)?;
+        let before = Indexed::of(inst, &self.cfg);
         let out = f(inst);
-        let inst = self.insts.get(&key)?;
-        if self.is_available(inst) {
-            self.available.insert(Self::avail_key(inst, key));
-        }
+        let after = Indexed::of(inst, &self.cfg);
+        let capacity = self.cfg.capacity_per_instance;
+        self.index.update(key, Some(before), Some(after), capacity);
         Some(out)
+    }
+
+    fn add_inst(&mut self, key: u64, inst: Inst) {
+        let new = Indexed::of(&inst, &self.cfg);
+        self.by_id.insert(inst.id.clone(), key);
+        self.insts.insert(key, inst);
+        let capacity = self.cfg.capacity_per_instance;
+        self.index.update(key, None, Some(new), capacity);
+    }
+
+    fn forget_inst(&mut self, key: u64) -> Option<Inst> {
+        let inst = self.insts.remove(&key)?;
+        self.by_id.remove(&inst.id);
+        let old = Indexed::of(&inst, &self.cfg);
+        let capacity = self.cfg.capacity_per_instance;
+        self.index.update(key, Some(old), None, capacity);
+        Some(inst)
     }
 
     // ---- leases -------------------------------------------------------------------------
@@ -368,11 +499,7 @@ impl PoolCore {
     }
 
     fn free_ready_slots(&self) -> u32 {
-        self.insts
-            .values()
-            .filter(|i| self.is_available(i))
-            .map(|i| self.capacity() - i.used)
-            .sum()
+        self.index.free_slots
     }
 
     /// Promises a slot before a job is fetched.
@@ -417,7 +544,7 @@ impl PoolCore {
             }
             Some(LeaseState::Reserved) => {}
         }
-        let Some(&(_, key)) = self.available.iter().next() else {
+        let Some(&(_, key)) = self.index.available.iter().next() else {
             return Ok(None);
         };
         let max_use = self.cfg.max_use_count;
@@ -557,18 +684,19 @@ impl PoolCore {
         self.tokens_at = now;
     }
 
-    fn counts(&self) -> std::collections::BTreeMap<InstState, u32> {
-        let mut m = std::collections::BTreeMap::new();
-        for i in self.insts.values() {
-            *m.entry(i.state).or_insert(0) += 1;
-        }
-        m
+    /// Instances the pool knows in `state`.
+    pub fn count_in(&self, state: InstState) -> u32 {
+        self.index.count(state)
+    }
+
+    /// Slots bound to leases.
+    pub fn acquired_slots(&self) -> u32 {
+        self.acquired
     }
 
     /// Instances that count toward capacity: requested, coming up, or ready.
     fn live(&self) -> u32 {
-        let c = self.counts();
-        let n = |s| c.get(&s).copied().unwrap_or(0);
+        let n = |s| self.index.count(s);
         n(InstState::Creating)
             + n(InstState::Running)
             + n(InstState::Ready)
@@ -600,15 +728,14 @@ impl PoolCore {
         // already retried, must not make the driver spin.
         let idle_time = self.policy(now).idle_time_ms;
         let retry = self.cfg.deletion_retry_interval_ms;
-        for i in self.insts.values() {
-            let idle_expiry = i.idle_since.map(|s| s + idle_time).filter(|t| *t > now);
-            let delete_retry = i
-                .delete_requested_at
-                .map(|t| t + retry)
-                .filter(|t| *t > now);
-            for t in [idle_expiry, delete_retry].into_iter().flatten() {
-                next = next.min(t);
-            }
+        // The earliest `idle_since + idle_time > now`, i.e. `idle_since >= now + 1 - idle_time`.
+        let idle_from = (now + 1).saturating_sub(idle_time);
+        if let Some(&(s, _)) = self.index.idle.range((idle_from, 0)..).next() {
+            next = next.min(s + idle_time);
+        }
+        let retry_from = (now + 1).saturating_sub(retry);
+        if let Some(&(t, _)) = self.index.delete_requested.range((retry_from, 0)..).next() {
+            next = next.min(t + retry);
         }
         if self.cfg.throttle_limit > 0.0 && self.tokens < 1.0 {
             let wait = ((1.0 - self.tokens) / self.cfg.throttle_limit * 1000.0).ceil() as Millis;
@@ -640,19 +767,24 @@ impl PoolCore {
             return actions;
         }
         let heartbeat_every = self.cfg.update_interval_ms;
-        for inst in self.insts.values_mut() {
-            if inst.state == InstState::Running && !inst.readiness_in_flight {
+        for key in self.index.in_state(InstState::Running) {
+            if let Some(inst) = self.insts.get_mut(&key)
+                && !inst.readiness_in_flight
+            {
                 inst.readiness_in_flight = true;
                 actions.push(Action::CheckReady(inst.id.clone()));
             }
-            let beat_due = now >= inst.last_heartbeat + heartbeat_every;
-            if self.heartbeats
-                && matches!(inst.state, InstState::Ready | InstState::Draining)
-                && !inst.heartbeat_in_flight
-                && beat_due
-            {
-                inst.heartbeat_in_flight = true;
-                actions.push(Action::Heartbeat(inst.id.clone()));
+        }
+        if self.heartbeats {
+            let beating = self.index.in_state(InstState::Ready);
+            for key in beating.chain(self.index.in_state(InstState::Draining)) {
+                if let Some(inst) = self.insts.get_mut(&key)
+                    && !inst.heartbeat_in_flight
+                    && now >= inst.last_heartbeat + heartbeat_every
+                {
+                    inst.heartbeat_in_flight = true;
+                    actions.push(Action::Heartbeat(inst.id.clone()));
+                }
             }
         }
 
@@ -682,7 +814,10 @@ impl PoolCore {
 
         let mut remove: Vec<u64> = Vec::new();
         // Broken, and drained-and-empty instances go.
-        for (&key, inst) in &self.insts {
+        let doomed = [InstState::Failed, InstState::Draining, InstState::Deleting]
+            .into_iter()
+            .flat_map(|s| self.index.in_state(s));
+        for (key, inst) in doomed.filter_map(|k| Some((k, self.insts.get(&k)?))) {
             let empty = inst.used == 0;
             if inst
                 .delete_requested_at
@@ -701,19 +836,20 @@ impl PoolCore {
         // as long as the idle target stays covered.
         if desired < live {
             let idle_time = self.policy(now).idle_time_ms;
-            let mut candidates: Vec<(Millis, u64)> = self
-                .insts
-                .iter()
-                .filter(|(_, i)| i.state == InstState::Ready && i.used == 0)
-                .filter_map(|(&k, i)| {
-                    i.idle_since
-                        .filter(|s| now >= s + idle_time)
-                        .map(|s| (s, k))
-                })
-                .collect();
-            candidates.sort_unstable();
             let surplus = (live - desired) as usize;
-            remove.extend(candidates.into_iter().take(surplus).map(|(_, k)| k));
+            // The index is ordered by (idle_since, key): longest idle first.
+            let candidates = self
+                .index
+                .idle
+                .iter()
+                .take_while(|(s, _)| now >= s + idle_time)
+                .filter(|(_, k)| {
+                    self.insts
+                        .get(k)
+                        .is_some_and(|i| i.state == InstState::Ready && i.used == 0)
+                })
+                .map(|&(_, k)| k);
+            remove.extend(candidates.take(surplus));
         }
         let mut ids = Vec::new();
         for key in remove {
@@ -798,9 +934,7 @@ impl PoolCore {
                         continue;
                     }
                     // New to us: one of ours coming up, or one to adopt.
-                    if !self.pending.is_empty() {
-                        self.pending.remove(0);
-                    }
+                    self.pending.pop_front();
                     let key = self.next_key;
                     self.next_key += 1;
                     let inst = Inst {
@@ -819,8 +953,7 @@ impl PoolCore {
                         delete_requested_at: None,
                         failure: None,
                     };
-                    self.insts.insert(key, inst);
-                    self.by_id.insert(reported.id.clone(), key);
+                    self.add_inst(key, inst);
                     key
                 }
             };
@@ -869,15 +1002,11 @@ impl PoolCore {
     fn mark_gone(&mut self, now: Millis, key: u64, cause: &str, forget: bool) {
         self.fail_leases(key, cause);
         if forget {
-            if let Some(inst) = self.insts.get(&key) {
-                let avail = Self::avail_key(inst, key);
-                self.available.remove(&avail);
+            if let Some(inst) = self.forget_inst(key) {
                 self.counters
                     .lifetimes
                     .push(now.saturating_sub(inst.seen_at));
-                self.by_id.remove(&inst.id);
             }
-            self.insts.remove(&key);
         } else {
             self.with_inst(key, |i| i.state = InstState::Deleting);
         }
@@ -1024,10 +1153,9 @@ impl PoolCore {
 
     /// Health and counts for the API and metrics.
     pub fn snapshot(&self, now: Millis) -> PoolSnapshot {
-        let counts = self.counts();
         let mut instances = std::collections::BTreeMap::new();
         for s in InstState::ALL {
-            instances.insert(s.name(), counts.get(&s).copied().unwrap_or(0));
+            instances.insert(s.name(), self.index.count(s));
         }
         let free = self.free_ready_slots();
         let total: u32 = (self.insts.len() as u32).saturating_mul(self.capacity());
@@ -1114,12 +1242,29 @@ impl PoolCore {
             if self.cfg.max_use_count > 0 && i.uses > self.cfg.max_use_count {
                 return Err(format!("{} used {} times", i.id, i.uses));
             }
-            if self.is_available(i) != self.available.contains(&Self::avail_key(i, k)) {
+            if self.is_available(i) != self.index.available.contains(&(Reverse(i.used), k)) {
                 return Err(format!("{} availability index out of step", i.id));
             }
         }
-        if self.available.len() > self.insts.len() {
-            return Err("stale availability entries".to_string());
+        self.check_index()
+    }
+
+    /// The indexes agree with a fresh build from the instances.
+    fn check_index(&self) -> Result<(), String> {
+        let mut fresh = Index::default();
+        for (&k, i) in &self.insts {
+            let entry = Indexed::of(i, &self.cfg);
+            fresh.update(k, None, Some(entry), self.capacity());
+        }
+        let index = &self.index;
+        if fresh.available != index.available || fresh.free_slots != index.free_slots {
+            return Err("availability index out of step".to_string());
+        }
+        if fresh.by_state != index.by_state {
+            return Err("state index out of step".to_string());
+        }
+        if fresh.idle != index.idle || fresh.delete_requested != index.delete_requested {
+            return Err("idle or deletion index out of step".to_string());
         }
         Ok(())
     }

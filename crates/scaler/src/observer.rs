@@ -16,5 +16,11 @@ pub trait PoolObserver: Send + Sync {
     fn lease_wait(&self, took: Duration);
     /// The pool's state after a reconcile, the counters so far, and the readiness and
     /// lifetime latencies (milliseconds) recorded since the last call.
-    fn publish(&self, snap: &PoolSnapshot, counters: &Counters, ready_ms: &[u64], lifetimes_ms: &[u64]);
+    fn publish(
+        &self,
+        snap: &PoolSnapshot,
+        counters: &Counters,
+        ready_ms: &[u64],
+        lifetimes_ms: &[u64],
+    );
 }

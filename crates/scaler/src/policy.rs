@@ -2,7 +2,7 @@
 
 use std::str::FromStr;
 
-use chrono::{TimeZone, Timelike};
+use chrono::{Offset, TimeZone, Timelike};
 use chrono_tz::Tz;
 use croner::Cron;
 
@@ -102,16 +102,40 @@ impl Policy {
 
     /// Whether `now` falls in one of the periods (evaluated at minute resolution in `timezone`).
     pub fn matches(&self, now: Millis) -> bool {
+        self.match_window(now).0
+    }
+
+    /// Whether `now` matches, and the span `[from, until)` (ms) over which that answer cannot
+    /// change: the local minute around `now`, or only the current second when the zone's offset
+    /// changes within that minute (or the time cannot be placed in the zone).
+    fn match_window(&self, now: Millis) -> (bool, Millis, Millis) {
+        let this_second = (
+            now / 1000 * 1000,
+            (now / 1000).saturating_add(1).saturating_mul(1000),
+        );
         let secs = i64::try_from(now / 1000).unwrap_or(i64::MAX);
-        let Some(t) = self.timezone.timestamp_opt(secs, 0).single() else {
-            return false;
+        let Some(local) = self.timezone.timestamp_opt(secs, 0).single() else {
+            return (false, this_second.0, this_second.1);
         };
-        let Some(t) = t.with_second(0) else {
-            return false;
+        let Some(t) = local.with_second(0) else {
+            return (false, this_second.0, this_second.1);
         };
-        self.crons
+        let matched = self
+            .crons
             .iter()
-            .any(|c| c.is_time_matching(&t).unwrap_or(false))
+            .any(|c| c.is_time_matching(&t).unwrap_or(false));
+        // Every instant of this local minute evaluates the same local time `t`, as long as the
+        // offset to UTC stays the same over it.
+        let minute_start = secs - i64::from(local.second());
+        let same_offset = self
+            .timezone
+            .timestamp_opt(minute_start.saturating_add(59), 0)
+            .single()
+            .is_some_and(|end| end.offset().fix() == local.offset().fix());
+        match (same_offset, u64::try_from(minute_start)) {
+            (true, Ok(start)) => (matched, start * 1000, (start + 60) * 1000),
+            _ => (matched, this_second.0, this_second.1),
+        }
     }
 
     /// Idle slots wanted when `in_use` slots are busy.
@@ -139,6 +163,46 @@ fn parse_cron(p: &str) -> Result<Cron, String> {
 /// The policy in force at `now`: the last matching one wins.
 pub fn active(policies: &[Policy], now: Millis) -> Option<&Policy> {
     policies.iter().rev().find(|p| p.matches(now))
+}
+
+/// Which policy is in force at `now` (its index, `None` for the fallback), and the span
+/// `[from, until)` of virtual time over which that answer holds, so callers can evaluate the
+/// cron expressions once per minute instead of once per event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ActiveWindow {
+    /// Index into the policies, `None` when none matches.
+    pub index: Option<usize>,
+    /// First instant (ms) of the span.
+    pub from: Millis,
+    /// First instant (ms) after the span.
+    pub until: Millis,
+}
+
+impl ActiveWindow {
+    /// Whether the answer is known to hold at `now`.
+    pub fn covers(&self, now: Millis) -> bool {
+        self.from <= now && now < self.until
+    }
+}
+
+/// [`active`] with the span over which its answer holds: the intersection of the spans of every
+/// policy looked at (a later policy starting to match, or the found one ceasing to, changes it).
+pub(crate) fn active_window(policies: &[Policy], now: Millis) -> ActiveWindow {
+    let mut window = ActiveWindow {
+        index: None,
+        from: 0,
+        until: Millis::MAX,
+    };
+    for (i, p) in policies.iter().enumerate().rev() {
+        let (matched, from, until) = p.match_window(now);
+        window.from = window.from.max(from);
+        window.until = window.until.min(until);
+        if matched {
+            window.index = Some(i);
+            break;
+        }
+    }
+    window
 }
 
 #[cfg(test)]
@@ -205,6 +269,33 @@ mod tests {
         assert!(p.matches(at(Tz::UTC, 2026, 3, 28, 7, 15)));
         assert!(p.matches(at(Tz::UTC, 2026, 3, 30, 6, 15)));
         assert!(!p.matches(at(Tz::UTC, 2026, 3, 30, 7, 15)));
+    }
+
+    #[test]
+    fn the_cached_window_agrees_with_evaluating_every_second() {
+        // Berlin across the 2026 spring-forward, and Amsterdam in 1937, when its offset was
+        // +00:19:32 and local minutes did not start on UTC minutes.
+        let cases = [
+            (
+                policy(&["* 2-3 * * *", "30-45 * * * *"], "Europe/Berlin", 1),
+                1_774_742_400_000,
+            ),
+            (policy(&["0-10 * * * *"], "Europe/Amsterdam", 1), 0),
+        ];
+        for (p, start) in cases {
+            let policies = [policy(&["* * * * *"], "UTC", 0), p];
+            let mut now = start;
+            while now < start + 6 * 3_600_000 {
+                let w = active_window(&policies, now);
+                let index = |t| active(&policies, t).map(|p| p.idle_count);
+                let found = w.index.and_then(|i| policies.get(i)).map(|p| p.idle_count);
+                assert!(w.covers(now), "{now} in {w:?}");
+                assert_eq!(found, index(now), "at {now}");
+                assert_eq!(index(w.from), found, "window start of {w:?}");
+                assert_eq!(index(w.until - 1), found, "window end of {w:?}");
+                now += 7_001;
+            }
+        }
     }
 
     #[test]

@@ -3,11 +3,11 @@
 //! `flotilla simulate` and by the property tests.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use serde::Serialize;
 
-use super::core::{Action, LeaseError, PoolCore};
+use super::core::{Action, InstState, LeaseError, PoolCore};
 use super::{Millis, Policy, ScalerConfig};
 use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderError};
 
@@ -184,9 +184,17 @@ struct Sim<'a> {
     opts: &'a SimOptions,
     core: PoolCore,
     rng: Rng,
+    /// Events other than arrivals, by (time, sequence).
     heap: BinaryHeap<Reverse<(Millis, u64, Ev)>>,
+    /// The trace's arrivals by submit time (ties in trace order), consumed from `next_arrival`.
+    /// They are kept out of the heap: at equal times an arrival comes before any other event,
+    /// as if it had been pushed first, and the heap stays as small as the work in progress.
+    arrivals: Vec<Waiting>,
+    next_arrival: usize,
     seq: u64,
-    cloud: HashMap<String, CloudInst>,
+    /// The cloud's instances by number (`i-{n}`), in creation order, so `update()` lists them
+    /// the same way on every run.
+    cloud: BTreeMap<u64, CloudInst>,
     next_inst: u64,
     calls: HashMap<u64, Pending>,
     next_call: u64,
@@ -196,6 +204,8 @@ struct Sim<'a> {
     to_acquire: VecDeque<(Waiting, u64)>,
     /// Leases of the running jobs.
     running: HashSet<u64>,
+    /// The core's `leases_failed` counter when the running leases were last checked.
+    leases_failed_seen: u64,
     waits: Vec<Millis>,
     report: SimReport,
     wake_at: Option<Millis>,
@@ -227,14 +237,17 @@ impl<'a> Sim<'a> {
             core,
             rng: Rng(cloud_cfg.seed),
             heap: BinaryHeap::new(),
+            arrivals: Vec::new(),
+            next_arrival: 0,
             seq: 0,
-            cloud: HashMap::new(),
+            cloud: BTreeMap::new(),
             next_inst: 1,
             calls: HashMap::new(),
             next_call: 1,
             to_reserve: VecDeque::new(),
             to_acquire: VecDeque::new(),
             running: HashSet::new(),
+            leases_failed_seen: 0,
             waits: Vec::with_capacity(jobs.len()),
             report: SimReport {
                 jobs: jobs.len() as u64,
@@ -253,13 +266,16 @@ impl<'a> Sim<'a> {
 
     fn run(mut self) -> (SimReport, Vec<Sample>) {
         let start = self.opts.start_at;
-        for job in self.jobs {
-            let waiting = Waiting {
+        self.arrivals = self
+            .jobs
+            .iter()
+            .map(|job| Waiting {
                 submit_at: start + job.submit_at,
                 duration: job.duration,
-            };
-            self.push(waiting.submit_at, Ev::Submit(waiting));
-        }
+            })
+            .collect();
+        // Stable: arrivals at the same time keep the trace's order.
+        self.arrivals.sort_by_key(|w| w.submit_at);
         self.push(start, Ev::Wake);
         let end_of_trace = start + self.jobs.iter().map(|j| j.submit_at).max().unwrap_or(0);
         let sample_every = match self.opts.samples {
@@ -278,22 +294,22 @@ impl<'a> Sim<'a> {
         let mut last = start;
         let mut ready_slot_ms = 0f64;
         let mut busy_slot_ms = 0f64;
-        while let Some(Reverse((at, _, ev))) = self.heap.pop() {
+        while let Some((at, ev)) = self.next_event() {
             now = at;
             // Integrate cost and utilisation over [last, now).
             let dt = now.saturating_sub(last) as f64;
             if dt > 0.0 {
-                let snap = self.core.snapshot(now);
-                let ready = snap.instances.get("ready").copied().unwrap_or(0)
-                    + snap.instances.get("draining").copied().unwrap_or(0);
+                let ready =
+                    self.core.count_in(InstState::Ready) + self.core.count_in(InstState::Draining);
+                let acquired = self.core.acquired_slots();
                 ready_slot_ms += dt * f64::from(ready * self.cfg.capacity_per_instance);
-                busy_slot_ms += dt * f64::from(snap.slots.acquired);
+                busy_slot_ms += dt * f64::from(acquired);
                 self.report.instance_seconds += dt * self.cloud.len() as f64 / 1000.0;
                 while next_sample <= now {
                     self.samples.push(Sample {
                         t_s: (next_sample - start) as f64 / 1000.0,
                         instances: self.cloud.len() as u32,
-                        busy_slots: snap.slots.acquired,
+                        busy_slots: acquired,
                         queued: (self.to_reserve.len() + self.to_acquire.len()) as u32,
                     });
                     next_sample = next_sample.saturating_add(sample_every);
@@ -338,6 +354,23 @@ impl<'a> Sim<'a> {
         (self.report, self.samples)
     }
 
+    /// The next arrival or the next queued event, whichever is first (an arrival on a tie).
+    fn next_event(&mut self) -> Option<(Millis, Ev)> {
+        let arrival = self.arrivals.get(self.next_arrival).copied();
+        let queued = self.heap.peek().map(|Reverse((at, _, _))| *at);
+        match (arrival, queued) {
+            (Some(job), None) => {
+                self.next_arrival += 1;
+                Some((job.submit_at, Ev::Submit(job)))
+            }
+            (Some(job), Some(at)) if job.submit_at <= at => {
+                self.next_arrival += 1;
+                Some((job.submit_at, Ev::Submit(job)))
+            }
+            _ => self.heap.pop().map(|Reverse((at, _, ev))| (at, ev)),
+        }
+    }
+
     fn fail(&mut self, function: Function) -> Option<CallError> {
         if self.cloud_cfg.failure_rate <= 0.0 || self.rng.unit() >= self.cloud_cfg.failure_rate {
             return None;
@@ -367,7 +400,7 @@ impl<'a> Sim<'a> {
                 }
             }
             Ev::Up(n) => {
-                if let Some(inst) = self.cloud.get_mut(&format!("i-{n}"))
+                if let Some(inst) = self.cloud.get_mut(&n)
                     && inst.state == InstanceState::Creating
                 {
                     inst.state = InstanceState::Running;
@@ -380,7 +413,7 @@ impl<'a> Sim<'a> {
                 }
             }
             Ev::Crash(n) => {
-                if let Some(inst) = self.cloud.get_mut(&format!("i-{n}")) {
+                if let Some(inst) = self.cloud.get_mut(&n) {
                     inst.state = InstanceState::Failed("simulated hardware failure".into());
                 }
                 // The core's next scheduled `update()` reports the failure.
@@ -401,8 +434,8 @@ impl<'a> Sim<'a> {
                     None => Ok(self
                         .cloud
                         .iter()
-                        .map(|(id, i)| Instance {
-                            id: id.clone(),
+                        .map(|(n, i)| Instance {
+                            id: format!("i-{n}"),
                             state: i.state.clone(),
                         })
                         .collect()),
@@ -421,7 +454,7 @@ impl<'a> Sim<'a> {
                             let k = self.next_inst;
                             self.next_inst += 1;
                             self.cloud.insert(
-                                format!("i-{k}"),
+                                k,
                                 CloudInst {
                                     state: InstanceState::Creating,
                                 },
@@ -443,7 +476,10 @@ impl<'a> Sim<'a> {
                     None => {
                         let accepted: Vec<String> = ids
                             .iter()
-                            .filter(|id| self.cloud.remove(*id).is_some())
+                            .filter(|id| {
+                                let n = id.strip_prefix("i-").and_then(|n| n.parse::<u64>().ok());
+                                n.is_some_and(|n| self.cloud.remove(&n).is_some())
+                            })
                             .cloned()
                             .collect();
                         Ok(accepted)
@@ -462,7 +498,6 @@ impl<'a> Sim<'a> {
 
     /// One round; true when an instance became ready, so waiting jobs should try again.
     fn settle_once(&mut self, now: Millis) -> bool {
-        let mut again = false;
         let timeout = self.cfg.instance_acquire_timeout_ms;
         // Jobs that waited too long give up.
         while let Some(&(job, lease)) = self.to_acquire.front() {
@@ -506,7 +541,16 @@ impl<'a> Sim<'a> {
                 }
             }
         }
-        // Leases whose instance failed under them.
+        // Leases whose instance failed under them: only after the core failed one.
+        if self.core.counters.leases_failed != self.leases_failed_seen {
+            self.release_failed(now);
+        }
+        self.plan(now)
+    }
+
+    /// Releases the running jobs' leases whose instance failed under them.
+    fn release_failed(&mut self, now: Millis) {
+        self.leases_failed_seen = self.core.counters.leases_failed;
         let failed: Vec<u64> = self
             .running
             .iter()
@@ -523,6 +567,11 @@ impl<'a> Sim<'a> {
             let _ = self.core.release(now, lease);
             self.report.failed += 1;
         }
+    }
+
+    /// Carries out what the scaler plans; true when an instance became ready.
+    fn plan(&mut self, now: Millis) -> bool {
+        let mut again = false;
         for action in self.core.plan(now) {
             let call = self.next_call;
             self.next_call += 1;

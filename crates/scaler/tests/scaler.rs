@@ -1,6 +1,11 @@
 //! The scaler on virtual time: property tests under random traces, delays and failures, and
 //! scenario tests (convergence, idle expiry, partial success, throttling, DST, leases).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)] // test code: a failed assumption is a failed test
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
 
 use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderError};
 use flotilla_scaler::sim::{Job, SimCloud, SimOptions, simulate};
