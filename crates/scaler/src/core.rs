@@ -718,14 +718,20 @@ impl PoolCore {
 
     /// The earliest time something time-based may change (idle expiry, backoff, update).
     pub fn next_wakeup(&self, now: Millis) -> Millis {
-        let mut next = self
-            .last_update
-            .map_or(now, |t| t + self.cfg.update_interval_ms);
+        let mut next = Millis::MAX;
+        // The periodic update, once it may be sent: an update in flight wakes the pool by
+        // finishing, a stopped pool sends none, and a backoff postpones it.
+        if !self.update_in_flight && !matches!(self.health, PoolHealth::Stopped(_)) {
+            let due = self
+                .last_update
+                .map_or(now, |t| t + self.cfg.update_interval_ms);
+            next = due.max(self.backoff_until);
+        }
         if self.backoff_until > now {
             next = next.min(self.backoff_until);
         }
         // Only future deadlines count: an idle instance kept for idle_count, or a deletion
-        // already retried, must not make the driver spin.
+        // already retried, or an update that cannot be sent yet, must not make the driver spin.
         let idle_time = self.policy(now).idle_time_ms;
         let retry = self.cfg.deletion_retry_interval_ms;
         // The earliest `idle_since + idle_time > now`, i.e. `idle_since >= now + 1 - idle_time`.
@@ -1267,5 +1273,54 @@ impl PoolCore {
             return Err("idle or deletion index out of step".to_string());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn core() -> PoolCore {
+        let cfg = ScalerConfig {
+            update_interval_ms: 30_000,
+            ..ScalerConfig::default()
+        };
+        PoolCore::new(cfg, Vec::new(), 0)
+    }
+
+    fn throttled() -> CallError {
+        CallError::Provider {
+            function: flotilla_provider::Function::Update,
+            error: ProviderError::Throttled {
+                retry_after: std::time::Duration::from_secs(60),
+                message: "slow".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn an_update_in_flight_does_not_make_the_pool_poll_every_millisecond() {
+        let mut c = core();
+        assert_eq!(c.plan(0), [Action::Update]);
+        // The update is overdue at 40 s but in flight: its answer wakes the pool, not a timer.
+        assert_eq!(c.next_wakeup(40_000), 60_000, "the next minute boundary");
+    }
+
+    #[test]
+    fn an_overdue_update_during_backoff_waits_for_the_end_of_the_backoff() {
+        let mut c = core();
+        assert_eq!(c.plan(0), [Action::Update]);
+        c.on_update(1_000, Err(throttled()));
+        assert_eq!(c.backoff_until, 61_000, "retry-after is honoured");
+        // Due at 31 s, but no update may be sent before 61 s.
+        assert_eq!(c.next_wakeup(40_000), 60_000, "the next minute boundary");
+        assert_eq!(c.next_wakeup(60_500), 61_000, "the end of the backoff");
+    }
+
+    #[test]
+    fn a_stopped_pool_wakes_only_on_minute_boundaries() {
+        let mut c = core();
+        c.stop("bad credentials".into());
+        assert_eq!(c.next_wakeup(90_000), 120_000);
     }
 }
