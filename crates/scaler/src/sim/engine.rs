@@ -1,103 +1,15 @@
-//! A discrete-event simulation of one pool on virtual time: the real [`PoolCore`] against a
-//! simulated cloud (provisioning delay, failure rate) fed by a job trace. Used by
-//! `flotilla simulate` and by the property tests.
+//! The simulation's event loop: a heap of timed events (instances coming up, crashing, provider
+//! calls returning, jobs finishing) merged with the sorted arrivals, each followed by letting
+//! waiting jobs reserve and acquire and the scaler plan. It owns the simulated cloud and the
+//! job queues; it must not reach into the pool's state except through `PoolCore`'s methods.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
-use serde::Serialize;
-
-use super::core::{Action, InstState, LeaseError, PoolCore};
-use super::{Millis, Policy, ScalerConfig};
+use super::{Job, Sample, SimCloud, SimOptions, SimReport};
+use crate::core::{Action, InstState, LeaseError, LeaseState, PoolCore};
+use crate::{Millis, Policy, ScalerConfig};
 use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderError};
-
-/// One job of a trace.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Job {
-    /// When it arrives (ms from the trace start).
-    pub submit_at: Millis,
-    /// How long it runs once it has a slot (ms).
-    pub duration: Millis,
-    /// Optional tag from the trace.
-    pub tag: Option<String>,
-}
-
-/// The simulated cloud.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SimCloud {
-    /// Provisioning delay range (ms), uniformly drawn per instance.
-    pub provisioning_delay_ms: (Millis, Millis),
-    /// Probability that an `increase`, `decrease` or `update` call fails (transient or throttled).
-    pub failure_rate: f64,
-    /// Probability that a failure is a throttle (with retry-after) rather than transient.
-    pub throttle_share: f64,
-    /// Probability that a running instance fails during its life (checked once per instance).
-    pub instance_failure_rate: f64,
-    /// Largest group size the cloud grants; 0 means no limit.
-    pub max_size: u32,
-    /// Provider call latency (ms).
-    pub api_latency_ms: Millis,
-    /// Seed of the deterministic random stream.
-    pub seed: u64,
-}
-
-impl Default for SimCloud {
-    fn default() -> Self {
-        SimCloud {
-            provisioning_delay_ms: (30_000, 90_000),
-            failure_rate: 0.0,
-            throttle_share: 0.5,
-            instance_failure_rate: 0.0,
-            max_size: 0,
-            api_latency_ms: 200,
-            seed: 1,
-        }
-    }
-}
-
-/// What a simulation found.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct SimReport {
-    /// Jobs in the trace.
-    pub jobs: u64,
-    /// Jobs that ran.
-    pub completed: u64,
-    /// Jobs that gave up waiting (instance_acquire_timeout) or whose instance failed.
-    pub timed_out: u64,
-    /// Jobs whose instance failed under them.
-    pub failed: u64,
-    /// Cost: instance-seconds billed (from request to deletion).
-    pub instance_seconds: f64,
-    /// Most instances alive at once.
-    pub peak_instances: u32,
-    /// Wait from submit to slot: median (s).
-    pub wait_p50_s: f64,
-    /// 95th percentile (s).
-    pub wait_p95_s: f64,
-    /// Maximum (s).
-    pub wait_max_s: f64,
-    /// Busy slot-seconds over available slot-seconds on ready instances.
-    pub slot_utilisation: f64,
-    /// Increase and decrease calls made.
-    pub scale_operations: u64,
-    /// Simulated time span (s).
-    pub span_s: f64,
-    /// Invariant violations found (only with `check_invariants`).
-    pub invariant_violations: Vec<String>,
-}
-
-/// One sample of the timeline, for plots.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Sample {
-    /// Seconds from the start.
-    pub t_s: f64,
-    /// Instances alive.
-    pub instances: u32,
-    /// Slots in use.
-    pub busy_slots: u32,
-    /// Jobs waiting for a slot.
-    pub queued: u32,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
@@ -155,29 +67,7 @@ enum Pending {
     Decrease(Vec<String>),
 }
 
-/// Options of one run.
-#[derive(Debug, Clone, Default)]
-pub struct SimOptions {
-    /// Check the state machine's invariants after every event (slow; for tests).
-    pub check_invariants: bool,
-    /// Timeline samples wanted (0 = none).
-    pub samples: usize,
-    /// Virtual start time (ms since the epoch), so cron policies see real dates.
-    pub start_at: Millis,
-}
-
-/// Runs a trace through the real scaler against the simulated cloud.
-pub fn simulate(
-    cfg: &ScalerConfig,
-    policies: &[Policy],
-    cloud: &SimCloud,
-    jobs: &[Job],
-    options: &SimOptions,
-) -> (SimReport, Vec<Sample>) {
-    Sim::new(cfg, policies, cloud, jobs, options).run()
-}
-
-struct Sim<'a> {
+pub(super) struct Sim<'a> {
     cfg: &'a ScalerConfig,
     cloud_cfg: &'a SimCloud,
     jobs: &'a [Job],
@@ -211,10 +101,22 @@ struct Sim<'a> {
     wake_at: Option<Millis>,
     submitted: usize,
     samples: Vec<Sample>,
+    meter: Meter,
+}
+
+/// Running totals for cost, utilisation and the timeline.
+#[derive(Debug, Default)]
+struct Meter {
+    /// The previous event's time.
+    last: Millis,
+    next_sample: Millis,
+    sample_every: Millis,
+    ready_slot_ms: f64,
+    busy_slot_ms: f64,
 }
 
 impl<'a> Sim<'a> {
-    fn new(
+    pub(super) fn new(
         cfg: &'a ScalerConfig,
         policies: &[Policy],
         cloud_cfg: &'a SimCloud,
@@ -256,6 +158,7 @@ impl<'a> Sim<'a> {
             wake_at: None,
             submitted: 0,
             samples: Vec::new(),
+            meter: Meter::default(),
         }
     }
 
@@ -264,7 +167,7 @@ impl<'a> Sim<'a> {
         self.heap.push(Reverse((at, self.seq, ev)));
     }
 
-    fn run(mut self) -> (SimReport, Vec<Sample>) {
+    pub(super) fn run(mut self) -> (SimReport, Vec<Sample>) {
         let start = self.opts.start_at;
         self.arrivals = self
             .jobs
@@ -278,7 +181,7 @@ impl<'a> Sim<'a> {
         self.arrivals.sort_by_key(|w| w.submit_at);
         self.push(start, Ev::Wake);
         let end_of_trace = start + self.jobs.iter().map(|j| j.submit_at).max().unwrap_or(0);
-        let sample_every = match self.opts.samples {
+        self.meter.sample_every = match self.opts.samples {
             0 => Millis::MAX,
             n => (self
                 .jobs
@@ -289,33 +192,12 @@ impl<'a> Sim<'a> {
                 / n as u64)
                 .max(1000),
         };
-        let mut next_sample = start;
+        self.meter.last = start;
+        self.meter.next_sample = start;
         let mut now = start;
-        let mut last = start;
-        let mut ready_slot_ms = 0f64;
-        let mut busy_slot_ms = 0f64;
         while let Some((at, ev)) = self.next_event() {
             now = at;
-            // Integrate cost and utilisation over [last, now).
-            let dt = now.saturating_sub(last) as f64;
-            if dt > 0.0 {
-                let ready =
-                    self.core.count_in(InstState::Ready) + self.core.count_in(InstState::Draining);
-                let acquired = self.core.acquired_slots();
-                ready_slot_ms += dt * f64::from(ready * self.cfg.capacity_per_instance);
-                busy_slot_ms += dt * f64::from(acquired);
-                self.report.instance_seconds += dt * self.cloud.len() as f64 / 1000.0;
-                while next_sample <= now {
-                    self.samples.push(Sample {
-                        t_s: (next_sample - start) as f64 / 1000.0,
-                        instances: self.cloud.len() as u32,
-                        busy_slots: acquired,
-                        queued: (self.to_reserve.len() + self.to_acquire.len()) as u32,
-                    });
-                    next_sample = next_sample.saturating_add(sample_every);
-                }
-            }
-            last = now;
+            self.account(now);
             self.handle(now, ev);
             self.settle(now);
             if self.opts.check_invariants
@@ -333,9 +215,40 @@ impl<'a> Sim<'a> {
                 break;
             }
         }
-        self.report.span_s = (now - start) as f64 / 1000.0;
-        self.report.slot_utilisation = if ready_slot_ms > 0.0 {
-            busy_slot_ms / ready_slot_ms
+        self.finish(now)
+    }
+
+    /// Integrates cost and utilisation over `[last, now)` and takes the samples due.
+    fn account(&mut self, now: Millis) {
+        let dt = now.saturating_sub(self.meter.last) as f64;
+        self.meter.last = now;
+        if dt <= 0.0 {
+            return;
+        }
+        let ready = self.core.count_in(InstState::Ready) + self.core.count_in(InstState::Draining);
+        let acquired = self.core.acquired_slots();
+        self.meter.ready_slot_ms += dt * f64::from(ready * self.cfg.capacity_per_instance);
+        self.meter.busy_slot_ms += dt * f64::from(acquired);
+        self.report.instance_seconds += dt * self.cloud.len() as f64 / 1000.0;
+        while self.meter.next_sample <= now {
+            self.samples.push(Sample {
+                t_s: (self.meter.next_sample - self.opts.start_at) as f64 / 1000.0,
+                instances: self.cloud.len() as u32,
+                busy_slots: acquired,
+                queued: (self.to_reserve.len() + self.to_acquire.len()) as u32,
+            });
+            self.meter.next_sample = self
+                .meter
+                .next_sample
+                .saturating_add(self.meter.sample_every);
+        }
+    }
+
+    /// The report at the end of the run, `now` being the last event's time.
+    fn finish(mut self, now: Millis) -> (SimReport, Vec<Sample>) {
+        self.report.span_s = (now - self.opts.start_at) as f64 / 1000.0;
+        self.report.slot_utilisation = if self.meter.ready_slot_ms > 0.0 {
+            self.meter.busy_slot_ms / self.meter.ready_slot_ms
         } else {
             0.0
         };
@@ -396,6 +309,7 @@ impl<'a> Sim<'a> {
             Ev::Finish(lease) => {
                 if self.running.remove(&lease) {
                     self.report.completed += 1;
+                    // The lease is acquired or failed, so the release cannot be refused.
                     let _ = self.core.release(now, lease);
                 }
             }
@@ -505,6 +419,7 @@ impl<'a> Sim<'a> {
                 break;
             }
             self.to_acquire.pop_front();
+            // The lease is reserved or failed, so unreserving cannot be refused.
             let _ = self.core.unreserve(lease);
             self.report.timed_out += 1;
         }
@@ -558,12 +473,13 @@ impl<'a> Sim<'a> {
             .filter(|l| {
                 matches!(
                     self.core.lease(*l).map(|l| &l.state),
-                    Some(super::LeaseState::Failed { .. })
+                    Some(LeaseState::Failed { .. })
                 )
             })
             .collect();
         for lease in failed {
             self.running.remove(&lease);
+            // A failed lease is always released (acknowledged).
             let _ = self.core.release(now, lease);
             self.report.failed += 1;
         }

@@ -1,0 +1,186 @@
+//! Leases: reserve a slot before a job is fetched, bind it to a ready instance (acquire), and
+//! give it back (release, unreserve); failing the leases of a broken instance. It owns the lease
+//! table and the reserved/acquired counters; it must not know about providers or planning.
+
+use super::{Binding, InstState, Lease, LeaseError, LeaseState, PoolCore, PoolHealth};
+use crate::Millis;
+
+impl PoolCore {
+    /// Slots that could ever exist at the current limits.
+    fn max_slots(&self) -> u32 {
+        self.max_instances().saturating_mul(self.capacity())
+    }
+
+    pub(super) fn free_ready_slots(&self) -> u32 {
+        self.index.free_slots
+    }
+
+    /// Promises a slot before a job is fetched.
+    pub fn reserve(&mut self, now: Millis) -> Result<u64, LeaseError> {
+        if self.phase.shutting_down() {
+            return Err(LeaseError::ShuttingDown);
+        }
+        if let PoolHealth::Stopped(reason) = &self.health {
+            return Err(LeaseError::Stopped(reason.clone()));
+        }
+        if self.reserved + self.acquired >= self.max_slots() {
+            return Err(LeaseError::AtCapacity(self.max_slots()));
+        }
+        if self.policy(now).preemptive_mode && self.free_ready_slots() <= self.reserved {
+            return Err(LeaseError::NoIdleSlot);
+        }
+        let id = self.next_lease;
+        self.next_lease += 1;
+        self.leases.insert(
+            id,
+            Lease {
+                id,
+                state: LeaseState::Reserved,
+                reserved_at: now,
+                acquired_at: None,
+            },
+        );
+        self.reserved += 1;
+        Ok(id)
+    }
+
+    /// Binds a reserved lease to a ready slot; `Ok(None)` means "wait and try again".
+    pub fn acquire(&mut self, now: Millis, id: u64) -> Result<Option<Binding>, LeaseError> {
+        match self.leases.get(&id).map(|l| &l.state) {
+            None => return Err(LeaseError::UnknownLease(id)),
+            Some(LeaseState::Acquired { .. }) => return Err(LeaseError::AlreadyAcquired(id)),
+            Some(LeaseState::Failed { cause }) => {
+                return Err(LeaseError::Failed {
+                    id,
+                    cause: cause.clone(),
+                });
+            }
+            Some(LeaseState::Reserved) => {}
+        }
+        let Some(&(_, key)) = self.index.available.iter().next() else {
+            return Ok(None);
+        };
+        let max_use = self.cfg.max_use_count;
+        let bound = self.with_inst(key, |inst| {
+            let (slot, cell) = inst
+                .slots
+                .iter_mut()
+                .enumerate()
+                .find(|(_, cell)| cell.is_none())?;
+            *cell = Some(id);
+            inst.used += 1;
+            inst.uses += 1;
+            inst.idle_since = None;
+            Some((
+                inst.id.clone(),
+                slot as u32,
+                max_use > 0 && inst.uses >= max_use,
+            ))
+        });
+        let Some(Some((instance, slot, exhausted))) = bound else {
+            return Ok(None);
+        };
+        if exhausted {
+            // Max use count reached: no new jobs; deleted once its leases are released.
+            self.with_inst(key, |inst| inst.state = InstState::Draining);
+        }
+        if let Some(lease) = self.leases.get_mut(&id) {
+            lease.state = LeaseState::Acquired {
+                instance: instance.clone(),
+                slot,
+            };
+            lease.acquired_at = Some(now);
+        }
+        self.reserved -= 1;
+        self.acquired += 1;
+        Ok(Some(Binding { instance, slot }))
+    }
+
+    /// Drops a reservation that got no job.
+    pub fn unreserve(&mut self, id: u64) -> Result<(), LeaseError> {
+        match self.leases.get(&id).map(|l| l.state.clone()) {
+            None => Err(LeaseError::UnknownLease(id)),
+            Some(LeaseState::Acquired { .. }) => Err(LeaseError::Acquired(id)),
+            Some(LeaseState::Failed { .. }) => {
+                self.leases.remove(&id);
+                Ok(())
+            }
+            Some(LeaseState::Reserved) => {
+                self.leases.remove(&id);
+                self.reserved -= 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// Frees an acquired slot (a failed lease is acknowledged and forgotten).
+    pub fn release(&mut self, now: Millis, id: u64) -> Result<(), LeaseError> {
+        let state = match self.leases.get(&id) {
+            None => return Err(LeaseError::UnknownLease(id)),
+            Some(l) => l.state.clone(),
+        };
+        match state {
+            LeaseState::Reserved => Err(LeaseError::NotAcquired(id)),
+            LeaseState::Failed { .. } => {
+                self.leases.remove(&id);
+                Ok(())
+            }
+            LeaseState::Acquired { instance, slot } => {
+                self.leases.remove(&id);
+                self.acquired -= 1;
+                if let Some(&key) = self.by_id.get(&instance) {
+                    self.with_inst(key, |inst| {
+                        if let Some(s) = inst.slots.get_mut(slot as usize) {
+                            *s = None;
+                        }
+                        inst.used = inst.used.saturating_sub(1);
+                        if inst.used == 0 {
+                            inst.idle_since = Some(now);
+                        }
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A lease by id.
+    pub fn lease(&self, id: u64) -> Option<&Lease> {
+        self.leases.get(&id)
+    }
+
+    /// Every lease.
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    /// Connection lookups need the instance id of an acquired lease.
+    pub fn instance_of(&self, id: u64) -> Option<&str> {
+        match &self.leases.get(&id)?.state {
+            LeaseState::Acquired { instance, .. } => Some(instance),
+            _ => None,
+        }
+    }
+
+    pub(super) fn fail_leases(&mut self, key: u64, cause: &str) {
+        let Some(inst) = self.insts.get(&key) else {
+            return;
+        };
+        let ids: Vec<u64> = inst.slots.iter().flatten().copied().collect();
+        for id in ids {
+            if let Some(lease) = self.leases.get_mut(&id)
+                && matches!(lease.state, LeaseState::Acquired { .. })
+            {
+                lease.state = LeaseState::Failed {
+                    cause: cause.to_string(),
+                };
+                self.acquired -= 1;
+                self.counters.leases_failed += 1;
+            }
+        }
+        self.with_inst(key, |inst| {
+            inst.slots.iter_mut().for_each(|s| *s = None);
+            inst.used = 0;
+        });
+    }
+}

@@ -1,0 +1,269 @@
+//! The pure scaling state machine of one pool: instances, slots and leases on an injected
+//! clock. It decides (`plan`) and learns (`on_*`); the async driver and the simulator carry
+//! out its actions against a provider. It never calls a provider itself.
+//!
+//! This module owns the [`PoolCore`] struct, its lifecycle phases and the bookkeeping every
+//! change to an instance goes through (`with_inst`, `add_inst`, `forget_inst`, which keep the
+//! indexes in step). The concerns live in submodules: `leases` (reserve, acquire, release),
+//! `plan` (what to do now and when to look again), `observe` (learning provider results),
+//! `snapshot` (counts, health and invariants), `index` (instance records and their indexes) and
+//! `types` (the public vocabulary). It must not know about async, tokio, HTTP or metrics.
+
+mod index;
+mod leases;
+mod observe;
+mod plan;
+mod snapshot;
+mod types;
+
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+
+use self::index::{Index, Indexed, Inst, PolicyCache};
+pub use self::types::{
+    Action, Binding, Counters, InstState, Lease, LeaseError, LeaseState, PoolHealth, PoolSnapshot,
+    SlotCounts,
+};
+use super::policy::{self, Policy};
+use super::{Millis, ScalerConfig};
+use flotilla_provider::ProviderInfo;
+
+/// Where the pool is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the first successful `update()`, which says what already exists.
+    Adopting,
+    /// Deciding and acting.
+    Running,
+    /// No new leases; only observing while the driver drains (`adopted`: the first update
+    /// came back, so the pool may report itself ready).
+    ShuttingDown {
+        /// Whether the first update succeeded.
+        adopted: bool,
+    },
+}
+
+impl Phase {
+    /// Whether the first update came back.
+    fn adopted(self) -> bool {
+        match self {
+            Phase::Adopting => false,
+            Phase::Running => true,
+            Phase::ShuttingDown { adopted } => adopted,
+        }
+    }
+
+    /// The phase once an update came back.
+    fn after_update(self) -> Phase {
+        match self {
+            Phase::Adopting | Phase::Running => Phase::Running,
+            Phase::ShuttingDown { .. } => Phase::ShuttingDown { adopted: true },
+        }
+    }
+
+    fn shutting_down(self) -> bool {
+        matches!(self, Phase::ShuttingDown { .. })
+    }
+}
+
+/// Where the `update()` call stands: one at a time, and a request made while one is in flight
+/// is served by another one after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UpdateCall {
+    /// None in flight; the next is sent when the interval is over.
+    Idle,
+    /// None in flight; send one as soon as allowed.
+    Wanted,
+    /// One in flight.
+    InFlight,
+    /// One in flight, and another is wanted after it.
+    InFlightThenAgain,
+}
+
+impl UpdateCall {
+    fn in_flight(self) -> bool {
+        matches!(self, UpdateCall::InFlight | UpdateCall::InFlightThenAgain)
+    }
+
+    fn wanted(self) -> bool {
+        matches!(self, UpdateCall::Wanted)
+    }
+
+    /// Something changed that the cloud should confirm soon.
+    fn want(self) -> UpdateCall {
+        match self {
+            UpdateCall::Idle | UpdateCall::Wanted => UpdateCall::Wanted,
+            UpdateCall::InFlight | UpdateCall::InFlightThenAgain => UpdateCall::InFlightThenAgain,
+        }
+    }
+
+    /// The call came back (or failed).
+    fn finished(self) -> UpdateCall {
+        match self {
+            UpdateCall::InFlight | UpdateCall::Idle => UpdateCall::Idle,
+            UpdateCall::InFlightThenAgain | UpdateCall::Wanted => UpdateCall::Wanted,
+        }
+    }
+}
+
+/// The state machine of one pool.
+#[derive(Debug)]
+pub struct PoolCore {
+    cfg: ScalerConfig,
+    policies: Vec<Policy>,
+    fallback: Policy,
+    provider_max: u32,
+    heartbeats: bool,
+    insts: HashMap<u64, Inst>,
+    by_id: HashMap<String, u64>,
+    next_key: u64,
+    /// Kept in step with `insts` by `with_inst`, `add_inst` and `forget_inst`.
+    index: Index,
+    /// The active policy and the span it holds for.
+    active_policy: Cell<PolicyCache>,
+    leases: HashMap<u64, Lease>,
+    next_lease: u64,
+    reserved: u32,
+    acquired: u32,
+    /// Instances requested and not yet seen, with when they were requested.
+    pending: VecDeque<Millis>,
+    increase_in_flight: bool,
+    /// Where the `update()` call stands.
+    update: UpdateCall,
+    last_update: Option<Millis>,
+    tokens: f64,
+    tokens_at: Millis,
+    backoff_until: Millis,
+    backoff_attempt: u32,
+    health: PoolHealth,
+    last_error: Option<String>,
+    /// Adopting, running or shutting down.
+    phase: Phase,
+    /// Metrics counters.
+    pub counters: Counters,
+}
+
+/// How long a requested instance may stay unseen before it is no longer expected.
+pub(super) const PENDING_EXPIRY_MS: Millis = 15 * 60 * 1000;
+pub(super) const MAX_BACKOFF_MS: Millis = 5 * 60 * 1000;
+
+impl PoolCore {
+    /// A new pool at `now`.
+    pub fn new(cfg: ScalerConfig, policies: Vec<Policy>, now: Millis) -> PoolCore {
+        let tokens = f64::from(cfg.throttle_burst);
+        PoolCore {
+            cfg,
+            policies,
+            fallback: Policy::fallback(),
+            provider_max: 0,
+            heartbeats: false,
+            insts: HashMap::new(),
+            by_id: HashMap::new(),
+            next_key: 1,
+            index: Index::default(),
+            active_policy: Cell::new(PolicyCache(None)),
+            leases: HashMap::new(),
+            next_lease: 1,
+            reserved: 0,
+            acquired: 0,
+            pending: VecDeque::new(),
+            increase_in_flight: false,
+            update: UpdateCall::Wanted,
+            last_update: None,
+            tokens,
+            tokens_at: now,
+            backoff_until: 0,
+            backoff_attempt: 0,
+            health: PoolHealth::Starting,
+            last_error: None,
+            phase: Phase::Adopting,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Applies what `init` said about the group (its own size limit).
+    pub fn set_provider_info(&mut self, info: &ProviderInfo) {
+        self.provider_max = info.max_size;
+        self.heartbeats = info.heartbeat;
+    }
+
+    /// Replaces the policies (hot reload).
+    pub fn set_policies(&mut self, policies: Vec<Policy>) {
+        self.policies = policies;
+        self.active_policy.set(PolicyCache(None));
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ScalerConfig {
+        &self.cfg
+    }
+
+    fn policy(&self, now: Millis) -> &Policy {
+        let window = match self.active_policy.get().0 {
+            Some(w) if w.covers(now) => w,
+            _ => {
+                let w = policy::active_window(&self.policies, now);
+                self.active_policy.set(PolicyCache(Some(w)));
+                w
+            }
+        };
+        window
+            .index
+            .and_then(|i| self.policies.get(i))
+            .unwrap_or(&self.fallback)
+    }
+
+    fn max_instances(&self) -> u32 {
+        match self.provider_max {
+            0 => self.cfg.max_instances,
+            p => self.cfg.max_instances.min(p),
+        }
+    }
+
+    fn capacity(&self) -> u32 {
+        self.cfg.capacity_per_instance
+    }
+
+    fn is_available(&self, inst: &Inst) -> bool {
+        Indexed::of(inst, &self.cfg).available.is_some()
+    }
+
+    /// Runs `f` on an instance and keeps the indexes in step.
+    fn with_inst<T>(&mut self, key: u64, f: impl FnOnce(&mut Inst) -> T) -> Option<T> {
+        let inst = self.insts.get_mut(&key)?;
+        let before = Indexed::of(inst, &self.cfg);
+        let out = f(inst);
+        let after = Indexed::of(inst, &self.cfg);
+        let capacity = self.cfg.capacity_per_instance;
+        self.index.update(key, Some(before), Some(after), capacity);
+        Some(out)
+    }
+
+    fn add_inst(&mut self, key: u64, inst: Inst) {
+        let new = Indexed::of(&inst, &self.cfg);
+        self.by_id.insert(inst.id.clone(), key);
+        self.insts.insert(key, inst);
+        let capacity = self.cfg.capacity_per_instance;
+        self.index.update(key, None, Some(new), capacity);
+    }
+
+    fn forget_inst(&mut self, key: u64) -> Option<Inst> {
+        let inst = self.insts.remove(&key)?;
+        self.by_id.remove(&inst.id);
+        let old = Indexed::of(&inst, &self.cfg);
+        let capacity = self.cfg.capacity_per_instance;
+        self.index.update(key, Some(old), None, capacity);
+        Some(inst)
+    }
+
+    /// Stops the pool with a reason (e.g. init failed for good).
+    pub fn stop(&mut self, reason: String) {
+        self.last_error = Some(reason.clone());
+        self.health = PoolHealth::Stopped(reason);
+    }
+
+    /// Whether the pool is healthy enough to count as ready.
+    pub fn health(&self) -> &PoolHealth {
+        &self.health
+    }
+}

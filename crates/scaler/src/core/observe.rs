@@ -1,0 +1,343 @@
+//! Learning what the provider and the readiness checks answered: `update()` (adopting, failing
+//! and forgetting instances), `increase`, `decrease`, readiness, heartbeats, provider errors
+//! and backoff, and the start of shutdown. It owns how answers change the pool; it must not
+//! decide what to ask next (that is `plan`).
+
+use std::collections::HashSet;
+
+use super::{Inst, InstState, MAX_BACKOFF_MS, Phase, PoolCore, PoolHealth};
+use crate::Millis;
+use flotilla_provider::{CallError, Instance, InstanceState, ProviderError};
+
+impl PoolCore {
+    fn provider_failed(&mut self, now: Millis, e: &CallError) {
+        self.last_error = Some(e.to_string());
+        match e.provider_error() {
+            Some(ProviderError::InvalidConfig(_)) | Some(ProviderError::Unauthorized(_)) => {
+                self.health = PoolHealth::Stopped(e.to_string());
+                return;
+            }
+            _ => {}
+        }
+        let retry_after = match e.provider_error() {
+            Some(ProviderError::Throttled { retry_after, .. }) => retry_after.as_millis() as Millis,
+            _ => 0,
+        };
+        self.backoff_attempt = (self.backoff_attempt + 1).min(20);
+        let base = 1000u64
+            .saturating_mul(1 << self.backoff_attempt.min(9))
+            .min(MAX_BACKOFF_MS);
+        // Full jitter, derived from the clock so virtual-time runs stay deterministic.
+        let jitter = (now
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+            >> 33)
+            % (base / 2 + 1);
+        self.backoff_until = now + (base / 2 + jitter).max(retry_after);
+        self.health = PoolHealth::Degraded(e.to_string());
+    }
+
+    fn provider_ok(&mut self) {
+        self.backoff_attempt = 0;
+        if !matches!(self.health, PoolHealth::Stopped(_)) && self.phase.adopted() {
+            self.health = PoolHealth::Ready;
+        }
+    }
+
+    /// Learns the result of `update()`.
+    pub fn on_update(&mut self, now: Millis, result: Result<Vec<Instance>, CallError>) {
+        self.update = self.update.finished();
+        self.last_update = Some(now);
+        let list = match result {
+            Ok(list) => list,
+            Err(e) => {
+                self.provider_failed(now, &e);
+                return;
+            }
+        };
+        let mut seen = HashSet::with_capacity(list.len());
+        for reported in list {
+            seen.insert(reported.id.clone());
+            if let Some(key) = self.known_or_adopted(now, &reported) {
+                self.apply_reported(now, key, reported.state);
+            }
+        }
+        let vanished: Vec<u64> = self
+            .insts
+            .iter()
+            .filter(|(_, i)| !seen.contains(&i.id))
+            .map(|(&k, _)| k)
+            .collect();
+        for key in vanished {
+            self.mark_gone(now, key, "the instance vanished", true);
+        }
+        self.phase = self.phase.after_update();
+        self.provider_ok();
+    }
+
+    /// The key of a reported instance, adopting it when it is new and alive (one of ours
+    /// coming up, or one that already existed).
+    fn known_or_adopted(&mut self, now: Millis, reported: &Instance) -> Option<u64> {
+        if let Some(&key) = self.by_id.get(&reported.id) {
+            return Some(key);
+        }
+        if matches!(
+            reported.state,
+            InstanceState::Deleted | InstanceState::Deleting
+        ) {
+            return None;
+        }
+        self.pending.pop_front();
+        let key = self.next_key;
+        self.next_key += 1;
+        let inst = Inst::new(reported.id.clone(), now, self.capacity());
+        self.add_inst(key, inst);
+        Some(key)
+    }
+
+    /// Applies what the cloud says about one known instance.
+    fn apply_reported(&mut self, now: Millis, key: u64, state: InstanceState) {
+        match state {
+            InstanceState::Creating => {}
+            InstanceState::Running => {
+                self.with_inst(key, |i| {
+                    if i.state == InstState::Creating {
+                        i.state = InstState::Running;
+                    }
+                });
+            }
+            InstanceState::Deleting => {
+                self.mark_gone(now, key, "the cloud is deleting it", false);
+            }
+            InstanceState::Deleted => self.mark_gone(now, key, "the cloud deleted it", true),
+            InstanceState::Failed(reason) => {
+                let cause = format!("instance failed: {reason}");
+                self.fail_instance(key, &cause);
+            }
+        }
+    }
+
+    pub(super) fn fail_instance(&mut self, key: u64, cause: &str) {
+        self.fail_leases(key, cause);
+        self.with_inst(key, |i| {
+            if i.state != InstState::Deleting {
+                i.state = InstState::Failed;
+                i.failure = Some(cause.to_string());
+            }
+        });
+    }
+
+    fn mark_gone(&mut self, now: Millis, key: u64, cause: &str, forget: bool) {
+        self.fail_leases(key, cause);
+        if forget {
+            if let Some(inst) = self.forget_inst(key) {
+                self.counters
+                    .lifetimes
+                    .push(now.saturating_sub(inst.seen_at));
+            }
+        } else {
+            self.with_inst(key, |i| i.state = InstState::Deleting);
+        }
+    }
+
+    /// Learns the result of `increase(asked)`.
+    pub fn on_increase(&mut self, now: Millis, asked: u32, result: Result<u32, CallError>) {
+        self.increase_in_flight = false;
+        match result {
+            Ok(n) => {
+                let n = n.min(asked);
+                self.pending.extend(std::iter::repeat_n(now, n as usize));
+                self.counters.scale_up += u64::from(n);
+                self.update = self.update.want();
+                if n < asked && self.provider_max == 0 {
+                    // The cloud granted less than asked (quota, group max): back off a little.
+                    self.backoff_until = self.backoff_until.max(now + 5_000);
+                }
+                self.provider_ok();
+            }
+            Err(e) => self.provider_failed(now, &e),
+        }
+    }
+
+    /// Learns the result of `decrease(asked)`. Accepted ids are being deleted; ids not
+    /// accepted (all of them when the call failed) keep their deletion request and are asked
+    /// for again once `deletion_retry_interval` has passed since it.
+    pub fn on_decrease(
+        &mut self,
+        now: Millis,
+        asked: &[String],
+        result: Result<Vec<String>, CallError>,
+    ) {
+        let accepted = match result {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                self.provider_failed(now, &e);
+                self.keep_for_retry(now, asked.iter());
+                return;
+            }
+        };
+        for id in &accepted {
+            if let Some(&key) = self.by_id.get(id) {
+                self.with_inst(key, |i| i.state = InstState::Deleting);
+            }
+        }
+        let accepted: HashSet<&String> = accepted.iter().collect();
+        self.keep_for_retry(now, asked.iter().filter(|id| !accepted.contains(id)));
+        self.update = self.update.want();
+        self.provider_ok();
+    }
+
+    /// Makes sure refused deletions of instances on their way out carry the time they were
+    /// requested, so `plan` asks again after the retry interval (it normally stamped them when
+    /// it asked; a caller that asked on its own may not have).
+    fn keep_for_retry<'a>(&mut self, now: Millis, ids: impl Iterator<Item = &'a String>) {
+        for id in ids {
+            if let Some(&key) = self.by_id.get(id) {
+                self.with_inst(key, |i| {
+                    if matches!(i.state, InstState::Deleting | InstState::Failed) {
+                        i.delete_requested_at.get_or_insert(now);
+                    }
+                });
+            }
+        }
+    }
+
+    /// Learns the result of a readiness check.
+    pub fn on_ready(&mut self, now: Millis, id: &str, result: Result<(), String>) {
+        let Some(&key) = self.by_id.get(id) else {
+            return;
+        };
+        let threshold = self.cfg.failure_threshold.max(1);
+        let mut failed = None;
+        let mut became_ready = None;
+        self.with_inst(key, |i| {
+            i.readiness_in_flight = false;
+            if i.state != InstState::Running {
+                return;
+            }
+            match &result {
+                Ok(()) => {
+                    i.state = InstState::Ready;
+                    i.ready_at = Some(now);
+                    i.idle_since = Some(now);
+                    i.failures = 0;
+                    became_ready = Some(now.saturating_sub(i.seen_at));
+                }
+                Err(reason) => {
+                    i.failures += 1;
+                    if i.failures >= threshold {
+                        failed = Some(format!("readiness failed {} times: {reason}", i.failures));
+                    }
+                }
+            }
+        });
+        if let Some(latency) = became_ready {
+            self.counters.ready_latencies.push(latency);
+        }
+        if let Some(cause) = failed {
+            self.fail_instance(key, &cause);
+        }
+    }
+
+    /// Learns the result of `heartbeat(id)`: `not-found` means gone; other errors count
+    /// toward `failure_threshold`.
+    pub fn on_heartbeat(&mut self, now: Millis, id: &str, result: Result<(), CallError>) {
+        let Some(&key) = self.by_id.get(id) else {
+            return;
+        };
+        let threshold = self.cfg.failure_threshold.max(1);
+        let mut failed = None;
+        let gone = matches!(
+            result.as_ref().err().and_then(CallError::provider_error),
+            Some(ProviderError::NotFound(_))
+        );
+        self.with_inst(key, |i| {
+            i.heartbeat_in_flight = false;
+            i.last_heartbeat = now;
+            match &result {
+                Ok(()) => i.failures = 0,
+                Err(_) if gone => {}
+                Err(e) => {
+                    i.failures += 1;
+                    if i.failures >= threshold {
+                        failed = Some(format!("heartbeat failed {} times: {e}", i.failures));
+                    }
+                }
+            }
+        });
+        if gone {
+            self.fail_instance(key, "heartbeat: the cloud no longer knows the instance");
+        } else if let Some(cause) = failed {
+            self.fail_instance(key, &cause);
+        }
+    }
+
+    /// Stops handing out leases and drains the pool (deleting empty instances when `delete`).
+    pub fn begin_shutdown(&mut self) {
+        self.phase = Phase::ShuttingDown {
+            adopted: self.phase.adopted(),
+        };
+        let leased: Vec<u64> = self
+            .insts
+            .iter()
+            .filter(|(_, i)| i.used > 0)
+            .map(|(&k, _)| k)
+            .collect();
+        for key in leased {
+            self.with_inst(key, |i| {
+                if i.state == InstState::Ready {
+                    i.state = InstState::Draining;
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Action, PoolCore};
+    use crate::ScalerConfig;
+    use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderError};
+
+    /// A pool with one ready, idle instance `i-1` that the fallback policy wants gone.
+    fn pool_with_one_idle_instance() -> PoolCore {
+        let mut c = PoolCore::new(ScalerConfig::default(), Vec::new(), 0);
+        assert_eq!(c.plan(0), [Action::Update]);
+        let running = Instance {
+            id: "i-1".into(),
+            state: InstanceState::Running,
+        };
+        c.on_update(0, Ok(vec![running]));
+        assert_eq!(c.plan(0), [Action::CheckReady("i-1".into())]);
+        c.on_ready(0, "i-1", Ok(()));
+        c
+    }
+
+    #[test]
+    fn a_decrease_that_accepts_nothing_is_retried_after_the_interval() {
+        let mut c = pool_with_one_idle_instance();
+        let ask = vec!["i-1".to_string()];
+        assert_eq!(c.plan(1), [Action::Decrease(ask.clone())]);
+        c.on_decrease(1, &ask, Ok(Vec::new()));
+        let retry = c.config().deletion_retry_interval_ms;
+        assert!(!c.plan(2).contains(&Action::Decrease(ask.clone())));
+        assert!(!c.plan(retry).contains(&Action::Decrease(ask.clone())));
+        assert!(c.plan(1 + retry).contains(&Action::Decrease(ask)));
+        assert_eq!(c.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn a_decrease_that_fails_is_retried_after_the_interval() {
+        let mut c = pool_with_one_idle_instance();
+        let ask = vec!["i-1".to_string()];
+        assert_eq!(c.plan(1), [Action::Decrease(ask.clone())]);
+        let error = CallError::Provider {
+            function: Function::Decrease,
+            error: ProviderError::Transient("503".into()),
+        };
+        c.on_decrease(1, &ask, Err(error));
+        let retry = c.config().deletion_retry_interval_ms;
+        assert!(!c.plan(retry).contains(&Action::Decrease(ask.clone())));
+        assert!(c.plan(1 + retry).contains(&Action::Decrease(ask)));
+    }
+}

@@ -1,0 +1,208 @@
+//! The public vocabulary of the pool state machine: instance and lease states, lease errors,
+//! actions, health, counters and snapshots. Plain data with no behaviour beyond naming; it must
+//! not know how the pool decides anything.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::Millis;
+
+/// Lifecycle of an instance as the scaler sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstState {
+    /// Requested from the cloud, not running yet.
+    Creating,
+    /// Running, readiness not yet confirmed.
+    Running,
+    /// Ready for jobs.
+    Ready,
+    /// Takes no new jobs (max use count, scale-down, shutdown); deleted once empty.
+    Draining,
+    /// Removal requested.
+    Deleting,
+    /// Broken; its leases failed and it will be removed.
+    Failed,
+}
+
+impl InstState {
+    /// Every state, for metrics.
+    pub const ALL: [InstState; 6] = [
+        InstState::Creating,
+        InstState::Running,
+        InstState::Ready,
+        InstState::Draining,
+        InstState::Deleting,
+        InstState::Failed,
+    ];
+
+    /// Metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            InstState::Creating => "creating",
+            InstState::Running => "running",
+            InstState::Ready => "ready",
+            InstState::Draining => "draining",
+            InstState::Deleting => "deleting",
+            InstState::Failed => "failed",
+        }
+    }
+}
+
+/// A lease's current state, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum LeaseState {
+    /// A slot is promised; no instance bound yet.
+    Reserved,
+    /// Bound to a slot of a ready instance.
+    Acquired {
+        /// The instance.
+        instance: String,
+        /// The slot index on it.
+        slot: u32,
+    },
+    /// Its instance failed or vanished; the cause says why.
+    Failed {
+        /// What happened.
+        cause: String,
+    },
+}
+
+/// One lease.
+#[derive(Debug, Clone, Serialize)]
+pub struct Lease {
+    /// Its id.
+    pub id: u64,
+    /// Where it stands.
+    pub state: LeaseState,
+    /// When it was reserved.
+    pub reserved_at: Millis,
+    /// When it was acquired.
+    pub acquired_at: Option<Millis>,
+}
+
+/// Why a lease operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseError {
+    /// No such lease (never existed, or already released).
+    #[error("lease {0} does not exist")]
+    UnknownLease(u64),
+    /// The lease is already acquired.
+    #[error("lease {0} is already acquired")]
+    AlreadyAcquired(u64),
+    /// The lease must be acquired first (release of a reserved lease).
+    #[error("lease {0} is reserved, not acquired; unreserve it instead")]
+    NotAcquired(u64),
+    /// The lease was acquired; release it instead.
+    #[error("lease {0} is acquired; release it instead")]
+    Acquired(u64),
+    /// Its instance failed.
+    #[error("lease {id} failed: {cause}")]
+    Failed {
+        /// The lease.
+        id: u64,
+        /// Why.
+        cause: String,
+    },
+    /// Every slot the pool may ever have is promised.
+    #[error("pool is at capacity ({0} slots)")]
+    AtCapacity(u32),
+    /// Preemptive mode: no idle ready slot right now.
+    #[error("no idle slot (preemptive mode)")]
+    NoIdleSlot,
+    /// The pool is draining for shutdown.
+    #[error("pool is shutting down")]
+    ShuttingDown,
+    /// The pool stopped (bad config or credentials).
+    #[error("pool is stopped: {0}")]
+    Stopped(String),
+}
+
+/// What the scaler wants done now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Call `update()`.
+    Update,
+    /// Call `increase(n)`.
+    Increase(u32),
+    /// Call `decrease(ids)`.
+    Decrease(Vec<String>),
+    /// Run the readiness check on this instance.
+    CheckReady(String),
+    /// Call `heartbeat(id)` (only for plugins that implement it).
+    Heartbeat(String),
+}
+
+/// Where a lease was bound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Binding {
+    /// The instance.
+    pub instance: String,
+    /// The slot index.
+    pub slot: u32,
+}
+
+/// Health of the pool as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", content = "reason", rename_all = "kebab-case")]
+pub enum PoolHealth {
+    /// Waiting for the first successful update.
+    Starting,
+    /// Working.
+    Ready,
+    /// Provider errors; retrying with backoff.
+    Degraded(String),
+    /// Stopped by an error retrying cannot fix.
+    Stopped(String),
+}
+
+/// Counters for metrics, incremented by the state machine.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Counters {
+    /// Instances requested.
+    pub scale_up: u64,
+    /// Instances removed.
+    pub scale_down: u64,
+    /// Leases that failed with a cause.
+    pub leases_failed: u64,
+    /// Creation-to-ready durations (ms) since the last drain.
+    #[serde(skip)]
+    pub ready_latencies: Vec<Millis>,
+    /// Instance lifetimes (ms) since the last drain.
+    #[serde(skip)]
+    pub lifetimes: Vec<Millis>,
+}
+
+/// Slot counts by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SlotCounts {
+    /// Free on ready instances and not promised.
+    pub idle: u32,
+    /// Promised to reservations.
+    pub reserved: u32,
+    /// Bound to leases.
+    pub acquired: u32,
+    /// On instances that cannot take jobs (not ready, draining, failed).
+    pub unavailable: u32,
+}
+
+/// A snapshot for `/v1/pools` and metrics.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolSnapshot {
+    /// Health.
+    pub health: PoolHealth,
+    /// Instances by state.
+    pub instances: BTreeMap<&'static str, u32>,
+    /// Slots by state.
+    pub slots: SlotCounts,
+    /// Instances the policy wants.
+    pub desired: u32,
+    /// Instances requested but not yet seen.
+    pub pending: u32,
+    /// Upper bound in force.
+    pub max_instances: u32,
+    /// The last provider error.
+    pub last_error: Option<String>,
+}
