@@ -289,6 +289,7 @@ impl PoolHandle {
             if self.core().busy_leases() == 0 {
                 break;
             }
+            // Running out of time is fine: the loop condition sees the deadline.
             let _ = tokio::time::timeout_at(deadline, changed).await;
         }
         let busy = self.core().busy_leases();
@@ -308,7 +309,9 @@ impl PoolHandle {
                 }
             }
         }
-        let _ = self.provider.shutdown().await;
+        if let Err(e) = self.provider.shutdown().await {
+            tracing::warn!(pool = %self.name, "provider shutdown failed: {e}");
+        }
         self.stop.notify_one();
     }
 }
