@@ -160,8 +160,11 @@ impl PoolConfig {
     }
 
     fn policies(&self, cx: &Context, at: &KeyPath, problems: &mut Problems) -> Option<Vec<Policy>> {
-        let max_slots = (self.max_instances > 0 && self.capacity_per_instance > 0)
-            .then(|| u64::from(self.max_instances) * u64::from(self.capacity_per_instance));
+        // Checked against the smallest valid ceiling when a knob is itself invalid (reported
+        // on its own), so a policy problem is not hidden behind a knob problem.
+        let max_slots = Some(
+            u64::from(self.max_instances.max(1)) * u64::from(self.capacity_per_instance.max(1)),
+        );
         let checked: Vec<Option<Policy>> = self
             .policy
             .iter()
