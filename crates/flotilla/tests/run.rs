@@ -322,27 +322,26 @@ async fn metrics_pass_promtool() {
 }
 
 #[tokio::test]
-async fn sigterm_drains_and_sighup_reloads_policies() {
-    let mut s = Server::start("drain", 2).await;
+async fn sighup_reloads_the_policies() {
+    let s = Server::start("reload", 2).await;
     s.wait_for("ready", |p| p["desired"] == 1).await;
-    // Hot reload: more idle slots wanted.
-    std::fs::write(
-        &s.config,
-        config_text(
-            s.base
-                .rsplit(':')
-                .next()
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0),
-            5,
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let port = s
+        .base
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the server's port");
+    std::fs::write(&s.config, config_text(port, 5)).expect("rewrite the config");
     s.signal("-HUP");
     s.wait_for("reloaded policy", |p| p["desired"] == 3).await;
+}
 
+#[tokio::test]
+async fn sigterm_drains_until_the_last_lease_is_released() {
+    let mut s = Server::start("drain", 2).await;
+    s.wait_for("ready", |p| p["desired"] == 1).await;
     let (_, body) = s.post("/v1/pools/local/leases").await;
-    let id = body["lease"]["id"].as_u64().unwrap_or_default();
+    let id = body["lease"]["id"].as_u64().expect("a lease id");
     let (code, _) = s
         .post(&format!("/v1/pools/local/leases/{id}/acquire"))
         .await;

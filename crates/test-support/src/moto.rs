@@ -58,12 +58,23 @@ impl Moto {
 
     /// A moto whose group has the given MaxSize.
     pub fn start_with_max(max_size: u32) -> Moto {
+        // A free port can be taken between our probe and moto's bind (tests start servers in
+        // parallel); a moto that died on start is retried on another port.
+        for _ in 0..5 {
+            if let Some(moto) = Moto::try_start(max_size) {
+                return moto;
+            }
+        }
+        panic!("moto did not start on any of five ports");
+    }
+
+    fn try_start(max_size: u32) -> Option<Moto> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("a free loopback port");
         let bin = venv().join("bin/moto_server");
-        let child = Command::new(&bin)
+        let mut child = Command::new(&bin)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .env("INITIAL_NO_AUTH_ACTION_COUNT", "0")
             .stdout(Stdio::null())
@@ -79,13 +90,18 @@ impl Moto {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+        // Something answers on the port; make sure it is our moto, not another test's.
+        std::thread::sleep(Duration::from_millis(200));
+        if !matches!(child.try_wait(), Ok(None)) {
+            return None;
+        }
         let setup: Value = serde_json::from_str(&python(&[&endpoint, &max_size.to_string()]))
             .unwrap_or_else(|e| panic!("{e}"));
-        Moto {
+        Some(Moto {
             child,
             endpoint,
             setup,
-        }
+        })
     }
 
     pub fn key(&self, user: &str) -> (String, String) {

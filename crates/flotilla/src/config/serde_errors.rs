@@ -107,8 +107,14 @@ fn classify(
         } else {
             format!("unknown key (known here: {known})")
         };
-        let removal = (path.to_vec(), key.to_string());
-        return Some((Some(removal), problem(at.key(key), text)));
+        // serde_path_to_error ends the path with the unknown key itself for plain structs, and
+        // at the enclosing table for flattened ones; either way, remove `key` from its table.
+        let table = match path.split_last() {
+            Some((Seg::Key(last), table)) if last == key => table.to_vec(),
+            _ => path.to_vec(),
+        };
+        let at = KeyPath::from(table.clone()).key(key);
+        return Some((Some((table, key.to_string())), problem(at, text)));
     }
     if let Some(rest) = message.strip_prefix("missing field `") {
         let key = rest.split('`').next().unwrap_or_default();
