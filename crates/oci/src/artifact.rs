@@ -162,6 +162,38 @@ fn descriptor(v: &Value) -> Option<(String, String, u64)> {
     Some((media, digest, size))
 }
 
+/// One image manifest of schema 2 (not an index), with the Wasm manifest media type if any.
+fn single_manifest(v: &Value) -> Result<(), String> {
+    let media = v.get("mediaType").and_then(Value::as_str).unwrap_or("");
+    if media.contains("index") || media.contains("manifest.list") || v.get("manifests").is_some() {
+        return Err(format!(
+            "it is an image index ({media}), not a single Wasm artifact manifest"
+        ));
+    }
+    if !media.is_empty() && media != MANIFEST_MEDIA_TYPE {
+        return Err(format!(
+            "manifest media type {media} (expected {MANIFEST_MEDIA_TYPE})"
+        ));
+    }
+    if v.get("schemaVersion").and_then(Value::as_u64) != Some(2) {
+        return Err("manifest schemaVersion is not 2".to_string());
+    }
+    Ok(())
+}
+
+/// A declared blob size within its cap, checked before anything is downloaded.
+fn within(what: &'static str, size: u64, limit: u64, reference: &str) -> Result<(), OciError> {
+    if size > limit {
+        return Err(OciError::TooLarge {
+            what,
+            reference: reference.to_string(),
+            size,
+            limit,
+        });
+    }
+    Ok(())
+}
+
 impl ManifestCheck {
     /// Checks a manifest's bytes, which must already match `digest`.
     pub(crate) fn parse(reference: &str, digest: &str, bytes: &[u8]) -> Result<Self, OciError> {
@@ -171,23 +203,7 @@ impl ManifestCheck {
         };
         let v: Value = serde_json::from_slice(bytes)
             .map_err(|e| not(format!("the manifest is not valid JSON ({e})")))?;
-        let media = v.get("mediaType").and_then(Value::as_str).unwrap_or("");
-        if media.contains("index")
-            || media.contains("manifest.list")
-            || v.get("manifests").is_some()
-        {
-            return Err(not(format!(
-                "it is an image index ({media}), not a single Wasm artifact manifest"
-            )));
-        }
-        if !media.is_empty() && media != MANIFEST_MEDIA_TYPE {
-            return Err(not(format!(
-                "manifest media type {media} (expected {MANIFEST_MEDIA_TYPE})"
-            )));
-        }
-        if v.get("schemaVersion").and_then(Value::as_u64) != Some(2) {
-            return Err(not("manifest schemaVersion is not 2".to_string()));
-        }
+        single_manifest(&v).map_err(not)?;
         let (config_media, config_digest, config_size) = v
             .get("config")
             .and_then(descriptor)
@@ -221,22 +237,8 @@ impl ManifestCheck {
                 return Err(not(format!("unsupported digest {d:?} (only sha256)")));
             }
         }
-        if config_size > MAX_CONFIG {
-            return Err(OciError::TooLarge {
-                what: "config",
-                reference: reference.to_string(),
-                size: config_size,
-                limit: MAX_CONFIG,
-            });
-        }
-        if layer_size > MAX_LAYER {
-            return Err(OciError::TooLarge {
-                what: "wasm layer",
-                reference: reference.to_string(),
-                size: layer_size,
-                limit: MAX_LAYER,
-            });
-        }
+        within("config", config_size, MAX_CONFIG, reference)?;
+        within("wasm layer", layer_size, MAX_LAYER, reference)?;
         let annotations = v
             .get("annotations")
             .and_then(Value::as_object)

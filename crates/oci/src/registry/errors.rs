@@ -12,96 +12,106 @@ fn op_name(push: bool) -> &'static str {
     if push { "push" } else { "pull" }
 }
 
-impl Registry {
-    pub(super) fn map_err(&self, r: &OciRef, push: bool, e: OciDistributionError) -> OciError {
-        let registry = r.registry.clone();
-        let reference = r.to_string();
-        let by_status = |code: u16, why: String| match code {
+/// What a failed request was about, for the error it becomes.
+struct Target<'a> {
+    r: &'a OciRef,
+    push: bool,
+}
+
+impl Target<'_> {
+    /// The error for an HTTP status: 401 means log in, 403 means the account lacks the right,
+    /// 404 means no such artifact, and anything else is the registry's own words.
+    fn by_status(&self, code: u16, why: String) -> OciError {
+        let registry = self.r.registry.clone();
+        let reference = self.r.to_string();
+        match code {
             401 => OciError::Unauthorized {
-                registry: registry.clone(),
-                reference: reference.clone(),
+                registry,
+                reference,
             },
             403 => OciError::Forbidden {
-                registry: registry.clone(),
-                operation: op_name(push),
-                reference: reference.clone(),
+                registry,
+                operation: op_name(self.push),
+                reference,
             },
-            404 => OciError::NotFound {
-                reference: reference.clone(),
-            },
+            404 => OciError::NotFound { reference },
             _ => OciError::Registry {
-                registry: registry.clone(),
-                reference: reference.clone(),
+                registry,
+                reference,
                 why,
             },
-        };
+        }
+    }
+
+    fn request(&self, e: &reqwest::Error) -> OciError {
+        if let Some(status) = e.status() {
+            self.by_status(status.as_u16(), describe_reqwest(e))
+        } else if e.is_connect() || e.is_timeout() || e.is_request() {
+            OciError::Unreachable {
+                registry: self.r.registry.clone(),
+                why: describe_reqwest(e),
+            }
+        } else {
+            self.by_status(0, describe_reqwest(e))
+        }
+    }
+
+    /// The registry's error envelope, classified by its codes.
+    fn envelope(&self, envelope: &oci_client::errors::OciEnvelope) -> OciError {
+        use oci_client::errors::OciErrorCode as Code;
+        let why = envelope
+            .errors
+            .iter()
+            .map(|e| e.message.clone())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let has = |f: fn(&Code) -> bool| envelope.errors.iter().any(|e| f(&e.code));
+        if has(|c| matches!(c, Code::Unauthorized)) {
+            self.by_status(401, why)
+        } else if has(|c| matches!(c, Code::Denied)) {
+            self.by_status(403, why)
+        } else if has(|c| {
+            matches!(
+                c,
+                Code::BlobUnknown
+                    | Code::BlobUploadUnknown
+                    | Code::ManifestBlobUnknown
+                    | Code::ManifestUnknown
+                    | Code::NameUnknown
+            )
+        }) {
+            self.by_status(404, why)
+        } else {
+            self.by_status(0, why)
+        }
+    }
+}
+
+impl Registry {
+    pub(super) fn map_err(&self, r: &OciRef, push: bool, e: OciDistributionError) -> OciError {
+        let t = Target { r, push };
         match e {
-            OciDistributionError::RequestError(e) => {
-                if let Some(status) = e.status() {
-                    by_status(status.as_u16(), describe_reqwest(&e))
-                } else if e.is_connect() || e.is_timeout() || e.is_request() {
-                    OciError::Unreachable {
-                        registry,
-                        why: describe_reqwest(&e),
-                    }
-                } else {
-                    OciError::Registry {
-                        registry,
-                        reference,
-                        why: describe_reqwest(&e),
-                    }
-                }
+            OciDistributionError::RequestError(e) => t.request(&e),
+            OciDistributionError::UnauthorizedError { .. } => t.by_status(401, String::new()),
+            // oci-client reports a refused token request only as text; its status is in it.
+            OciDistributionError::AuthenticationFailure(msg) if msg.contains("403") => {
+                t.by_status(403, msg)
             }
-            OciDistributionError::UnauthorizedError { .. } => by_status(401, String::new()),
-            OciDistributionError::AuthenticationFailure(msg) => {
-                if msg.contains("403") {
-                    by_status(403, msg)
-                } else {
-                    by_status(401, msg)
-                }
-            }
-            OciDistributionError::ImageManifestNotFoundError(_) => by_status(404, String::new()),
+            OciDistributionError::AuthenticationFailure(msg) => t.by_status(401, msg),
+            OciDistributionError::ImageManifestNotFoundError(_) => t.by_status(404, String::new()),
             OciDistributionError::DigestError(
                 oci_client::errors::DigestError::VerificationError { expected, actual },
             ) => OciError::DigestMismatch {
                 what: "manifest",
-                reference,
+                reference: r.to_string(),
                 expected,
                 actual,
             },
             OciDistributionError::ServerError { code, message, .. } => {
-                by_status(code, format!("HTTP {code}: {}", one_line(&message)))
+                t.by_status(code, format!("HTTP {code}: {}", one_line(&message)))
             }
-            OciDistributionError::RegistryError { envelope, .. } => {
-                let codes: Vec<String> = envelope
-                    .errors
-                    .iter()
-                    .map(|e| format!("{:?}", e.code).to_ascii_uppercase())
-                    .collect();
-                let why = envelope
-                    .errors
-                    .iter()
-                    .map(|e| e.message.clone())
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                if codes.iter().any(|c| c == "UNAUTHORIZED") {
-                    by_status(401, why)
-                } else if codes.iter().any(|c| c == "DENIED") {
-                    by_status(403, why)
-                } else if codes
-                    .iter()
-                    .any(|c| c.ends_with("UNKNOWN") && c != "UNKNOWN")
-                {
-                    by_status(404, why)
-                } else {
-                    by_status(0, why)
-                }
-            }
-            other => OciError::Registry {
-                registry,
-                reference,
-                why: one_line(&other.to_string()),
-            },
+            OciDistributionError::RegistryError { envelope, .. } => t.envelope(&envelope),
+            other => t.by_status(0, one_line(&other.to_string())),
         }
     }
 }
