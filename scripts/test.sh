@@ -13,17 +13,20 @@ rustup component list --installed | grep -q '^rustfmt' || rustup component add r
 # Debian packages the tests run against:
 #   prometheus      promtool lints the /metrics output;
 #   docker-registry the CNCF distribution registry for the OCI tests (htpasswd: apache2-utils);
-#   bsdutils        `script`, a pseudo-terminal for the progress-bar test.
+#   bsdutils        `script`, a pseudo-terminal for the progress-bar test;
+#   openssh-server  loopback sshd daemons as the connector's machines (started by the tests).
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
 command -v script >/dev/null || need+=(bsdutils)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get update -qq
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # RUNLEVEL=1 keeps the packages from starting system services (no sshd on port 22).
+  $sudo env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
 # moto (with boto3) is the AWS peer of the AWS plugin's tests.

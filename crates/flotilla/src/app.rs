@@ -12,11 +12,12 @@ use anyhow::Context;
 use crate::api::{AppState, router};
 use crate::config::{self, Config, PluginSource};
 use crate::metrics::Metrics;
+use flotilla_connector::{PoolKey, SshReadiness};
 use flotilla_oci::{AuthStore, Registry, Store};
 use flotilla_plugin_runtime::loader::load_plugin;
 use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
 use flotilla_provider::Provider;
-use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, SystemClock};
+use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, Readiness, SystemClock};
 
 struct Started {
     handle: Arc<PoolHandle>,
@@ -34,11 +35,29 @@ pub fn registry_for(cfg: &Config) -> anyhow::Result<Registry> {
     ))
 }
 
+/// SSH readiness with the pool's key when `[pool.connector]` is set; otherwise an instance the
+/// cloud reports running is ready.
+fn readiness(pool: &config::Pool, state_dir: Option<&Path>) -> anyhow::Result<Arc<dyn Readiness>> {
+    let Some(settings) = &pool.connector else {
+        return Ok(Arc::new(AlwaysReady));
+    };
+    let key = match (&settings.ssh_key, state_dir) {
+        (Some(file), _) => PoolKey::load(file)?,
+        (None, Some(dir)) => PoolKey::load_or_generate(&dir.join("keys"), &pool.name)?,
+        (None, None) => anyhow::bail!(
+            "no state directory to keep the pool's SSH key in: set state_dir, or [pool.connector] ssh_key"
+        ),
+    };
+    tracing::info!(pool = %pool.name, public_key = %key.public_openssh(), fingerprint = %key.fingerprint(), "pool SSH key (install the public key on the instances)");
+    Ok(Arc::new(SshReadiness::new(key, settings.clone())))
+}
+
 async fn start_pool(
     runtime: &PluginRuntime,
     registry: Option<&Registry>,
     metrics: &Metrics,
     pool: &config::Pool,
+    state_dir: Option<&Path>,
 ) -> anyhow::Result<Started> {
     let plugin = load_plugin(runtime, registry, &pool.name, &pool.plugin)
         .await
@@ -54,12 +73,13 @@ async fn start_pool(
     let mut core = PoolCore::new(pool.scaler.clone(), pool.policies.clone(), clock.now());
     core.set_provider_info(&info);
     let pool_metrics = metrics.pool(&pool.name, &plugin.sha256[..12]);
+    let readiness = readiness(pool, state_dir)?;
     let handle = PoolHandle::spawn(
         pool.name.clone(),
         core,
         provider,
         clock,
-        Arc::new(AlwaysReady),
+        readiness,
         Some(Arc::new(pool_metrics.clone())),
     );
     Ok(Started {
@@ -113,7 +133,15 @@ async fn build(config_path: &Path) -> anyhow::Result<Built> {
     let mut started = BTreeMap::new();
     let mut failed = BTreeMap::new();
     for pool in &cfg.pools {
-        match start_pool(&runtime, registry.as_ref(), &metrics, pool).await {
+        match start_pool(
+            &runtime,
+            registry.as_ref(),
+            &metrics,
+            pool,
+            cfg.state_dir.as_deref(),
+        )
+        .await
+        {
             Ok(s) => {
                 started.insert(pool.name.clone(), s);
             }

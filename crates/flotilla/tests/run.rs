@@ -453,3 +453,38 @@ idle_count = 100
         "every unknown key at once: {out}"
     );
 }
+
+#[test]
+fn config_check_locates_connector_mistakes() {
+    let dir = temp_dir("connector-check");
+    let bad = dir.join("bad.toml");
+    let text = format!(
+        "[[pool]]\nname = \"a\"\nplugin = \"{}\"\nmax_instances = 1\n\n[pool.connector]\nready_timeout = \"0s\"\nssh_key = {{ file = \"missing.key\" }}\n",
+        guests::STATIC_PLUGIN
+    );
+    std::fs::write(&bad, text).expect("write the config");
+    let (code, out) = check(&bad);
+    assert_eq!(code, 1, "{out}");
+    let file = bad.display();
+    for expected in [
+        format!("{file}:7: pool[0].connector.ready_timeout: must be greater than zero"),
+        format!("{file}:8: pool[0].connector.ssh_key.file:"),
+    ] {
+        assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
+    }
+    let unknown = dir.join("unknown.toml");
+    let text = format!(
+        "[[pool]]\nname = \"a\"\nplugin = \"{}\"\nmax_instances = 1\n\n[pool.connector]\nready_comand = \"true\"\n",
+        guests::STATIC_PLUGIN
+    );
+    std::fs::write(&unknown, text).expect("write the config");
+    let (code, out) = check(&unknown);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "{}:7: pool[0].connector.ready_comand: unknown key (known here: username,",
+            unknown.display()
+        )),
+        "{out}"
+    );
+}

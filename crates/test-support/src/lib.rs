@@ -18,6 +18,7 @@ pub mod moto;
 pub mod peer;
 pub mod registry;
 pub mod serve;
+pub mod sshd;
 
 use std::io::Write;
 use std::path::Path;

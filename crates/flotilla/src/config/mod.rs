@@ -33,6 +33,10 @@ pub struct FileConfig {
     /// Where compiled and pulled plugins are cached (relative to this file).
     #[serde(default)]
     pub cache_dir: Option<PathBuf>,
+    /// Where the host keeps state that must survive restarts (pool SSH keys), relative to this
+    /// file; default: the user's data directory (`~/.local/share/flotilla`).
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
     /// How `oci://` plugins are fetched.
     #[serde(default)]
     pub oci: OciConfig,
@@ -86,6 +90,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Compile and OCI cache directory.
     pub cache_dir: Option<PathBuf>,
+    /// State directory (pool SSH keys), when one is configured or known.
+    pub state_dir: Option<PathBuf>,
     /// Registry access.
     pub registry: RegistryOptions,
     /// The pools.
@@ -197,6 +203,14 @@ impl Validate for FileConfig {
             token: self.server.token.as_ref().map(|t| t.resolved(cx)),
             shutdown_grace: self.server.shutdown_grace,
             cache_dir: self.cache_dir.as_deref().map(|d| cx.resolve(d)),
+            state_dir: self
+                .state_dir
+                .as_deref()
+                .map(|d| cx.resolve(d))
+                .or_else(|| {
+                    directories::ProjectDirs::from("dev", "flotilla", "flotilla")
+                        .map(|d| d.data_local_dir().to_path_buf())
+                }),
             registry: registry?,
             pools: pools?,
         })

@@ -10,6 +10,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 
+use flotilla_connector::{ConnectorConfig, ConnectorSettings};
 use flotilla_credentials::config::{CredentialConfig, validate_all as validate_credentials};
 use flotilla_oci::PullPolicy;
 use flotilla_oci::config::VerifyConfig;
@@ -84,6 +85,10 @@ pub struct PoolConfig {
     /// Idle policies; the last matching wins.
     #[serde(default)]
     pub policy: Vec<PolicyConfig>,
+    /// How the host reaches instances before they take jobs; without it, an instance the
+    /// cloud reports running is ready.
+    #[serde(default)]
+    pub connector: Option<ConnectorConfig>,
 }
 
 fn one() -> u32 {
@@ -116,6 +121,8 @@ pub struct Pool {
     pub sandbox: Sandbox,
     /// Delete instances after draining on shutdown.
     pub delete_instances_on_shutdown: bool,
+    /// SSH readiness settings, when `[pool.connector]` is set.
+    pub connector: Option<ConnectorSettings>,
 }
 
 /// Every pool, with unique names; at least one.
@@ -220,6 +227,10 @@ impl Validate for PoolConfig {
         let scaler = self.knobs().validate(cx, at, problems);
         let policies = self.policies(cx, at, problems);
         let sandbox = self.sandbox(cx, at, problems);
+        let connector = match &self.connector {
+            Some(c) => c.validate(cx, &at.key("connector"), problems).map(Some),
+            None => Some(None),
+        };
         let settings = serde_json::to_string(&self.plugin_config)
             .map_err(|e| {
                 problems.add(
@@ -239,6 +250,7 @@ impl Validate for PoolConfig {
             policies: policies?,
             sandbox: sandbox?,
             delete_instances_on_shutdown: self.delete_instances_on_shutdown,
+            connector: connector?,
         })
     }
 }

@@ -1,0 +1,232 @@
+//! `[pool.connector]`: how the host reaches a pool's instances, with taskscaler's names where
+//! the meaning is the same (`connector_config`, `instance_ready_command`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use flotilla_validate::{Context, KeyPath, Problems, Validate};
+
+/// `[pool.connector]` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectorConfig {
+    /// Overrides the login user the plugin reports.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Connect to the external address instead of the internal one.
+    #[serde(default)]
+    pub use_external_address: bool,
+    /// The pool's private key, `{ file = "..." }` (0600); generated under the state directory
+    /// when absent.
+    #[serde(default)]
+    pub ssh_key: Option<KeyFile>,
+    /// A command that must exit 0 on the instance before it takes jobs.
+    #[serde(default)]
+    pub ready_command: Option<String>,
+    /// How long the ready command may run.
+    #[serde(default = "default_ready_timeout", with = "humantime_serde")]
+    pub ready_timeout: Duration,
+    /// TCP connect, SSH handshake and login.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Keep-alive interval of the session kept to each instance.
+    #[serde(default = "default_keepalive", with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// Host-key trust: `"pin"` (the default) or `{ known_hosts = "path" }`.
+    #[serde(default)]
+    pub host_key: HostKeyConfig,
+}
+
+/// `{ file = "path" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyFile {
+    /// The file, relative to the config file.
+    pub file: PathBuf,
+}
+
+/// `host_key = "pin"` or `host_key = { known_hosts = "path" }`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum HostKeyConfig {
+    /// Trust the key an instance shows first, for its life.
+    #[default]
+    Pin,
+    /// Trust only the keys in a known_hosts file (relative to the config file).
+    KnownHosts(PathBuf),
+}
+
+impl<'de> Deserialize<'de> for HostKeyConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Name(String),
+            File { known_hosts: PathBuf },
+        }
+        match Raw::deserialize(d)? {
+            Raw::Name(name) if name == "pin" => Ok(HostKeyConfig::Pin),
+            Raw::Name(other) => Err(serde::de::Error::custom(format!(
+                "{other:?}: expected \"pin\" or {{ known_hosts = \"path\" }}"
+            ))),
+            Raw::File { known_hosts } => Ok(HostKeyConfig::KnownHosts(known_hosts)),
+        }
+    }
+}
+
+fn default_ready_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_keepalive() -> Duration {
+    Duration::from_secs(15)
+}
+
+/// Validated connector settings of one pool.
+#[derive(Debug, Clone)]
+pub struct ConnectorSettings {
+    /// Login user override.
+    pub username: Option<String>,
+    /// Use the external address.
+    pub use_external_address: bool,
+    /// The operator's key file, when given.
+    pub ssh_key: Option<PathBuf>,
+    /// The ready command.
+    pub ready_command: Option<String>,
+    /// Its time limit.
+    pub ready_timeout: Duration,
+    /// Session deadlines.
+    pub connect_timeout: Duration,
+    /// Keep-alive interval.
+    pub keepalive_interval: Duration,
+    /// known_hosts file, or `None` to pin.
+    pub known_hosts: Option<PathBuf>,
+}
+
+impl Validate for ConnectorConfig {
+    type Output = ConnectorSettings;
+
+    fn validate(
+        &self,
+        cx: &Context,
+        at: &KeyPath,
+        problems: &mut Problems,
+    ) -> Option<ConnectorSettings> {
+        let mut ok = true;
+        for (key, d) in [
+            ("ready_timeout", self.ready_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("keepalive_interval", self.keepalive_interval),
+        ] {
+            if d.is_zero() {
+                problems.add(&at.key(key), "must be greater than zero");
+                ok = false;
+            }
+        }
+        if self.username.as_deref() == Some("") {
+            problems.add(
+                &at.key("username"),
+                "is empty; leave it out to use the plugin's",
+            );
+            ok = false;
+        }
+        if self
+            .ready_command
+            .as_deref()
+            .is_some_and(|c| c.trim().is_empty())
+        {
+            problems.add(
+                &at.key("ready_command"),
+                "is empty; leave it out to skip it",
+            );
+            ok = false;
+        }
+        let mut existing = |key: KeyPath, path: &PathBuf| {
+            let path = cx.resolve(path);
+            if cx.check_files && !path.is_file() {
+                problems.add(
+                    &key,
+                    format!("{} does not exist or is not a file", path.display()),
+                );
+                ok = false;
+            }
+            path
+        };
+        let ssh_key = self
+            .ssh_key
+            .as_ref()
+            .map(|k| existing(at.key("ssh_key").key("file"), &k.file));
+        let known_hosts = match &self.host_key {
+            HostKeyConfig::Pin => None,
+            HostKeyConfig::KnownHosts(known_hosts) => {
+                Some(existing(at.key("host_key").key("known_hosts"), known_hosts))
+            }
+        };
+        ok.then(|| ConnectorSettings {
+            username: self.username.clone(),
+            use_external_address: self.use_external_address,
+            ssh_key,
+            ready_command: self.ready_command.clone(),
+            ready_timeout: self.ready_timeout,
+            connect_timeout: self.connect_timeout,
+            keepalive_interval: self.keepalive_interval,
+            known_hosts,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<HostKeyConfig, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn host_key_takes_pin_or_a_known_hosts_file() {
+        assert_eq!(parse(r#""pin""#).ok(), Some(HostKeyConfig::Pin));
+        assert_eq!(
+            parse(r#"{"known_hosts": "kh"}"#).ok(),
+            Some(HostKeyConfig::KnownHosts("kh".into()))
+        );
+    }
+
+    #[test]
+    fn any_other_host_key_policy_is_refused() {
+        let err = parse(r#""trust-everything""#).expect_err("refused");
+        assert!(err.to_string().contains("expected \"pin\""), "{err}");
+    }
+
+    #[test]
+    fn zero_timeouts_and_empty_strings_are_each_reported() {
+        let config: ConnectorConfig = serde_json::from_str(
+            r#"{"ready_timeout": "0s", "connect_timeout": "0s", "username": "", "ready_command": " "}"#,
+        )
+        .expect("parse");
+        let cx = Context {
+            base_dir: ".".into(),
+            check_files: false,
+        };
+        let mut problems = Problems::default();
+        let at = KeyPath::root().key("connector");
+        assert!(config.validate(&cx, &at, &mut problems).is_none());
+        let keys: Vec<String> = problems
+            .into_vec()
+            .iter()
+            .map(|p| p.path.to_string())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "connector.ready_timeout",
+                "connector.connect_timeout",
+                "connector.username",
+                "connector.ready_command"
+            ]
+        );
+    }
+}

@@ -1,0 +1,20 @@
+//! The connector: how the host reaches an instance before it gives it a job.
+//!
+//! Owns: each pool's SSH key pair (generated under the state directory, or read from a file;
+//! the private half never leaves the host), host-key trust (pinned per instance for its life,
+//! or a known_hosts file), SSH sessions with timeouts, the user's ready command, and the
+//! [`flotilla_scaler::Readiness`] that says an instance can take jobs.
+//! Must not know: wasmtime, scaling policy, the API or config files (it receives its
+//! settings already validated).
+
+pub mod config;
+mod hostkeys;
+mod keys;
+mod readiness;
+mod ssh;
+
+pub use config::{ConnectorConfig, ConnectorSettings, HostKeyConfig};
+pub use hostkeys::HostKeyPolicy;
+pub use keys::{KeyError, PoolKey};
+pub use readiness::SshReadiness;
+pub use ssh::{ConnectError, ExecOutput, Session, SshOptions, Target};

@@ -1,0 +1,293 @@
+//! One SSH session to one instance: connect with deadlines, check the host key, authenticate
+//! with the pool's key, and run commands with a time limit and capped output.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use russh::ChannelMsg;
+use russh::keys::{PrivateKeyWithHashAlg, PublicKeyOrCertificate};
+
+use crate::hostkeys::{HostKeyPolicy, Refusal};
+use crate::keys::PoolKey;
+
+/// Output kept per stream of a command; the rest is dropped.
+const OUTPUT_CAP: usize = 16 * 1024;
+
+/// Where to connect.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The instance id (host keys are pinned per id).
+    pub instance: String,
+    /// Address (IP or name).
+    pub host: String,
+    /// SSH port.
+    pub port: u16,
+    /// Login user.
+    pub user: String,
+}
+
+/// Deadlines of a session.
+#[derive(Debug, Clone, Copy)]
+pub struct SshOptions {
+    /// TCP connect plus the SSH handshake and authentication.
+    pub connect_timeout: Duration,
+    /// Keep-alive interval on an established session; three missed answers end it.
+    pub keepalive_interval: Duration,
+}
+
+/// Why a session or a command failed; each message names the instance's side of it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// TCP failed.
+    #[error("cannot reach {target}: {why}")]
+    Unreachable {
+        /// host:port.
+        target: String,
+        /// What failed.
+        why: String,
+    },
+    /// The connect or handshake deadline passed.
+    #[error("{target}: no SSH session within {after:?}")]
+    Timeout {
+        /// host:port.
+        target: String,
+        /// The deadline.
+        after: Duration,
+    },
+    /// The host key was refused.
+    #[error("{target}: {why}")]
+    HostKey {
+        /// host:port.
+        target: String,
+        /// Why.
+        why: String,
+    },
+    /// The server refused the pool's key.
+    #[error(
+        "{target}: the server refused the pool's key for user {user:?}; is the pool's public key in its authorized_keys?"
+    )]
+    AuthRefused {
+        /// host:port.
+        target: String,
+        /// The login user.
+        user: String,
+    },
+    /// Any other SSH failure.
+    #[error("{target}: SSH: {why}")]
+    Ssh {
+        /// host:port.
+        target: String,
+        /// What failed.
+        why: String,
+    },
+    /// A command ran past its time limit.
+    #[error("{target}: `{command}` did not finish within {after:?}")]
+    CommandTimeout {
+        /// host:port.
+        target: String,
+        /// The command.
+        command: String,
+        /// The limit.
+        after: Duration,
+    },
+}
+
+/// What a finished command left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Exit status; `None` when the command died of a signal or the server sent none.
+    pub status: Option<u32>,
+    /// Standard output, capped.
+    pub stdout: Vec<u8>,
+    /// Standard error, capped.
+    pub stderr: Vec<u8>,
+}
+
+struct Checker {
+    target: Target,
+    policy: HostKeyPolicy,
+    refused: Arc<Mutex<Option<Refusal>>>,
+}
+
+impl russh::client::Handler for Checker {
+    type Error = russh::Error;
+
+    async fn check_server_key(
+        &mut self,
+        shown: &PublicKeyOrCertificate,
+    ) -> Result<bool, Self::Error> {
+        let verdict = match shown {
+            PublicKeyOrCertificate::PublicKey { key, .. } => self.policy.check(
+                &self.target.instance,
+                &self.target.host,
+                self.target.port,
+                key,
+            ),
+            PublicKeyOrCertificate::Certificate(_) => Err(Refusal::Certificate),
+        };
+        match verdict {
+            Ok(()) => Ok(true),
+            Err(refusal) => {
+                *self.refused.lock() = Some(refusal);
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// An authenticated SSH session to one instance.
+pub struct Session {
+    handle: russh::client::Handle<Checker>,
+    label: String,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("target", &self.label)
+            .finish()
+    }
+}
+
+fn client_config(opts: &SshOptions) -> Arc<russh::client::Config> {
+    Arc::new(russh::client::Config {
+        keepalive_interval: Some(opts.keepalive_interval),
+        keepalive_max: 3,
+        inactivity_timeout: None,
+        nodelay: true,
+        // One host-key type, so a pinned key cannot "change" by a change of preference.
+        preferred: russh::Preferred {
+            key: std::borrow::Cow::Owned(vec![russh::keys::Algorithm::Ed25519]),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+}
+
+impl Session {
+    /// Connects, checks the host key and logs in, all within `opts.connect_timeout`.
+    pub async fn connect(
+        target: &Target,
+        key: &PoolKey,
+        policy: &HostKeyPolicy,
+        opts: &SshOptions,
+    ) -> Result<Session, ConnectError> {
+        let label = format!("{}:{}", target.host, target.port);
+        let attempt = Session::open(target, key, policy, opts, &label);
+        tokio::time::timeout(opts.connect_timeout, attempt)
+            .await
+            .map_err(|_| ConnectError::Timeout {
+                target: label.clone(),
+                after: opts.connect_timeout,
+            })?
+    }
+
+    async fn open(
+        target: &Target,
+        key: &PoolKey,
+        policy: &HostKeyPolicy,
+        opts: &SshOptions,
+        label: &str,
+    ) -> Result<Session, ConnectError> {
+        let tcp = tokio::net::TcpStream::connect((target.host.as_str(), target.port))
+            .await
+            .map_err(|e| ConnectError::Unreachable {
+                target: label.to_string(),
+                why: e.to_string(),
+            })?;
+        // Latency only: a socket that refuses TCP_NODELAY still works.
+        let _ = tcp.set_nodelay(true);
+        let refused = Arc::new(Mutex::new(None));
+        let checker = Checker {
+            target: target.clone(),
+            policy: policy.clone(),
+            refused: refused.clone(),
+        };
+        let ssh_err = |why: String| ConnectError::Ssh {
+            target: label.to_string(),
+            why,
+        };
+        let mut handle =
+            match russh::client::connect_stream(client_config(opts), tcp, checker).await {
+                Ok(handle) => handle,
+                Err(e) => {
+                    return Err(match refused.lock().take() {
+                        Some(refusal) => ConnectError::HostKey {
+                            target: label.to_string(),
+                            why: refusal.to_string(),
+                        },
+                        None => ssh_err(e.to_string()),
+                    });
+                }
+            };
+        let auth = handle
+            .authenticate_publickey(
+                target.user.clone(),
+                PrivateKeyWithHashAlg::new(key.private(), None),
+            )
+            .await
+            .map_err(|e| ssh_err(e.to_string()))?;
+        if !auth.success() {
+            return Err(ConnectError::AuthRefused {
+                target: label.to_string(),
+                user: target.user.clone(),
+            });
+        }
+        Ok(Session {
+            handle,
+            label: label.to_string(),
+        })
+    }
+
+    /// Whether the session has ended (the machine or its sshd went away).
+    pub fn is_closed(&self) -> bool {
+        self.handle.is_closed()
+    }
+
+    /// Runs `command` (through the login shell) and waits at most `limit` for it to end.
+    /// Past the limit the command is sent SIGKILL and its channel closed.
+    pub async fn exec(&self, command: &str, limit: Duration) -> Result<ExecOutput, ConnectError> {
+        let ssh_err = |e: russh::Error| ConnectError::Ssh {
+            target: self.label.clone(),
+            why: e.to_string(),
+        };
+        let mut channel = self.handle.channel_open_session().await.map_err(ssh_err)?;
+        channel.exec(true, command).await.map_err(ssh_err)?;
+        let mut out = ExecOutput {
+            status: None,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        };
+        let collect = async {
+            while let Some(msg) = channel.wait().await {
+                match msg {
+                    ChannelMsg::Data { data } => extend_capped(&mut out.stdout, &data),
+                    ChannelMsg::ExtendedData { data, ext: 1 } => {
+                        extend_capped(&mut out.stderr, &data)
+                    }
+                    ChannelMsg::ExitStatus { exit_status } => out.status = Some(exit_status),
+                    ChannelMsg::Failure => break,
+                    _ => {}
+                }
+            }
+        };
+        if tokio::time::timeout(limit, collect).await.is_err() {
+            // Best effort: servers that do not support the signal request ignore it, and the
+            // command is then left to the session's end.
+            let _ = channel.signal(russh::Sig::KILL).await;
+            let _ = channel.close().await;
+            return Err(ConnectError::CommandTimeout {
+                target: self.label.clone(),
+                command: command.to_string(),
+                after: limit,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn extend_capped(buf: &mut Vec<u8>, data: &[u8]) {
+    let room = OUTPUT_CAP.saturating_sub(buf.len());
+    buf.extend_from_slice(data.get(..room.min(data.len())).unwrap_or_default());
+}

@@ -1,0 +1,241 @@
+//! The connector against real machines: Debian `openssh-server` daemons on loopback, each with
+//! its own host key and the pool's public key in its authorized_keys (as a plugin would place
+//! it). Readiness is SSH login with the pool's key, a trusted host key, and the ready command.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use flotilla_connector::{ConnectorSettings, PoolKey, SshReadiness};
+use flotilla_provider::{
+    Arch, CallError, Connection, Instance, InstanceState, Os, Protocol, Provider, ProviderHealth,
+    ProviderInfo,
+};
+use flotilla_scaler::{PoolCore, PoolHandle, Readiness, ScalerConfig, SystemClock};
+use flotilla_test_support::LogCapture;
+use flotilla_test_support::sshd::Sshd;
+
+/// A cloud whose instances are the given loopback machines (instance id → SSH port).
+struct Machines(BTreeMap<String, u16>);
+
+#[async_trait]
+impl Provider for Machines {
+    async fn init(&self, _: &str) -> Result<ProviderInfo, CallError> {
+        Ok(ProviderInfo {
+            id: "test/machines".into(),
+            version: "0".into(),
+            max_size: 0,
+            heartbeat: false,
+            expiring_connect_info: false,
+        })
+    }
+    async fn update(&self) -> Result<Vec<Instance>, CallError> {
+        Ok(self
+            .0
+            .keys()
+            .map(|id| Instance {
+                id: id.clone(),
+                state: InstanceState::Running,
+            })
+            .collect())
+    }
+    async fn increase(&self, _: u32) -> Result<u32, CallError> {
+        Ok(0)
+    }
+    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
+        Ok(ids.to_vec())
+    }
+    async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
+        Ok(Connection {
+            id: id.to_string(),
+            os: Os::Linux,
+            arch: Arch::Amd64,
+            protocol: Protocol::Ssh,
+            internal_address: Some("127.0.0.1".into()),
+            external_address: None,
+            port: self.0.get(id).copied().unwrap_or(1),
+            username: "root".into(),
+            expires: None,
+        })
+    }
+    async fn heartbeat(&self, _: &str) -> Result<(), CallError> {
+        Ok(())
+    }
+    async fn shutdown(&self) -> Result<(), CallError> {
+        Ok(())
+    }
+    fn health(&self) -> ProviderHealth {
+        ProviderHealth::default()
+    }
+}
+
+fn settings(ready_command: Option<String>, ready_timeout: Duration) -> ConnectorSettings {
+    ConnectorSettings {
+        username: None,
+        use_external_address: false,
+        ssh_key: None,
+        ready_command,
+        ready_timeout,
+        connect_timeout: Duration::from_secs(10),
+        keepalive_interval: Duration::from_secs(15),
+        known_hosts: None,
+    }
+}
+
+struct Pool {
+    _keys: tempfile::TempDir,
+    key: PoolKey,
+}
+
+fn pool_key() -> Pool {
+    let keys = tempfile::tempdir().expect("key dir");
+    let key = PoolKey::load_or_generate(keys.path(), "p").expect("the pool key");
+    Pool { _keys: keys, key }
+}
+
+fn one_machine(sshd: &Sshd) -> Machines {
+    Machines(BTreeMap::from([("m1".to_string(), sshd.port)]))
+}
+
+#[tokio::test]
+async fn an_instance_is_ready_only_after_its_ready_command_finished() {
+    let pool = pool_key();
+    let sshd = Sshd::start(pool.key.public_openssh());
+    let marker = sshd.file("ready");
+    let command = format!("sleep 2 && touch {}", marker.display());
+    let readiness = Arc::new(SshReadiness::new(
+        pool.key.clone(),
+        settings(Some(command), Duration::from_secs(30)),
+    ));
+    let clock = Arc::new(SystemClock);
+    let config = ScalerConfig {
+        capacity_per_instance: 1,
+        max_instances: 1,
+        update_interval_ms: 200,
+        instance_acquire_timeout_ms: 30_000,
+        ..ScalerConfig::default()
+    };
+    let core = PoolCore::new(
+        config,
+        Vec::new(),
+        flotilla_scaler::Clock::now(clock.as_ref()),
+    );
+    let handle = PoolHandle::spawn(
+        "p".into(),
+        core,
+        Arc::new(one_machine(&sshd)),
+        clock,
+        readiness,
+        None,
+    );
+    let start = Instant::now();
+    let lease = handle.reserve().expect("reserve");
+    let binding = handle.acquire(lease).await.expect("acquire");
+    assert_eq!(binding.instance, "m1");
+    assert!(marker.exists(), "ready before the ready command finished");
+    assert!(start.elapsed() >= Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn a_machine_that_refuses_the_pool_key_is_not_ready() {
+    let pool = pool_key();
+    let other = pool_key();
+    let sshd = Sshd::start(other.key.public_openssh());
+    let readiness = SshReadiness::new(pool.key.clone(), settings(None, Duration::from_secs(5)));
+    let err = readiness
+        .check(&one_machine(&sshd), "m1")
+        .await
+        .expect_err("a machine without the pool's key is not ready");
+    assert!(err.contains("refused the pool's key"), "{err}");
+}
+
+#[tokio::test]
+async fn a_ready_command_that_exits_1_is_reported_with_its_status() {
+    let pool = pool_key();
+    let sshd = Sshd::start(pool.key.public_openssh());
+    let readiness = SshReadiness::new(
+        pool.key.clone(),
+        settings(
+            Some("echo not yet >&2; exit 1".into()),
+            Duration::from_secs(10),
+        ),
+    );
+    let err = readiness
+        .check(&one_machine(&sshd), "m1")
+        .await
+        .expect_err("exit 1 is not ready");
+    assert!(err.contains("exited 1") && err.contains("not yet"), "{err}");
+}
+
+#[tokio::test]
+async fn a_ready_command_that_hangs_past_ready_timeout_is_not_ready() {
+    let pool = pool_key();
+    let sshd = Sshd::start(pool.key.public_openssh());
+    let readiness = SshReadiness::new(
+        pool.key.clone(),
+        settings(Some("sleep 60".into()), Duration::from_secs(1)),
+    );
+    let start = Instant::now();
+    let err = readiness
+        .check(&one_machine(&sshd), "m1")
+        .await
+        .expect_err("a hanging command is not ready");
+    assert!(err.contains("did not finish within"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn a_changed_host_key_is_refused() {
+    let pool = pool_key();
+    let sshd = Sshd::start(pool.key.public_openssh());
+    let machines = one_machine(&sshd);
+    let readiness = SshReadiness::new(pool.key.clone(), settings(None, Duration::from_secs(5)));
+    readiness
+        .check(&machines, "m1")
+        .await
+        .expect("first contact pins the key");
+    sshd.new_host_key();
+    sshd.restart();
+    // The kept session died with the daemon; the next check connects again.
+    let start = Instant::now();
+    let err = loop {
+        match readiness.check(&machines, "m1").await {
+            Err(e) => break e,
+            Ok(()) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "the old session never closed"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(err.contains("host key changed"), "{err}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_private_key_appears_in_no_log_line_or_error() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let keys = tempfile::tempdir().expect("key dir");
+    let key = PoolKey::load_or_generate(keys.path(), "p").expect("the pool key");
+    let pem = std::fs::read_to_string(keys.path().join("p/id_ed25519")).expect("read the key");
+    let sshd = Sshd::start("");
+    let readiness = SshReadiness::new(key.clone(), settings(None, Duration::from_secs(5)));
+    let err = readiness
+        .check(&one_machine(&sshd), "m1")
+        .await
+        .expect_err("refused");
+    let text = format!("{err}\n{readiness:?}\n{key:?}\n{}", logs.text());
+    for line in pem.lines().filter(|l| !l.starts_with("-----")) {
+        assert!(!text.contains(line), "a line of the private key leaked");
+    }
+}

@@ -1,0 +1,133 @@
+//! Debian's `openssh-server` as a loopback "machine": one `sshd` per port, with its own config,
+//! host key and authorized keys, started as its own daemon (no systemd). Stopped on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// One sshd on 127.0.0.1.
+pub struct Sshd {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().expect("run a command");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Sshd {
+    /// Starts a machine that lets in the holder of `authorized_key` (an OpenSSH public key
+    /// line), as root.
+    pub fn start(authorized_key: &str) -> Sshd {
+        let dir = tempfile::tempdir().expect("sshd dir");
+        std::fs::create_dir_all("/run/sshd").expect("the privilege separation directory");
+        std::fs::write(
+            dir.path().join("authorized_keys"),
+            format!("{authorized_key}\n"),
+        )
+        .expect("authorized_keys");
+        let sshd = Sshd {
+            dir,
+            port: free_port(),
+        };
+        sshd.new_host_key();
+        sshd.launch();
+        sshd
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Replaces the host key file (takes effect at the next launch).
+    pub fn new_host_key(&self) {
+        let key = self.path("hostkey");
+        let _ = std::fs::remove_file(&key); // absent on the first call
+        let _ = std::fs::remove_file(self.path("hostkey.pub")); // likewise
+        run(Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&key));
+    }
+
+    fn launch(&self) {
+        let d = self.dir.path().display();
+        let config = format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/hostkey\nPidFile {d}/sshd.pid\n\
+             AuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\n\
+             KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
+             AllowStreamLocalForwarding yes\nAllowTcpForwarding yes\n\
+             PermitRootLogin prohibit-password\n",
+            port = self.port
+        );
+        std::fs::write(self.path("sshd_config"), config).expect("sshd_config");
+        run(Command::new("/usr/sbin/sshd")
+            .arg("-f")
+            .arg(self.path("sshd_config"))
+            .arg("-E")
+            .arg(self.path("sshd.log")));
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "sshd did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the daemon and every session it started, as a machine that dies would.
+    pub fn stop(&self) {
+        if let Ok(pid) = std::fs::read_to_string(self.path("sshd.pid")) {
+            // A process that is already gone is what stopping wants.
+            let _ = Command::new("pkill")
+                .args(["-KILL", "-P", pid.trim()])
+                .status();
+            let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+        }
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            && start.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops and starts again on the same port (e.g. after [`Sshd::new_host_key`]).
+    pub fn restart(&self) {
+        self.stop();
+        self.launch();
+    }
+
+    /// The daemon's log, for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.path("sshd.log")).unwrap_or_default()
+    }
+
+    /// A file in the machine's directory (for ready commands to create).
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path(name)
+    }
+
+    /// The directory.
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
