@@ -14,13 +14,15 @@ rustup component list --installed | grep -q '^rustfmt' || rustup component add r
 #   prometheus      promtool lints the /metrics output;
 #   docker-registry the CNCF distribution registry for the OCI tests (htpasswd: apache2-utils);
 #   bsdutils        `script`, a pseudo-terminal for the progress-bar test;
-#   openssh-server  loopback sshd daemons as the connector's machines (started by the tests).
+#   openssh-server  loopback sshd daemons as the connector's machines (started by the tests);
+#   docker.io       a real Docker Engine the connector reaches through those machines' SSH sessions.
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
 command -v script >/dev/null || need+=(bsdutils)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v dockerd >/dev/null || need+=(docker.io containerd runc)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo

@@ -37,6 +37,20 @@ pub struct ConnectorConfig {
     /// Host-key trust: `"pin"` (the default) or `{ known_hosts = "path" }`.
     #[serde(default)]
     pub host_key: HostKeyConfig,
+    /// Check Docker Engine through the SSH session (default); `false` for instances that run
+    /// jobs without Docker.
+    #[serde(default = "yes")]
+    pub docker: bool,
+    /// Docker Engine's socket on the instance.
+    #[serde(default = "default_docker_socket")]
+    pub docker_socket: String,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_docker_socket() -> String {
+    "/var/run/docker.sock".to_string()
 }
 
 /// `{ file = "path" }`.
@@ -104,6 +118,8 @@ pub struct ConnectorSettings {
     pub keepalive_interval: Duration,
     /// known_hosts file, or `None` to pin.
     pub known_hosts: Option<PathBuf>,
+    /// Docker Engine's socket on the instance, or `None` not to check Docker.
+    pub docker_socket: Option<String>,
 }
 
 impl Validate for ConnectorConfig {
@@ -130,6 +146,13 @@ impl Validate for ConnectorConfig {
             problems.add(
                 &at.key("username"),
                 "is empty; leave it out to use the plugin's",
+            );
+            ok = false;
+        }
+        if self.docker && !self.docker_socket.starts_with('/') {
+            problems.add(
+                &at.key("docker_socket"),
+                "must be an absolute path on the instance",
             );
             ok = false;
         }
@@ -174,6 +197,7 @@ impl Validate for ConnectorConfig {
             connect_timeout: self.connect_timeout,
             keepalive_interval: self.keepalive_interval,
             known_hosts,
+            docker_socket: self.docker.then(|| self.docker_socket.clone()),
         })
     }
 }

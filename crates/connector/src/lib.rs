@@ -8,6 +8,7 @@
 //! settings already validated).
 
 pub mod config;
+mod docker;
 mod hostkeys;
 mod keys;
 mod readiness;

@@ -160,6 +160,15 @@ impl Readiness for SshReadiness {
             }
             result?;
         }
+        if let Some(socket) = &self.settings.docker_socket {
+            let limit = self.settings.connect_timeout;
+            let docker = crate::docker::over_ssh(session.clone(), socket.clone(), limit)?;
+            let version = tokio::time::timeout(limit, crate::docker::check(docker))
+                .await
+                .unwrap_or_else(|_| Err(format!("Docker Engine did not answer within {limit:?}")))
+                .map_err(|e| format!("{}:{}: {e}", target.host, target.port))?;
+            tracing::info!(instance, docker = %version, "Docker Engine answers");
+        }
         tracing::info!(instance, target = %format!("{}:{}", target.host, target.port), "instance is ready (SSH)");
         Ok(())
     }

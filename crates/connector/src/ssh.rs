@@ -240,6 +240,22 @@ impl Session {
         })
     }
 
+    /// A byte stream to a unix socket on the instance (`direct-streamlocal@openssh.com`).
+    pub async fn open_unix_socket(
+        &self,
+        path: &str,
+    ) -> Result<russh::ChannelStream<russh::client::Msg>, ConnectError> {
+        let channel = self
+            .handle
+            .channel_open_direct_streamlocal(path)
+            .await
+            .map_err(|e| ConnectError::Ssh {
+                target: self.label.clone(),
+                why: format!("cannot open {path} on the instance: {e}"),
+            })?;
+        Ok(channel.into_stream())
+    }
+
     /// Whether the session has ended (the machine or its sshd went away).
     pub fn is_closed(&self) -> bool {
         self.handle.is_closed()

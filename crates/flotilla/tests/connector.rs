@@ -21,6 +21,7 @@ use flotilla_provider::{
 };
 use flotilla_scaler::{PoolCore, PoolHandle, Readiness, ScalerConfig, SystemClock};
 use flotilla_test_support::LogCapture;
+use flotilla_test_support::dockerd::Dockerd;
 use flotilla_test_support::sshd::Sshd;
 
 /// A cloud whose instances are the given loopback machines (instance id → SSH port).
@@ -87,6 +88,7 @@ fn settings(ready_command: Option<String>, ready_timeout: Duration) -> Connector
         connect_timeout: Duration::from_secs(10),
         keepalive_interval: Duration::from_secs(15),
         known_hosts: None,
+        docker_socket: None,
     }
 }
 
@@ -238,4 +240,48 @@ async fn the_private_key_appears_in_no_log_line_or_error() {
     for line in pem.lines().filter(|l| !l.starts_with("-----")) {
         assert!(!text.contains(line), "a line of the private key leaked");
     }
+}
+
+/// Docker tests start their own dockerd; one at a time, so two engines never race for the
+/// machine's cgroups.
+static DOCKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test]
+async fn an_instance_is_ready_once_its_docker_engine_answers_through_the_ssh_session() {
+    let _one = DOCKER.lock().await;
+    let docker = Dockerd::start();
+    let pool = pool_key();
+    let sshd = Sshd::start(pool.key.public_openssh());
+    let mut s = settings(None, Duration::from_secs(5));
+    s.docker_socket = Some(docker.socket().display().to_string());
+    let logs = LogCapture::default();
+    let readiness = SshReadiness::new(pool.key.clone(), s);
+    let checked = {
+        let _guard = logs.install();
+        readiness.check(&one_machine(&sshd), "m1").await
+    };
+    checked.unwrap_or_else(|e| panic!("{e}\n{}", docker.log()));
+    assert!(
+        logs.text().contains("Docker Engine answers"),
+        "{}",
+        logs.text()
+    );
+}
+
+#[tokio::test]
+async fn an_instance_whose_docker_engine_is_down_is_not_ready() {
+    let _one = DOCKER.lock().await;
+    let docker = Dockerd::start();
+    let socket = docker.socket().display().to_string();
+    drop(docker); // the engine stops; its socket goes with it
+    let pool = pool_key();
+    let sshd = Sshd::start(pool.key.public_openssh());
+    let mut s = settings(None, Duration::from_secs(5));
+    s.docker_socket = Some(socket);
+    let readiness = SshReadiness::new(pool.key.clone(), s);
+    let err = readiness
+        .check(&one_machine(&sshd), "m1")
+        .await
+        .expect_err("no Docker Engine, not ready");
+    assert!(err.contains("Docker Engine"), "{err}");
 }
