@@ -23,10 +23,15 @@ pub struct SshReadiness {
     settings: ConnectorSettings,
     policy: HostKeyPolicy,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    permits: tokio::sync::Semaphore,
 }
 
 /// stderr bytes quoted in a failure message.
 const QUOTED: usize = 300;
+
+/// Checks in flight at once per pool: enough for a fleet coming up together, few enough that
+/// a burst of new instances cannot exhaust the host's sockets.
+const CONCURRENT_CHECKS: usize = 32;
 
 impl SshReadiness {
     /// Readiness with the pool's key and validated settings.
@@ -40,6 +45,7 @@ impl SshReadiness {
             settings,
             policy,
             sessions: Mutex::new(HashMap::new()),
+            permits: tokio::sync::Semaphore::new(CONCURRENT_CHECKS),
         }
     }
 
@@ -146,6 +152,11 @@ impl SshReadiness {
 #[async_trait]
 impl Readiness for SshReadiness {
     async fn check(&self, provider: &dyn Provider, instance: &str) -> Result<(), String> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| "readiness is shutting down".to_string())?;
         let connection = provider
             .connect_info(instance)
             .await
