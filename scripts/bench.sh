@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 out=$(mktemp -d)
-FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler --bench aws --bench oci -- "$@"
+FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler --bench aws --bench oci --bench connector -- "$@"
 python3 - "$CARGO_TARGET_DIR/criterion" "$out" <<'PY'
 import json, os, sys
 root, out = sys.argv[1], sys.argv[2]
@@ -28,7 +28,9 @@ rows = ["scaler/acquire_release_10k_x4", "scaler/reconcile_tick_10k", "scaler/re
         "aws_update_100/plugin", "aws_update_100/host_reqwest_sigv4",
         "oci_start/file_baseline", "oci_start/cached_if_not_present", "oci_start/cached_if_not_present_verified",
         "oci_start/always_resolve_tag", "oci_start/always_resolve_tag_verified", "oci_start/reqwest_manifest_get",
-        "oci_start/cold_pull_template"]
+        "oci_start/cold_pull_template",
+        "connector/ready_one", "connector/ready_twenty_concurrently",
+        "connector/acquire_release_ssh_ready", "connector/acquire_release_always_ready"]
 print("\nmedians:")
 for r in rows: print(f"  {r:<38} {fmt(median(r))}")
 try: print(f"  {'rss_per_instance':<38} {open(os.path.join(out,'rss_per_instance_kib')).read()} KiB")
@@ -44,6 +46,10 @@ for r in ("cached_if_not_present", "cached_if_not_present_verified", "always_res
     if base and m: print(f"  oci start {r:<31} / file {m/base:.2f}x")
 t, q = median("oci_start/always_resolve_tag"), median("oci_start/reqwest_manifest_get")
 if t and q and base: print(f"  oci always / (file + one manifest GET)  {t/(base+q):.2f}x")
+o, t = median("connector/ready_one"), median("connector/ready_twenty_concurrently")
+if o and t: print(f"  readiness of 20 at once / one           {t/o:.2f}x")
+r, n = median("connector/acquire_release_ssh_ready"), median("connector/acquire_release_always_ready")
+if r and n: print(f"  acquire on a ready instance, SSH - none {fmt(r-n)}")
 a = median("scaler/acquire_release_10k_x4")
 if a: print(f"  acquire+release per second (one core)  {1e9/a:,.0f}")
 PY
