@@ -11,72 +11,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use criterion::{Criterion, criterion_group, criterion_main};
 
 use flotilla_connector::{ConnectorSettings, PoolKey, SshReadiness};
-use flotilla_provider::{
-    Arch, CallError, Connection, Instance, InstanceState, Os, Protocol, Provider, ProviderHealth,
-    ProviderInfo,
-};
 use flotilla_scaler::{
     AlwaysReady, Clock, PoolCore, PoolHandle, PoolHealth, Readiness, ScalerConfig, SystemClock,
 };
 use flotilla_test_support::dockerd::Dockerd;
+use flotilla_test_support::machines::Machines;
 use flotilla_test_support::sshd::Sshd;
-
-struct Machines(BTreeMap<String, u16>);
-
-#[async_trait]
-impl Provider for Machines {
-    async fn init(&self, _: &str) -> Result<ProviderInfo, CallError> {
-        Ok(ProviderInfo {
-            id: "bench".into(),
-            version: "0".into(),
-            max_size: 0,
-            heartbeat: false,
-            expiring_connect_info: false,
-        })
-    }
-    async fn update(&self) -> Result<Vec<Instance>, CallError> {
-        Ok(self
-            .0
-            .keys()
-            .map(|id| Instance {
-                id: id.clone(),
-                state: InstanceState::Running,
-            })
-            .collect())
-    }
-    async fn increase(&self, _: u32) -> Result<u32, CallError> {
-        Ok(0)
-    }
-    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
-        Ok(ids.to_vec())
-    }
-    async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
-        Ok(Connection {
-            id: id.into(),
-            os: Os::Linux,
-            arch: Arch::Amd64,
-            protocol: Protocol::Ssh,
-            internal_address: Some("127.0.0.1".into()),
-            external_address: None,
-            port: self.0[id],
-            username: "root".into(),
-            expires: None,
-        })
-    }
-    async fn heartbeat(&self, _: &str) -> Result<(), CallError> {
-        Ok(())
-    }
-    async fn shutdown(&self) -> Result<(), CallError> {
-        Ok(())
-    }
-    fn health(&self) -> ProviderHealth {
-        ProviderHealth::default()
-    }
-}
 
 fn settings(docker: &Dockerd) -> ConnectorSettings {
     ConnectorSettings {

@@ -12,71 +12,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-
 use flotilla_connector::{ConnectorSettings, PoolKey, SshReadiness};
-use flotilla_provider::{
-    Arch, CallError, Connection, Instance, InstanceState, Os, Protocol, Provider, ProviderHealth,
-    ProviderInfo,
-};
 use flotilla_scaler::{PoolCore, PoolHandle, Readiness, ScalerConfig, SystemClock};
 use flotilla_test_support::LogCapture;
 use flotilla_test_support::dockerd::Dockerd;
+use flotilla_test_support::machines::Machines;
 use flotilla_test_support::sshd::Sshd;
-
-/// A cloud whose instances are the given loopback machines (instance id → SSH port).
-struct Machines(BTreeMap<String, u16>);
-
-#[async_trait]
-impl Provider for Machines {
-    async fn init(&self, _: &str) -> Result<ProviderInfo, CallError> {
-        Ok(ProviderInfo {
-            id: "test/machines".into(),
-            version: "0".into(),
-            max_size: 0,
-            heartbeat: false,
-            expiring_connect_info: false,
-        })
-    }
-    async fn update(&self) -> Result<Vec<Instance>, CallError> {
-        Ok(self
-            .0
-            .keys()
-            .map(|id| Instance {
-                id: id.clone(),
-                state: InstanceState::Running,
-            })
-            .collect())
-    }
-    async fn increase(&self, _: u32) -> Result<u32, CallError> {
-        Ok(0)
-    }
-    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
-        Ok(ids.to_vec())
-    }
-    async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
-        Ok(Connection {
-            id: id.to_string(),
-            os: Os::Linux,
-            arch: Arch::Amd64,
-            protocol: Protocol::Ssh,
-            internal_address: Some("127.0.0.1".into()),
-            external_address: None,
-            port: self.0.get(id).copied().unwrap_or(1),
-            username: "root".into(),
-            expires: None,
-        })
-    }
-    async fn heartbeat(&self, _: &str) -> Result<(), CallError> {
-        Ok(())
-    }
-    async fn shutdown(&self) -> Result<(), CallError> {
-        Ok(())
-    }
-    fn health(&self) -> ProviderHealth {
-        ProviderHealth::default()
-    }
-}
 
 fn settings(ready_command: Option<String>, ready_timeout: Duration) -> ConnectorSettings {
     ConnectorSettings {
