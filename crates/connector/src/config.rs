@@ -131,17 +131,14 @@ impl Validate for ConnectorConfig {
         at: &KeyPath,
         problems: &mut Problems,
     ) -> Option<ConnectorSettings> {
-        let mut ok = true;
-        for (key, d) in [
-            ("ready_timeout", self.ready_timeout),
-            ("connect_timeout", self.connect_timeout),
-            ("keepalive_interval", self.keepalive_interval),
-        ] {
-            if d.is_zero() {
-                problems.add(&at.key(key), "must be greater than zero");
-                ok = false;
-            }
-        }
+        let mut ok = problems.nonzero_durations(
+            at,
+            &[
+                ("ready_timeout", self.ready_timeout),
+                ("connect_timeout", self.connect_timeout),
+                ("keepalive_interval", self.keepalive_interval),
+            ],
+        );
         if self.username.as_deref() == Some("") {
             problems.add(
                 &at.key("username"),

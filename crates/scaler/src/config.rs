@@ -95,17 +95,14 @@ impl Validate for KnobsConfig {
         let max_instances = problems.at_least(&at.key("max_instances"), self.max_instances, 1);
         let failure_threshold =
             problems.at_least(&at.key("failure_threshold"), self.failure_threshold, 1);
-        let mut ok = true;
-        for (key, d) in [
-            ("update_interval", self.update_interval),
-            ("instance_acquire_timeout", self.instance_acquire_timeout),
-            ("deletion_retry_interval", self.deletion_retry_interval),
-        ] {
-            if d.is_zero() {
-                problems.add(&at.key(key), "must be greater than zero");
-                ok = false;
-            }
-        }
+        let mut ok = problems.nonzero_durations(
+            at,
+            &[
+                ("update_interval", self.update_interval),
+                ("instance_acquire_timeout", self.instance_acquire_timeout),
+                ("deletion_retry_interval", self.deletion_retry_interval),
+            ],
+        );
         let (throttle_limit, throttle_burst) = match self.scale_throttle {
             None => (0.0, 1),
             Some(t) => {

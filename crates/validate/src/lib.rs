@@ -104,6 +104,22 @@ impl Problems {
         self.0
     }
 
+    /// Whether every named duration is greater than zero; each zero one is a problem under `at`.
+    pub fn nonzero_durations(
+        &mut self,
+        at: &KeyPath,
+        durations: &[(&str, std::time::Duration)],
+    ) -> bool {
+        let mut ok = true;
+        for (key, d) in durations {
+            if d.is_zero() {
+                self.add(&at.key(key), "must be greater than zero");
+                ok = false;
+            }
+        }
+        ok
+    }
+
     /// `value`, or a problem when it is below `min`. Counts parsed by serde are already
     /// non-negative; this is for the lower bounds the type cannot say.
     pub fn at_least(&mut self, path: &KeyPath, value: u32, min: u32) -> Option<u32> {
