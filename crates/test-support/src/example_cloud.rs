@@ -71,16 +71,7 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let method = req.method().to_string();
     let path = req.uri().path().to_string();
-    let headers = req
-        .headers()
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
+    let headers = crate::serve::headers(&req);
     let body = req
         .into_body()
         .collect()

@@ -47,16 +47,7 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let path = req.uri().path().to_string();
-    let headers = req
-        .headers()
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
+    let headers = crate::serve::headers(&req);
     if let Ok(mut a) = arrivals.lock() {
         a.push(Arrival {
             path: path.clone(),

@@ -36,3 +36,16 @@ where
     });
     addr
 }
+
+/// A request's headers as text pairs, in order, for stand-in peers to record.
+pub fn headers<B>(req: &Request<B>) -> Vec<(String, String)> {
+    req.headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
