@@ -15,7 +15,9 @@ rustup component list --installed | grep -q '^rustfmt' || rustup component add r
 #   docker-registry the CNCF distribution registry for the OCI tests (htpasswd: apache2-utils);
 #   bsdutils        `script`, a pseudo-terminal for the progress-bar test;
 #   openssh-server  loopback sshd daemons as the connector's machines (started by the tests);
-#   docker.io       a real Docker Engine the connector reaches through those machines' SSH sessions.
+#   docker.io       a real Docker Engine the connector reaches through those machines' SSH sessions;
+#   busybox-static  the one binary of the test image (no image registry is reachable, so the
+#                   tests import a FROM-scratch rootfs into the engine).
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v docker-registry >/dev/null || need+=(docker-registry)
@@ -23,6 +25,7 @@ command -v htpasswd >/dev/null || need+=(apache2-utils)
 command -v script >/dev/null || need+=(bsdutils)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v dockerd >/dev/null || need+=(docker.io containerd runc)
+[ -x /bin/busybox ] || need+=(busybox-static)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo

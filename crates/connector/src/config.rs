@@ -44,6 +44,15 @@ pub struct ConnectorConfig {
     /// Docker Engine's socket on the instance.
     #[serde(default = "default_docker_socket")]
     pub docker_socket: String,
+    /// How often a ready instance without a lease is pinged (Docker `/_ping`, or `true` over
+    /// SSH without Docker), so a dead machine is found before a job is given to it. `"0s"`
+    /// turns pings off.
+    #[serde(default = "default_ping_interval", with = "humantime_serde")]
+    pub ping_interval: Duration,
+}
+
+fn default_ping_interval() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn yes() -> bool {
@@ -120,6 +129,8 @@ pub struct ConnectorSettings {
     pub known_hosts: Option<PathBuf>,
     /// Docker Engine's socket on the instance, or `None` not to check Docker.
     pub docker_socket: Option<String>,
+    /// How often idle ready instances are pinged; `None`: never.
+    pub ping_interval: Option<Duration>,
 }
 
 impl Validate for ConnectorConfig {
@@ -195,6 +206,7 @@ impl Validate for ConnectorConfig {
             keepalive_interval: self.keepalive_interval,
             known_hosts,
             docker_socket: self.docker.then(|| self.docker_socket.clone()),
+            ping_interval: (!self.ping_interval.is_zero()).then_some(self.ping_interval),
         })
     }
 }

@@ -58,6 +58,15 @@ pub(crate) fn over_ssh(
     .map_err(|e| e.to_string())
 }
 
+/// `/_ping` alone: the cheap liveness probe of a ready instance.
+pub(crate) async fn ping(docker: Docker) -> Result<(), String> {
+    docker
+        .ping()
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("Docker Engine /_ping failed: {e}"))
+}
+
 /// Negotiates the API version, then checks `/_ping` and `/version`; the engine's version on
 /// success.
 pub(crate) async fn check(docker: Docker) -> Result<String, String> {

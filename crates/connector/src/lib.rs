@@ -3,7 +3,8 @@
 //! Owns: each pool's SSH key pair (generated under the state directory, or read from a file;
 //! the private half never leaves the host), host-key trust (pinned per instance for its life,
 //! or a known_hosts file), SSH sessions with timeouts, the user's ready command, and the
-//! [`flotilla_scaler::Readiness`] that says an instance can take jobs.
+//! [`flotilla_scaler::Readiness`] that says an instance can take jobs, and Docker Engine on a
+//! leased instance forwarded to the lease holder through the host (`proxy`).
 //! Must not know: wasmtime, scaling policy, the API or config files (it receives its
 //! settings already validated).
 
@@ -11,11 +12,13 @@ pub mod config;
 mod docker;
 mod hostkeys;
 mod keys;
+mod proxy;
 mod readiness;
 mod ssh;
 
 pub use config::{ConnectorConfig, ConnectorSettings, HostKeyConfig};
 pub use hostkeys::HostKeyPolicy;
 pub use keys::{KeyError, PoolKey};
+pub use proxy::ForwardError;
 pub use readiness::SshReadiness;
 pub use ssh::{ConnectError, ExecOutput, Session, SshOptions, Target};

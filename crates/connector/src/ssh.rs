@@ -36,6 +36,19 @@ pub struct SshOptions {
     pub keepalive_interval: Duration,
 }
 
+impl ConnectError {
+    /// The readiness failure cause this error is counted under.
+    pub fn cause(&self) -> &'static str {
+        match self {
+            ConnectError::Unreachable { .. } | ConnectError::Timeout { .. } => "ssh-connect",
+            ConnectError::HostKey { .. } => "host-key",
+            ConnectError::AuthRefused { .. } => "ssh-auth",
+            ConnectError::Ssh { .. } => "ssh",
+            ConnectError::CommandTimeout { .. } => "ready-command",
+        }
+    }
+}
+
 /// Why a session or a command failed; each message names the instance's side of it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -254,6 +267,11 @@ impl Session {
                 why: format!("cannot open {path} on the instance: {e}"),
             })?;
         Ok(channel.into_stream())
+    }
+
+    /// `host:port` of the machine.
+    pub fn target(&self) -> &str {
+        &self.label
     }
 
     /// Whether the session has ended (the machine or its sshd went away).

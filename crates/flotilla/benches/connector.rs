@@ -32,6 +32,7 @@ fn settings(docker: &Dockerd) -> ConnectorSettings {
         keepalive_interval: Duration::from_secs(15),
         known_hosts: None,
         docker_socket: Some(docker.socket().display().to_string()),
+        ping_interval: None,
     }
 }
 

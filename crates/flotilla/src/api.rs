@@ -8,21 +8,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::metrics::Metrics;
+use flotilla_connector::{ForwardError, SshReadiness};
 use flotilla_credentials::Secret;
 use flotilla_provider::Connection;
 use flotilla_scaler::driver::AcquireError;
-use flotilla_scaler::{LeaseError, PoolHandle, PoolHealth};
+use flotilla_scaler::{LeaseError, LeaseState, PoolHandle, PoolHealth};
 
 /// Shared state of the server.
 pub struct AppState {
     /// Pools by name.
     pub pools: BTreeMap<String, Arc<PoolHandle>>,
+    /// The connector of each pool that has `[pool.connector]`.
+    pub connectors: BTreeMap<String, Arc<SshReadiness>>,
     /// Pools that failed to start, with why.
     pub failed: BTreeMap<String, String>,
     /// The API token; `None` leaves `/v1` open (only allowed on loopback by `run`).
@@ -72,6 +75,10 @@ pub enum ErrorCode {
     PoolStopped,
     /// No instance became ready in time; the lease is still reserved.
     AcquireTimeout,
+    /// The pool has no `[pool.connector]` with Docker, so the host serves no Docker API.
+    NoDocker,
+    /// The lease's instance could not be reached (SSH or Docker Engine failed).
+    InstanceUnreachable,
 }
 
 impl ErrorCode {
@@ -90,6 +97,8 @@ impl ErrorCode {
             ErrorCode::AtCapacity | ErrorCode::NoIdleSlot => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::ShuttingDown | ErrorCode::PoolStopped => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::AcquireTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorCode::NoDocker => StatusCode::CONFLICT,
+            ErrorCode::InstanceUnreachable => StatusCode::BAD_GATEWAY,
         }
     }
 }
@@ -136,6 +145,7 @@ type Shared = Arc<AppState>;
 pub fn router(state: Shared) -> Router {
     let v1 = Router::new()
         .route("/v1/pools", get(pools))
+        .route("/v1/pools/{pool}/instances", get(instances))
         .route("/v1/pools/{pool}/leases", post(reserve).get(list_leases))
         .route(
             "/v1/pools/{pool}/leases/{id}",
@@ -143,6 +153,7 @@ pub fn router(state: Shared) -> Router {
         )
         .route("/v1/pools/{pool}/leases/{id}/acquire", post(acquire))
         .route("/v1/pools/{pool}/leases/{id}/release", post(release))
+        .route("/v1/pools/{pool}/leases/{id}/docker/{*path}", any(docker))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(v1)
@@ -208,6 +219,29 @@ async fn pools(State(state): State<Shared>) -> Json<serde_json::Value> {
     Json(json!({ "pools": out }))
 }
 
+/// Every instance of a pool: state, where the host reaches it (while it has a session to
+/// it), when it became ready, slots and uses, and the last readiness or ping error.
+async fn instances(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let p = pool(&state, &name)?;
+    let connector = state.connectors.get(&name);
+    let views = p.with_core(|c| c.instances());
+    let list: Vec<serde_json::Value> = views
+        .into_iter()
+        .map(|v| {
+            let address = connector.and_then(|c| c.address(&v.id));
+            let mut entry = json!(v);
+            if let Some(map) = entry.as_object_mut() {
+                map.insert("address".into(), json!(address));
+            }
+            entry
+        })
+        .collect();
+    Ok(Json(json!({ "pool": name, "instances": list })))
+}
+
 async fn reserve(
     State(state): State<Shared>,
     Path(name): Path<String>,
@@ -255,6 +289,16 @@ struct Acquired {
     slot: u32,
     connection: Option<Connection>,
     connection_error: Option<String>,
+    /// Where the lease holder reaches Docker Engine on the instance without any key.
+    docker: Option<DockerHandle>,
+}
+
+/// The connection handle of an acquired lease: the host forwards Docker Engine API requests
+/// under `path` (with the API's bearer token) to the instance, over the host's SSH session.
+#[derive(Serialize)]
+struct DockerHandle {
+    /// The API path to use as Docker's base URL, e.g. `/v1/pools/p/leases/7/docker`.
+    path: String,
 }
 
 async fn acquire(
@@ -272,13 +316,67 @@ async fn acquire(
         Err(e) => (None, Some(e.to_string())),
     };
     Ok(Json(Acquired {
-        pool: name,
         lease: id,
         instance: binding.instance,
         slot: binding.slot,
+        docker: state
+            .connectors
+            .get(&name)
+            .filter(|c| c.serves_docker())
+            .map(|_| DockerHandle {
+                path: format!("/v1/pools/{name}/leases/{id}/docker"),
+            }),
+        pool: name,
         connection,
         connection_error,
     }))
+}
+
+/// Forwards a Docker Engine API request to the instance of an acquired lease (see
+/// [`DockerHandle`]). Only while the lease is acquired; the bearer token is not forwarded.
+async fn docker(
+    State(state): State<Shared>,
+    Path((name, id, path)): Path<(String, String, String)>,
+    request: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let p = pool(&state, &name)?;
+    let id = lease_id(&id)?;
+    let lease = p
+        .with_core(|c| c.lease(id).cloned())
+        .ok_or(LeaseError::UnknownLease(id))?;
+    let instance = match lease.state {
+        LeaseState::Acquired { instance, .. } => instance,
+        LeaseState::Reserved => return Err(LeaseError::NotAcquired(id).into()),
+        LeaseState::Failed { cause } => return Err(LeaseError::Failed { id, cause }.into()),
+    };
+    let connector = state.connectors.get(&name).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::NoDocker,
+            format!("pool {name} has no [pool.connector]; the host serves no Docker API for it"),
+        )
+    })?;
+    let (mut parts, body) = request.into_parts();
+    let query = parts
+        .uri
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    parts.uri = format!("/{path}{query}").parse().map_err(|_| {
+        ApiError::new(
+            ErrorCode::NotFound,
+            format!("{path:?} is not a Docker API path"),
+        )
+    })?;
+    let forwarded = connector
+        .forward_docker(&instance, axum::http::Request::from_parts(parts, body))
+        .await
+        .map_err(|e| match e {
+            ForwardError::NoDocker => ApiError::new(ErrorCode::NoDocker, e.to_string()),
+            ForwardError::UnknownInstance(_) | ForwardError::Unreachable { .. } => {
+                ApiError::new(ErrorCode::InstanceUnreachable, e.to_string())
+            }
+        })?;
+    Ok(forwarded.map(axum::body::Body::new))
 }
 
 async fn release(

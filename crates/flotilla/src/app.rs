@@ -21,6 +21,7 @@ use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, Readiness, Syste
 
 struct Started {
     handle: Arc<PoolHandle>,
+    connector: Option<Arc<SshReadiness>>,
     metrics: crate::metrics::PoolMetrics,
     delete_on_shutdown: bool,
 }
@@ -35,11 +36,14 @@ pub fn registry_for(cfg: &Config) -> anyhow::Result<Registry> {
     ))
 }
 
-/// SSH readiness with the pool's key when `[pool.connector]` is set; otherwise an instance the
-/// cloud reports running is ready.
-fn readiness(pool: &config::Pool, state_dir: Option<&Path>) -> anyhow::Result<Arc<dyn Readiness>> {
+/// SSH readiness with the pool's key when `[pool.connector]` is set; `None` otherwise (an
+/// instance the cloud reports running is ready).
+fn connector(
+    pool: &config::Pool,
+    state_dir: Option<&Path>,
+) -> anyhow::Result<Option<Arc<SshReadiness>>> {
     let Some(settings) = &pool.connector else {
-        return Ok(Arc::new(AlwaysReady));
+        return Ok(None);
     };
     let key = match (&settings.ssh_key, state_dir) {
         (Some(file), _) => PoolKey::load(file)?,
@@ -49,7 +53,7 @@ fn readiness(pool: &config::Pool, state_dir: Option<&Path>) -> anyhow::Result<Ar
         ),
     };
     tracing::info!(pool = %pool.name, public_key = %key.public_openssh(), fingerprint = %key.fingerprint(), "pool SSH key (install the public key on the instances)");
-    Ok(Arc::new(SshReadiness::new(key, settings.clone())))
+    Ok(Some(Arc::new(SshReadiness::new(key, settings.clone()))))
 }
 
 async fn start_pool(
@@ -73,7 +77,11 @@ async fn start_pool(
     let mut core = PoolCore::new(pool.scaler.clone(), pool.policies.clone(), clock.now());
     core.set_provider_info(&info);
     let pool_metrics = metrics.pool(&pool.name, &plugin.sha256[..12]);
-    let readiness = readiness(pool, state_dir)?;
+    let connector = connector(pool, state_dir)?;
+    let readiness: Arc<dyn Readiness> = match &connector {
+        Some(c) => c.clone(),
+        None => Arc::new(AlwaysReady),
+    };
     let handle = PoolHandle::spawn(
         pool.name.clone(),
         core,
@@ -84,6 +92,7 @@ async fn start_pool(
     );
     Ok(Started {
         handle,
+        connector,
         metrics: pool_metrics,
         delete_on_shutdown: pool.delete_instances_on_shutdown,
     })
@@ -156,6 +165,10 @@ async fn build(config_path: &Path) -> anyhow::Result<Built> {
         pools: started
             .iter()
             .map(|(k, v)| (k.clone(), v.handle.clone()))
+            .collect(),
+        connectors: started
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.connector.clone()?)))
             .collect(),
         failed,
         token,

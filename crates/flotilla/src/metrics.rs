@@ -10,8 +10,8 @@ use prometheus::{
 };
 
 use flotilla_provider::{Function, ProviderHealth};
-use flotilla_scaler::PoolObserver;
 use flotilla_scaler::core::{Counters, PoolSnapshot};
+use flotilla_scaler::{PoolObserver, Probe};
 
 /// Every metric family of the process.
 #[derive(Clone)]
@@ -31,6 +31,9 @@ pub struct Metrics {
     plugin_faults: IntCounterVec,
     egress_denied: IntCounterVec,
     pool_up: IntGaugeVec,
+    probe_seconds: HistogramVec,
+    probe_failures: IntCounterVec,
+    probes: IntCounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -177,6 +180,28 @@ impl Metrics {
                 "1 when the pool is ready, 0 otherwise.",
                 PP,
             )?,
+            probe_seconds: histogram(
+                &r,
+                "flotilla_instance_probe_duration_seconds",
+                "Duration of instance readiness checks and idle pings (probe), by outcome.",
+                &["pool", "plugin", "probe", "outcome"],
+                vec![
+                    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0, 300.0,
+                ],
+            )?,
+            probe_failures: counter(
+                &r,
+                "flotilla_instance_probe_failures_total",
+                "Failed readiness checks and pings by probe and cause (connect-info, ssh-connect, \
+                 ssh-auth, host-key, ssh, ready-command, docker).",
+                &["pool", "plugin", "probe", "cause"],
+            )?,
+            probes: counter(
+                &r,
+                "flotilla_instance_probes_total",
+                "Readiness checks and idle pings (Docker /_ping) by outcome.",
+                &["pool", "plugin", "probe", "outcome"],
+            )?,
             registry: r,
         })
     }
@@ -277,6 +302,24 @@ impl PoolObserver for PoolMetrics {
             .provider_seconds
             .with_label_values(&labels)
             .observe(took.as_secs_f64());
+    }
+
+    /// Records a readiness check or ping, and the cause of a failure.
+    fn probe(&self, probe: Probe, outcome: Result<(), &'static str>, took: Duration) {
+        let [pool, plugin] = self.pp();
+        let result = if outcome.is_ok() { "ok" } else { "error" };
+        let labels = [pool, plugin, probe.name(), result];
+        self.m.probes.with_label_values(&labels).inc();
+        self.m
+            .probe_seconds
+            .with_label_values(&labels)
+            .observe(took.as_secs_f64());
+        if let Err(cause) = outcome {
+            self.m
+                .probe_failures
+                .with_label_values(&[pool, plugin, probe.name(), cause])
+                .inc();
+        }
     }
 
     /// Records how long an acquire waited.

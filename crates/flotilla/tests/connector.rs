@@ -30,6 +30,7 @@ fn settings(ready_command: Option<String>, ready_timeout: Duration) -> Connector
         keepalive_interval: Duration::from_secs(15),
         known_hosts: None,
         docker_socket: None,
+        ping_interval: None,
     }
 }
 
@@ -97,7 +98,8 @@ async fn a_machine_that_refuses_the_pool_key_is_not_ready() {
         .check(&one_machine(&sshd), "m1")
         .await
         .expect_err("a machine without the pool's key is not ready");
-    assert!(err.contains("refused the pool's key"), "{err}");
+    assert!(err.message.contains("refused the pool's key"), "{err}");
+    assert_eq!(err.cause, "ssh-auth");
 }
 
 #[tokio::test]
@@ -115,7 +117,11 @@ async fn a_ready_command_that_exits_1_is_reported_with_its_status() {
         .check(&one_machine(&sshd), "m1")
         .await
         .expect_err("exit 1 is not ready");
-    assert!(err.contains("exited 1") && err.contains("not yet"), "{err}");
+    assert!(
+        err.message.contains("exited 1") && err.message.contains("not yet"),
+        "{err}"
+    );
+    assert_eq!(err.cause, "ready-command");
 }
 
 #[tokio::test]
@@ -131,7 +137,8 @@ async fn a_ready_command_that_hangs_past_ready_timeout_is_not_ready() {
         .check(&one_machine(&sshd), "m1")
         .await
         .expect_err("a hanging command is not ready");
-    assert!(err.contains("did not finish within"), "{err}");
+    assert!(err.message.contains("did not finish within"), "{err}");
+    assert_eq!(err.cause, "ready-command");
     assert!(start.elapsed() < Duration::from_secs(10));
 }
 
@@ -161,7 +168,8 @@ async fn a_changed_host_key_is_refused() {
             }
         }
     };
-    assert!(err.contains("host key changed"), "{err}");
+    assert!(err.message.contains("host key changed"), "{err}");
+    assert_eq!(err.cause, "host-key");
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -224,5 +232,144 @@ async fn an_instance_whose_docker_engine_is_down_is_not_ready() {
         .check(&one_machine(&sshd), "m1")
         .await
         .expect_err("no Docker Engine, not ready");
-    assert!(err.contains("Docker Engine"), "{err}");
+    assert!(err.message.contains("Docker Engine"), "{err}");
+    assert_eq!(err.cause, "docker");
+}
+
+#[tokio::test]
+async fn a_machine_that_dies_after_it_was_ready_is_found_by_the_ping_before_the_next_acquire() {
+    let _one = DOCKER.lock().await;
+    let docker = Dockerd::start();
+    let pool = pool_key();
+    let doomed = Sshd::start(pool.key.public_openssh());
+    let healthy = Sshd::start(pool.key.public_openssh());
+    let machines = Machines(BTreeMap::from([
+        ("m1".to_string(), doomed.port),
+        ("m2".to_string(), healthy.port),
+    ]));
+    let mut s = settings(None, Duration::from_secs(5));
+    s.docker_socket = Some(docker.socket().display().to_string());
+    s.ping_interval = Some(Duration::from_millis(300));
+    s.connect_timeout = Duration::from_secs(2);
+    let readiness = Arc::new(SshReadiness::new(pool.key.clone(), s));
+    let clock = Arc::new(SystemClock);
+    let config = ScalerConfig {
+        capacity_per_instance: 1,
+        max_instances: 2,
+        update_interval_ms: 60_000,
+        instance_acquire_timeout_ms: 1_500,
+        ..ScalerConfig::default()
+    };
+    let keep_both =
+        flotilla_scaler::Policy::new(vec!["* * * * *".into()], "UTC", 2, 3_600_000, 0.0, 0, false)
+            .expect("a policy");
+    let now = flotilla_scaler::Clock::now(clock.as_ref());
+    let core = PoolCore::new(config, vec![keep_both], now);
+    let handle = PoolHandle::spawn("p".into(), core, Arc::new(machines), clock, readiness, None);
+    let ready = |h: &PoolHandle| h.with_core(|c| c.count_in(flotilla_scaler::InstState::Ready));
+    let start = Instant::now();
+    while ready(&handle) < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{}",
+            docker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    doomed.stop();
+    // Two ping intervals and a connect timeout: long enough for the ping to notice.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let first = handle.reserve().expect("reserve");
+    let binding = handle.acquire(first).await.expect("the healthy machine");
+    assert_eq!(binding.instance, "m2");
+    let second = handle.reserve().expect("reserve");
+    let err = handle
+        .acquire(second)
+        .await
+        .expect_err("the dead machine must not be given out");
+    assert!(
+        err.to_string().contains("no instance became ready"),
+        "{err}"
+    );
+    let views = handle.with_core(|c| c.instances());
+    let m1 = views.iter().find(|v| v.id == "m1").expect("m1 is known");
+    // The ping took it out of service; the checks after it failed and it is being replaced.
+    assert_ne!(m1.state, flotilla_scaler::InstState::Ready, "{m1:?}");
+    assert!(m1.failures >= 3, "{m1:?}");
+}
+
+/// Request paths and headers, in arrival order.
+type Seen = Arc<parking_lot::Mutex<Vec<(String, Vec<(String, String)>)>>>;
+
+/// A stand-in engine on a unix socket that answers like Docker and records each request head.
+fn recording_engine(
+    path: &std::path::Path,
+) -> Seen {
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    flotilla_test_support::serve::serve_http_unix(
+        path,
+        move |req: http::Request<hyper::body::Incoming>| {
+            let log = log.clone();
+            async move {
+                let path = req.uri().path().to_string();
+                log.lock()
+                    .push((path.clone(), flotilla_test_support::serve::headers(&req)));
+                let body = if path.ends_with("/version") {
+                    r#"{"ApiVersion":"1.43","Version":"stand-in"}"#
+                } else {
+                    "OK"
+                };
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(body.as_bytes()),
+                )))
+            }
+        },
+    );
+    seen
+}
+
+#[tokio::test]
+async fn the_callers_token_is_not_forwarded_to_the_instances_engine() {
+    let pool = pool_key();
+    let sshd = Sshd::start(pool.key.public_openssh());
+    let socket = sshd.file("engine.sock");
+    let seen = recording_engine(&socket);
+    let mut s = settings(None, Duration::from_secs(5));
+    s.docker_socket = Some(socket.display().to_string());
+    let readiness = SshReadiness::new(pool.key.clone(), s);
+    readiness
+        .check(&one_machine(&sshd), "m1")
+        .await
+        .expect("ready against the stand-in engine");
+    let request = http::Request::get("/containers/json?all=1")
+        .header("authorization", "Bearer api-token-must-stay-0451")
+        .header("cookie", "session=also-stays")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("a request");
+    let response = readiness
+        .forward_docker("m1", request)
+        .await
+        .expect("forwarded");
+    assert_eq!(response.status(), 200);
+    let seen = seen.lock().clone();
+    let (_, headers) = seen
+        .iter()
+        .find(|(p, _)| p == "/containers/json")
+        .unwrap_or_else(|| panic!("the engine never saw the request: {seen:?}"));
+    let text = format!("{headers:?}");
+    assert!(!text.contains("api-token-must-stay"), "{text}");
+    assert!(!text.contains("also-stays"), "{text}");
+    // An instance it never reached is refused without a connection attempt.
+    let request = http::Request::get("/_ping")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("a request");
+    let err = readiness
+        .forward_docker("m9", request)
+        .await
+        .expect_err("unknown instance");
+    assert!(
+        matches!(err, flotilla_connector::ForwardError::UnknownInstance(_)),
+        "{err}"
+    );
 }

@@ -79,6 +79,8 @@ pub struct KnobsConfig {
     pub deletion_retry_interval: Duration,
     /// Consecutive readiness failures before replacement.
     pub failure_threshold: u32,
+    /// Boot time during which failed readiness checks are retried but not counted.
+    pub instance_ready_grace: Duration,
     /// Token bucket on instance creation.
     pub scale_throttle: Option<ThrottleConfig>,
 }
@@ -130,6 +132,7 @@ impl Validate for KnobsConfig {
             deletion_retry_interval_ms: millis(self.deletion_retry_interval),
             instance_acquire_timeout_ms: millis(self.instance_acquire_timeout),
             update_interval_ms: millis(self.update_interval),
+            instance_ready_grace_ms: millis(self.instance_ready_grace),
         })
     }
 }
@@ -215,6 +218,7 @@ mod tests {
             update_interval: Duration::from_secs(60),
             deletion_retry_interval: Duration::from_secs(60),
             failure_threshold: 3,
+            instance_ready_grace: Duration::from_secs(300),
             scale_throttle: None,
         }
     }

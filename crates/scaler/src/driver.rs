@@ -11,7 +11,7 @@ use super::core::{Action, Binding, LeaseError, PoolCore, PoolSnapshot};
 use super::{Millis, Policy};
 use flotilla_provider::{Function, Provider};
 
-use crate::observer::PoolObserver;
+use crate::observer::{PoolObserver, Probe};
 
 /// The source of time, so tests and the simulator can use virtual time.
 pub trait Clock: Send + Sync {
@@ -31,11 +31,47 @@ impl Clock for SystemClock {
     }
 }
 
-/// Decides whether a running instance can take jobs (e.g. Docker answers on it).
+/// Why an instance is not ready: a short, fixed cause (a metric label, e.g. `ssh-auth`) and
+/// the whole story for the log and the instances API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct NotReady {
+    /// A fixed label, one of a small set the readiness layer documents.
+    pub cause: &'static str,
+    /// What happened.
+    pub message: String,
+}
+
+impl NotReady {
+    /// A failure with its cause label.
+    pub fn new(cause: &'static str, message: impl Into<String>) -> Self {
+        NotReady {
+            cause,
+            message: message.into(),
+        }
+    }
+}
+
+/// Decides whether a running instance can take jobs (e.g. Docker answers on it), and keeps
+/// checking idle ready ones.
 #[async_trait]
 pub trait Readiness: Send + Sync {
     /// `Ok` when ready; `Err` says why not (counted toward `failure_threshold`).
-    async fn check(&self, provider: &dyn Provider, instance: &str) -> Result<(), String>;
+    async fn check(&self, provider: &dyn Provider, instance: &str) -> Result<(), NotReady>;
+
+    /// A cheap liveness probe of a ready instance that has no lease (e.g. Docker's `/_ping`
+    /// over the session kept from `check`). Only called when `ping_interval` is set.
+    async fn ping(&self, _provider: &dyn Provider, _instance: &str) -> Result<(), NotReady> {
+        Ok(())
+    }
+
+    /// How often idle ready instances are pinged; `None`: never.
+    fn ping_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// The pool forgot the instance (it is gone): drop whatever is kept for it.
+    fn forget(&self, _instance: &str) {}
 }
 
 /// The default readiness: an instance the cloud reports running is ready.
@@ -44,7 +80,7 @@ pub struct AlwaysReady;
 
 #[async_trait]
 impl Readiness for AlwaysReady {
-    async fn check(&self, _provider: &dyn Provider, _instance: &str) -> Result<(), String> {
+    async fn check(&self, _provider: &dyn Provider, _instance: &str) -> Result<(), NotReady> {
         Ok(())
     }
 }
@@ -92,6 +128,9 @@ impl PoolHandle {
         readiness: Arc<dyn Readiness>,
         observer: Option<Arc<dyn PoolObserver>>,
     ) -> Arc<PoolHandle> {
+        let mut core = core;
+        let ping_ms = readiness.ping_interval().map(|d| d.as_millis() as Millis);
+        core.set_ping_interval(ping_ms);
         let handle = Arc::new(PoolHandle {
             name,
             core: Mutex::new(core),
@@ -188,21 +227,46 @@ impl PoolHandle {
                 self.core().on_heartbeat(self.clock.now(), &id, r);
             }
             Action::CheckReady(id) => {
+                let start = Instant::now();
                 let r = self.readiness.check(self.provider.as_ref(), &id).await;
-                if let Err(e) = &r {
-                    tracing::warn!(pool = %self.name, instance = %id, "readiness check failed: {e}");
-                }
-                self.core().on_ready(self.clock.now(), &id, r);
+                self.probed(Probe::Readiness, &id, &r, start.elapsed());
+                self.core()
+                    .on_ready(self.clock.now(), &id, r.map_err(|e| e.message));
+            }
+            Action::Ping(id) => {
+                let start = Instant::now();
+                let r = self.readiness.ping(self.provider.as_ref(), &id).await;
+                self.probed(Probe::Ping, &id, &r, start.elapsed());
+                self.core()
+                    .on_ping(self.clock.now(), &id, r.map_err(|e| e.message));
             }
         }
         self.kick();
     }
 
+    fn probed(&self, probe: Probe, id: &str, r: &Result<(), NotReady>, took: Duration) {
+        if let Err(e) = r {
+            let pool = &self.name;
+            tracing::warn!(pool, instance = id, cause = e.cause, "{probe} failed: {e}");
+        }
+        if let Some(m) = &self.observer {
+            m.probe(probe, r.as_ref().map_err(|e| e.cause).copied(), took);
+        }
+    }
+
     fn publish(&self) {
         let mut core = self.core();
-        // Always drain the latency buffers, so they cannot grow without an observer.
+        // Always drain the buffers, so they cannot grow without an observer.
         let ready = std::mem::take(&mut core.counters.ready_latencies);
         let lifetimes = std::mem::take(&mut core.counters.lifetimes);
+        let forgotten = std::mem::take(&mut core.counters.forgotten);
+        if !forgotten.is_empty() {
+            drop(core);
+            for id in &forgotten {
+                self.readiness.forget(id);
+            }
+            core = self.core();
+        }
         if let Some(m) = &self.observer {
             let snap = core.snapshot(self.clock.now());
             let counters = core.counters.clone();

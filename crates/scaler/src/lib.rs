@@ -14,8 +14,8 @@ pub mod sim;
 pub use self::core::{
     Action, Binding, InstState, Lease, LeaseError, LeaseState, PoolCore, PoolHealth, PoolSnapshot,
 };
-pub use driver::{AlwaysReady, Clock, PoolHandle, Readiness, SystemClock};
-pub use observer::PoolObserver;
+pub use driver::{AlwaysReady, Clock, NotReady, PoolHandle, Readiness, SystemClock};
+pub use observer::{PoolObserver, Probe};
 pub use policy::Policy;
 
 /// Milliseconds since the Unix epoch (real or virtual).
@@ -42,6 +42,10 @@ pub struct ScalerConfig {
     pub instance_acquire_timeout_ms: Millis,
     /// Safety-net polling of `update()`.
     pub update_interval_ms: Millis,
+    /// How long after it is first seen an instance may take to become ready: failed readiness
+    /// checks within it are retried with backoff but not counted toward `failure_threshold`
+    /// (a booting machine refuses SSH for a while).
+    pub instance_ready_grace_ms: Millis,
 }
 
 impl Default for ScalerConfig {
@@ -56,6 +60,7 @@ impl Default for ScalerConfig {
             deletion_retry_interval_ms: 60_000,
             instance_acquire_timeout_ms: 120_000,
             update_interval_ms: 60_000,
+            instance_ready_grace_ms: 300_000,
         }
     }
 }

@@ -14,6 +14,8 @@ pub trait PoolObserver: Send + Sync {
     fn provider_call(&self, function: Function, ok: bool, took: Duration);
     /// An acquire was bound after waiting `took`.
     fn lease_wait(&self, took: Duration);
+    /// A readiness check or ping finished: `Err` carries the failure's cause label.
+    fn probe(&self, _probe: Probe, _outcome: Result<(), &'static str>, _took: Duration) {}
     /// The pool's state after a reconcile, the counters so far, and the readiness and
     /// lifetime latencies (milliseconds) recorded since the last call.
     fn publish(
@@ -23,4 +25,29 @@ pub trait PoolObserver: Send + Sync {
         ready_ms: &[u64],
         lifetimes_ms: &[u64],
     );
+}
+
+/// Which probe of an instance ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// The readiness check of a running instance.
+    Readiness,
+    /// The liveness ping of an idle ready instance.
+    Ping,
+}
+
+impl Probe {
+    /// Metric label and log word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Probe::Readiness => "readiness",
+            Probe::Ping => "ping",
+        }
+    }
+}
+
+impl std::fmt::Display for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }

@@ -134,6 +134,7 @@ impl Harness {
                         self.core.on_decrease(self.now, &ids, Ok(ids.clone()));
                     }
                     Action::CheckReady(id) => self.core.on_ready(self.now, &id, Ok(())),
+                    Action::Ping(id) => self.core.on_ping(self.now, &id, Ok(())),
                     Action::Heartbeat(id) => {
                         let r = match self.heartbeat_error.clone() {
                             Some(e) => Err(e),

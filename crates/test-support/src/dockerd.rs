@@ -56,6 +56,28 @@ impl Dockerd {
     }
 }
 
+/// A FROM-scratch image as a tar stream for `POST /images/create?fromSrc=-`: Debian's static
+/// busybox as `/bin/busybox`, with `/bin/sh` and the applets the tests use linked to it.
+pub fn busybox_rootfs_tar() -> Vec<u8> {
+    let root = tempfile::tempdir().expect("rootfs dir");
+    let bin = root.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::fs::copy("/bin/busybox", bin.join("busybox"))
+        .expect("/bin/busybox (scripts/test.sh installs busybox-static)");
+    for applet in ["sh", "echo", "cat", "sleep", "ls", "env", "hostname"] {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet link");
+    }
+    std::fs::create_dir_all(root.path().join("tmp")).expect("tmp");
+    let out = Command::new("tar")
+        .arg("-C")
+        .arg(root.path())
+        .args(["-c", "."])
+        .output()
+        .expect("tar");
+    assert!(out.status.success(), "tar failed");
+    out.stdout
+}
+
 impl Drop for Dockerd {
     fn drop(&mut self) {
         // SIGTERM lets dockerd stop its containerd; a dockerd already gone is fine.

@@ -24,17 +24,45 @@ where
     let addr = listener.local_addr().expect("the listener's address");
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(handler);
-                // A client that hangs up mid-request ends only its own connection.
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+            serve_connection(stream, handler.clone());
         }
     });
     addr
+}
+
+/// Like [`serve_http`], on a unix socket at `path` (a stand-in for an engine's socket).
+pub fn serve_http_unix<S, F, B>(path: &std::path::Path, handler: S)
+where
+    S: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = tokio::net::UnixListener::bind(path).expect("bind a unix socket");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            serve_connection(stream, handler.clone());
+        }
+    });
+}
+
+fn serve_connection<IO, S, F, B>(stream: IO, handler: S)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        let service = hyper::service::service_fn(handler);
+        // A client that hangs up mid-request ends only its own connection.
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
+    });
 }
 
 /// A request's headers as text pairs, in order, for stand-in peers to record.

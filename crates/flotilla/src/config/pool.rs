@@ -58,6 +58,9 @@ pub struct PoolConfig {
     /// Consecutive readiness failures before replacement.
     #[serde(default = "three")]
     pub failure_threshold: u32,
+    /// Boot time during which failed readiness checks are retried but not counted.
+    #[serde(default = "five_minutes", with = "humantime_serde")]
+    pub instance_ready_grace: Duration,
     /// Delete the pool's instances after draining on shutdown.
     #[serde(default)]
     pub delete_instances_on_shutdown: bool,
@@ -99,6 +102,9 @@ fn three() -> u32 {
 }
 fn one_minute() -> Duration {
     Duration::from_secs(60)
+}
+fn five_minutes() -> Duration {
+    Duration::from_secs(300)
 }
 fn two_minutes() -> Duration {
     Duration::from_secs(120)
@@ -162,6 +168,7 @@ impl PoolConfig {
             update_interval: self.update_interval,
             deletion_retry_interval: self.deletion_retry_interval,
             failure_threshold: self.failure_threshold,
+            instance_ready_grace: self.instance_ready_grace,
             scale_throttle: self.scale_throttle,
         }
     }

@@ -28,6 +28,14 @@ pub(super) struct Inst {
     pub(super) last_heartbeat: Millis,
     pub(super) delete_requested_at: Option<Millis>,
     pub(super) failure: Option<String>,
+    /// When the last liveness ping of this ready instance was sent or answered.
+    pub(super) last_ping: Millis,
+    /// The last readiness or ping error, kept after recovery for the instances API.
+    pub(super) last_error: Option<String>,
+    /// No readiness check before this time (backoff after a failed one).
+    pub(super) next_check: Millis,
+    /// Failed readiness checks in a row, counted or not (drives the backoff).
+    pub(super) failed_checks: u32,
 }
 
 impl Inst {
@@ -48,6 +56,10 @@ impl Inst {
             last_heartbeat: now,
             delete_requested_at: None,
             failure: None,
+            last_ping: now,
+            last_error: None,
+            next_check: 0,
+            failed_checks: 0,
         }
     }
 }

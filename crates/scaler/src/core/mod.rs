@@ -21,8 +21,8 @@ use std::collections::{HashMap, VecDeque};
 
 use self::index::{Index, Indexed, Inst, PolicyCache};
 pub use self::types::{
-    Action, Binding, Counters, InstState, Lease, LeaseError, LeaseState, PoolHealth, PoolSnapshot,
-    SlotCounts,
+    Action, Binding, Counters, InstState, InstanceView, Lease, LeaseError, LeaseState, PoolHealth,
+    PoolSnapshot, SlotCounts,
 };
 use super::policy::{self, Policy};
 use super::{Millis, ScalerConfig};
@@ -114,6 +114,8 @@ pub struct PoolCore {
     fallback: Policy,
     provider_max: u32,
     heartbeats: bool,
+    /// How often idle ready instances are pinged; `None` when the readiness layer has no ping.
+    ping_every: Option<Millis>,
     insts: HashMap<u64, Inst>,
     by_id: HashMap<String, u64>,
     next_key: u64,
@@ -157,6 +159,7 @@ impl PoolCore {
             fallback: Policy::fallback(),
             provider_max: 0,
             heartbeats: false,
+            ping_every: None,
             insts: HashMap::new(),
             by_id: HashMap::new(),
             next_key: 1,
@@ -185,6 +188,11 @@ impl PoolCore {
     pub fn set_provider_info(&mut self, info: &ProviderInfo) {
         self.provider_max = info.max_size;
         self.heartbeats = info.heartbeat;
+    }
+
+    /// Pings idle ready instances every `every` ms (`None` or 0: never).
+    pub fn set_ping_interval(&mut self, every: Option<Millis>) {
+        self.ping_every = every.filter(|&ms| ms > 0);
     }
 
     /// Replaces the policies (hot reload).
@@ -250,6 +258,7 @@ impl PoolCore {
     fn forget_inst(&mut self, key: u64) -> Option<Inst> {
         let inst = self.insts.remove(&key)?;
         self.by_id.remove(&inst.id);
+        self.counters.forgotten.push(inst.id.clone());
         let old = Indexed::of(&inst, &self.cfg);
         let capacity = self.cfg.capacity_per_instance;
         self.index.update(key, Some(old), None, capacity);

@@ -208,6 +208,7 @@ impl PoolCore {
             return;
         };
         let threshold = self.cfg.failure_threshold.max(1);
+        let grace = self.cfg.instance_ready_grace_ms;
         let mut failed = None;
         let mut became_ready = None;
         self.with_inst(key, |i| {
@@ -218,12 +219,27 @@ impl PoolCore {
             match &result {
                 Ok(()) => {
                     i.state = InstState::Ready;
+                    // A ping failure sends a ready instance back here; its first readiness
+                    // is the one that counts for the creation-to-ready latency.
+                    if i.ready_at.is_none() {
+                        became_ready = Some(now.saturating_sub(i.seen_at));
+                    }
                     i.ready_at = Some(now);
                     i.idle_since = Some(now);
+                    i.last_ping = now;
                     i.failures = 0;
-                    became_ready = Some(now.saturating_sub(i.seen_at));
+                    i.failed_checks = 0;
                 }
                 Err(reason) => {
+                    i.last_error = Some(reason.clone());
+                    i.failed_checks += 1;
+                    i.next_check = now + readiness_backoff(i.failed_checks);
+                    // A machine that was never ready may still be booting: within the grace
+                    // its failures are retried but not counted.
+                    let booting = i.ready_at.is_none() && now < i.seen_at.saturating_add(grace);
+                    if booting {
+                        return;
+                    }
                     i.failures += 1;
                     if i.failures >= threshold {
                         failed = Some(format!("readiness failed {} times: {reason}", i.failures));
@@ -234,6 +250,37 @@ impl PoolCore {
         if let Some(latency) = became_ready {
             self.counters.ready_latencies.push(latency);
         }
+        if let Some(cause) = failed {
+            self.fail_instance(key, &cause);
+        }
+    }
+
+    /// Learns the result of a ping of an idle ready instance. A failed ping takes the
+    /// instance out of service at once (back to `running`, so readiness checks it again and
+    /// a broken machine is replaced after `failure_threshold` failures); one that took a lease
+    /// meanwhile keeps it, and the failure still counts.
+    pub fn on_ping(&mut self, now: Millis, id: &str, result: Result<(), String>) {
+        let Some(&key) = self.by_id.get(id) else {
+            return;
+        };
+        let threshold = self.cfg.failure_threshold.max(1);
+        let mut failed = None;
+        self.with_inst(key, |i| {
+            i.readiness_in_flight = false;
+            i.last_ping = now;
+            let Err(reason) = &result else {
+                i.failures = 0;
+                return;
+            };
+            i.last_error = Some(format!("ping: {reason}"));
+            i.failures += 1;
+            if i.failures >= threshold {
+                failed = Some(format!("ping failed {} times: {reason}", i.failures));
+            } else if i.state == InstState::Ready && i.used == 0 {
+                i.state = InstState::Running;
+                i.idle_since = None;
+            }
+        });
         if let Some(cause) = failed {
             self.fail_instance(key, &cause);
         }
@@ -293,6 +340,12 @@ impl PoolCore {
     }
 }
 
+/// Wait before the next readiness check after `failed` failed ones in a row: 0.5 s, doubling,
+/// at most 15 s.
+fn readiness_backoff(failed: u32) -> Millis {
+    (500u64 << failed.saturating_sub(1).min(5)).min(15_000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{Action, PoolCore};
@@ -339,5 +392,115 @@ mod tests {
         let retry = c.config().deletion_retry_interval_ms;
         assert!(!c.plan(retry).contains(&Action::Decrease(ask.clone())));
         assert!(c.plan(1 + retry).contains(&Action::Decrease(ask)));
+    }
+
+    /// A pool that keeps one idle instance, `i-1`, ready, and pings idle ones every second.
+    fn pinged_pool() -> PoolCore {
+        let keep_one =
+            crate::Policy::new(vec!["* * * * *".into()], "UTC", 1, 60_000, 0.0, 0, false)
+                .expect("a valid policy");
+        let mut c = PoolCore::new(ScalerConfig::default(), vec![keep_one], 0);
+        c.set_ping_interval(Some(1_000));
+        assert_eq!(c.plan(0), [Action::Update]);
+        let running = Instance {
+            id: "i-1".into(),
+            state: InstanceState::Running,
+        };
+        c.on_update(0, Ok(vec![running]));
+        assert_eq!(c.plan(0), [Action::CheckReady("i-1".into())]);
+        c.on_ready(0, "i-1", Ok(()));
+        c
+    }
+
+    #[test]
+    fn an_idle_instance_is_pinged_when_due_and_one_failed_ping_takes_it_out_of_service() {
+        let mut c = pinged_pool();
+        assert!(!c.plan(999).contains(&Action::Ping("i-1".into())));
+        assert_eq!(c.next_wakeup(999), 1_000);
+        assert_eq!(c.plan(1_000), [Action::Ping("i-1".into())]);
+        // In flight: not sent twice.
+        assert!(!c.plan(1_500).contains(&Action::Ping("i-1".into())));
+        c.on_ping(1_500, "i-1", Ok(()));
+        assert!(c.plan(2_499).is_empty());
+        assert_eq!(c.plan(2_500), [Action::Ping("i-1".into())]);
+        c.on_ping(2_600, "i-1", Err("Docker Engine /_ping failed".into()));
+        let lease = c.reserve(2_600).expect("a reservation");
+        assert_eq!(
+            c.acquire(2_600, lease),
+            Ok(None),
+            "a failed ping must stop new leases"
+        );
+        // It is checked again; the reservation asks for another instance meanwhile.
+        assert_eq!(
+            c.plan(2_600),
+            [Action::CheckReady("i-1".into()), Action::Increase(1)]
+        );
+        let view = c.instances();
+        assert_eq!(
+            view[0].last_error.as_deref(),
+            Some("ping: Docker Engine /_ping failed")
+        );
+        assert_eq!(c.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn a_machine_that_keeps_failing_pings_and_checks_is_failed_and_replaced() {
+        let mut c = pinged_pool();
+        assert_eq!(c.plan(1_000), [Action::Ping("i-1".into())]);
+        c.on_ping(1_000, "i-1", Err("connection reset".into()));
+        // Checked again at once, then after a 0.5 s backoff.
+        assert_eq!(c.plan(1_001), [Action::CheckReady("i-1".into())]);
+        c.on_ready(1_001, "i-1", Err("connect: refused".into()));
+        assert!(c.plan(1_500).is_empty());
+        assert_eq!(c.next_wakeup(1_500), 1_501);
+        assert_eq!(c.plan(1_501), [Action::CheckReady("i-1".into())]);
+        c.on_ready(1_501, "i-1", Err("connect: refused".into()));
+        let view = c.instances();
+        assert_eq!(view[0].state, crate::core::InstState::Failed);
+        assert!(
+            c.plan(1_502)
+                .contains(&Action::Decrease(vec!["i-1".into()]))
+        );
+    }
+
+    #[test]
+    fn a_booting_machine_is_retried_with_backoff_and_not_failed_within_the_grace() {
+        let mut c = PoolCore::new(ScalerConfig::default(), Vec::new(), 0);
+        assert_eq!(c.plan(0), [Action::Update]);
+        let running = Instance {
+            id: "i-1".into(),
+            state: InstanceState::Running,
+        };
+        c.on_update(0, Ok(vec![running]));
+        let grace = c.config().instance_ready_grace_ms;
+        let mut t = 0;
+        let mut checks = 0;
+        while t < grace {
+            if c.plan(t).contains(&Action::CheckReady("i-1".into())) {
+                c.on_ready(t, "i-1", Err("connection refused".into()));
+                checks += 1;
+            }
+            t = c.next_wakeup(t).min(grace);
+        }
+        assert_eq!(
+            c.count_in(crate::core::InstState::Running),
+            1,
+            "failed while booting"
+        );
+        // 0.5 + 1 + 2 + 4 + 8 s, then every 15 s for the rest of five minutes.
+        assert!((20..=25).contains(&checks), "{checks} checks in the grace");
+        for _ in 0..3 {
+            t = c.next_wakeup(t);
+            assert!(c.plan(t).contains(&Action::CheckReady("i-1".into())));
+            c.on_ready(t, "i-1", Err("connection refused".into()));
+        }
+        assert_eq!(c.count_in(crate::core::InstState::Failed), 1);
+    }
+
+    #[test]
+    fn a_forgotten_instance_is_reported_once() {
+        let mut c = pinged_pool();
+        c.on_update(5, Ok(Vec::new()));
+        assert_eq!(c.counters.forgotten, ["i-1"]);
     }
 }

@@ -66,6 +66,28 @@ impl PoolCore {
         if let Some(&(t, _)) = self.index.delete_requested.range((retry_from, 0)..).next() {
             next = next.min(t + retry);
         }
+        let retry = self
+            .index
+            .in_state(InstState::Running)
+            .filter_map(|k| self.insts.get(&k))
+            .filter(|i| !i.readiness_in_flight && i.next_check > now)
+            .map(|i| i.next_check)
+            .min();
+        if let Some(retry) = retry {
+            next = next.min(retry);
+        }
+        if let Some(every) = self.ping_every {
+            let due = self
+                .index
+                .in_state(InstState::Ready)
+                .filter_map(|k| self.insts.get(&k))
+                .filter(|i| i.used == 0 && !i.readiness_in_flight)
+                .map(|i| i.last_ping + every)
+                .min();
+            if let Some(due) = due {
+                next = next.min(due);
+            }
+        }
         if self.cfg.throttle_limit > 0.0 && self.tokens < 1.0 {
             let wait = ((1.0 - self.tokens) / self.cfg.throttle_limit * 1000.0).ceil() as Millis;
             next = next.min(now + wait.max(1));
@@ -119,9 +141,22 @@ impl PoolCore {
         for key in self.index.in_state(InstState::Running) {
             if let Some(inst) = self.insts.get_mut(&key)
                 && !inst.readiness_in_flight
+                && now >= inst.next_check
             {
                 inst.readiness_in_flight = true;
                 actions.push(Action::CheckReady(inst.id.clone()));
+            }
+        }
+        if let Some(every) = self.ping_every {
+            for key in self.index.in_state(InstState::Ready) {
+                if let Some(inst) = self.insts.get_mut(&key)
+                    && inst.used == 0
+                    && !inst.readiness_in_flight
+                    && now >= inst.last_ping + every
+                {
+                    inst.readiness_in_flight = true;
+                    actions.push(Action::Ping(inst.id.clone()));
+                }
             }
         }
         if !self.heartbeats {

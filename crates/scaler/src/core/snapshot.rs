@@ -5,7 +5,9 @@
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
-use super::{Index, Indexed, InstState, LeaseState, PoolCore, PoolSnapshot, SlotCounts};
+use super::{
+    Index, Indexed, InstState, InstanceView, LeaseState, PoolCore, PoolSnapshot, SlotCounts,
+};
 use crate::Millis;
 
 impl PoolCore {
@@ -27,6 +29,28 @@ impl PoolCore {
     /// Ids of every instance the pool knows.
     pub fn instance_ids(&self) -> Vec<String> {
         self.insts.values().map(|i| i.id.clone()).collect()
+    }
+
+    /// Every instance the pool knows, ordered by id, for the instances API.
+    pub fn instances(&self) -> Vec<InstanceView> {
+        let mut out: Vec<InstanceView> = self
+            .insts
+            .values()
+            .map(|i| InstanceView {
+                id: i.id.clone(),
+                state: i.state,
+                seen_at: i.seen_at,
+                ready_since: i
+                    .ready_at
+                    .filter(|_| matches!(i.state, InstState::Ready | InstState::Draining)),
+                slots_used: i.used,
+                use_count: i.uses,
+                failures: i.failures,
+                last_error: i.failure.clone().or_else(|| i.last_error.clone()),
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
     }
 
     /// Health and counts for the API and metrics.

@@ -133,6 +133,8 @@ pub enum Action {
     CheckReady(String),
     /// Call `heartbeat(id)` (only for plugins that implement it).
     Heartbeat(String),
+    /// Check that an idle ready instance still answers (the readiness layer's cheap probe).
+    Ping(String),
 }
 
 /// Where a lease was bound.
@@ -173,6 +175,10 @@ pub struct Counters {
     /// Instance lifetimes (ms) since the last drain.
     #[serde(skip)]
     pub lifetimes: Vec<Millis>,
+    /// Ids of instances forgotten since the last drain, so the readiness layer can drop what
+    /// it keeps for them (sessions, pinned host keys).
+    #[serde(skip)]
+    pub forgotten: Vec<String>,
 }
 
 /// Slot counts by state.
@@ -204,5 +210,26 @@ pub struct PoolSnapshot {
     /// Upper bound in force.
     pub max_instances: u32,
     /// The last provider error.
+    pub last_error: Option<String>,
+}
+
+/// One instance as `GET /v1/pools/{pool}/instances` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InstanceView {
+    /// The cloud's id.
+    pub id: String,
+    /// Where it stands.
+    pub state: InstState,
+    /// When it was first seen (ms since the Unix epoch).
+    pub seen_at: Millis,
+    /// When it last became ready.
+    pub ready_since: Option<Millis>,
+    /// Slots bound to leases now.
+    pub slots_used: u32,
+    /// Leases it has taken in its life (counted against `max_use_count`).
+    pub use_count: u32,
+    /// Consecutive readiness, ping or heartbeat failures.
+    pub failures: u32,
+    /// The last readiness or ping error, or why it failed.
     pub last_error: Option<String>,
 }

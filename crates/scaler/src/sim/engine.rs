@@ -505,6 +505,10 @@ impl<'a> Sim<'a> {
                     self.core.on_heartbeat(now, &id, Ok(()));
                     continue;
                 }
+                Action::Ping(id) => {
+                    self.core.on_ping(now, &id, Ok(()));
+                    continue;
+                }
                 Action::CheckReady(id) => {
                     self.core.on_ready(now, &id, Ok(()));
                     again = true;
