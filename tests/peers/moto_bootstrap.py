@@ -22,6 +22,7 @@ PLUGIN_ACTIONS = [
     "autoscaling:SetDesiredCapacity",
     "autoscaling:TerminateInstanceInAutoScalingGroup",
     "ec2:DescribeInstances",
+    "ec2-instance-connect:SendSSHPublicKey",
 ]
 
 
@@ -78,7 +79,7 @@ def main():
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
     ec2.create_launch_template(
         LaunchTemplateName="ci-runner",
-        LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "t3.micro"},
+        LaunchTemplateData={"ImageId": "ami-760aaa0f", "InstanceType": "t3.micro"},
     )
     asg = client(endpoint, "autoscaling", admin["key"], admin["secret"])
     asg.create_auto_scaling_group(

@@ -15,9 +15,6 @@ pub enum ForwardError {
     /// The pool does not check Docker (`docker = false`), so there is no socket to reach.
     #[error("the pool's connector does not use Docker (docker = false)")]
     NoDocker,
-    /// The host has never reached the instance (it was not made ready by this connector).
-    #[error("the host has no connection details for instance {0}")]
-    UnknownInstance(String),
     /// SSH or the engine failed.
     #[error("instance {instance}: {why}")]
     Unreachable {

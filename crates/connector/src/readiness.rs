@@ -24,9 +24,6 @@ pub struct SshReadiness {
     settings: ConnectorSettings,
     policy: HostKeyPolicy,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
-    /// Where each instance was last reached, so a lost session can be opened again without
-    /// asking the plugin (e.g. while a lease forwards Docker requests).
-    targets: Mutex<HashMap<String, Target>>,
     permits: tokio::sync::Semaphore,
 }
 
@@ -49,7 +46,6 @@ impl SshReadiness {
             settings,
             policy,
             sessions: Mutex::new(HashMap::new()),
-            targets: Mutex::new(HashMap::new()),
             permits: tokio::sync::Semaphore::new(CONCURRENT_CHECKS),
         }
     }
@@ -168,7 +164,6 @@ impl SshReadiness {
     /// Drops what is kept for an instance that is gone.
     pub fn forget(&self, instance: &str) {
         self.sessions.lock().remove(instance);
-        self.targets.lock().remove(instance);
         if let HostKeyPolicy::Pin(pins) = &self.policy {
             pins.forget(instance);
         }
@@ -186,17 +181,15 @@ impl SshReadiness {
             .map_err(|e| NotReady::new("connect-info", format!("connect-info: {e}")))?;
         let target = self.target(instance, &connection)?;
         let session = self.session(&target).await?;
-        self.targets
-            .lock()
-            .insert(instance.to_string(), target.clone());
         Ok((target, session))
     }
 
-    /// Forwards one Docker Engine API request (origin-form URI) to an instance this connector
-    /// made ready, over its session (opened again if it was lost). The caller's
-    /// `Authorization` never reaches the instance.
+    /// Forwards one Docker Engine API request (origin-form URI) to an instance, over the kept
+    /// session, or a new one (after `connect-info`, as for a check) if it was lost. The
+    /// caller's `Authorization` and `Cookie` never reach the instance.
     pub async fn forward_docker<B>(
         &self,
+        provider: &dyn Provider,
         instance: &str,
         request: http::Request<B>,
     ) -> Result<http::Response<hyper::body::Incoming>, ForwardError>
@@ -210,19 +203,18 @@ impl SshReadiness {
             .docker_socket
             .as_deref()
             .ok_or(ForwardError::NoDocker)?;
-        let target = self
-            .targets
-            .lock()
-            .get(instance)
-            .cloned()
-            .ok_or_else(|| ForwardError::UnknownInstance(instance.to_string()))?;
-        let session = self
-            .session(&target)
-            .await
-            .map_err(|e| ForwardError::Unreachable {
-                instance: instance.to_string(),
-                why: e.message,
-            })?;
+        let session = match self.kept_session(instance) {
+            Some(session) => session,
+            None => {
+                self.reach(provider, instance)
+                    .await
+                    .map_err(|e| ForwardError::Unreachable {
+                        instance: instance.to_string(),
+                        why: e.message,
+                    })?
+                    .1
+            }
+        };
         crate::proxy::forward(&session, socket, instance, request).await
     }
 

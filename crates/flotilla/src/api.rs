@@ -368,11 +368,15 @@ async fn docker(
         )
     })?;
     let forwarded = connector
-        .forward_docker(&instance, axum::http::Request::from_parts(parts, body))
+        .forward_docker(
+            p.provider().as_ref(),
+            &instance,
+            axum::http::Request::from_parts(parts, body),
+        )
         .await
         .map_err(|e| match e {
             ForwardError::NoDocker => ApiError::new(ErrorCode::NoDocker, e.to_string()),
-            ForwardError::UnknownInstance(_) | ForwardError::Unreachable { .. } => {
+            ForwardError::Unreachable { .. } => {
                 ApiError::new(ErrorCode::InstanceUnreachable, e.to_string())
             }
         })?;

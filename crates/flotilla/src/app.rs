@@ -67,7 +67,10 @@ async fn start_pool(
         .await
         .with_context(|| format!("pool {}", pool.name))?;
     tracing::info!(pool = %pool.name, plugin = %pool.plugin, sha256 = %plugin.sha256, cache = ?plugin.cache, "plugin loaded");
-    let provider: Arc<dyn Provider> = Arc::new(plugin.provider(&pool.name, pool.sandbox.clone()));
+    let connector = connector(pool, state_dir)?;
+    let mut sandbox = pool.sandbox.clone();
+    sandbox.ssh_public_key = connector.as_ref().map(|c| Arc::from(c.public_key()));
+    let provider: Arc<dyn Provider> = Arc::new(plugin.provider(&pool.name, sandbox));
     let info = provider
         .init(&pool.settings)
         .await
@@ -77,7 +80,6 @@ async fn start_pool(
     let mut core = PoolCore::new(pool.scaler.clone(), pool.policies.clone(), clock.now());
     core.set_provider_info(&info);
     let pool_metrics = metrics.pool(&pool.name, &plugin.sha256[..12]);
-    let connector = connector(pool, state_dir)?;
     let readiness: Arc<dyn Readiness> = match &connector {
         Some(c) => c.clone(),
         None => Arc::new(AlwaysReady),

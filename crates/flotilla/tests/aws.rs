@@ -170,6 +170,146 @@ async fn bad_settings_are_reported_at_once() {
     );
 }
 
+/// Settings for the moto group with EC2 Instance Connect on.
+fn instance_connect_settings(moto: &Moto) -> String {
+    format!(
+        r#"{{"name":"ci-runners","region":"us-east-1","endpoint":"{}","credential":"aws","username":"ubuntu","instance_connect":true}}"#,
+        moto.endpoint
+    )
+}
+
+/// The pool's public key reaches the plugin through `instance-access`, and the plugin pushes it
+/// with EC2 Instance Connect before each connection, signed by the host for the
+/// `ec2-instance-connect` service. moto records what it received.
+#[tokio::test(flavor = "current_thread")]
+async fn instance_connect_pushes_the_pools_public_key_before_each_connection() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let moto = Moto::start();
+    let keys = tempfile::tempdir().expect("key dir");
+    let key = flotilla_connector::PoolKey::load_or_generate(keys.path(), "aws").expect("key");
+    let public = key.public_openssh().to_string();
+    let p = moto.provider_with_ssh_key(&public);
+    let info = match p.init(&instance_connect_settings(&moto)).await {
+        Ok(i) => i,
+        Err(e) => panic!("{e}\n{}", logs.text()),
+    };
+    assert!(info.expiring_connect_info);
+    assert_eq!(must(p.increase(1)).await, 1);
+    let start = Instant::now();
+    let id = loop {
+        let list = must(p.update()).await;
+        if let Some(i) = list.iter().find(|i| i.state == InstanceState::Running) {
+            break i.id.clone();
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{list:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let c = match p.connect_info(&id).await {
+        Ok(c) => c,
+        Err(e) => panic!("{e}\n{}", logs.text()),
+    };
+    assert_eq!(c.username, "ubuntu");
+    let expires = c.expires.expect("pushed keys expire");
+    assert!(
+        (now + 40..=now + 60).contains(&expires),
+        "{expires} vs {now}"
+    );
+    must(p.connect_info(&id)).await;
+
+    let pushes: Vec<serde_json::Value> = moto
+        .requests()
+        .into_iter()
+        .filter(|r| r["headers"]["X-Amz-Target"] == "AWSEC2InstanceConnectService.SendSSHPublicKey")
+        .collect();
+    assert_eq!(pushes.len(), 2, "one push per connect-info");
+    let push = &pushes[0];
+    let auth = push["headers"]["Authorization"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        auth.contains("/us-east-1/ec2-instance-connect/aws4_request"),
+        "{auth}"
+    );
+    use base64::Engine as _;
+    let body = if push["body_encoded"] == true {
+        base64::engine::general_purpose::STANDARD
+            .decode(push["body"].as_str().unwrap_or_default())
+            .expect("base64")
+    } else {
+        push["body"]
+            .as_str()
+            .unwrap_or_default()
+            .as_bytes()
+            .to_vec()
+    };
+    let body: serde_json::Value = serde_json::from_slice(&body).expect("a JSON body");
+    assert_eq!(body["InstanceId"], id.as_str());
+    assert_eq!(body["InstanceOSUser"], "ubuntu");
+    assert_eq!(body["SSHPublicKey"], public.as_str());
+    assert!(
+        body["AvailabilityZone"]
+            .as_str()
+            .is_some_and(|z| z.starts_with("us-east-1"))
+    );
+    let (_, secret) = moto.key("plugin");
+    assert!(!logs.text().contains(&secret));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn instance_connect_without_a_connector_key_is_a_config_error() {
+    let moto = Moto::start();
+    let p = moto.provider(None);
+    let r = p.init(&instance_connect_settings(&moto)).await;
+    let Err(CallError::Provider {
+        error: ProviderError::InvalidConfig(msg),
+        ..
+    }) = &r
+    else {
+        panic!("{r:?}")
+    };
+    assert!(
+        msg.contains("instance_connect") && msg.contains("[pool.connector]"),
+        "{msg}"
+    );
+}
+
+/// The action missing from the IAM policy is named, and classified as unauthorized.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_instance_connect_push_is_unauthorized_and_named() {
+    let moto = Moto::start();
+    let p = moto.provider_with_ssh_key(
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl test",
+    );
+    must(p.init(&instance_connect_settings(&moto))).await;
+    assert_eq!(must(p.increase(1)).await, 1);
+    let id = must(p.update())
+        .await
+        .first()
+        .map(|i| i.id.clone())
+        .expect("an instance");
+    python(&[
+        &moto.endpoint,
+        "--policy",
+        "plugin",
+        "autoscaling:DescribeAutoScalingGroups",
+        "ec2:DescribeInstances",
+    ]);
+    let r = p.connect_info(&id).await;
+    let Err(CallError::Provider {
+        error: ProviderError::Unauthorized(msg),
+        ..
+    }) = &r
+    else {
+        panic!("{r:?}")
+    };
+    assert!(msg.contains("SendSSHPublicKey"), "{msg}");
+}
+
 /// The scaler drives the ASG through the lease API: idle capacity, a burst of 6 slots, and
 /// the scale-down after `idle_time`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

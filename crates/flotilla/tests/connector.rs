@@ -302,9 +302,7 @@ async fn a_machine_that_dies_after_it_was_ready_is_found_by_the_ping_before_the_
 type Seen = Arc<parking_lot::Mutex<Vec<(String, Vec<(String, String)>)>>>;
 
 /// A stand-in engine on a unix socket that answers like Docker and records each request head.
-fn recording_engine(
-    path: &std::path::Path,
-) -> Seen {
+fn recording_engine(path: &std::path::Path) -> Seen {
     let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let log = seen.clone();
     flotilla_test_support::serve::serve_http_unix(
@@ -347,29 +345,35 @@ async fn the_callers_token_is_not_forwarded_to_the_instances_engine() {
         .header("cookie", "session=also-stays")
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .expect("a request");
+    let machines = one_machine(&sshd);
     let response = readiness
-        .forward_docker("m1", request)
+        .forward_docker(&machines, "m1", request)
         .await
         .expect("forwarded");
     assert_eq!(response.status(), 200);
-    let seen = seen.lock().clone();
-    let (_, headers) = seen
+    let heads = seen.lock().clone();
+    let (_, headers) = heads
         .iter()
         .find(|(p, _)| p == "/containers/json")
-        .unwrap_or_else(|| panic!("the engine never saw the request: {seen:?}"));
+        .unwrap_or_else(|| panic!("the engine never saw the request: {heads:?}"));
     let text = format!("{headers:?}");
     assert!(!text.contains("api-token-must-stay"), "{text}");
     assert!(!text.contains("also-stays"), "{text}");
-    // An instance it never reached is refused without a connection attempt.
-    let request = http::Request::get("/_ping")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .expect("a request");
-    let err = readiness
-        .forward_docker("m9", request)
-        .await
-        .expect_err("unknown instance");
-    assert!(
-        matches!(err, flotilla_connector::ForwardError::UnknownInstance(_)),
-        "{err}"
-    );
+    // A lost session is opened again (after connect-info) for the next request.
+    sshd.restart();
+    let start = Instant::now();
+    loop {
+        let request = http::Request::get("/info")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .expect("a request");
+        match readiness.forward_docker(&machines, "m1", request).await {
+            Ok(r) => {
+                assert_eq!(r.status(), 200);
+                break;
+            }
+            // The old session may look open until opening its channel fails.
+            Err(e) => assert!(start.elapsed() < Duration::from_secs(10), "{e}"),
+        }
+    }
+    assert!(seen.lock().iter().any(|(p, _)| p == "/info"));
 }

@@ -116,6 +116,7 @@ impl WasmProvider {
         let state = HostState::new(
             self.origin.clone(),
             &self.sandbox.limits,
+            self.sandbox.ssh_public_key.clone(),
             &self.egress,
             stdout.clone(),
             stderr.clone(),

@@ -188,6 +188,8 @@ pub fn sandbox(egress: Option<EgressPolicy>, limits: Option<Limits>) -> Option<S
     Some(Sandbox {
         egress: egress?,
         limits: limits?,
+        // Set by the host from the pool's connector key, not from the config file.
+        ssh_public_key: None,
         #[cfg(feature = "test-probe")]
         probe: None,
     })

@@ -151,6 +151,8 @@ pub struct Sandbox {
     pub egress: EgressPolicy,
     /// Resource limits.
     pub limits: Limits,
+    /// The pool's SSH public key (one OpenSSH line), offered through `instance-access`.
+    pub ssh_public_key: Option<Arc<str>>,
     /// Test-only: where `flotilla:test/probe` reports go.
     #[cfg(feature = "test-probe")]
     pub probe: Option<Probe>,
@@ -172,6 +174,11 @@ impl PluginRuntime {
             .map_err(host_err)?;
         bindings::flotilla::provider::types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(host_err)?;
+        bindings::flotilla::provider::instance_access::add_to_linker::<_, HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(host_err)?;
         #[cfg(feature = "test-probe")]
         probe::add_to_linker(&mut linker).map_err(host_err)?;
         let cache = cache::CompileCache::new(options.cache_dir)?;
@@ -248,6 +255,7 @@ pub(crate) struct HostState {
     hooks: egress::EgressHooks,
     limiter: AggregateLimiter,
     origin: Origin,
+    ssh_public_key: Option<Arc<str>>,
     log_lines_left: u32,
     /// Lines dropped in the current call (the first drop is logged).
     log_dropped: u64,
@@ -259,6 +267,7 @@ impl HostState {
     fn new(
         origin: Origin,
         limits: &Limits,
+        ssh_public_key: Option<Arc<str>>,
         egress: &egress::EgressShared,
         stdout: GuestOutput,
         stderr: GuestOutput,
@@ -287,6 +296,7 @@ impl HostState {
             },
             limiter: AggregateLimiter::new(limits.clone()),
             origin,
+            ssh_public_key,
             log_lines_left: limits.log_lines_per_call,
             log_dropped: 0,
             #[cfg(feature = "test-probe")]
@@ -315,6 +325,12 @@ impl WasiHttpView for HostState {
 }
 
 impl bindings::flotilla::provider::types::Host for HostState {}
+
+impl bindings::flotilla::provider::instance_access::Host for HostState {
+    fn ssh_public_key(&mut self) -> Option<String> {
+        self.ssh_public_key.as_deref().map(str::to_string)
+    }
+}
 
 const MAX_LOG_LINE: usize = 4096;
 

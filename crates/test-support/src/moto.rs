@@ -24,12 +24,15 @@ pub struct Moto {
     child: Child,
     pub endpoint: String,
     pub setup: Value,
+    /// moto's own record of every request it received (`MOTO_ENABLE_RECORDING`).
+    recording: PathBuf,
 }
 
 impl Drop for Moto {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.recording); // absent when nothing was recorded
     }
 }
 
@@ -74,9 +77,13 @@ impl Moto {
             .map(|a| a.port())
             .expect("a free loopback port");
         let bin = venv().join("bin/moto_server");
+        let recording =
+            std::env::temp_dir().join(format!("flotilla-moto-{}-{port}.jsonl", std::process::id()));
         let mut child = Command::new(&bin)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .env("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+            .env("MOTO_ENABLE_RECORDING", "1")
+            .env("MOTO_RECORDER_FILEPATH", &recording)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -101,7 +108,18 @@ impl Moto {
             child,
             endpoint,
             setup,
+            recording,
         })
+    }
+
+    /// Every request moto received so far, as moto recorded it: `method`, `url`, `headers`,
+    /// and `body` (base64 when `body_encoded`).
+    pub fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.recording)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     pub fn key(&self, user: &str) -> (String, String) {
@@ -145,6 +163,25 @@ impl Moto {
 impl Moto {
     /// A provider for the AWS plugin whose credential is the given kind.
     pub fn provider_with(&self, kind: CredentialKind) -> WasmProvider {
+        load(guests::AWS_PLUGIN).provider("aws", self.sandbox(kind))
+    }
+
+    /// A provider for the AWS plugin in a pool whose connector key is `ssh_public_key`.
+    pub fn provider_with_ssh_key(&self, ssh_public_key: &str) -> WasmProvider {
+        let (key, secret) = self.key("plugin");
+        let mut sandbox = self.sandbox(CredentialKind::AwsSigv4 {
+            access_key_id: SecretSource::Value(Secret::new(key)),
+            secret_access_key: SecretSource::Value(Secret::new(secret)),
+            session_token: None,
+            region: None,
+            service: None,
+        });
+        sandbox.ssh_public_key = Some(ssh_public_key.into());
+        load(guests::AWS_PLUGIN).provider("aws", sandbox)
+    }
+
+    /// The sandbox of an AWS pool signing with `kind`, allowed to reach only moto.
+    fn sandbox(&self, kind: CredentialKind) -> Sandbox {
         let allow = AllowList::parse(&[self.endpoint.as_str()]).unwrap_or_else(|e| panic!("{e:?}"));
         let mut sandbox = Sandbox::default();
         sandbox.egress.allow = allow.clone();
@@ -155,6 +192,6 @@ impl Moto {
             kind,
             hosts: allow,
         }];
-        load(guests::AWS_PLUGIN).provider("aws", sandbox)
+        sandbox
     }
 }

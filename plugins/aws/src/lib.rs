@@ -43,6 +43,11 @@ struct Settings {
     /// SSH user for connect-info (default `ec2-user`).
     #[serde(default = "default_user")]
     username: String,
+    /// Push the pool's SSH public key with EC2 Instance Connect (`SendSSHPublicKey`) in every
+    /// `connect-info` of a Linux instance, as fleeting-plugin-aws does. The key is good for 60
+    /// seconds, so the connection info expires after 50. Needs the pool's `[pool.connector]`.
+    #[serde(default)]
+    instance_connect: bool,
 }
 
 fn default_credential() -> String {
@@ -56,7 +61,13 @@ struct State {
     name: String,
     endpoint: Endpoint,
     username: String,
+    /// The pool's SSH public key, when Instance Connect pushes it.
+    instance_connect: Option<String>,
 }
+
+/// How long a pushed key is good for, by AWS's documentation, less a margin for the
+/// connection itself.
+const INSTANCE_CONNECT_VALID_SECONDS: u64 = 50;
 
 thread_local! {
     static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
@@ -94,6 +105,9 @@ fn parse_settings(text: &str) -> Result<Settings, Error> {
     }
     if s.credential.is_empty() {
         problems.push("credential: must name a pool credential".to_string());
+    }
+    if !s.username.is_empty() && s.username.len() > 32 {
+        problems.push("username: must be at most 32 characters".to_string());
     }
     if problems.is_empty() {
         Ok(s)
@@ -208,10 +222,25 @@ impl Guest for Aws {
             endpoint: Endpoint {
                 autoscaling: base("autoscaling"),
                 ec2: base("ec2"),
+                instance_connect: base("ec2-instance-connect"),
                 region: s.region.clone(),
                 credential: s.credential.clone(),
             },
             username: s.username.clone(),
+            instance_connect: None,
+        };
+        let state = if s.instance_connect {
+            let Some(key) = flotilla::provider::instance_access::ssh_public_key() else {
+                return Err(Error::InvalidConfig(
+                    "instance_connect: the pool has no [pool.connector], so there is no SSH key to push".into(),
+                ));
+            };
+            State {
+                instance_connect: Some(key),
+                ..state
+            }
+        } else {
+            state
         };
         let group = describe_group(&state)?;
         if !group.protected {
@@ -239,7 +268,7 @@ impl Guest for Aws {
             max_size: group.max,
             capabilities: Capabilities {
                 heartbeat: false,
-                expiring_connect_info: false,
+                expiring_connect_info: s.instance_connect,
             },
         })
     }
@@ -338,6 +367,19 @@ impl Guest for Aws {
                         Some("i386") => Arch::X86,
                         _ => Arch::Amd64,
                     };
+                    let mut expires = None;
+                    if let (Some(key), false) = (&state.instance_connect, windows) {
+                        let zone = child_node(item, "placement")
+                            .and_then(|p| child(p, "availabilityZone"))
+                            .map(str::to_string);
+                        state.endpoint.send_ssh_public_key(
+                            &id,
+                            &state.username,
+                            key,
+                            zone.as_deref(),
+                        )?;
+                        expires = Some(unix_now() + INSTANCE_CONNECT_VALID_SECONDS);
+                    }
                     return Ok(Connection {
                         id: id.clone(),
                         os: if windows { Os::Windows } else { Os::Linux },
@@ -355,7 +397,7 @@ impl Guest for Aws {
                         } else {
                             state.username.clone()
                         },
-                        expires: None,
+                        expires,
                     });
                 }
                 next = doc
@@ -380,6 +422,13 @@ impl Guest for Aws {
     fn shutdown() -> Result<(), Error> {
         Ok(())
     }
+}
+
+/// Seconds since the Unix epoch, by the host's wall clock.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 export!(Aws);

@@ -1,5 +1,6 @@
-//! The AWS Query protocol over wasi:http. Requests name the pool credential and the service;
-//! the host signs them with SigV4, so this code never sees a key.
+//! The AWS Query protocol (Auto Scaling, EC2) and the JSON 1.1 protocol (EC2 Instance Connect)
+//! over wasi:http. Requests name the pool credential and the service; the host signs them with
+//! SigV4, so this code never sees a key.
 
 use wstd::http::{Body, Client, Request};
 
@@ -10,6 +11,7 @@ use crate::flotilla::provider::types::{Error, Throttle};
 pub struct Endpoint {
     pub autoscaling: String,
     pub ec2: String,
+    pub instance_connect: String,
     pub region: String,
     pub credential: String,
 }
@@ -81,7 +83,83 @@ fn classify(action: &str, status: u16, body: &str) -> Error {
     }
 }
 
+/// Error of a JSON 1.1 service (`{"__type": "...#Code", "Message": "..."}`), classified.
+fn classify_json(action: &str, status: u16, body: &str) -> Error {
+    let parsed: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let field = |name: &str| parsed.get(name).and_then(serde_json::Value::as_str);
+    let code = field("__type")
+        .map(|t| t.rsplit('#').next().unwrap_or(t))
+        .unwrap_or("")
+        .to_string();
+    let message = field("Message")
+        .or_else(|| field("message"))
+        .map_or_else(|| body.chars().take(200).collect(), str::to_string);
+    let what = format!("{action}: {code} (HTTP {status}): {message}");
+    match code.as_str() {
+        "ThrottlingException" => Error::Throttled(Throttle {
+            retry_after_seconds: 0,
+            message: what,
+        }),
+        "AuthException"
+        | "AccessDeniedException"
+        | "UnrecognizedClientException"
+        | "InvalidSignatureException"
+        | "MissingAuthenticationTokenException" => Error::Unauthorized(what),
+        "EC2InstanceNotFoundException" => Error::NotFound(what),
+        // Not running yet, or not reachable by the service right now: try again later.
+        "EC2InstanceStateInvalidException" | "EC2InstanceUnavailableException" => {
+            Error::Transient(what)
+        }
+        "InvalidArgsException" => Error::InvalidConfig(what),
+        _ if status >= 500 => Error::Transient(what),
+        _ if status == 401 || status == 403 => Error::Unauthorized(what),
+        _ => Error::Other(what),
+    }
+}
+
 impl Endpoint {
+    /// EC2 Instance Connect `SendSSHPublicKey`: lets `key` log in as `user` on `instance` for
+    /// 60 seconds.
+    /// <https://docs.aws.amazon.com/ec2-instance-connect/latest/APIReference/API_SendSSHPublicKey.html>
+    pub fn send_ssh_public_key(
+        &self,
+        instance: &str,
+        user: &str,
+        key: &str,
+        zone: Option<&str>,
+    ) -> Result<(), Error> {
+        const ACTION: &str = "SendSSHPublicKey";
+        let mut body = serde_json::Map::new();
+        body.insert("InstanceId".into(), instance.into());
+        body.insert("InstanceOSUser".into(), user.into());
+        body.insert("SSHPublicKey".into(), key.into());
+        if let Some(zone) = zone {
+            body.insert("AvailabilityZone".into(), zone.into());
+        }
+        let body = serde_json::Value::Object(body);
+        let request = Request::post(self.instance_connect.as_str())
+            .header("content-type", "application/x-amz-json-1.1")
+            .header(
+                "x-amz-target",
+                "AWSEC2InstanceConnectService.SendSSHPublicKey",
+            )
+            .header("flotilla-credential", self.credential.as_str())
+            .header("flotilla-aws-service", "ec2-instance-connect")
+            .header("flotilla-aws-region", self.region.as_str())
+            .body(Body::from(body.to_string().into_bytes()))
+            .map_err(|e| Error::InvalidConfig(format!("{ACTION}: bad request: {e}")))?;
+        let (status, text) = send(ACTION, request)?;
+        if !(200..300).contains(&status) {
+            return Err(classify_json(ACTION, status, &text));
+        }
+        let answer: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::Other(format!("{ACTION}: unparseable answer: {e}")))?;
+        if answer.get("Success") != Some(&serde_json::Value::Bool(true)) {
+            return Err(Error::Other(format!("{ACTION}: not successful: {text}")));
+        }
+        Ok(())
+    }
+
     /// Calls one Query action on `service` ("autoscaling" or "ec2").
     pub fn call(
         &self,
@@ -110,23 +188,29 @@ impl Endpoint {
             .header("flotilla-aws-region", self.region.as_str())
             .body(Body::from(body.into_bytes()))
             .map_err(|e| Error::InvalidConfig(format!("{action}: bad request: {e}")))?;
-        wstd::runtime::block_on(async {
-            let mut response = Client::new()
-                .send(request)
-                .await
-                .map_err(|e| Error::Transient(format!("{action}: {e}")))?;
-            let status = response.status().as_u16();
-            let text = response
-                .body_mut()
-                .str_contents()
-                .await
-                .map_err(|e| Error::Transient(format!("{action}: reading response: {e}")))?
-                .to_string();
-            if (200..300).contains(&status) {
-                Ok(Xml(text))
-            } else {
-                Err(classify(action, status, &text))
-            }
-        })
+        let (status, text) = send(action, request)?;
+        if (200..300).contains(&status) {
+            Ok(Xml(text))
+        } else {
+            Err(classify(action, status, &text))
+        }
     }
+}
+
+/// Sends one request; its status and body text.
+fn send(action: &str, request: Request<Body>) -> Result<(u16, String), Error> {
+    wstd::runtime::block_on(async {
+        let mut response = Client::new()
+            .send(request)
+            .await
+            .map_err(|e| Error::Transient(format!("{action}: {e}")))?;
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .str_contents()
+            .await
+            .map_err(|e| Error::Transient(format!("{action}: reading response: {e}")))?
+            .to_string();
+        Ok((status, text))
+    })
 }
