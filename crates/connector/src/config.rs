@@ -49,6 +49,22 @@ pub struct ConnectorConfig {
     /// turns pings off.
     #[serde(default = "default_ping_interval", with = "humantime_serde")]
     pub ping_interval: Duration,
+    /// For instances the plugin reports as `docker-tls`: the CA that signs their engines'
+    /// certificates and the pool's client certificate and key (0600), all PEM.
+    #[serde(default)]
+    pub docker_tls: Option<DockerTlsConfig>,
+}
+
+/// `docker_tls = { ca = { file }, cert = { file }, key = { file } }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DockerTlsConfig {
+    /// CA certificates of the instances' engines.
+    pub ca: KeyFile,
+    /// The pool's client certificate.
+    pub cert: KeyFile,
+    /// Its private key.
+    pub key: KeyFile,
 }
 
 fn default_ping_interval() -> Duration {
@@ -131,6 +147,8 @@ pub struct ConnectorSettings {
     pub docker_socket: Option<String>,
     /// How often idle ready instances are pinged; `None`: never.
     pub ping_interval: Option<Duration>,
+    /// The `docker-tls` files, when set.
+    pub docker_tls: Option<crate::tls::DockerTlsFiles>,
 }
 
 impl Validate for ConnectorConfig {
@@ -190,6 +208,14 @@ impl Validate for ConnectorConfig {
             .ssh_key
             .as_ref()
             .map(|k| existing(at.key("ssh_key").key("file"), &k.file));
+        let docker_tls = self.docker_tls.as_ref().map(|t| {
+            let at = at.key("docker_tls");
+            crate::tls::DockerTlsFiles {
+                ca: existing(at.key("ca").key("file"), &t.ca.file),
+                cert: existing(at.key("cert").key("file"), &t.cert.file),
+                key: existing(at.key("key").key("file"), &t.key.file),
+            }
+        });
         let known_hosts = match &self.host_key {
             HostKeyConfig::Pin => None,
             HostKeyConfig::KnownHosts(known_hosts) => {
@@ -207,6 +233,7 @@ impl Validate for ConnectorConfig {
             known_hosts,
             docker_socket: self.docker.then(|| self.docker_socket.clone()),
             ping_interval: (!self.ping_interval.is_zero()).then_some(self.ping_interval),
+            docker_tls,
         })
     }
 }

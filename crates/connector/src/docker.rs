@@ -1,27 +1,83 @@
-//! Docker Engine on an instance, reached through the instance's SSH session: every HTTP
-//! connection bollard makes is one `direct-streamlocal` channel to the remote unix socket, so
-//! no port is opened on the instance and nothing but the host holds the key.
+//! Docker Engine on an instance, through whichever stream reaches it: a `direct-streamlocal`
+//! channel of the instance's SSH session to the remote unix socket (no port is opened on the
+//! instance and nothing but the host holds the key), or a TLS connection with the pool's client
+//! certificate for `docker-tls` instances. Every HTTP connection bollard makes is one new
+//! stream.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::ssh::Session;
+use crate::tls::DockerTls;
 
 /// The Host header sent to the engine (Docker over a socket ignores it, but HTTP/1.1 needs one).
-const HOST: &str = "docker.flotilla.invalid";
+pub(crate) const HOST: &str = "docker.flotilla.invalid";
 
-/// A bollard client whose transport is the SSH session's channels to `socket`.
-pub(crate) fn over_ssh(
-    session: Arc<Session>,
-    socket: String,
-    timeout: Duration,
-) -> Result<Docker, String> {
+/// A byte stream to an engine.
+pub(crate) trait EngineStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> EngineStream for T {}
+
+/// A boxed stream to an engine, or why none could be opened.
+type Opened = Pin<Box<dyn Future<Output = Result<Box<dyn EngineStream>, String>> + Send>>;
+
+/// Opens a new stream to one instance's engine.
+#[derive(Clone)]
+pub(crate) enum Route {
+    /// A channel to `socket` over the instance's SSH session.
+    Ssh {
+        /// The kept session.
+        session: Arc<Session>,
+        /// The engine's socket on the instance.
+        socket: String,
+    },
+    /// TLS to `host:port` with the pool's client certificate.
+    Tls {
+        /// The pool's TLS configuration.
+        tls: DockerTls,
+        /// The engine's address.
+        host: String,
+        /// Its port.
+        port: u16,
+        /// Connect and handshake deadline.
+        limit: Duration,
+    },
+}
+
+impl Route {
+    /// A new stream to the engine.
+    pub(crate) fn open(&self) -> Opened {
+        let route = self.clone();
+        Box::pin(async move {
+            match route {
+                Route::Ssh { session, socket } => session
+                    .open_unix_socket(&socket)
+                    .await
+                    .map(|s| Box::new(s) as Box<dyn EngineStream>)
+                    .map_err(|e| e.to_string()),
+                Route::Tls {
+                    tls,
+                    host,
+                    port,
+                    limit,
+                } => tls
+                    .connect(&host, port, limit)
+                    .await
+                    .map(|s| Box::new(s) as Box<dyn EngineStream>),
+            }
+        })
+    }
+}
+
+/// A bollard client whose transport is a new stream of `route` per connection.
+pub(crate) fn client(route: Route, timeout: Duration) -> Result<Docker, String> {
     let transport = move |request: BollardRequest| {
-        let session = session.clone();
-        let socket = socket.clone();
+        let opened = route.open();
         async move {
             let (mut parts, body) = request.into_parts();
             // bollard builds absolute URIs; a raw HTTP/1 connection wants origin-form.
@@ -31,14 +87,11 @@ pub(crate) fn over_ssh(
             parts
                 .headers
                 .insert(http::header::HOST, http::HeaderValue::from_static(HOST));
-            let stream = session
-                .open_unix_socket(&socket)
-                .await
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            let stream = opened.await.map_err(std::io::Error::other)?;
             let (mut sender, connection) =
                 hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
             tokio::spawn(async move {
-                // The connection ends with the request or the channel; exec and attach need
+                // The connection ends with the request or the stream; exec and attach need
                 // upgrades. Its error, if any, reaches the caller through `send_request`.
                 let _ = connection.with_upgrades().await;
             });

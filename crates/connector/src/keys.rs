@@ -134,7 +134,7 @@ impl PoolKey {
 }
 
 #[cfg(unix)]
-fn check_mode(path: &Path) -> Result<(), KeyError> {
+pub(crate) fn check_mode(path: &Path) -> Result<(), KeyError> {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path)
         .map_err(|e| io(path, e))?
@@ -150,7 +150,7 @@ fn check_mode(path: &Path) -> Result<(), KeyError> {
 }
 
 #[cfg(not(unix))]
-fn check_mode(_: &Path) -> Result<(), KeyError> {
+pub(crate) fn check_mode(_: &Path) -> Result<(), KeyError> {
     Ok(())
 }
 

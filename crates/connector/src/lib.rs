@@ -15,10 +15,12 @@ mod keys;
 mod proxy;
 mod readiness;
 mod ssh;
+mod tls;
 
 pub use config::{ConnectorConfig, ConnectorSettings, HostKeyConfig};
 pub use hostkeys::HostKeyPolicy;
 pub use keys::{KeyError, PoolKey};
 pub use proxy::ForwardError;
-pub use readiness::SshReadiness;
+pub use readiness::Connector;
 pub use ssh::{ConnectError, ExecOutput, Session, SshOptions, Target};
+pub use tls::{DockerTls, DockerTlsFiles};

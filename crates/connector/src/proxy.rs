@@ -1,13 +1,13 @@
 //! Docker Engine on a leased instance, served by the host: a job runner sends Docker API
 //! requests to the host's lease API, and each one is forwarded over the instance's SSH session
-//! to the engine's unix socket. The runner never holds the pool's key, and the engine opens no
-//! port. Upgraded connections (`attach`, `exec` start with `Upgrade: tcp`) are spliced both
+//! to the engine's unix socket (or over TLS with the pool's client certificate, for
+//! `docker-tls` instances). The runner never holds the pool's key or certificate. Upgraded connections (`attach`, `exec` start with `Upgrade: tcp`) are spliced both
 //! ways once the engine switches protocols.
 
 use hyper::body::{Body, Incoming};
 use hyper_util::rt::TokioIo;
 
-use crate::ssh::Session;
+use crate::docker::{HOST, Route};
 
 /// Why a request could not be forwarded to the engine.
 #[derive(Debug, thiserror::Error)]
@@ -33,10 +33,9 @@ const STRIPPED: [http::HeaderName; 3] = [
     http::header::COOKIE,
 ];
 
-/// Sends `request` (origin-form URI) to the engine at `socket` through `session`.
+/// Sends `request` (origin-form URI) to the engine over a new stream of `route`.
 pub(crate) async fn forward<B>(
-    session: &Session,
-    socket: &str,
+    route: &Route,
     instance: &str,
     mut request: http::Request<B>,
 ) -> Result<http::Response<Incoming>, ForwardError>
@@ -55,14 +54,8 @@ where
     for name in STRIPPED {
         headers.remove(name);
     }
-    headers.insert(
-        http::header::HOST,
-        http::HeaderValue::from_static("docker.flotilla.invalid"),
-    );
-    let stream = session
-        .open_unix_socket(socket)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
+    headers.insert(http::header::HOST, http::HeaderValue::from_static(HOST));
+    let stream = route.open().await.map_err(failed)?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| failed(format!("Docker Engine: {e}")))?;

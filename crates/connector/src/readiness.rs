@@ -1,9 +1,15 @@
-//! [`SshReadiness`]: an instance is ready once the host has an SSH session to it with the
-//! pool's key, the host key is trusted, and the ready command exited 0. The session is kept
-//! for later use; a closed one is opened again on the next check.
+//! [`Connector`], the pool's connector: an instance is ready once the host reaches Docker
+//! Engine on it (unless `docker = false`) after the ready command exited 0.
+//!
+//! - `ssh` instances: an SSH session with the pool's key and a trusted host key; the ready
+//!   command runs there, and Docker is reached through the session. The session is kept for
+//!   later checks, pings and the lease's Docker handle; a closed one is opened again.
+//! - `docker-tls` instances: Docker over TLS with the pool's client certificate, the engine's
+//!   certificate checked against the pool's CA. There is no shell, so no ready command.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -12,18 +18,23 @@ use flotilla_provider::{Connection, Protocol, Provider};
 use flotilla_scaler::{NotReady, Readiness};
 
 use crate::config::ConnectorSettings;
+use crate::docker::Route;
 use crate::hostkeys::{HostKeyPolicy, Pins};
 use crate::keys::PoolKey;
 use crate::proxy::ForwardError;
 use crate::ssh::{Session, SshOptions, Target};
+use crate::tls::DockerTls;
 
-/// Readiness over SSH, for one pool.
+/// The connector of one pool: readiness, pings, and Docker forwarding for its instances.
 #[derive(Debug)]
-pub struct SshReadiness {
+pub struct Connector {
     key: PoolKey,
     settings: ConnectorSettings,
     policy: HostKeyPolicy,
+    tls: Option<DockerTls>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// `docker-tls` instances last reached, with their engine's address.
+    tls_targets: Mutex<HashMap<String, (String, u16)>>,
     permits: tokio::sync::Semaphore,
 }
 
@@ -34,19 +45,37 @@ const QUOTED: usize = 300;
 /// a burst of new instances cannot exhaust the host's sockets.
 const CONCURRENT_CHECKS: usize = 32;
 
-impl SshReadiness {
-    /// Readiness with the pool's key and validated settings.
+/// How the host reaches one instance, from its `connect-info`.
+enum Reached {
+    /// An SSH session.
+    Ssh(Target, Arc<Session>),
+    /// Docker over TLS at `host:port`.
+    Tls(String, u16),
+}
+
+impl Connector {
+    /// A connector with the pool's key and validated settings (no `docker-tls`).
     pub fn new(key: PoolKey, settings: ConnectorSettings) -> Self {
         let policy = match &settings.known_hosts {
             Some(path) => HostKeyPolicy::KnownHosts(path.clone()),
             None => HostKeyPolicy::Pin(Arc::new(Pins::default())),
         };
-        SshReadiness {
+        Connector {
             key,
             settings,
             policy,
+            tls: None,
             sessions: Mutex::new(HashMap::new()),
+            tls_targets: Mutex::new(HashMap::new()),
             permits: tokio::sync::Semaphore::new(CONCURRENT_CHECKS),
+        }
+    }
+
+    /// Reaches `docker-tls` instances with this client configuration.
+    pub fn with_docker_tls(self, tls: DockerTls) -> Self {
+        Connector {
+            tls: Some(tls),
+            ..self
         }
     }
 
@@ -55,43 +84,45 @@ impl SshReadiness {
         self.key.public_openssh()
     }
 
-    fn target(&self, instance: &str, c: &Connection) -> Result<Target, NotReady> {
-        let bad = |m: String| NotReady::new("connect-info", m);
-        if c.protocol != Protocol::Ssh {
-            return Err(bad(format!(
-                "the plugin reports protocol {:?}; this host's connector reaches instances over SSH only",
-                c.protocol
-            )));
-        }
+    /// The address the settings choose from the plugin's answer.
+    fn chosen_address<'a>(
+        &self,
+        instance: &str,
+        c: &'a Connection,
+    ) -> Result<&'a String, NotReady> {
         let address = if self.settings.use_external_address {
             c.external_address.as_ref()
         } else {
             c.internal_address.as_ref()
         };
-        let host = address.ok_or_else(|| {
+        address.ok_or_else(|| {
             let which = if self.settings.use_external_address {
                 "external"
             } else {
                 "internal"
             };
-            bad(format!(
-                "the plugin reports no {which} address for {instance}"
-            ))
-        })?;
+            NotReady::new(
+                "connect-info",
+                format!("the plugin reports no {which} address for {instance}"),
+            )
+        })
+    }
+
+    fn target(&self, instance: &str, c: &Connection, host: &str) -> Result<Target, NotReady> {
         let user = self
             .settings
             .username
             .clone()
             .unwrap_or_else(|| c.username.clone());
         if user.is_empty() {
-            return Err(bad(
-                "no login user: the plugin reports none and [pool.connector] username is not set"
-                    .to_string(),
+            return Err(NotReady::new(
+                "connect-info",
+                "no login user: the plugin reports none and [pool.connector] username is not set",
             ));
         }
         Ok(Target {
             instance: instance.to_string(),
-            host: host.clone(),
+            host: host.to_string(),
             port: if c.port == 0 { 22 } else { c.port },
             user,
         })
@@ -156,89 +187,87 @@ impl SshReadiness {
             .cloned()
     }
 
-    /// Where the host reaches an instance (`host:port`), while it has a session to it.
+    /// Where the host reaches an instance (`host:port`): its SSH session while it has one, or
+    /// its engine for `docker-tls`.
     pub fn address(&self, instance: &str) -> Option<String> {
+        if let Some((host, port)) = self.tls_targets.lock().get(instance) {
+            return Some(format!("{host}:{port}"));
+        }
         self.kept_session(instance).map(|s| s.target().to_string())
     }
 
     /// Drops what is kept for an instance that is gone.
     pub fn forget(&self, instance: &str) {
         self.sessions.lock().remove(instance);
+        self.tls_targets.lock().remove(instance);
         if let HostKeyPolicy::Pin(pins) = &self.policy {
             pins.forget(instance);
         }
     }
 
-    /// The session and target of an instance: the kept one, or a new one.
-    async fn reach(
-        &self,
-        provider: &dyn Provider,
-        instance: &str,
-    ) -> Result<(Target, Arc<Session>), NotReady> {
+    /// Asks the plugin how to reach the instance, and reaches it.
+    async fn reach(&self, provider: &dyn Provider, instance: &str) -> Result<Reached, NotReady> {
         let connection = provider
             .connect_info(instance)
             .await
             .map_err(|e| NotReady::new("connect-info", format!("connect-info: {e}")))?;
-        let target = self.target(instance, &connection)?;
-        let session = self.session(&target).await?;
-        Ok((target, session))
-    }
-
-    /// Forwards one Docker Engine API request (origin-form URI) to an instance, over the kept
-    /// session, or a new one (after `connect-info`, as for a check) if it was lost. The
-    /// caller's `Authorization` and `Cookie` never reach the instance.
-    pub async fn forward_docker<B>(
-        &self,
-        provider: &dyn Provider,
-        instance: &str,
-        request: http::Request<B>,
-    ) -> Result<http::Response<hyper::body::Incoming>, ForwardError>
-    where
-        B: hyper::body::Body + Send + 'static,
-        B::Data: Send,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let socket = self
-            .settings
-            .docker_socket
-            .as_deref()
-            .ok_or(ForwardError::NoDocker)?;
-        let session = match self.kept_session(instance) {
-            Some(session) => session,
-            None => {
-                self.reach(provider, instance)
-                    .await
-                    .map_err(|e| ForwardError::Unreachable {
-                        instance: instance.to_string(),
-                        why: e.message,
-                    })?
-                    .1
+        let host = self.chosen_address(instance, &connection)?;
+        match connection.protocol {
+            Protocol::Ssh => {
+                let target = self.target(instance, &connection, host)?;
+                let session = self.session(&target).await?;
+                Ok(Reached::Ssh(target, session))
             }
-        };
-        crate::proxy::forward(&session, socket, instance, request).await
+            Protocol::DockerTls => {
+                if self.tls.is_none() {
+                    return Err(NotReady::new(
+                        "connect-info",
+                        "the plugin reports a docker-tls instance, but [pool.connector] has no docker_tls",
+                    ));
+                }
+                let port = if connection.port == 0 {
+                    2376
+                } else {
+                    connection.port
+                };
+                self.tls_targets
+                    .lock()
+                    .insert(instance.to_string(), (host.clone(), port));
+                Ok(Reached::Tls(host.clone(), port))
+            }
+            Protocol::Winrm => Err(NotReady::new(
+                "connect-info",
+                "the plugin reports a winrm instance; this host's connector reaches instances over SSH or docker-tls only",
+            )),
+        }
     }
 
-    /// Whether Docker requests can be forwarded to this pool's instances.
-    pub fn serves_docker(&self) -> bool {
-        self.settings.docker_socket.is_some()
+    /// The route to an instance's engine, if Docker is in use.
+    fn route(&self, reached: &Reached) -> Option<Route> {
+        match reached {
+            Reached::Ssh(_, session) => {
+                self.settings
+                    .docker_socket
+                    .as_ref()
+                    .map(|socket| Route::Ssh {
+                        session: session.clone(),
+                        socket: socket.clone(),
+                    })
+            }
+            Reached::Tls(host, port) => self.tls.as_ref().map(|tls| Route::Tls {
+                tls: tls.clone(),
+                host: host.clone(),
+                port: *port,
+                limit: self.settings.connect_timeout,
+            }),
+        }
     }
 
-    /// Docker Engine through the session: negotiate, `/_ping` and, unless `ping_only`,
-    /// `/version`.
-    async fn docker(
-        &self,
-        target: &Target,
-        session: &Arc<Session>,
-        ping_only: bool,
-    ) -> Result<(), NotReady> {
-        let Some(socket) = &self.settings.docker_socket else {
-            return Ok(());
-        };
+    /// Docker Engine over `route`: negotiate, `/_ping` and, unless `ping_only`, `/version`.
+    async fn docker(&self, instance: &str, route: Route, ping_only: bool) -> Result<(), NotReady> {
         let limit = self.settings.connect_timeout;
-        let failed =
-            |e: String| NotReady::new("docker", format!("{}:{}: {e}", target.host, target.port));
-        let docker =
-            crate::docker::over_ssh(session.clone(), socket.clone(), limit).map_err(failed)?;
+        let failed = |e: String| NotReady::new("docker", e);
+        let docker = crate::docker::client(route, limit).map_err(failed)?;
         let answer = async {
             if ping_only {
                 crate::docker::ping(docker).await.map(|()| None)
@@ -251,68 +280,133 @@ impl SshReadiness {
             .unwrap_or_else(|_| Err(format!("Docker Engine did not answer within {limit:?}")))
             .map_err(failed)?;
         if let Some(version) = version {
-            tracing::info!(instance = %target.instance, docker = %version, "Docker Engine answers");
+            tracing::info!(instance, docker = %version, "Docker Engine answers");
         }
         Ok(())
     }
-}
 
-#[async_trait]
-impl Readiness for SshReadiness {
-    async fn check(&self, provider: &dyn Provider, instance: &str) -> Result<(), NotReady> {
+    /// Reaches the instance and runs `probe` on it; a failure drops the kept session.
+    async fn probe(
+        &self,
+        provider: &dyn Provider,
+        instance: &str,
+        ping: bool,
+    ) -> Result<Reached, NotReady> {
         let _permit = self
             .permits
             .acquire()
             .await
-            .map_err(|_| NotReady::new("shutdown", "readiness is shutting down"))?;
-        let (target, session) = self.reach(provider, instance).await?;
+            .map_err(|_| NotReady::new("shutdown", "the connector is shutting down"))?;
+        let reached = self.reach(provider, instance).await?;
         let result = async {
-            if let Some(command) = &self.settings.ready_command {
-                self.ready_command(&session, command).await?;
+            match (&reached, &self.settings.ready_command, ping) {
+                (Reached::Ssh(_, session), Some(command), false) => {
+                    self.ready_command(session, command).await?;
+                }
+                (Reached::Tls(..), Some(_), false) => {
+                    return Err(NotReady::new(
+                        "ready-command",
+                        "ready_command needs SSH, and the plugin reports a docker-tls instance",
+                    ));
+                }
+                _ => {}
             }
-            self.docker(&target, &session, false).await
+            match (self.route(&reached), &reached) {
+                (Some(route), _) => self.docker(instance, route, ping).await,
+                // No Docker to ask: a command round trip proves the machine and session alive.
+                (None, Reached::Ssh(_, session)) if ping => {
+                    alive(session, self.settings.connect_timeout).await
+                }
+                (None, _) => Ok(()),
+            }
         }
         .await;
         if result.is_err() {
             // A failed check starts from a fresh session next time.
             self.sessions.lock().remove(instance);
         }
-        result?;
-        tracing::info!(instance, target = %format!("{}:{}", target.host, target.port), "instance is ready (SSH)");
+        result.map(|()| reached)
+    }
+
+    /// Forwards one Docker Engine API request (origin-form URI) to an instance, over the kept
+    /// session, or a new one (after `connect-info`, as for a check) if it was lost; or over TLS
+    /// for `docker-tls` instances. The caller's `Authorization` and `Cookie` never reach the
+    /// instance.
+    pub async fn forward_docker<B>(
+        &self,
+        provider: &dyn Provider,
+        instance: &str,
+        request: http::Request<B>,
+    ) -> Result<http::Response<hyper::body::Incoming>, ForwardError>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let kept_tls = self.tls_targets.lock().get(instance).cloned();
+        let reached = match (kept_tls, self.kept_session(instance)) {
+            (Some((host, port)), _) => Reached::Tls(host, port),
+            (None, Some(session)) => Reached::Ssh(
+                Target {
+                    instance: instance.to_string(),
+                    host: String::new(),
+                    port: 0,
+                    user: String::new(),
+                },
+                session,
+            ),
+            (None, None) => {
+                self.reach(provider, instance)
+                    .await
+                    .map_err(|e| ForwardError::Unreachable {
+                        instance: instance.to_string(),
+                        why: e.message,
+                    })?
+            }
+        };
+        let route = self.route(&reached).ok_or(ForwardError::NoDocker)?;
+        crate::proxy::forward(&route, instance, request).await
+    }
+
+    /// Whether Docker requests can be forwarded to this pool's instances.
+    pub fn serves_docker(&self) -> bool {
+        self.settings.docker_socket.is_some() || self.tls.is_some()
+    }
+}
+
+/// `true` over the session, within `limit`.
+async fn alive(session: &Session, limit: Duration) -> Result<(), NotReady> {
+    let out = session
+        .exec("true", limit)
+        .await
+        .map_err(|e| NotReady::new(e.cause(), e.to_string()))?;
+    match out.status {
+        Some(0) => Ok(()),
+        other => Err(NotReady::new("ssh", format!("`true` ended with {other:?}"))),
+    }
+}
+
+#[async_trait]
+impl Readiness for Connector {
+    async fn check(&self, provider: &dyn Provider, instance: &str) -> Result<(), NotReady> {
+        let reached = self.probe(provider, instance, false).await?;
+        let (how, target) = match &reached {
+            Reached::Ssh(t, _) => ("SSH", format!("{}:{}", t.host, t.port)),
+            Reached::Tls(host, port) => ("docker-tls", format!("{host}:{port}")),
+        };
+        tracing::info!(instance, %target, "instance is ready ({how})");
         Ok(())
     }
 
     async fn ping(&self, provider: &dyn Provider, instance: &str) -> Result<(), NotReady> {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| NotReady::new("shutdown", "readiness is shutting down"))?;
-        let (target, session) = self.reach(provider, instance).await?;
-        let result = if self.settings.docker_socket.is_some() {
-            self.docker(&target, &session, true).await
-        } else {
-            // No Docker to ask: a command round trip proves the machine and session alive.
-            session
-                .exec("true", self.settings.connect_timeout)
-                .await
-                .map_err(|e| NotReady::new(e.cause(), e.to_string()))
-                .and_then(|out| match out.status {
-                    Some(0) => Ok(()),
-                    other => Err(NotReady::new("ssh", format!("`true` ended with {other:?}"))),
-                })
-        };
-        if result.is_err() {
-            self.sessions.lock().remove(instance);
-        }
-        result
+        self.probe(provider, instance, true).await.map(|_| ())
     }
 
-    fn ping_interval(&self) -> Option<std::time::Duration> {
+    fn ping_interval(&self) -> Option<Duration> {
         self.settings.ping_interval
     }
 
     fn forget(&self, instance: &str) {
-        SshReadiness::forget(self, instance);
+        Connector::forget(self, instance);
     }
 }

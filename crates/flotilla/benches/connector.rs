@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
-use flotilla_connector::{ConnectorSettings, PoolKey, SshReadiness};
+use flotilla_connector::{Connector, ConnectorSettings, PoolKey};
 use flotilla_scaler::{
     AlwaysReady, Clock, PoolCore, PoolHandle, PoolHealth, Readiness, ScalerConfig, SystemClock,
 };
@@ -33,6 +33,7 @@ fn settings(docker: &Dockerd) -> ConnectorSettings {
         known_hosts: None,
         docker_socket: Some(docker.socket().display().to_string()),
         ping_interval: None,
+        docker_tls: None,
     }
 }
 
@@ -79,17 +80,17 @@ fn bench(c: &mut Criterion) {
     let ids: Vec<String> = all.0.keys().cloned().collect();
     let mut group = c.benchmark_group("connector");
     group.sample_size(20);
-    // A fresh SshReadiness per iteration: every check is a new session (handshake, login,
+    // A fresh Connector per iteration: every check is a new session (handshake, login,
     // ready command, Docker negotiate + ping + version).
     group.bench_function("ready_one", |b| {
         b.to_async(&rt).iter(|| async {
-            let r = SshReadiness::new(key.clone(), settings(&docker));
+            let r = Connector::new(key.clone(), settings(&docker));
             r.check(all.as_ref(), &ids[0]).await.expect("ready");
         })
     });
     group.bench_function("ready_twenty_concurrently", |b| {
         b.to_async(&rt).iter(|| async {
-            let r = SshReadiness::new(key.clone(), settings(&docker));
+            let r = Connector::new(key.clone(), settings(&docker));
             let checks = ids.iter().map(|id| r.check(all.as_ref(), id));
             for result in futures_util::future::join_all(checks).await {
                 result.expect("ready");
@@ -104,7 +105,7 @@ fn bench(c: &mut Criterion) {
     )])));
     let ssh_pool = rt.block_on(ready_pool(
         one.clone(),
-        Arc::new(SshReadiness::new(key.clone(), settings(&docker))),
+        Arc::new(Connector::new(key.clone(), settings(&docker))),
     ));
     let plain_pool = rt.block_on(ready_pool(one, Arc::new(AlwaysReady)));
     for (name, pool) in [

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::metrics::Metrics;
-use flotilla_connector::{ForwardError, SshReadiness};
+use flotilla_connector::{Connector, ForwardError};
 use flotilla_credentials::Secret;
 use flotilla_provider::Connection;
 use flotilla_scaler::driver::AcquireError;
@@ -25,7 +25,7 @@ pub struct AppState {
     /// Pools by name.
     pub pools: BTreeMap<String, Arc<PoolHandle>>,
     /// The connector of each pool that has `[pool.connector]`.
-    pub connectors: BTreeMap<String, Arc<SshReadiness>>,
+    pub connectors: BTreeMap<String, Arc<Connector>>,
     /// Pools that failed to start, with why.
     pub failed: BTreeMap<String, String>,
     /// The API token; `None` leaves `/v1` open (only allowed on loopback by `run`).

@@ -12,7 +12,7 @@ use anyhow::Context;
 use crate::api::{AppState, router};
 use crate::config::{self, Config, PluginSource};
 use crate::metrics::Metrics;
-use flotilla_connector::{PoolKey, SshReadiness};
+use flotilla_connector::{Connector, DockerTls, PoolKey};
 use flotilla_oci::{AuthStore, Registry, Store};
 use flotilla_plugin_runtime::loader::load_plugin;
 use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
@@ -21,7 +21,7 @@ use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, Readiness, Syste
 
 struct Started {
     handle: Arc<PoolHandle>,
-    connector: Option<Arc<SshReadiness>>,
+    connector: Option<Arc<Connector>>,
     metrics: crate::metrics::PoolMetrics,
     delete_on_shutdown: bool,
 }
@@ -41,7 +41,7 @@ pub fn registry_for(cfg: &Config) -> anyhow::Result<Registry> {
 fn connector(
     pool: &config::Pool,
     state_dir: Option<&Path>,
-) -> anyhow::Result<Option<Arc<SshReadiness>>> {
+) -> anyhow::Result<Option<Arc<Connector>>> {
     let Some(settings) = &pool.connector else {
         return Ok(None);
     };
@@ -53,7 +53,13 @@ fn connector(
         ),
     };
     tracing::info!(pool = %pool.name, public_key = %key.public_openssh(), fingerprint = %key.fingerprint(), "pool SSH key (install the public key on the instances)");
-    Ok(Some(Arc::new(SshReadiness::new(key, settings.clone()))))
+    let mut connector = Connector::new(key, settings.clone());
+    if let Some(files) = &settings.docker_tls {
+        let tls = DockerTls::load(files)
+            .map_err(|e| anyhow::anyhow!("[pool.connector] docker_tls: {e}"))?;
+        connector = connector.with_docker_tls(tls);
+    }
+    Ok(Some(Arc::new(connector)))
 }
 
 async fn start_pool(

@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flotilla_connector::{ConnectorSettings, PoolKey, SshReadiness};
+use flotilla_connector::{Connector, ConnectorSettings, DockerTls, DockerTlsFiles, PoolKey};
 use flotilla_scaler::{PoolCore, PoolHandle, Readiness, ScalerConfig, SystemClock};
 use flotilla_test_support::LogCapture;
-use flotilla_test_support::dockerd::Dockerd;
-use flotilla_test_support::machines::Machines;
+use flotilla_test_support::dockerd::{DockerPki, Dockerd};
+use flotilla_test_support::machines::{Engines, Machines};
 use flotilla_test_support::sshd::Sshd;
 
 fn settings(ready_command: Option<String>, ready_timeout: Duration) -> ConnectorSettings {
@@ -31,6 +31,7 @@ fn settings(ready_command: Option<String>, ready_timeout: Duration) -> Connector
         known_hosts: None,
         docker_socket: None,
         ping_interval: None,
+        docker_tls: None,
     }
 }
 
@@ -55,7 +56,7 @@ async fn an_instance_is_ready_only_after_its_ready_command_finished() {
     let sshd = Sshd::start(pool.key.public_openssh());
     let marker = sshd.file("ready");
     let command = format!("sleep 2 && touch {}", marker.display());
-    let readiness = Arc::new(SshReadiness::new(
+    let readiness = Arc::new(Connector::new(
         pool.key.clone(),
         settings(Some(command), Duration::from_secs(30)),
     ));
@@ -93,7 +94,7 @@ async fn a_machine_that_refuses_the_pool_key_is_not_ready() {
     let pool = pool_key();
     let other = pool_key();
     let sshd = Sshd::start(other.key.public_openssh());
-    let readiness = SshReadiness::new(pool.key.clone(), settings(None, Duration::from_secs(5)));
+    let readiness = Connector::new(pool.key.clone(), settings(None, Duration::from_secs(5)));
     let err = readiness
         .check(&one_machine(&sshd), "m1")
         .await
@@ -106,7 +107,7 @@ async fn a_machine_that_refuses_the_pool_key_is_not_ready() {
 async fn a_ready_command_that_exits_1_is_reported_with_its_status() {
     let pool = pool_key();
     let sshd = Sshd::start(pool.key.public_openssh());
-    let readiness = SshReadiness::new(
+    let readiness = Connector::new(
         pool.key.clone(),
         settings(
             Some("echo not yet >&2; exit 1".into()),
@@ -128,7 +129,7 @@ async fn a_ready_command_that_exits_1_is_reported_with_its_status() {
 async fn a_ready_command_that_hangs_past_ready_timeout_is_not_ready() {
     let pool = pool_key();
     let sshd = Sshd::start(pool.key.public_openssh());
-    let readiness = SshReadiness::new(
+    let readiness = Connector::new(
         pool.key.clone(),
         settings(Some("sleep 60".into()), Duration::from_secs(1)),
     );
@@ -147,7 +148,7 @@ async fn a_changed_host_key_is_refused() {
     let pool = pool_key();
     let sshd = Sshd::start(pool.key.public_openssh());
     let machines = one_machine(&sshd);
-    let readiness = SshReadiness::new(pool.key.clone(), settings(None, Duration::from_secs(5)));
+    let readiness = Connector::new(pool.key.clone(), settings(None, Duration::from_secs(5)));
     readiness
         .check(&machines, "m1")
         .await
@@ -180,7 +181,7 @@ async fn the_private_key_appears_in_no_log_line_or_error() {
     let key = PoolKey::load_or_generate(keys.path(), "p").expect("the pool key");
     let pem = std::fs::read_to_string(keys.path().join("p/id_ed25519")).expect("read the key");
     let sshd = Sshd::start("");
-    let readiness = SshReadiness::new(key.clone(), settings(None, Duration::from_secs(5)));
+    let readiness = Connector::new(key.clone(), settings(None, Duration::from_secs(5)));
     let err = readiness
         .check(&one_machine(&sshd), "m1")
         .await
@@ -204,7 +205,7 @@ async fn an_instance_is_ready_once_its_docker_engine_answers_through_the_ssh_ses
     let mut s = settings(None, Duration::from_secs(5));
     s.docker_socket = Some(docker.socket().display().to_string());
     let logs = LogCapture::default();
-    let readiness = SshReadiness::new(pool.key.clone(), s);
+    let readiness = Connector::new(pool.key.clone(), s);
     let checked = {
         let _guard = logs.install();
         readiness.check(&one_machine(&sshd), "m1").await
@@ -227,7 +228,7 @@ async fn an_instance_whose_docker_engine_is_down_is_not_ready() {
     let sshd = Sshd::start(pool.key.public_openssh());
     let mut s = settings(None, Duration::from_secs(5));
     s.docker_socket = Some(socket);
-    let readiness = SshReadiness::new(pool.key.clone(), s);
+    let readiness = Connector::new(pool.key.clone(), s);
     let err = readiness
         .check(&one_machine(&sshd), "m1")
         .await
@@ -251,7 +252,7 @@ async fn a_machine_that_dies_after_it_was_ready_is_found_by_the_ping_before_the_
     s.docker_socket = Some(docker.socket().display().to_string());
     s.ping_interval = Some(Duration::from_millis(300));
     s.connect_timeout = Duration::from_secs(2);
-    let readiness = Arc::new(SshReadiness::new(pool.key.clone(), s));
+    let readiness = Arc::new(Connector::new(pool.key.clone(), s));
     let clock = Arc::new(SystemClock);
     let config = ScalerConfig {
         capacity_per_instance: 1,
@@ -335,7 +336,7 @@ async fn the_callers_token_is_not_forwarded_to_the_instances_engine() {
     let seen = recording_engine(&socket);
     let mut s = settings(None, Duration::from_secs(5));
     s.docker_socket = Some(socket.display().to_string());
-    let readiness = SshReadiness::new(pool.key.clone(), s);
+    let readiness = Connector::new(pool.key.clone(), s);
     readiness
         .check(&one_machine(&sshd), "m1")
         .await
@@ -376,4 +377,87 @@ async fn the_callers_token_is_not_forwarded_to_the_instances_engine() {
         }
     }
     assert!(seen.lock().iter().any(|(p, _)| p == "/info"));
+}
+
+fn tls_files(pki: &DockerPki, client: &str) -> DockerTlsFiles {
+    DockerTlsFiles {
+        ca: pki.file("ca.pem"),
+        cert: pki.file(&format!("{client}.pem")),
+        key: pki.file(&format!("{client}-key.pem")),
+    }
+}
+
+#[tokio::test]
+async fn a_docker_tls_instance_is_ready_with_the_pools_client_certificate_and_serves_its_handle() {
+    let _one = DOCKER.lock().await;
+    let pki = DockerPki::new();
+    let docker = Dockerd::start_tls(&pki);
+    let port = docker.tls_port.expect("a TLS port");
+    let engines = Engines(BTreeMap::from([("e1".to_string(), port)]));
+    let pool = pool_key();
+    let mut s = settings(None, Duration::from_secs(5));
+    s.docker_socket = None;
+    let tls = DockerTls::load(&tls_files(&pki, "client")).expect("the pool's TLS files");
+    let readiness = Connector::new(pool.key.clone(), s.clone()).with_docker_tls(tls);
+    readiness
+        .check(&engines, "e1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", docker.log()));
+    assert_eq!(readiness.address("e1"), Some(format!("127.0.0.1:{port}")));
+    let request = http::Request::get("/_ping")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("a request");
+    let response = readiness
+        .forward_docker(&engines, "e1", request)
+        .await
+        .expect("forwarded over TLS");
+    assert_eq!(response.status(), 200);
+
+    // A client certificate the engine's CA did not sign is refused by the engine.
+    let stranger = DockerTls::load(&tls_files(&pki, "stranger")).expect("loads");
+    let refused = Connector::new(pool.key.clone(), s.clone()).with_docker_tls(stranger);
+    let err = refused.check(&engines, "e1").await.expect_err("refused");
+    assert_eq!(err.cause, "docker", "{err}");
+
+    // An engine whose certificate the pool's CA did not sign is refused by the host.
+    let wrong_ca = DockerTlsFiles {
+        ca: pki.file("stranger.pem"),
+        ..tls_files(&pki, "client")
+    };
+    let distrusting = Connector::new(pool.key.clone(), s.clone())
+        .with_docker_tls(DockerTls::load(&wrong_ca).expect("loads"));
+    let err = distrusting
+        .check(&engines, "e1")
+        .await
+        .expect_err("refused");
+    assert!(err.message.contains("TLS"), "{err}");
+
+    // Without docker_tls the pool cannot reach such instances, and says why.
+    let plain = Connector::new(pool.key.clone(), s);
+    let err = plain
+        .check(&engines, "e1")
+        .await
+        .expect_err("no TLS settings");
+    assert!(err.message.contains("docker_tls"), "{err}");
+}
+
+#[test]
+fn a_docker_tls_key_that_others_can_read_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let pki = DockerPki::new();
+    let key = pki.file("client-key.pem");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let err = DockerTls::load(&tls_files(&pki, "client")).expect_err("too open");
+    assert!(
+        err.contains("too open") && err.contains("client-key.pem"),
+        "{err}"
+    );
+    let junk = pki.file("junk.pem");
+    std::fs::write(&junk, "not PEM at all").expect("write");
+    let err = DockerTls::load(&DockerTlsFiles {
+        ca: junk,
+        ..tls_files(&pki, "client")
+    })
+    .expect_err("no CA");
+    assert!(err.contains("junk.pem"), "{err}");
 }

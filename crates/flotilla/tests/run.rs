@@ -459,7 +459,7 @@ fn config_check_locates_connector_mistakes() {
     let dir = temp_dir("connector-check");
     let bad = dir.join("bad.toml");
     let text = format!(
-        "[[pool]]\nname = \"a\"\nplugin = \"{}\"\nmax_instances = 1\n\n[pool.connector]\nready_timeout = \"0s\"\nssh_key = {{ file = \"missing.key\" }}\n",
+        "[[pool]]\nname = \"a\"\nplugin = \"{}\"\nmax_instances = 1\n\n[pool.connector]\nready_timeout = \"0s\"\nssh_key = {{ file = \"missing.key\" }}\ndocker_tls = {{ ca = {{ file = \"ca.pem\" }}, cert = {{ file = \"c.pem\" }}, key = {{ file = \"k.pem\" }} }}\n",
         guests::STATIC_PLUGIN
     );
     std::fs::write(&bad, text).expect("write the config");
@@ -469,6 +469,8 @@ fn config_check_locates_connector_mistakes() {
     for expected in [
         format!("{file}:7: pool[0].connector.ready_timeout: must be greater than zero"),
         format!("{file}:8: pool[0].connector.ssh_key.file:"),
+        format!("{file}:9: pool[0].connector.docker_tls.ca.file:"),
+        format!("{file}:9: pool[0].connector.docker_tls.key.file:"),
     ] {
         assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
     }

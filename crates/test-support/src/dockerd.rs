@@ -10,15 +10,122 @@ use std::time::{Duration, Instant};
 pub struct Dockerd {
     dir: tempfile::TempDir,
     child: Child,
+    /// The `--tlsverify` TCP port, when started with TLS.
+    pub tls_port: Option<u16>,
+}
+
+/// A test PKI for Docker over TLS: one CA signing the engine's certificate (for 127.0.0.1) and
+/// a client certificate, plus a client certificate from an unrelated CA. All PEM files in `dir`:
+/// `ca.pem`, `server.pem`, `server-key.pem`, `client.pem`, `client-key.pem`, `stranger.pem`,
+/// `stranger-key.pem` (keys 0600).
+pub struct DockerPki {
+    pub dir: tempfile::TempDir,
+}
+
+fn issue(
+    issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
+    names: Vec<String>,
+    usage: rcgen::ExtendedKeyUsagePurpose,
+) -> (rcgen::Certificate, rcgen::KeyPair) {
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let mut params = rcgen::CertificateParams::new(names).expect("params");
+    params.extended_key_usages = vec![usage];
+    let cert = params.signed_by(&key, issuer).expect("a certificate");
+    (cert, key)
+}
+
+fn ca(name: &str) -> (rcgen::Certificate, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    let key = rcgen::KeyPair::generate().expect("a CA key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    let cert = params.self_signed(&key).expect("a CA certificate");
+    (cert, rcgen::Issuer::new(params, key))
+}
+
+impl DockerPki {
+    /// Makes the files.
+    pub fn new() -> DockerPki {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("pki dir");
+        let write = |name: &str, text: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).expect("write a PEM file");
+            if name.ends_with("-key.pem") {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                    .expect("chmod 600");
+            }
+        };
+        let (ca_cert, issuer) = ca("flotilla test Docker CA");
+        let server = rcgen::ExtendedKeyUsagePurpose::ServerAuth;
+        let client = rcgen::ExtendedKeyUsagePurpose::ClientAuth;
+        let (cert, key) = issue(
+            &issuer,
+            vec!["127.0.0.1".into(), "localhost".into()],
+            server,
+        );
+        write("ca.pem", ca_cert.pem());
+        write("server.pem", cert.pem());
+        write("server-key.pem", key.serialize_pem());
+        let (cert, key) = issue(&issuer, vec!["flotilla-pool".into()], client.clone());
+        write("client.pem", cert.pem());
+        write("client-key.pem", key.serialize_pem());
+        let (_, other) = ca("some other CA");
+        let (cert, key) = issue(&other, vec!["stranger".into()], client);
+        write("stranger.pem", cert.pem());
+        write("stranger-key.pem", key.serialize_pem());
+        DockerPki { dir }
+    }
+
+    /// A file of the PKI.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Default for DockerPki {
+    fn default() -> Self {
+        DockerPki::new()
+    }
 }
 
 impl Dockerd {
     /// Starts dockerd and waits until its socket answers.
     pub fn start() -> Dockerd {
+        Dockerd::launch(None)
+    }
+
+    /// Starts dockerd with its unix socket and a `--tlsverify` TCP port on 127.0.0.1 that
+    /// accepts clients of `pki`'s CA.
+    pub fn start_tls(pki: &DockerPki) -> Dockerd {
+        Dockerd::launch(Some(pki))
+    }
+
+    fn launch(pki: Option<&DockerPki>) -> Dockerd {
         let dir = tempfile::tempdir().expect("dockerd dir");
         let d = dir.path();
         let log = std::fs::File::create(d.join("dockerd.log")).expect("dockerd log");
-        let child = Command::new("dockerd")
+        let tls_port = pki.map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free port")
+        });
+        let mut cmd = Command::new("dockerd");
+        if let (Some(pki), Some(port)) = (pki, tls_port) {
+            cmd.arg("-H")
+                .arg(format!("tcp://127.0.0.1:{port}"))
+                .arg("--tlsverify")
+                .arg("--tlscacert")
+                .arg(pki.file("ca.pem"))
+                .arg("--tlscert")
+                .arg(pki.file("server.pem"))
+                .arg("--tlskey")
+                .arg(pki.file("server-key.pem"));
+        }
+        let child = cmd
             .arg("-H")
             .arg(format!("unix://{}", d.join("docker.sock").display()))
             .arg("--data-root")
@@ -32,7 +139,11 @@ impl Dockerd {
             .stderr(log)
             .spawn()
             .expect("dockerd (scripts/test.sh installs docker.io)");
-        let dockerd = Dockerd { dir, child };
+        let dockerd = Dockerd {
+            dir,
+            child,
+            tls_port,
+        };
         let start = Instant::now();
         while std::os::unix::net::UnixStream::connect(dockerd.socket()).is_err() {
             assert!(
@@ -41,6 +152,16 @@ impl Dockerd {
                 dockerd.log()
             );
             std::thread::sleep(Duration::from_millis(50));
+        }
+        if let Some(port) = dockerd.tls_port {
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "dockerd's TLS port did not open: {}",
+                    dockerd.log()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
         dockerd
     }

@@ -13,6 +13,40 @@ use flotilla_provider::{
 /// A cloud whose instances are the given loopback machines (instance id → SSH port).
 pub struct Machines(pub BTreeMap<String, u16>);
 
+/// A cloud whose instances are `docker-tls` engines on loopback (instance id → TLS port).
+pub struct Engines(pub BTreeMap<String, u16>);
+
+#[async_trait]
+impl Provider for Engines {
+    async fn init(&self, settings: &str) -> Result<ProviderInfo, CallError> {
+        Machines(self.0.clone()).init(settings).await
+    }
+    async fn update(&self) -> Result<Vec<Instance>, CallError> {
+        Machines(self.0.clone()).update().await
+    }
+    async fn increase(&self, _: u32) -> Result<u32, CallError> {
+        Ok(0)
+    }
+    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
+        Ok(ids.to_vec())
+    }
+    async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
+        let mut c = Machines(self.0.clone()).connect_info(id).await?;
+        c.protocol = Protocol::DockerTls;
+        c.username = String::new();
+        Ok(c)
+    }
+    async fn heartbeat(&self, _: &str) -> Result<(), CallError> {
+        Ok(())
+    }
+    async fn shutdown(&self) -> Result<(), CallError> {
+        Ok(())
+    }
+    fn health(&self) -> ProviderHealth {
+        ProviderHealth::default()
+    }
+}
+
 #[async_trait]
 impl Provider for Machines {
     async fn init(&self, _: &str) -> Result<ProviderInfo, CallError> {
