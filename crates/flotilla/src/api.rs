@@ -79,6 +79,10 @@ pub enum ErrorCode {
     NoDocker,
     /// The lease's instance could not be reached (SSH or Docker Engine failed).
     InstanceUnreachable,
+    /// The request body or query is malformed; the message says where.
+    BadRequest,
+    /// Another live lease already carries the label.
+    LabelInUse,
 }
 
 impl ErrorCode {
@@ -99,6 +103,8 @@ impl ErrorCode {
             ErrorCode::AcquireTimeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorCode::NoDocker => StatusCode::CONFLICT,
             ErrorCode::InstanceUnreachable => StatusCode::BAD_GATEWAY,
+            ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::LabelInUse => StatusCode::CONFLICT,
         }
     }
 }
@@ -134,6 +140,7 @@ impl From<LeaseError> for ApiError {
             LeaseError::NoIdleSlot => ErrorCode::NoIdleSlot,
             LeaseError::ShuttingDown => ErrorCode::ShuttingDown,
             LeaseError::Stopped(_) => ErrorCode::PoolStopped,
+            LeaseError::LabelInUse { .. } => ErrorCode::LabelInUse,
         };
         ApiError::new(code, e.to_string())
     }
@@ -242,15 +249,73 @@ async fn instances(
     Ok(Json(json!({ "pool": name, "instances": list })))
 }
 
+/// At most this many labels per lease, with keys and values this long.
+const MAX_LABELS: usize = 16;
+const MAX_LABEL_KEY: usize = 63;
+const MAX_LABEL_VALUE: usize = 256;
+
+/// The body of a reservation: `{"labels": {"key": "value"}}`, or nothing.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReserveBody {
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+fn parse_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("request body: {e}")))
+}
+
+fn check_label(key: &str, value: &str) -> Result<(), ApiError> {
+    let key_ok = !key.is_empty()
+        && key.len() <= MAX_LABEL_KEY
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+    if !key_ok {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "label key {:?}: 1-{MAX_LABEL_KEY} characters of a-z, A-Z, 0-9, '-', '_', '.', '/'",
+                key.chars().take(80).collect::<String>()
+            ),
+        ));
+    }
+    if value.len() > MAX_LABEL_VALUE || value.chars().any(char::is_control) {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "label {key}: the value must be at most {MAX_LABEL_VALUE} bytes, without control characters"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 async fn reserve(
     State(state): State<Shared>,
     Path(name): Path<String>,
+    body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     if state.draining.load(Ordering::Relaxed) {
         return Err(LeaseError::ShuttingDown.into());
     }
     let p = pool(&state, &name)?;
-    let id = p.reserve()?;
+    let body: ReserveBody = parse_body(&body)?;
+    if body.labels.len() > MAX_LABELS {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!("at most {MAX_LABELS} labels per lease"),
+        ));
+    }
+    for (key, value) in &body.labels {
+        check_label(key, value)?;
+    }
+    let id = p.reserve_labelled(body.labels)?;
     let lease = p.with_core(|c| c.lease(id).cloned());
     Ok((
         StatusCode::CREATED,
@@ -259,11 +324,29 @@ async fn reserve(
         .into_response())
 }
 
+/// `?label=key=value` on the lease list.
+#[derive(Debug, serde::Deserialize)]
+struct LeaseQuery {
+    label: Option<String>,
+}
+
 async fn list_leases(
     State(state): State<Shared>,
     Path(name): Path<String>,
+    query: Result<axum::extract::Query<LeaseQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let p = pool(&state, &name)?;
+    let query = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+    if let Some(label) = &query.label {
+        let (key, value) = label
+            .split_once('=')
+            .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "label: expected key=value"))?;
+        check_label(key, value)?;
+        let found = p.with_core(|c| c.lease_by_label(key, value).cloned());
+        return Ok(Json(
+            json!({ "pool": name, "leases": Vec::from_iter(found) }),
+        ));
+    }
     let mut leases = p.with_core(|c| c.leases().cloned().collect::<Vec<_>>());
     leases.sort_by_key(|l| l.id);
     Ok(Json(json!({ "pool": name, "leases": leases })))
@@ -383,13 +466,34 @@ async fn docker(
     Ok(forwarded.map(axum::body::Body::new))
 }
 
+/// The body of a release: `{"instance_broken": "why"}` when the holder found the instance
+/// unusable (it is then failed and replaced), or nothing.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseBody {
+    #[serde(default)]
+    instance_broken: Option<String>,
+}
+
 async fn release(
     State(state): State<Shared>,
     Path((name, id)): Path<(String, String)>,
+    body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let p = pool(&state, &name)?;
     let id = lease_id(&id)?;
-    p.release(id)?;
+    let body: ReleaseBody = parse_body(&body)?;
+    match body.instance_broken {
+        Some(cause) => {
+            let cause: String = cause
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(500)
+                .collect();
+            p.release_broken(id, &cause)?;
+        }
+        None => p.release(id)?,
+    }
     Ok(Json(json!({ "pool": name, "lease": id, "released": true })))
 }
 

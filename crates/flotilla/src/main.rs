@@ -5,10 +5,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use flotilla::cli::{Cli, Reported};
+use flotilla::cli::gitlab::ExitWith;
+use flotilla::cli::{Cli, Command, Reported};
 
-fn init_logging(json: bool) {
-    let spec = std::env::var("FLOTILLA_LOG").unwrap_or_else(|_| "info".to_string());
+fn init_logging(json: bool, quiet: bool) {
+    // The GitLab driver's stderr is the job's log: only warnings unless asked.
+    let default = if quiet { "warn" } else { "info" };
+    let spec = std::env::var("FLOTILLA_LOG").unwrap_or_else(|_| default.to_string());
     // rustls' platform verifier logs each rejected certificate itself; flotilla reports it once.
     let spec = if spec.contains("rustls_platform_verifier") {
         spec
@@ -32,9 +35,12 @@ fn init_logging(json: bool) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_json);
+    init_logging(cli.log_json, matches!(cli.command, Command::Gitlab(_)));
     match cli.command.run().await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<ExitWith>().is_some() => {
+            ExitCode::from(e.downcast_ref::<ExitWith>().map_or(1, |c| c.0))
+        }
         Err(e) => {
             if e.downcast_ref::<Reported>().is_none() {
                 eprintln!("error: {e:#}");

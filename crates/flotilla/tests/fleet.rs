@@ -9,109 +9,21 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
+mod common;
+
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use common::{Flotilla, TOKEN, free_port};
+
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use flotilla_connector::PoolKey;
 use flotilla_test_artifacts as guests;
 use flotilla_test_support::dockerd::{Dockerd, busybox_rootfs_tar};
 use flotilla_test_support::sshd::Sshd;
-
-const TOKEN: &str = "fleet-token-0d9a";
-
-struct Flotilla {
-    child: Child,
-    base: String,
-    client: reqwest::Client,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Flotilla {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // already gone is fine
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-impl Flotilla {
-    async fn start(dir: tempfile::TempDir, config: &str) -> Flotilla {
-        let path = dir.path().join("flotilla.toml");
-        std::fs::write(&path, config).expect("config");
-        let log = std::fs::File::create(dir.path().join("flotilla.log")).expect("log");
-        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(["run", "-c"])
-            .arg(&path)
-            .env("FLOTILLA_LOG", "info")
-            .env("XDG_CACHE_HOME", dir.path().join("cache"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("flotilla");
-        let port = config
-            .lines()
-            .find_map(|l| l.strip_prefix("listen = \"127.0.0.1:"))
-            .and_then(|r| r.trim_end_matches('"').parse::<u16>().ok())
-            .expect("the listen port");
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let f = Flotilla {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            client: reqwest::Client::new(),
-            dir,
-        };
-        let start = Instant::now();
-        while f.call("GET", "/healthz", None).await.0 != 200 {
-            assert!(start.elapsed() < Duration::from_secs(30), "{}", f.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        f
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("flotilla.log")).unwrap_or_default()
-    }
-
-    async fn request(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<reqwest::Body>,
-        token: Option<&str>,
-    ) -> (u16, bytes::Bytes) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
-        let mut req = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .header("content-type", "application/json");
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            req = req.body(b);
-        }
-        match req.send().await {
-            Ok(r) => (r.status().as_u16(), r.bytes().await.unwrap_or_default()),
-            Err(_) => (0, bytes::Bytes::new()),
-        }
-    }
-
-    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let body = body.map(|b| reqwest::Body::from(b.to_string()));
-        let (code, bytes) = self.request(method, path, body, Some(TOKEN)).await;
-        (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-    }
-}
 
 fn config(port: u16, key: &std::path::Path, machines: &[&Sshd], docker: &Dockerd) -> String {
     let hosts: Vec<String> = machines

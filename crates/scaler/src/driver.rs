@@ -282,6 +282,24 @@ impl PoolHandle {
         r
     }
 
+    /// Promises a slot tagged with `labels` (each pair held by one live lease at most).
+    pub fn reserve_labelled(
+        &self,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<u64, LeaseError> {
+        let r = self.core().reserve_labelled(self.clock.now(), labels);
+        self.kick();
+        r
+    }
+
+    /// Frees a slot whose instance the lease holder found broken: the instance is failed and
+    /// replaced.
+    pub fn release_broken(&self, id: u64, cause: &str) -> Result<(), LeaseError> {
+        let r = self.core().release_broken(self.clock.now(), id, cause);
+        self.kick();
+        r
+    }
+
     /// Binds a reserved lease to a ready instance, waiting up to `instance_acquire_timeout`.
     pub async fn acquire(&self, id: u64) -> Result<Binding, AcquireError> {
         let timeout = Duration::from_millis(self.core().config().instance_acquire_timeout_ms);

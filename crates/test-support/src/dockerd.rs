@@ -171,6 +171,11 @@ impl Dockerd {
         self.dir.path().join("docker.sock")
     }
 
+    /// The file holding dockerd's pid (to kill it as a crash would).
+    pub fn pid_file(&self) -> PathBuf {
+        self.dir.path().join("dockerd.pid")
+    }
+
     /// Its log, for failure messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("dockerd.log")).unwrap_or_default()

@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod config;
+pub mod gitlab;
 pub mod oci;
 pub mod plugin;
 pub mod run;
@@ -35,6 +36,8 @@ pub enum Command {
     Config(config::ConfigCommand),
     /// Replay a job trace through the real scaler on virtual time.
     Simulate(simulate::Args),
+    /// GitLab Runner's Custom executor driver: run each job in a container on a leased instance.
+    Gitlab(gitlab::Args),
 }
 
 impl Command {
@@ -45,6 +48,7 @@ impl Command {
             Command::Run(a) => a.run().await,
             Command::Config(c) => c.run(),
             Command::Simulate(a) => a.run(),
+            Command::Gitlab(a) => a.run().await,
         }
     }
 }

@@ -2,6 +2,8 @@
 //! give it back (release, unreserve); failing the leases of a broken instance. It owns the lease
 //! table and the reserved/acquired counters; it must not know about providers or planning.
 
+use std::collections::BTreeMap;
+
 use super::{Binding, InstState, Lease, LeaseError, LeaseState, PoolCore, PoolHealth};
 use crate::Millis;
 
@@ -17,6 +19,32 @@ impl PoolCore {
 
     /// Promises a slot before a job is fetched.
     pub fn reserve(&mut self, now: Millis) -> Result<u64, LeaseError> {
+        self.reserve_labelled(now, BTreeMap::new())
+    }
+
+    /// The live lease carrying the label `key=value`, if any.
+    pub fn lease_by_label(&self, key: &str, value: &str) -> Option<&Lease> {
+        self.leases
+            .values()
+            .find(|l| l.labels.get(key).is_some_and(|v| v == value))
+    }
+
+    /// Promises a slot for a client that tags it with `labels`; a label already on a live
+    /// lease is refused, so a retried reservation cannot take a second slot.
+    pub fn reserve_labelled(
+        &mut self,
+        now: Millis,
+        labels: BTreeMap<String, String>,
+    ) -> Result<u64, LeaseError> {
+        for (key, value) in &labels {
+            if let Some(held) = self.lease_by_label(key, value) {
+                return Err(LeaseError::LabelInUse {
+                    key: key.clone(),
+                    value: value.clone(),
+                    lease: held.id,
+                });
+            }
+        }
         if self.phase.shutting_down() {
             return Err(LeaseError::ShuttingDown);
         }
@@ -38,6 +66,7 @@ impl PoolCore {
                 state: LeaseState::Reserved,
                 reserved_at: now,
                 acquired_at: None,
+                labels,
             },
         );
         self.reserved += 1;
@@ -142,6 +171,21 @@ impl PoolCore {
                 Ok(())
             }
         }
+    }
+
+    /// Releases an acquired lease whose client found its instance broken (e.g. the job left
+    /// Docker unreachable): the instance is failed with `cause`, so no other lease gets it and
+    /// it is replaced.
+    pub fn release_broken(&mut self, now: Millis, id: u64, cause: &str) -> Result<(), LeaseError> {
+        let instance = match self.leases.get(&id).map(|l| &l.state) {
+            Some(LeaseState::Acquired { instance, .. }) => Some(instance.clone()),
+            _ => None,
+        };
+        self.release(now, id)?;
+        if let Some(key) = instance.and_then(|i| self.by_id.get(&i).copied()) {
+            self.fail_instance(key, &format!("reported broken by a lease holder: {cause}"));
+        }
+        Ok(())
     }
 
     /// A lease by id.

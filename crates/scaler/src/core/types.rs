@@ -81,6 +81,9 @@ pub struct Lease {
     pub reserved_at: Millis,
     /// When it was acquired.
     pub acquired_at: Option<Millis>,
+    /// The client's labels (e.g. the CI job it serves); each pair is held by one lease at most.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Why a lease operation was refused.
@@ -118,6 +121,16 @@ pub enum LeaseError {
     /// The pool stopped (bad config or credentials).
     #[error("pool is stopped: {0}")]
     Stopped(String),
+    /// Another live lease already carries this label.
+    #[error("label {key}={value} is already on lease {lease}")]
+    LabelInUse {
+        /// The label's key.
+        key: String,
+        /// Its value.
+        value: String,
+        /// The lease that has it.
+        lease: u64,
+    },
 }
 
 /// What the scaler wants done now.

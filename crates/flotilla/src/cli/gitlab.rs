@@ -1,0 +1,215 @@
+//! `flotilla gitlab config|prepare|run|cleanup|snippet`: GitLab Runner's Custom executor
+//! driver (the `flotilla-gitlab` crate), configured by flags or `FLOTILLA_URL`,
+//! `FLOTILLA_POOL`, `FLOTILLA_TOKEN_FILE` / `FLOTILLA_TOKEN`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Subcommand;
+
+use flotilla_gitlab::{ApiClient, DriverSettings, Job, Outcome, PullPolicy};
+
+/// The driver's flags, then the stage.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The lease API of the running `flotilla run` [env: FLOTILLA_URL; default
+    /// http://127.0.0.1:8080].
+    #[arg(long)]
+    url: Option<String>,
+    /// The pool to take instances from [env: FLOTILLA_POOL].
+    #[arg(long)]
+    pool: Option<String>,
+    /// A file holding the API token [env: FLOTILLA_TOKEN_FILE; or the token in FLOTILLA_TOKEN].
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// The runner's `builds_dir`, inside the job container.
+    #[arg(long, default_value = "/builds")]
+    builds_dir: String,
+    /// The runner's `cache_dir`, inside the job container (a volume kept on the instance).
+    #[arg(long, default_value = "/cache")]
+    cache_dir: String,
+    /// The image of jobs that name none.
+    #[arg(long)]
+    default_image: Option<String>,
+    /// When to pull images: always, if-not-present or never.
+    #[arg(long, default_value = "if-not-present")]
+    pull_policy: String,
+    /// How long `prepare` waits for an instance.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    acquire_timeout: Duration,
+    /// The stage GitLab Runner is at.
+    #[command(subcommand)]
+    stage: Stage,
+}
+
+/// The Custom executor's stages, plus `snippet`.
+#[derive(Debug, Subcommand)]
+enum Stage {
+    /// `config_exec`: prints the JSON the runner reads (builds and cache dirs, driver).
+    Config,
+    /// `prepare_exec`: leases an instance and starts the job's containers there.
+    Prepare,
+    /// `run_exec`: runs one stage's script in the job container.
+    Run {
+        /// The script the runner wrote.
+        script: PathBuf,
+        /// The stage's name (`prepare_script`, `build_script`, ...).
+        stage: String,
+    },
+    /// `cleanup_exec`: removes the job's containers and gives the instance back.
+    Cleanup,
+    /// Prints the `[[runners]]` block for GitLab Runner's config.toml.
+    Snippet,
+}
+
+/// A stage's exit code for the runner, reported by `main`.
+#[derive(Debug, thiserror::Error)]
+#[error("exit {0}")]
+pub struct ExitWith(pub u8);
+
+fn env_or(flag: &Option<String>, name: &str) -> Option<String> {
+    flag.clone()
+        .or_else(|| std::env::var(name).ok().filter(|v| !v.is_empty()))
+}
+
+impl Args {
+    fn api(&self) -> anyhow::Result<ApiClient> {
+        let url =
+            env_or(&self.url, "FLOTILLA_URL").unwrap_or_else(|| "http://127.0.0.1:8080".into());
+        let pool = env_or(&self.pool, "FLOTILLA_POOL")
+            .context("no pool: pass --pool or set FLOTILLA_POOL")?;
+        let file = self
+            .token_file
+            .clone()
+            .or_else(|| std::env::var_os("FLOTILLA_TOKEN_FILE").map(PathBuf::from));
+        let token = match file {
+            Some(path) => Some(
+                std::fs::read_to_string(&path)
+                    .with_context(|| format!("--token-file {}", path.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => std::env::var("FLOTILLA_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty()),
+        };
+        ApiClient::new(&url, token, &pool).map_err(anyhow::Error::msg)
+    }
+
+    fn settings(&self) -> anyhow::Result<DriverSettings> {
+        Ok(DriverSettings {
+            builds_dir: self.builds_dir.clone(),
+            cache_dir: self.cache_dir.clone(),
+            default_image: self.default_image.clone(),
+            pull_policy: PullPolicy::parse(&self.pull_policy).map_err(anyhow::Error::msg)?,
+            acquire_timeout: self.acquire_timeout,
+        })
+    }
+
+    /// Runs the stage; a job or system failure becomes the runner's exit code.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let settings = self.settings()?;
+        if let Stage::Snippet = self.stage {
+            print!("{}", self.snippet()?);
+            return Ok(());
+        }
+        let api = self.api()?;
+        if let Stage::Config = self.stage {
+            return super::print_json(&flotilla_gitlab::config(&settings, api.pool()));
+        }
+        let env: BTreeMap<String, String> = std::env::vars().collect();
+        let job = match Job::from_env(&env) {
+            Ok(job) => job,
+            Err(e) => {
+                eprintln!("flotilla: {e}");
+                let code = Outcome::SystemFailure(e.to_string()).exit_code(None);
+                return Err(ExitWith(code as u8).into());
+            }
+        };
+        let outcome = match &self.stage {
+            Stage::Prepare => flotilla_gitlab::prepare(&api, &job, &settings).await,
+            Stage::Run { script, stage } => {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+                let cancel = async move {
+                    term.recv().await;
+                };
+                flotilla_gitlab::run(&api, &job, script, stage, cancel).await
+            }
+            Stage::Cleanup => flotilla_gitlab::cleanup(&api, &job).await,
+            Stage::Config | Stage::Snippet => Outcome::Success,
+        };
+        if let Outcome::SystemFailure(why) = &outcome {
+            eprintln!("flotilla: {why}");
+        }
+        match outcome.exit_code(Some(&job)) {
+            0 => Ok(()),
+            code => Err(ExitWith(u8::try_from(code).unwrap_or(1)).into()),
+        }
+    }
+
+    /// The `[[runners]]` block: executor custom, the four stages with these flags.
+    fn snippet(&self) -> anyhow::Result<String> {
+        let exe = std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "/usr/local/bin/flotilla".into());
+        let url =
+            env_or(&self.url, "FLOTILLA_URL").unwrap_or_else(|| "http://127.0.0.1:8080".into());
+        let pool = env_or(&self.pool, "FLOTILLA_POOL").unwrap_or_else(|| "POOL".into());
+        let mut common = vec![
+            "gitlab".to_string(),
+            "--url".into(),
+            url,
+            "--pool".into(),
+            pool.clone(),
+            "--pull-policy".into(),
+            self.pull_policy.clone(),
+            "--acquire-timeout".into(),
+            humantime::format_duration(self.acquire_timeout).to_string(),
+        ];
+        if let Some(f) = &self.token_file {
+            common.extend(["--token-file".into(), f.display().to_string()]);
+        }
+        if let Some(image) = &self.default_image {
+            common.extend(["--default-image".into(), image.clone()]);
+        }
+        let args = |stage: &str| -> anyhow::Result<String> {
+            let mut all = common.clone();
+            all.push(stage.into());
+            Ok(serde_json::to_string(&all)?)
+        };
+        // prepare waits for an instance, then pulls: give it the acquire timeout plus 30 min.
+        let prepare_timeout = self.acquire_timeout.as_secs() + 1800;
+        Ok(format!(
+            r#"[[runners]]
+  name = "flotilla-{pool}"
+  url = "https://gitlab.example.com"   # your GitLab
+  token = "glrt-REPLACE-ME"            # the runner's authentication token
+  executor = "custom"
+  builds_dir = "{builds}"
+  cache_dir = "{cache}"
+  [runners.custom]
+    config_exec = "{exe}"
+    config_args = {config}
+    prepare_exec = "{exe}"
+    prepare_args = {prepare}
+    prepare_exec_timeout = {prepare_timeout}
+    run_exec = "{exe}"
+    run_args = {run}
+    cleanup_exec = "{exe}"
+    cleanup_args = {cleanup}
+    cleanup_exec_timeout = 600
+    graceful_kill_timeout = 30
+    force_kill_timeout = 30
+"#,
+            builds = self.builds_dir,
+            cache = self.cache_dir,
+            config = args("config")?,
+            prepare = args("prepare")?,
+            run = args("run")?,
+            cleanup = args("cleanup")?,
+        ))
+    }
+}

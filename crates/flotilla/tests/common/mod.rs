@@ -1,0 +1,138 @@
+//! Shared by the tests that run the `flotilla` binary with real machines: the process, its
+//! API over HTTP, and its log.
+#![allow(dead_code)] // each test file uses a different part
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The API token of every test config.
+pub const TOKEN: &str = "fleet-token-0d9a";
+
+pub struct Flotilla {
+    pub child: Child,
+    pub base: String,
+    pub client: reqwest::Client,
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Flotilla {
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // already gone is fine
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Flotilla {
+    pub async fn start(dir: tempfile::TempDir, config: &str) -> Flotilla {
+        let path = dir.path().join("flotilla.toml");
+        std::fs::write(&path, config).expect("config");
+        let port = config
+            .lines()
+            .find_map(|l| l.strip_prefix("listen = \"127.0.0.1:"))
+            .and_then(|r| r.trim_end_matches('"').parse::<u16>().ok())
+            .expect("the listen port");
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let child = Flotilla::spawn(&dir);
+        let f = Flotilla {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            client: reqwest::Client::new(),
+            dir,
+        };
+        f.wait_healthy().await;
+        f
+    }
+
+    fn spawn(dir: &tempfile::TempDir) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("flotilla.log"))
+            .expect("log");
+        Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["run", "-c"])
+            .arg(dir.path().join("flotilla.toml"))
+            .env("FLOTILLA_LOG", "info")
+            .env("XDG_CACHE_HOME", dir.path().join("cache"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("flotilla")
+    }
+
+    async fn wait_healthy(&self) {
+        let start = Instant::now();
+        while self.call("GET", "/healthz", None).await.0 != 200 {
+            assert!(start.elapsed() < Duration::from_secs(30), "{}", self.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills the process (as a crash would) and starts it again on the same config.
+    pub async fn restart(&mut self) {
+        let _ = self.child.kill(); // already gone is fine
+        let _ = self.child.wait();
+        self.child = Flotilla::spawn(&self.dir);
+        self.wait_healthy().await;
+    }
+
+    /// Polls `path` until `check` accepts its JSON answer.
+    pub async fn wait_for(&self, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let (_, body) = self.call("GET", path, None).await;
+            if check(&body) {
+                return body;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "timed out waiting for {what}: {body}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("flotilla.log")).unwrap_or_default()
+    }
+
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<reqwest::Body>,
+        token: Option<&str>,
+    ) -> (u16, bytes::Bytes) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        let mut req = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .header("content-type", "application/json");
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.body(b);
+        }
+        match req.send().await {
+            Ok(r) => (r.status().as_u16(), r.bytes().await.unwrap_or_default()),
+            Err(_) => (0, bytes::Bytes::new()),
+        }
+    }
+
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let body = body.map(|b| reqwest::Body::from(b.to_string()));
+        let (code, bytes) = self.request(method, path, body, Some(TOKEN)).await;
+        (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+}

@@ -1,0 +1,288 @@
+//! The lease API of a running `flotilla run`, as the driver uses it: plain HTTP/1.1 on the
+//! host's listener (normally loopback or the pod network) with the API's bearer token.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// Why a call to the host failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The host could not be reached or answered garbage.
+    #[error("flotilla at {url}: {why}")]
+    Unreachable {
+        /// The API's base URL.
+        url: String,
+        /// What failed.
+        why: String,
+    },
+    /// The host refused the request with a stable code.
+    #[error("flotilla refused {what}: {code}: {message}")]
+    Refused {
+        /// The request.
+        what: String,
+        /// The API's error code (`unknown_lease`, `acquire_timeout`, ...).
+        code: String,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// A lease as the API reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// Its id.
+    pub id: u64,
+    /// `reserved`, `acquired` or `failed`.
+    pub state: String,
+    /// The instance, once acquired.
+    pub instance: Option<String>,
+    /// Why it failed.
+    pub cause: Option<String>,
+}
+
+/// The API's lease JSON: `{"id": 7, "state": {"state": "acquired", "instance": ..}}`.
+#[derive(Deserialize)]
+struct RawLease {
+    id: u64,
+    state: RawState,
+}
+
+#[derive(Deserialize)]
+struct RawState {
+    state: String,
+    #[serde(default)]
+    instance: Option<String>,
+    #[serde(default)]
+    cause: Option<String>,
+}
+
+/// A client of one pool of a running host.
+#[derive(Clone)]
+pub struct ApiClient {
+    authority: String,
+    base: String,
+    token: Option<String>,
+    pool: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiClient")
+            .field("base", &self.base)
+            .field("pool", &self.pool)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiClient {
+    /// A client of `pool` at `url` (`http://host:port`), authenticating with `token`.
+    pub fn new(url: &str, token: Option<String>, pool: &str) -> Result<ApiClient, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("--url {url:?}: {e}"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(format!(
+                "--url {url:?}: only http:// is supported (run the driver beside flotilla, on loopback or the pod network)"
+            ));
+        }
+        let authority = uri
+            .authority()
+            .map(|a| a.to_string())
+            .ok_or_else(|| format!("--url {url:?}: no host"))?;
+        let authority = if authority.contains(':') {
+            authority
+        } else {
+            format!("{authority}:80")
+        };
+        Ok(ApiClient {
+            base: format!("http://{authority}"),
+            authority,
+            token,
+            pool: pool.to_string(),
+            timeout: Duration::from_secs(30),
+        })
+    }
+
+    /// The pool's name.
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
+    /// `host:port` of the API.
+    pub(crate) fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// The bearer token, if any.
+    pub(crate) fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    fn unreachable(&self, why: impl std::fmt::Display) -> ApiError {
+        ApiError::Unreachable {
+            url: self.base.clone(),
+            why: why.to_string(),
+        }
+    }
+
+    /// Sends one request; the JSON answer of a 2xx, or the API's error.
+    async fn call(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<Value>,
+        limit: Duration,
+    ) -> Result<Value, ApiError> {
+        let what = format!("{method} {path}");
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, &self.authority)
+            .header(http::header::CONTENT_TYPE, "application/json");
+        if let Some(token) = &self.token {
+            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+        let request = request
+            .body(Full::new(body))
+            .map_err(|e| self.unreachable(e))?;
+        let exchange = async {
+            let stream = tokio::net::TcpStream::connect(&self.authority)
+                .await
+                .map_err(|e| self.unreachable(e))?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| self.unreachable(e))?;
+            tokio::spawn(async move {
+                // Ends with the response; an error reaches us through send_request.
+                let _ = connection.await;
+            });
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| self.unreachable(e))?;
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| self.unreachable(e))?
+                .to_bytes();
+            Ok::<_, ApiError>((status, bytes))
+        };
+        let (status, bytes) = tokio::time::timeout(limit, exchange)
+            .await
+            .map_err(|_| self.unreachable(format!("{what}: no answer within {limit:?}")))??;
+        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(value);
+        }
+        let field = |name: &str| {
+            value
+                .get("error")
+                .and_then(|e| e.get(name))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        Err(ApiError::Refused {
+            what,
+            code: if field("code").is_empty() {
+                format!("http_{}", status.as_u16())
+            } else {
+                field("code")
+            },
+            message: field("message"),
+        })
+    }
+
+    fn leases_path(&self) -> String {
+        format!("/v1/pools/{}/leases", self.pool)
+    }
+
+    fn lease(value: &Value) -> Result<LeaseInfo, String> {
+        let raw: RawLease =
+            serde_json::from_value(value.clone()).map_err(|e| format!("unexpected lease: {e}"))?;
+        Ok(LeaseInfo {
+            id: raw.id,
+            state: raw.state.state,
+            instance: raw.state.instance,
+            cause: raw.state.cause,
+        })
+    }
+
+    /// The live lease carrying `key=value`, if any.
+    pub async fn lease_by_label(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> Result<Option<LeaseInfo>, ApiError> {
+        let path = format!("{}?label={key}={value}", self.leases_path());
+        let answer = self
+            .call(http::Method::GET, &path, None, self.timeout)
+            .await?;
+        let first = answer
+            .get("leases")
+            .and_then(Value::as_array)
+            .and_then(|l| l.first());
+        match first {
+            None => Ok(None),
+            Some(lease) => Self::lease(lease)
+                .map(Some)
+                .map_err(|e| self.unreachable(e)),
+        }
+    }
+
+    /// Reserves a slot tagged with `labels`.
+    pub async fn reserve(&self, labels: &BTreeMap<String, String>) -> Result<LeaseInfo, ApiError> {
+        let answer = self
+            .call(
+                http::Method::POST,
+                &self.leases_path(),
+                Some(json!({ "labels": labels })),
+                self.timeout,
+            )
+            .await?;
+        let lease = answer.get("lease").cloned().unwrap_or_default();
+        Self::lease(&lease).map_err(|e| self.unreachable(e))
+    }
+
+    /// Binds the lease to a ready instance, waiting up to `limit`; the instance.
+    pub async fn acquire(&self, id: u64, limit: Duration) -> Result<String, ApiError> {
+        let path = format!("{}/{id}/acquire", self.leases_path());
+        let answer = self.call(http::Method::POST, &path, None, limit).await?;
+        answer
+            .get("instance")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| self.unreachable("the acquire answer names no instance"))
+    }
+
+    /// Releases the lease; with `broken`, the instance is failed and replaced.
+    pub async fn release(&self, id: u64, broken: Option<&str>) -> Result<(), ApiError> {
+        let path = format!("{}/{id}/release", self.leases_path());
+        let body = broken.map(|cause| json!({ "instance_broken": cause }));
+        self.call(http::Method::POST, &path, body, self.timeout)
+            .await
+            .map(|_| ())
+    }
+
+    /// Drops a reservation that was never acquired.
+    pub async fn unreserve(&self, id: u64) -> Result<(), ApiError> {
+        let path = format!("{}/{id}", self.leases_path());
+        self.call(http::Method::DELETE, &path, None, self.timeout)
+            .await
+            .map(|_| ())
+    }
+
+    /// The path under which the host serves the lease's Docker Engine API.
+    pub fn docker_path(&self, lease: u64) -> String {
+        format!("{}/{lease}/docker", self.leases_path())
+    }
+}

@@ -1,0 +1,63 @@
+//! bollard, with the host's Docker handle of a lease as its transport: every request goes to
+//! `http://<api>/v1/pools/<pool>/leases/<id>/docker/...` with the API token, and the host
+//! forwards it to the instance's engine (upgrades included, for exec and attach).
+
+use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
+use hyper_util::rt::TokioIo;
+
+use crate::api::ApiClient;
+
+/// The Host header bollard's absolute URIs carry; replaced by the API's.
+const BASE: &str = "http://flotilla.invalid";
+
+/// A Docker client for the instance of `lease`.
+pub fn for_lease(api: &ApiClient, lease: u64, timeout_secs: u64) -> Result<Docker, String> {
+    let authority = api.authority().to_string();
+    let prefix = api.docker_path(lease);
+    let token = api.token().map(|t| format!("Bearer {t}"));
+    let transport = move |request: BollardRequest| {
+        let authority = authority.clone();
+        let prefix = prefix.clone();
+        let token = token.clone();
+        async move {
+            let (mut parts, body) = request.into_parts();
+            let path = parts
+                .uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_string();
+            parts.uri = format!("{prefix}{path}")
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| std::io::Error::other(e.to_string()))?;
+            let host = http::HeaderValue::from_str(&authority)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            parts.headers.insert(http::header::HOST, host);
+            if let Some(token) = &token {
+                let value = http::HeaderValue::from_str(token)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                parts.headers.insert(http::header::AUTHORIZATION, value);
+            }
+            let stream = tokio::net::TcpStream::connect(&authority).await?;
+            // Latency only: a socket that refuses TCP_NODELAY still works.
+            let _ = stream.set_nodelay(true);
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(async move {
+                // Ends with the response or the upgraded stream; errors reach the caller.
+                let _ = connection.with_upgrades().await;
+            });
+            Ok::<_, bollard::errors::Error>(
+                sender
+                    .send_request(http::Request::from_parts(parts, body))
+                    .await?,
+            )
+        }
+    };
+    Docker::connect_with_custom_transport(
+        transport,
+        Some(BASE.to_string()),
+        timeout_secs,
+        API_DEFAULT_VERSION,
+    )
+    .map_err(|e| e.to_string())
+}
