@@ -13,7 +13,7 @@ out=$(mktemp -d)
 if [ -z "${FLOTILLA_BENCH_NS:-}" ] && [ -f /root/.bashrc ] && [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
   exec env FLOTILLA_BENCH_NS=1 unshare --mount --propagation private -- bash -c 'mount --bind /dev/null /root/.bashrc && exec "$0" "$@"' "$0" "$@"
 fi
-FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler --bench aws --bench oci --bench connector -- "$@"
+FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler --bench aws --bench oci --bench connector --bench gitlab -- "$@"
 python3 - "$CARGO_TARGET_DIR/criterion" "$out" <<'PY'
 import json, os, sys
 root, out = sys.argv[1], sys.argv[2]
@@ -38,7 +38,8 @@ rows = ["scaler/acquire_release_10k_x4", "scaler/reconcile_tick_10k", "scaler/re
         "oci_start/cold_pull_template",
         "connector/ready_one", "connector/ready_twenty_concurrently",
         "connector/acquire_release_ssh_ready", "connector/acquire_release_always_ready",
-        "connector/ping_one_kept_session", "connector/ping_twenty_kept_sessions_concurrently"]
+        "connector/ping_one_kept_session", "connector/ping_twenty_kept_sessions_concurrently",
+        "gitlab/lifecycle_direct", "gitlab/lifecycle_through_handle", "gitlab/prepare_to_first_output"]
 print("\nmedians:")
 for r in rows: print(f"  {r:<38} {fmt(median(r))}")
 try: print(f"  {'rss_per_instance':<38} {open(os.path.join(out,'rss_per_instance_kib')).read()} KiB")
@@ -60,6 +61,8 @@ o, t = median("connector/ping_one_kept_session"), median("connector/ping_twenty_
 if o and t: print(f"  ping of 20 kept sessions / one          {t/o:.2f}x")
 r, n = median("connector/acquire_release_ssh_ready"), median("connector/acquire_release_always_ready")
 if r and n: print(f"  acquire on a ready instance, SSH - none {fmt(r-n)}")
+d, h = median("gitlab/lifecycle_direct"), median("gitlab/lifecycle_through_handle")
+if d and h: print(f"  container lifecycle via handle / direct {h/d:.2f}x")
 a = median("scaler/acquire_release_10k_x4")
 if a: print(f"  acquire+release per second (one core)  {1e9/a:,.0f}")
 PY

@@ -9,60 +9,18 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+
+mod common;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
-use flotilla_connector::{Connector, ConnectorSettings, PoolKey};
-use flotilla_scaler::{
-    AlwaysReady, Clock, PoolCore, PoolHandle, PoolHealth, Readiness, ScalerConfig, SystemClock,
-};
+use common::{ready_pool, settings};
+
+use flotilla_connector::{Connector, PoolKey};
+use flotilla_scaler::{AlwaysReady, Readiness};
 use flotilla_test_support::dockerd::Dockerd;
 use flotilla_test_support::machines::Machines;
 use flotilla_test_support::sshd::Sshd;
-
-fn settings(docker: &Dockerd) -> ConnectorSettings {
-    ConnectorSettings {
-        username: None,
-        use_external_address: false,
-        ssh_key: None,
-        ready_command: Some("true".into()),
-        ready_timeout: Duration::from_secs(30),
-        connect_timeout: Duration::from_secs(30),
-        keepalive_interval: Duration::from_secs(15),
-        known_hosts: None,
-        docker_socket: Some(docker.socket().display().to_string()),
-        ping_interval: None,
-        docker_tls: None,
-    }
-}
-
-async fn ready_pool(provider: Arc<Machines>, readiness: Arc<dyn Readiness>) -> Arc<PoolHandle> {
-    let clock = Arc::new(SystemClock);
-    let config = ScalerConfig {
-        capacity_per_instance: 4,
-        max_instances: 1,
-        update_interval_ms: 60_000,
-        ..ScalerConfig::default()
-    };
-    // Keep the one instance: four idle slots wanted at all times.
-    let keep = flotilla_scaler::Policy::new(
-        vec!["* * * * *".to_string()],
-        "UTC",
-        4,
-        3_600_000,
-        0.0,
-        0,
-        false,
-    )
-    .expect("policy");
-    let core = PoolCore::new(config, vec![keep], clock.now());
-    let pool = PoolHandle::spawn("bench".into(), core, provider, clock, readiness, None);
-    while pool.snapshot().health != PoolHealth::Ready || pool.snapshot().slots.idle == 0 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    pool
-}
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -94,6 +52,26 @@ fn bench(c: &mut Criterion) {
             let checks = ids.iter().map(|id| r.check(all.as_ref(), id));
             for result in futures_util::future::join_all(checks).await {
                 result.expect("ready");
+            }
+        })
+    });
+    // The periodic ping of 20 ready instances over their kept sessions: no handshake, one
+    // Docker /_ping channel each.
+    let kept = Connector::new(key.clone(), settings(&docker));
+    rt.block_on(async {
+        for id in &ids {
+            kept.check(all.as_ref(), id).await.expect("ready");
+        }
+    });
+    group.bench_function("ping_one_kept_session", |b| {
+        b.to_async(&rt)
+            .iter(|| async { kept.ping(all.as_ref(), &ids[0]).await.expect("alive") })
+    });
+    group.bench_function("ping_twenty_kept_sessions_concurrently", |b| {
+        b.to_async(&rt).iter(|| async {
+            let pings = ids.iter().map(|id| kept.ping(all.as_ref(), id));
+            for result in futures_util::future::join_all(pings).await {
+                result.expect("alive");
             }
         })
     });

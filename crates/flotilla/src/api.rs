@@ -160,6 +160,7 @@ pub fn router(state: Shared) -> Router {
         )
         .route("/v1/pools/{pool}/leases/{id}/acquire", post(acquire))
         .route("/v1/pools/{pool}/leases/{id}/release", post(release))
+        .route("/v1/pools/{pool}/leases/{id}/report", post(report))
         .route("/v1/pools/{pool}/leases/{id}/docker/{*path}", any(docker))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
@@ -495,6 +496,69 @@ async fn release(
         None => p.release(id)?,
     }
     Ok(Json(json!({ "pool": name, "lease": id, "released": true })))
+}
+
+/// What a lease holder reports about the job on it, for metrics.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReportBody {
+    /// The job's container started.
+    #[serde(default)]
+    job_started: Option<JobStarted>,
+    /// The job's main script ended.
+    #[serde(default)]
+    job_finished: Option<JobFinished>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobStarted {
+    prepare_seconds: f64,
+    pull_seconds: f64,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobFinished {
+    outcome: crate::metrics::JobOutcome,
+}
+
+/// A duration a client reports: finite, not negative, at most a week.
+fn seconds(name: &str, v: f64) -> Result<f64, ApiError> {
+    if v.is_finite() && (0.0..=604_800.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!("{name}: expected seconds between 0 and 604800"),
+        ))
+    }
+}
+
+/// A lease holder's report on its job (`POST .../leases/{id}/report`), counted in the metrics.
+/// Only an acquired lease may report.
+async fn report(
+    State(state): State<Shared>,
+    Path((name, id)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let p = pool(&state, &name)?;
+    let id = lease_id(&id)?;
+    let body: ReportBody = parse_body(&body)?;
+    match p.with_core(|c| c.lease(id).map(|l| l.state.clone())) {
+        Some(LeaseState::Acquired { .. }) => {}
+        Some(_) => return Err(LeaseError::NotAcquired(id).into()),
+        None => return Err(LeaseError::UnknownLease(id).into()),
+    }
+    if let Some(s) = body.job_started {
+        let prepare = seconds("job_started.prepare_seconds", s.prepare_seconds)?;
+        let pull = seconds("job_started.pull_seconds", s.pull_seconds)?;
+        state.metrics.job_started(&name, prepare, pull);
+    }
+    if let Some(f) = body.job_finished {
+        state.metrics.job_finished(&name, f.outcome);
+    }
+    Ok(Json(json!({ "pool": name, "lease": id, "reported": true })))
 }
 
 async fn unreserve(

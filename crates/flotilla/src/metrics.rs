@@ -34,6 +34,35 @@ pub struct Metrics {
     probe_seconds: HistogramVec,
     probe_failures: IntCounterVec,
     probes: IntCounterVec,
+    jobs_started: IntCounterVec,
+    jobs_finished: IntCounterVec,
+    job_prepare_seconds: HistogramVec,
+    image_pull_seconds: HistogramVec,
+}
+
+/// How a job's script ended, as its driver reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobOutcome {
+    /// Exit 0.
+    Success,
+    /// The script failed.
+    BuildFailure,
+    /// The infrastructure failed.
+    SystemFailure,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl JobOutcome {
+    fn name(self) -> &'static str {
+        match self {
+            JobOutcome::Success => "success",
+            JobOutcome::BuildFailure => "build-failure",
+            JobOutcome::SystemFailure => "system-failure",
+            JobOutcome::Cancelled => "cancelled",
+        }
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -202,8 +231,56 @@ impl Metrics {
                 "Readiness checks and idle pings (Docker /_ping) by outcome.",
                 &["pool", "plugin", "probe", "outcome"],
             )?,
+            jobs_started: counter(
+                &r,
+                "flotilla_jobs_started_total",
+                "CI jobs whose container started on a leased instance (reported by the driver).",
+                &["pool"],
+            )?,
+            jobs_finished: counter(
+                &r,
+                "flotilla_jobs_finished_total",
+                "CI jobs by how their main script ended (reported by the driver).",
+                &["pool", "outcome"],
+            )?,
+            job_prepare_seconds: histogram(
+                &r,
+                "flotilla_job_prepare_seconds",
+                "From a job's prepare to its container's start: waiting for an instance, pulls, services.",
+                &["pool"],
+                vec![
+                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+                ],
+            )?,
+            image_pull_seconds: histogram(
+                &r,
+                "flotilla_image_pull_seconds",
+                "Time spent pulling a job's images (0 when they were on the instance).",
+                &["pool"],
+                vec![
+                    0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                ],
+            )?,
             registry: r,
         })
+    }
+
+    /// A job's container started after `prepare` seconds, `pull` of them pulling images.
+    pub fn job_started(&self, pool: &str, prepare: f64, pull: f64) {
+        self.jobs_started.with_label_values(&[pool]).inc();
+        self.job_prepare_seconds
+            .with_label_values(&[pool])
+            .observe(prepare);
+        self.image_pull_seconds
+            .with_label_values(&[pool])
+            .observe(pull);
+    }
+
+    /// A job's main script ended.
+    pub fn job_finished(&self, pool: &str, outcome: JobOutcome) {
+        self.jobs_finished
+            .with_label_values(&[pool, outcome.name()])
+            .inc();
     }
 
     /// The text exposition format.

@@ -524,6 +524,19 @@ async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them
     assert_eq!(on.len(), 2, "both instances took jobs: {on:?}");
     fleet.assert_clean().await;
 
+    // The host counted what the driver reported.
+    let (_, metrics) = fleet.flotilla.request("GET", "/metrics", None, None).await;
+    let metrics = String::from_utf8_lossy(&metrics).into_owned();
+    for line in [
+        r#"flotilla_jobs_started_total{pool="ci"} 12"#,
+        r#"flotilla_jobs_finished_total{outcome="success",pool="ci"} 10"#,
+        r#"flotilla_jobs_finished_total{outcome="build-failure",pool="ci"} 1"#,
+        r#"flotilla_jobs_finished_total{outcome="cancelled",pool="ci"} 1"#,
+        r#"flotilla_image_pull_seconds_count{pool="ci"} 12"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+
     // A restart of flotilla between prepare and run: the job fails cleanly (its lease is
     // gone), and what it left on the instance is removed by the next job there.
     let job = fleet.job(300);

@@ -281,6 +281,17 @@ impl ApiClient {
             .map(|_| ())
     }
 
+    /// Reports on the job for the host's metrics (best effort: a failure is only logged).
+    pub async fn report(&self, id: u64, body: Value) {
+        let path = format!("{}/{id}/report", self.leases_path());
+        if let Err(e) = self
+            .call(http::Method::POST, &path, Some(body), self.timeout)
+            .await
+        {
+            tracing::warn!("cannot report to flotilla: {e}");
+        }
+    }
+
     /// The path under which the host serves the lease's Docker Engine API.
     pub fn docker_path(&self, lease: u64) -> String {
         format!("{}/{lease}/docker", self.leases_path())

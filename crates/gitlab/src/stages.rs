@@ -236,11 +236,16 @@ fn credentials(
     }))
 }
 
-/// Pulls `image` as the policy says.
-async fn pull(docker: &Docker, job: &Job, image: &str, policy: PullPolicy) -> Result<(), Outcome> {
+/// Pulls `image` as the policy says; the time spent pulling.
+async fn pull(
+    docker: &Docker,
+    job: &Job,
+    image: &str,
+    policy: PullPolicy,
+) -> Result<Duration, Outcome> {
     let present = docker.inspect_image(image).await.is_ok();
     match (policy, present) {
-        (PullPolicy::Never, true) | (PullPolicy::IfNotPresent, true) => return Ok(()),
+        (PullPolicy::Never, true) | (PullPolicy::IfNotPresent, true) => return Ok(Duration::ZERO),
         (PullPolicy::Never, false) => {
             return Err(system(format!(
                 "image {image} is not on the instance and the pull policy is never"
@@ -270,7 +275,7 @@ async fn pull(docker: &Docker, job: &Job, image: &str, policy: PullPolicy) -> Re
         "Pulled image {image} in {:.1} s",
         start.elapsed().as_secs_f64()
     ));
-    Ok(())
+    Ok(start.elapsed())
 }
 
 fn labels(job: &Job, pool: &str) -> HashMap<String, String> {
@@ -343,14 +348,15 @@ async fn prepare_inner(
         .clone()
         .or_else(|| settings.default_image.clone())
         .ok_or_else(|| system("the job names no image and the driver has no --default-image"))?;
+    let began = Instant::now();
     let (lease, _instance) = acquire(api, job, settings).await?;
     let docker = crate::docker::for_lease(api, lease, 120).map_err(system)?;
     remove_leftovers(api, &docker).await;
     // A retried prepare starts from a clean slate.
     remove_job_objects(&docker, job).await.map_err(system)?;
-    pull(&docker, job, &image, settings.pull_policy).await?;
+    let mut pulling = pull(&docker, job, &image, settings.pull_policy).await?;
     for service in &job.services {
-        pull(&docker, job, &service.name, settings.pull_policy).await?;
+        pulling += pull(&docker, job, &service.name, settings.pull_policy).await?;
     }
     let labels = labels(job, api.pool());
     docker
@@ -414,6 +420,11 @@ async fn prepare_inner(
         job.container(),
         start.elapsed().as_secs_f64()
     ));
+    let report = serde_json::json!({ "job_started": {
+        "prepare_seconds": began.elapsed().as_secs_f64(),
+        "pull_seconds": pulling.as_secs_f64(),
+    }});
+    api.report(lease, report).await;
     Ok(())
 }
 
@@ -481,9 +492,26 @@ pub async fn run(
     stage: &str,
     cancel: impl std::future::Future<Output = ()>,
 ) -> Outcome {
-    match run_inner(api, job, script, stage, cancel).await {
-        Ok(outcome) | Err(outcome) => outcome,
+    let (outcome, lease) = match run_inner(api, job, script, stage, cancel).await {
+        Ok(done) => done,
+        Err(outcome) => (outcome, None),
+    };
+    // The user's script decides the job; the runner's own stages only support it.
+    let main = stage == "build_script" || stage.starts_with("step_");
+    if let (true, Some(lease)) = (main, lease) {
+        let name = match &outcome {
+            Outcome::Success => "success",
+            Outcome::BuildFailure(_) => "build-failure",
+            Outcome::SystemFailure(why) if why.ends_with("was cancelled") => "cancelled",
+            Outcome::SystemFailure(_) => "system-failure",
+        };
+        api.report(
+            lease,
+            serde_json::json!({ "job_finished": { "outcome": name } }),
+        )
+        .await;
     }
+    outcome
 }
 
 async fn run_inner(
@@ -492,7 +520,7 @@ async fn run_inner(
     script: &std::path::Path,
     stage: &str,
     cancel: impl std::future::Future<Output = ()>,
-) -> Result<Outcome, Outcome> {
+) -> Result<(Outcome, Option<u64>), Outcome> {
     let text = std::fs::read(script).map_err(|e| {
         system(format!(
             "reading the {stage} script {}: {e}",
@@ -598,15 +626,18 @@ async fn run_inner(
         }
     }
     if cancelled {
-        return Ok(Outcome::SystemFailure(format!("{stage} was cancelled")));
+        return Ok((
+            Outcome::SystemFailure(format!("{stage} was cancelled")),
+            Some(lease),
+        ));
     }
     let inspect = docker
         .inspect_exec(&exec.id)
         .await
         .map_err(|e| system(format!("reading the {stage} script's exit code: {e}")))?;
     match inspect.exit_code {
-        Some(0) => Ok(Outcome::Success),
-        Some(code) => Ok(Outcome::BuildFailure(code)),
+        Some(0) => Ok((Outcome::Success, Some(lease))),
+        Some(code) => Ok((Outcome::BuildFailure(code), Some(lease))),
         None => Err(system(format!("the {stage} script has no exit code"))),
     }
 }

@@ -1,0 +1,56 @@
+//! Shared by the benchmarks that run against real machines: connector settings for a local
+//! dockerd, and a pool kept with one ready instance.
+#![allow(dead_code, clippy::expect_used)] // each bench uses a part; bench code
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_connector::ConnectorSettings;
+use flotilla_scaler::{
+    Clock, PoolCore, PoolHandle, PoolHealth, Readiness, ScalerConfig, SystemClock,
+};
+use flotilla_test_support::dockerd::Dockerd;
+use flotilla_test_support::machines::Machines;
+
+pub fn settings(docker: &Dockerd) -> ConnectorSettings {
+    ConnectorSettings {
+        username: None,
+        use_external_address: false,
+        ssh_key: None,
+        ready_command: Some("true".into()),
+        ready_timeout: Duration::from_secs(30),
+        connect_timeout: Duration::from_secs(30),
+        keepalive_interval: Duration::from_secs(15),
+        known_hosts: None,
+        docker_socket: Some(docker.socket().display().to_string()),
+        ping_interval: None,
+        docker_tls: None,
+    }
+}
+
+pub async fn ready_pool(provider: Arc<Machines>, readiness: Arc<dyn Readiness>) -> Arc<PoolHandle> {
+    let clock = Arc::new(SystemClock);
+    let config = ScalerConfig {
+        capacity_per_instance: 4,
+        max_instances: 1,
+        update_interval_ms: 60_000,
+        ..ScalerConfig::default()
+    };
+    // Keep the one instance: four idle slots wanted at all times.
+    let keep = flotilla_scaler::Policy::new(
+        vec!["* * * * *".to_string()],
+        "UTC",
+        4,
+        3_600_000,
+        0.0,
+        0,
+        false,
+    )
+    .expect("policy");
+    let core = PoolCore::new(config, vec![keep], clock.now());
+    let pool = PoolHandle::spawn("bench".into(), core, provider, clock, readiness, None);
+    while pool.snapshot().health != PoolHealth::Ready || pool.snapshot().slots.idle == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    pool
+}

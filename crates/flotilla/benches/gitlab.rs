@@ -1,0 +1,255 @@
+//! The GitLab driver's cost, against a real dockerd behind a real sshd machine and the host's
+//! real API: one container lifecycle (create, start, exec a trivial script, remove) with
+//! bollard straight on the engine's socket and through the lease's Docker handle (HTTP to the
+//! API, then the SSH channel), interleaved; and a job's `prepare` + first `run` on an idle,
+//! ready instance, up to the script's first output.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // bench code
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::{
+    CreateContainerOptions, CreateImageOptions, RemoveContainerOptions,
+};
+use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
+use criterion::{Criterion, criterion_group, criterion_main};
+use futures_util::StreamExt;
+use hyper_util::rt::TokioIo;
+
+use common::{ready_pool, settings};
+use flotilla::api::{AppState, router};
+use flotilla::metrics::Metrics;
+use flotilla_connector::{Connector, PoolKey};
+use flotilla_gitlab::{ApiClient, DriverSettings, Job, PullPolicy};
+use flotilla_test_support::dockerd::{Dockerd, busybox_rootfs_tar};
+use flotilla_test_support::machines::Machines;
+use flotilla_test_support::sshd::Sshd;
+
+const IMAGE: &str = "flotilla-bench/busybox:1";
+
+/// bollard on the engine's own unix socket: the baseline.
+fn direct(socket: std::path::PathBuf) -> Docker {
+    let transport = move |request: BollardRequest| {
+        let socket = socket.clone();
+        async move {
+            let (mut parts, body) = request.into_parts();
+            if let Some(path) = parts.uri.path_and_query().cloned() {
+                parts.uri = path.into();
+            }
+            parts
+                .headers
+                .insert(http::header::HOST, http::HeaderValue::from_static("docker"));
+            let stream = tokio::net::UnixStream::connect(&socket).await?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(async move {
+                let _ = connection.with_upgrades().await;
+            });
+            Ok::<_, bollard::errors::Error>(
+                sender
+                    .send_request(http::Request::from_parts(parts, body))
+                    .await?,
+            )
+        }
+    };
+    Docker::connect_with_custom_transport(
+        transport,
+        Some("http://docker"),
+        120,
+        API_DEFAULT_VERSION,
+    )
+    .expect("a client")
+}
+
+/// create, start, exec `true` (attached, to its end), remove.
+async fn lifecycle(docker: &Docker, n: u64) {
+    let name = format!("flotilla-bench-{n}");
+    let body = ContainerCreateBody {
+        image: Some(IMAGE.into()),
+        cmd: Some(vec!["sleep".into(), "60".into()]),
+        host_config: Some(bollard::models::HostConfig {
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(name.clone()),
+                ..Default::default()
+            }),
+            body,
+        )
+        .await
+        .expect("create");
+    docker
+        .start_container(
+            &name,
+            None::<bollard::query_parameters::StartContainerOptions>,
+        )
+        .await
+        .expect("start");
+    let exec = docker
+        .create_exec(
+            &name,
+            CreateExecOptions {
+                attach_stdout: Some(true),
+                cmd: Some(vec!["true"]),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("exec");
+    if let StartExecResults::Attached { mut output, .. } = docker
+        .start_exec(&exec.id, Some(StartExecOptions::default()))
+        .await
+        .expect("start exec")
+    {
+        while output.next().await.is_some() {}
+    }
+    docker
+        .remove_container(
+            &name,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("remove");
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let keys = tempfile::tempdir().expect("key dir");
+    let key = PoolKey::load_or_generate(keys.path(), "bench").expect("pool key");
+    let docker = Dockerd::start();
+    let sshd = Sshd::start(key.public_openssh());
+    let machines = Arc::new(Machines(BTreeMap::from([("m0".to_string(), sshd.port)])));
+    let connector = Arc::new(Connector::new(key.clone(), settings(&docker)));
+    let (api, engine) = rt.block_on(async {
+        let pool = ready_pool(machines, connector.clone()).await;
+        let state = Arc::new(AppState {
+            pools: BTreeMap::from([("ci".to_string(), pool)]),
+            connectors: BTreeMap::from([("ci".to_string(), connector)]),
+            failed: BTreeMap::new(),
+            token: None,
+            metrics: Metrics::new().expect("metrics"),
+            draining: AtomicBool::new(false),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        let engine = direct(docker.socket());
+        let tar = busybox_rootfs_tar();
+        let mut import = engine.create_image(
+            Some(CreateImageOptions {
+                from_src: Some("-".into()),
+                repo: Some("flotilla-bench/busybox".into()),
+                tag: Some("1".into()),
+                ..Default::default()
+            }),
+            Some(bollard::body_full(tar.into())),
+            None,
+        );
+        while let Some(step) = import.next().await {
+            step.expect("import");
+        }
+        let api = ApiClient::new(&format!("http://{addr}"), None, "ci").expect("client");
+        (api, engine)
+    });
+    let n = AtomicU64::new(0);
+    let mut group = c.benchmark_group("gitlab");
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(20));
+    // One lease held for the handle; the same lifecycle on both paths, alternating.
+    let lease = rt.block_on(async {
+        let l = api.reserve(&BTreeMap::new()).await.expect("reserve");
+        api.acquire(l.id, Duration::from_secs(30))
+            .await
+            .expect("acquire");
+        l.id
+    });
+    let handle = flotilla_gitlab::docker::for_lease(&api, lease, 120).expect("handle");
+    group.bench_function("lifecycle_direct", |b| {
+        b.to_async(&rt)
+            .iter(|| lifecycle(&engine, n.fetch_add(1, Ordering::Relaxed)))
+    });
+    group.bench_function("lifecycle_through_handle", |b| {
+        b.to_async(&rt)
+            .iter(|| lifecycle(&handle, n.fetch_add(1, Ordering::Relaxed)))
+    });
+    rt.block_on(api.release(lease, None)).expect("release");
+
+    // prepare + the first run stage of a job on an idle, ready instance; cleanup is outside
+    // the measurement.
+    let settings = DriverSettings {
+        builds_dir: "/builds".into(),
+        cache_dir: "/cache".into(),
+        default_image: None,
+        pull_policy: PullPolicy::IfNotPresent,
+        acquire_timeout: Duration::from_secs(60),
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let script = dir.path().join("build_script");
+    std::fs::write(&script, "echo first-byte\n").expect("script");
+    group.bench_function("prepare_to_first_output", |b| {
+        b.to_async(&rt).iter_custom(|iters| {
+            let api = api.clone();
+            let settings = settings.clone();
+            let script = script.clone();
+            let n = n.fetch_add(iters, Ordering::Relaxed);
+            async move {
+                let mut total = Duration::ZERO;
+                for i in 0..iters {
+                    let env = HashMap::from([
+                        (
+                            "CUSTOM_ENV_CI_JOB_ID".to_string(),
+                            (1_000_000 + n + i).to_string(),
+                        ),
+                        ("CUSTOM_ENV_CI_JOB_IMAGE".to_string(), IMAGE.to_string()),
+                    ]);
+                    let job = Job::from_env(&env.into_iter().collect()).expect("job");
+                    let start = Instant::now();
+                    let prepared = flotilla_gitlab::prepare(&api, &job, &settings).await;
+                    let ran = flotilla_gitlab::run(
+                        &api,
+                        &job,
+                        &script,
+                        "build_script",
+                        std::future::pending(),
+                    )
+                    .await;
+                    total += start.elapsed();
+                    assert_eq!(
+                        (prepared, ran),
+                        (
+                            flotilla_gitlab::Outcome::Success,
+                            flotilla_gitlab::Outcome::Success
+                        )
+                    );
+                    flotilla_gitlab::cleanup(&api, &job).await;
+                }
+                total
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
