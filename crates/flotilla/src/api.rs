@@ -83,6 +83,10 @@ pub enum ErrorCode {
     BadRequest,
     /// Another live lease already carries the label.
     LabelInUse,
+    /// The lease journal could not be written; nothing changed, retry.
+    StoreFailed,
+    /// The pool has no lease TTL, so there is nothing to renew.
+    NoTtl,
 }
 
 impl ErrorCode {
@@ -105,6 +109,8 @@ impl ErrorCode {
             ErrorCode::InstanceUnreachable => StatusCode::BAD_GATEWAY,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::LabelInUse => StatusCode::CONFLICT,
+            ErrorCode::StoreFailed => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::NoTtl => StatusCode::CONFLICT,
         }
     }
 }
@@ -141,6 +147,7 @@ impl From<LeaseError> for ApiError {
             LeaseError::ShuttingDown => ErrorCode::ShuttingDown,
             LeaseError::Stopped(_) => ErrorCode::PoolStopped,
             LeaseError::LabelInUse { .. } => ErrorCode::LabelInUse,
+            LeaseError::NotDurable(_) => ErrorCode::StoreFailed,
         };
         ApiError::new(code, e.to_string())
     }
@@ -161,6 +168,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/pools/{pool}/leases/{id}/acquire", post(acquire))
         .route("/v1/pools/{pool}/leases/{id}/release", post(release))
         .route("/v1/pools/{pool}/leases/{id}/report", post(report))
+        .route("/v1/pools/{pool}/leases/{id}/renew", post(renew))
         .route("/v1/pools/{pool}/leases/{id}/docker/{*path}", any(docker))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
@@ -496,6 +504,24 @@ async fn release(
         None => p.release(id)?,
     }
     Ok(Json(json!({ "pool": name, "lease": id, "released": true })))
+}
+
+/// Renews a lease's TTL (pools with `lease_ttl`): `{"expires_at": <ms since the epoch>}`.
+async fn renew(
+    State(state): State<Shared>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let p = pool(&state, &name)?;
+    let id = lease_id(&id)?;
+    match p.renew(id)? {
+        Some(until) => Ok(Json(
+            json!({ "pool": name, "lease": id, "expires_at": until }),
+        )),
+        None => Err(ApiError::new(
+            ErrorCode::NoTtl,
+            format!("pool {name} has no lease_ttl; leases need no renewal"),
+        )),
+    }
 }
 
 /// What a lease holder reports about the job on it, for metrics.

@@ -17,7 +17,10 @@ use flotilla_oci::{AuthStore, Registry, Store};
 use flotilla_plugin_runtime::loader::load_plugin;
 use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
 use flotilla_provider::Provider;
-use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, Readiness, SystemClock};
+use flotilla_scaler::{
+    AlwaysReady, Clock, LeaseJournal, PoolCore, PoolHandle, Readiness, SystemClock,
+};
+use flotilla_store::Store as LeaseStore;
 
 struct Started {
     handle: Arc<PoolHandle>,
@@ -68,6 +71,8 @@ async fn start_pool(
     metrics: &Metrics,
     pool: &config::Pool,
     state_dir: Option<&Path>,
+    store: Option<&Arc<LeaseStore>>,
+    first_lease_id: u64,
 ) -> anyhow::Result<Started> {
     let plugin = load_plugin(runtime, registry, &pool.name, &pool.plugin)
         .await
@@ -85,18 +90,31 @@ async fn start_pool(
     let clock = Arc::new(SystemClock);
     let mut core = PoolCore::new(pool.scaler.clone(), pool.policies.clone(), clock.now());
     core.set_provider_info(&info);
+    core.set_first_lease_id(first_lease_id);
+    let journal = match store {
+        Some(store) => {
+            let restored = store.load(&pool.name)?;
+            if !restored.leases.is_empty() {
+                tracing::info!(pool = %pool.name, leases = restored.leases.len(), "leases restored from the journal; acquired ones are bound again at the first update");
+            }
+            core.restore(clock.now(), restored.leases, restored.uses);
+            Some(Arc::new(store.journal(&pool.name)) as Arc<dyn LeaseJournal>)
+        }
+        None => None,
+    };
     let pool_metrics = metrics.pool(&pool.name, &plugin.sha256[..12]);
     let readiness: Arc<dyn Readiness> = match &connector {
         Some(c) => c.clone(),
         None => Arc::new(AlwaysReady),
     };
-    let handle = PoolHandle::spawn(
+    let handle = PoolHandle::spawn_journaled(
         pool.name.clone(),
         core,
         provider,
         clock,
         readiness,
         Some(Arc::new(pool_metrics.clone())),
+        journal,
     );
     Ok(Started {
         handle,
@@ -147,6 +165,16 @@ async fn build(config_path: &Path) -> anyhow::Result<Built> {
         .iter()
         .any(|p| matches!(p.plugin, PluginSource::Oci { .. }));
     let registry = needs_registry.then(|| registry_for(&cfg)).transpose()?;
+    let store = open_store(cfg.state_dir.as_deref())?;
+    // Lease ids never repeat across restarts: above every stored id, and above an epoch-derived
+    // base for runs without a store.
+    let first_lease_id = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64 * 1024)
+        .max(match &store {
+            Some(s) => s.max_lease_id()?.saturating_add(1),
+            None => 1,
+        });
     let mut started = BTreeMap::new();
     let mut failed = BTreeMap::new();
     for pool in &cfg.pools {
@@ -156,6 +184,8 @@ async fn build(config_path: &Path) -> anyhow::Result<Built> {
             &metrics,
             pool,
             cfg.state_dir.as_deref(),
+            store.as_ref(),
+            first_lease_id,
         )
         .await
         {
@@ -188,6 +218,21 @@ async fn build(config_path: &Path) -> anyhow::Result<Built> {
         started,
         state,
     })
+}
+
+/// The lease journal, `<state_dir>/leases.redb`; without a state directory leases live in
+/// memory only (and a warning says so).
+fn open_store(state_dir: Option<&Path>) -> anyhow::Result<Option<Arc<LeaseStore>>> {
+    let Some(dir) = state_dir else {
+        tracing::warn!("no state directory: leases are not kept across restarts");
+        return Ok(None);
+    };
+    flotilla_net::fs::create_private_dir(dir)
+        .with_context(|| format!("state directory {}", dir.display()))?;
+    let store = LeaseStore::open(&dir.join("leases.redb")).context(
+        "the lease journal cannot be opened (is another flotilla using this state_dir?)",
+    )?;
+    Ok(Some(Arc::new(store)))
 }
 
 /// The API token; required unless the API listens on loopback only.

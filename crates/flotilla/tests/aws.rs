@@ -365,6 +365,7 @@ idle_time = "3s"
         .arg(&config)
         .env("FLOTILLA_TEST_AWS_SECRET", &secret)
         .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("XDG_DATA_HOME", dir.join("data"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

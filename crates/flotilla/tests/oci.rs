@@ -83,6 +83,7 @@ impl User {
             .env("FLOTILLA_CONFIG_HOME", self.dir.path().join("config"))
             .env("DOCKER_CONFIG", self.dir.path().join("docker"))
             .env("XDG_CACHE_HOME", self.dir.path().join("xdg"))
+            .env("XDG_DATA_HOME", self.dir.path().join("xdg-data"))
             .env("COSIGN_PASSWORD", PASSWORD)
             .current_dir(self.dir.path())
             .stdin(Stdio::piped())
@@ -792,6 +793,7 @@ hosts = [{{ address = "127.0.0.1" }}]
         .env("FLOTILLA_LOG", "info")
         .env("FLOTILLA_CONFIG_HOME", user.dir.path().join("config"))
         .env("DOCKER_CONFIG", user.dir.path().join("docker"))
+        .env("XDG_DATA_HOME", user.dir.path().join("data"))
         .stdout(Stdio::null())
         .stderr(
             std::fs::File::create(&log)

@@ -84,6 +84,7 @@ impl Server {
             .arg(&config)
             .env("FLOTILLA_LOG", "info")
             .env("XDG_CACHE_HOME", dir.join("cache"))
+            .env("XDG_DATA_HOME", dir.join("data"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

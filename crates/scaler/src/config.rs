@@ -81,6 +81,10 @@ pub struct KnobsConfig {
     pub failure_threshold: u32,
     /// Boot time during which failed readiness checks are retried but not counted.
     pub instance_ready_grace: Duration,
+    /// Leases must be renewed within this; `None`: no TTL.
+    pub lease_ttl: Option<Duration>,
+    /// Acquired leases older than this are failed; `None`: no limit.
+    pub max_job_duration: Option<Duration>,
     /// Token bucket on instance creation.
     pub scale_throttle: Option<ThrottleConfig>,
 }
@@ -105,6 +109,18 @@ impl Validate for KnobsConfig {
                 ("deletion_retry_interval", self.deletion_retry_interval),
             ],
         );
+        for (key, value) in [
+            ("lease_ttl", self.lease_ttl),
+            ("max_job_duration", self.max_job_duration),
+        ] {
+            if value.is_some_and(|d| d.is_zero()) {
+                problems.add(
+                    &at.key(key),
+                    "must be greater than zero; leave it out for no limit",
+                );
+                ok = false;
+            }
+        }
         let (throttle_limit, throttle_burst) = match self.scale_throttle {
             None => (0.0, 1),
             Some(t) => {
@@ -133,6 +149,8 @@ impl Validate for KnobsConfig {
             instance_acquire_timeout_ms: millis(self.instance_acquire_timeout),
             update_interval_ms: millis(self.update_interval),
             instance_ready_grace_ms: millis(self.instance_ready_grace),
+            lease_ttl_ms: self.lease_ttl.map(millis),
+            max_job_duration_ms: self.max_job_duration.map(millis),
         })
     }
 }
@@ -219,6 +237,8 @@ mod tests {
             deletion_retry_interval: Duration::from_secs(60),
             failure_threshold: 3,
             instance_ready_grace: Duration::from_secs(300),
+            lease_ttl: None,
+            max_job_duration: None,
             scale_throttle: None,
         }
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::core::{Action, Binding, LeaseError, PoolCore, PoolSnapshot};
+use super::core::{Action, Binding, Lease, LeaseError, LeaseState, PoolCore, PoolSnapshot};
 use super::{Millis, Policy};
 use flotilla_provider::{Function, Provider};
 
@@ -85,6 +85,25 @@ impl Readiness for AlwaysReady {
     }
 }
 
+/// Where a pool's leases are written so they survive a restart. Every write must be durable
+/// when it returns: the API answers only after it.
+pub trait LeaseJournal: Send + Sync {
+    /// Stores a lease as it is now, with its instance's new use count when it was acquired.
+    fn save(&self, lease: &Lease, uses: Option<(&str, u32)>) -> Result<(), String>;
+    /// Forgets a lease (released or unreserved).
+    fn remove(&self, id: u64) -> Result<(), String>;
+    /// Forgets an instance that is gone (its use count).
+    fn forget_instance(&self, instance: &str) -> Result<(), String>;
+}
+
+/// The check before a release: only an acquired (or failed) lease can be released.
+fn releasable(id: u64) -> impl Fn(&LeaseState) -> Result<(), LeaseError> {
+    move |state| match state {
+        LeaseState::Reserved => Err(LeaseError::NotAcquired(id)),
+        _ => Ok(()),
+    }
+}
+
 /// Why `acquire` gave up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AcquireError {
@@ -105,6 +124,7 @@ pub struct PoolHandle {
     clock: Arc<dyn Clock>,
     readiness: Arc<dyn Readiness>,
     observer: Option<Arc<dyn PoolObserver>>,
+    journal: Option<Arc<dyn LeaseJournal>>,
     wake: Notify,
     changed: Notify,
     stop: Notify,
@@ -128,6 +148,20 @@ impl PoolHandle {
         readiness: Arc<dyn Readiness>,
         observer: Option<Arc<dyn PoolObserver>>,
     ) -> Arc<PoolHandle> {
+        PoolHandle::spawn_journaled(name, core, provider, clock, readiness, observer, None)
+    }
+
+    /// Like [`PoolHandle::spawn`], writing every lease change to `journal` before it is
+    /// acknowledged.
+    pub fn spawn_journaled(
+        name: String,
+        core: PoolCore,
+        provider: Arc<dyn Provider>,
+        clock: Arc<dyn Clock>,
+        readiness: Arc<dyn Readiness>,
+        observer: Option<Arc<dyn PoolObserver>>,
+        journal: Option<Arc<dyn LeaseJournal>>,
+    ) -> Arc<PoolHandle> {
         let mut core = core;
         let ping_ms = readiness.ping_interval().map(|d| d.as_millis() as Millis);
         core.set_ping_interval(ping_ms);
@@ -138,6 +172,7 @@ impl PoolHandle {
             clock,
             readiness,
             observer,
+            journal,
             wake: Notify::new(),
             changed: Notify::new(),
             stop: Notify::new(),
@@ -264,6 +299,11 @@ impl PoolHandle {
             drop(core);
             for id in &forgotten {
                 self.readiness.forget(id);
+                if let Some(j) = &self.journal
+                    && let Err(e) = j.forget_instance(id)
+                {
+                    tracing::warn!(pool = %self.name, instance = %id, "lease journal: {e}");
+                }
             }
             core = self.core();
         }
@@ -277,9 +317,34 @@ impl PoolHandle {
 
     /// Promises a slot; wakes the driver so capacity follows demand at once.
     pub fn reserve(&self) -> Result<u64, LeaseError> {
-        let r = self.core().reserve(self.clock.now());
-        self.kick();
-        r
+        self.reserve_labelled(std::collections::BTreeMap::new())
+    }
+
+    /// Writes a lease to the journal; `Err` when that failed.
+    fn journal_save(&self, lease: Option<Lease>, uses: Option<(&str, u32)>) -> Result<(), String> {
+        match (&self.journal, lease) {
+            (Some(j), Some(lease)) => j.save(&lease, uses),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes a lease from the journal before it is removed from memory, when `allowed`
+    /// says the removal will succeed.
+    fn journal_remove(
+        &self,
+        core: &PoolCore,
+        id: u64,
+        allowed: impl Fn(&LeaseState) -> Result<(), LeaseError>,
+    ) -> Result<(), LeaseError> {
+        let state = core
+            .lease(id)
+            .map(|l| l.state.clone())
+            .ok_or(LeaseError::UnknownLease(id))?;
+        allowed(&state)?;
+        match &self.journal {
+            Some(j) => j.remove(id).map_err(LeaseError::NotDurable),
+            None => Ok(()),
+        }
     }
 
     /// Promises a slot tagged with `labels` (each pair held by one live lease at most).
@@ -287,15 +352,25 @@ impl PoolHandle {
         &self,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<u64, LeaseError> {
-        let r = self.core().reserve_labelled(self.clock.now(), labels);
+        let mut core = self.core();
+        let id = core.reserve_labelled(self.clock.now(), labels)?;
+        if let Err(e) = self.journal_save(core.lease(id).cloned(), None) {
+            // Not durable, so not granted.
+            let _ = core.unreserve(id);
+            return Err(LeaseError::NotDurable(e));
+        }
+        drop(core);
         self.kick();
-        r
+        Ok(id)
     }
 
     /// Frees a slot whose instance the lease holder found broken: the instance is failed and
     /// replaced.
     pub fn release_broken(&self, id: u64, cause: &str) -> Result<(), LeaseError> {
-        let r = self.core().release_broken(self.clock.now(), id, cause);
+        let mut core = self.core();
+        self.journal_remove(&core, id, releasable(id))?;
+        let r = core.release_broken(self.clock.now(), id, cause);
+        drop(core);
         self.kick();
         r
     }
@@ -309,7 +384,24 @@ impl PoolHandle {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if let Some(binding) = self.core().acquire(self.clock.now(), id)? {
+            let bound = {
+                let mut core = self.core();
+                let now = self.clock.now();
+                match core.acquire(now, id)? {
+                    Some(binding) => {
+                        let uses = core.uses_of(&binding.instance).unwrap_or(0);
+                        let saved = self
+                            .journal_save(core.lease(id).cloned(), Some((&binding.instance, uses)));
+                        if let Err(e) = saved {
+                            core.unacquire(now, id);
+                            return Err(LeaseError::NotDurable(e).into());
+                        }
+                        Some(binding)
+                    }
+                    None => None,
+                }
+            };
+            if let Some(binding) = bound {
                 if let Some(m) = &self.observer {
                     m.lease_wait(start.elapsed());
                 }
@@ -324,16 +416,36 @@ impl PoolHandle {
 
     /// Frees a slot.
     pub fn release(&self, id: u64) -> Result<(), LeaseError> {
-        let r = self.core().release(self.clock.now(), id);
+        let mut core = self.core();
+        self.journal_remove(&core, id, releasable(id))?;
+        let r = core.release(self.clock.now(), id);
+        drop(core);
         self.kick();
         r
     }
 
     /// Drops a reservation.
     pub fn unreserve(&self, id: u64) -> Result<(), LeaseError> {
-        let r = self.core().unreserve(id);
+        let mut core = self.core();
+        self.journal_remove(&core, id, |state| match state {
+            LeaseState::Acquired { .. } => Err(LeaseError::Acquired(id)),
+            _ => Ok(()),
+        })?;
+        let r = core.unreserve(id);
+        drop(core);
         self.kick();
         r
+    }
+
+    /// Renews a lease's TTL; when it now expires.
+    pub fn renew(&self, id: u64) -> Result<Option<Millis>, LeaseError> {
+        let mut core = self.core();
+        match core.lease(id).map(|l| l.state.clone()) {
+            None => return Err(LeaseError::UnknownLease(id)),
+            Some(LeaseState::Failed { cause }) => return Err(LeaseError::Failed { id, cause }),
+            Some(_) => {}
+        }
+        Ok(core.renew(self.clock.now(), id))
     }
 
     /// Runs `f` on the state machine (read-mostly queries).

@@ -14,7 +14,7 @@ pub mod sim;
 pub use self::core::{
     Action, Binding, InstState, Lease, LeaseError, LeaseState, PoolCore, PoolHealth, PoolSnapshot,
 };
-pub use driver::{AlwaysReady, Clock, NotReady, PoolHandle, Readiness, SystemClock};
+pub use driver::{AlwaysReady, Clock, LeaseJournal, NotReady, PoolHandle, Readiness, SystemClock};
 pub use observer::{PoolObserver, Probe};
 pub use policy::Policy;
 
@@ -46,6 +46,10 @@ pub struct ScalerConfig {
     /// checks within it are retried with backoff but not counted toward `failure_threshold`
     /// (a booting machine refuses SSH for a while).
     pub instance_ready_grace_ms: Millis,
+    /// Leases must be renewed within this (`None`: no TTL).
+    pub lease_ttl_ms: Option<Millis>,
+    /// An acquired lease older than this is failed and reported (`None`: no limit).
+    pub max_job_duration_ms: Option<Millis>,
 }
 
 impl Default for ScalerConfig {
@@ -61,6 +65,8 @@ impl Default for ScalerConfig {
             instance_acquire_timeout_ms: 120_000,
             update_interval_ms: 60_000,
             instance_ready_grace_ms: 300_000,
+            lease_ttl_ms: None,
+            max_job_duration_ms: None,
         }
     }
 }

@@ -101,6 +101,10 @@ async fn handle(
                 .iter()
                 .map(|(id, st)| json!({"id": id, "state": st}))
                 .collect();
+            // A pending instance has booted by the next listing.
+            for (_, st) in s.instances.iter_mut().filter(|(_, st)| st == "pending") {
+                *st = "running".to_string();
+            }
             reply(StatusCode::OK, json!({"instances": list}))
         }
         ("GET", ["v1", "groups", "ci", "instances", id]) => {

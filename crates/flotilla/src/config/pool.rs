@@ -61,6 +61,12 @@ pub struct PoolConfig {
     /// Boot time during which failed readiness checks are retried but not counted.
     #[serde(default = "five_minutes", with = "humantime_serde")]
     pub instance_ready_grace: Duration,
+    /// Leases must be renewed within this (`POST .../renew`); absent: no TTL.
+    #[serde(default, with = "humantime_serde")]
+    pub lease_ttl: Option<Duration>,
+    /// An acquired lease older than this is failed and reported; absent: no limit.
+    #[serde(default, with = "humantime_serde")]
+    pub max_job_duration: Option<Duration>,
     /// Delete the pool's instances after draining on shutdown.
     #[serde(default)]
     pub delete_instances_on_shutdown: bool,
@@ -169,6 +175,8 @@ impl PoolConfig {
             deletion_retry_interval: self.deletion_retry_interval,
             failure_threshold: self.failure_threshold,
             instance_ready_grace: self.instance_ready_grace,
+            lease_ttl: self.lease_ttl,
+            max_job_duration: self.max_job_duration,
             scale_throttle: self.scale_throttle,
         }
     }

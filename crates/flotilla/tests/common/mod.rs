@@ -63,6 +63,7 @@ impl Flotilla {
             .arg(dir.path().join("flotilla.toml"))
             .env("FLOTILLA_LOG", "info")
             .env("XDG_CACHE_HOME", dir.path().join("cache"))
+            .env("XDG_DATA_HOME", dir.path().join("data"))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

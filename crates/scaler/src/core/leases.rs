@@ -24,8 +24,7 @@ impl PoolCore {
 
     /// The live lease carrying the label `key=value`, if any.
     pub fn lease_by_label(&self, key: &str, value: &str) -> Option<&Lease> {
-        self.leases
-            .values()
+        self.leases()
             .find(|l| l.labels.get(key).is_some_and(|v| v == value))
     }
 
@@ -51,7 +50,7 @@ impl PoolCore {
         if let PoolHealth::Stopped(reason) = &self.health {
             return Err(LeaseError::Stopped(reason.clone()));
         }
-        if self.reserved + self.acquired >= self.max_slots() {
+        if self.reserved + self.acquired + self.restoring.len() as u32 >= self.max_slots() {
             return Err(LeaseError::AtCapacity(self.max_slots()));
         }
         if self.policy(now).preemptive_mode && self.free_ready_slots() <= self.reserved {
@@ -67,6 +66,7 @@ impl PoolCore {
                 reserved_at: now,
                 acquired_at: None,
                 labels,
+                expires_at: self.cfg.lease_ttl_ms.map(|ttl| now.saturating_add(ttl)),
             },
         );
         self.reserved += 1;
@@ -127,6 +127,9 @@ impl PoolCore {
 
     /// Drops a reservation that got no job.
     pub fn unreserve(&mut self, id: u64) -> Result<(), LeaseError> {
+        if self.restoring.contains_key(&id) {
+            return Err(LeaseError::Acquired(id));
+        }
         match self.leases.get(&id).map(|l| l.state.clone()) {
             None => Err(LeaseError::UnknownLease(id)),
             Some(LeaseState::Acquired { .. }) => Err(LeaseError::Acquired(id)),
@@ -144,6 +147,10 @@ impl PoolCore {
 
     /// Frees an acquired slot (a failed lease is acknowledged and forgotten).
     pub fn release(&mut self, now: Millis, id: u64) -> Result<(), LeaseError> {
+        if self.restoring.remove(&id).is_some() {
+            // Restored, not yet bound again (the first update has not come back).
+            return Ok(());
+        }
         let state = match self.leases.get(&id) {
             None => return Err(LeaseError::UnknownLease(id)),
             Some(l) => l.state.clone(),
@@ -188,14 +195,51 @@ impl PoolCore {
         Ok(())
     }
 
+    /// Jobs an instance has taken (for the journal).
+    pub fn uses_of(&self, instance: &str) -> Option<u32> {
+        let key = self.by_id.get(instance)?;
+        self.insts.get(key).map(|i| i.uses)
+    }
+
+    /// Undoes an acquire whose journal write failed: the lease is reserved again and its slot
+    /// and use are given back.
+    pub fn unacquire(&mut self, now: Millis, id: u64) {
+        let Some(LeaseState::Acquired { instance, slot }) =
+            self.leases.get(&id).map(|l| l.state.clone())
+        else {
+            return;
+        };
+        if let Some(&key) = self.by_id.get(&instance) {
+            self.with_inst(key, |inst| {
+                if let Some(cell) = inst.slots.get_mut(slot as usize) {
+                    *cell = None;
+                }
+                inst.used = inst.used.saturating_sub(1);
+                inst.uses = inst.uses.saturating_sub(1);
+                if inst.used == 0 {
+                    inst.idle_since = Some(now);
+                }
+                if inst.state == InstState::Draining && inst.used == 0 {
+                    inst.state = InstState::Ready;
+                }
+            });
+        }
+        if let Some(lease) = self.leases.get_mut(&id) {
+            lease.state = LeaseState::Reserved;
+            lease.acquired_at = None;
+        }
+        self.acquired -= 1;
+        self.reserved += 1;
+    }
+
     /// A lease by id.
     pub fn lease(&self, id: u64) -> Option<&Lease> {
-        self.leases.get(&id)
+        self.leases.get(&id).or_else(|| self.restoring.get(&id))
     }
 
     /// Every lease.
     pub fn leases(&self) -> impl Iterator<Item = &Lease> {
-        self.leases.values()
+        self.leases.values().chain(self.restoring.values())
     }
 
     /// Connection lookups need the instance id of an acquired lease.

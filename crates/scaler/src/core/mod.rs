@@ -13,6 +13,7 @@ mod index;
 mod leases;
 mod observe;
 mod plan;
+mod restore;
 mod snapshot;
 mod types;
 
@@ -22,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use self::index::{Index, Indexed, Inst, PolicyCache};
 pub use self::types::{
     Action, Binding, Counters, InstState, InstanceView, Lease, LeaseError, LeaseState, PoolHealth,
-    PoolSnapshot, SlotCounts,
+    PoolSnapshot, RestartView, SlotCounts,
 };
 use super::policy::{self, Policy};
 use super::{Millis, ScalerConfig};
@@ -124,6 +125,10 @@ pub struct PoolCore {
     /// The active policy and the span it holds for.
     active_policy: Cell<PolicyCache>,
     leases: HashMap<u64, Lease>,
+    /// Acquired leases restored from the journal, bound again at the first update.
+    restoring: HashMap<u64, Lease>,
+    /// Use counts restored from the journal, applied when their instance is adopted.
+    restored_uses: HashMap<String, u32>,
     next_lease: u64,
     reserved: u32,
     acquired: u32,
@@ -141,6 +146,10 @@ pub struct PoolCore {
     last_error: Option<String>,
     /// Adopting, running or shutting down.
     phase: Phase,
+    /// When the pool was created.
+    started_at: Millis,
+    /// Instances found at the first update, and when it came back.
+    adopted: Option<(u32, Millis)>,
     /// Metrics counters.
     pub counters: Counters,
 }
@@ -166,6 +175,8 @@ impl PoolCore {
             index: Index::default(),
             active_policy: Cell::new(PolicyCache(None)),
             leases: HashMap::new(),
+            restoring: HashMap::new(),
+            restored_uses: HashMap::new(),
             next_lease: 1,
             reserved: 0,
             acquired: 0,
@@ -180,6 +191,8 @@ impl PoolCore {
             health: PoolHealth::Starting,
             last_error: None,
             phase: Phase::Adopting,
+            started_at: now,
+            adopted: None,
             counters: Counters::default(),
         }
     }

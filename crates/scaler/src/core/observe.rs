@@ -71,6 +71,10 @@ impl PoolCore {
         for key in vanished {
             self.mark_gone(now, key, "the instance vanished", true);
         }
+        if !self.phase.adopted() {
+            self.rebind_restored(now);
+            self.adopted = Some((self.insts.len() as u32, now));
+        }
         self.phase = self.phase.after_update();
         self.provider_ok();
     }
@@ -90,7 +94,8 @@ impl PoolCore {
         self.pending.pop_front();
         let key = self.next_key;
         self.next_key += 1;
-        let inst = Inst::new(reported.id.clone(), now, self.capacity());
+        let mut inst = Inst::new(reported.id.clone(), now, self.capacity());
+        inst.uses = self.restored_uses.remove(&reported.id).unwrap_or(0);
         self.add_inst(key, inst);
         Some(key)
     }

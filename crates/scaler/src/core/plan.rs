@@ -66,6 +66,9 @@ impl PoolCore {
         if let Some(&(t, _)) = self.index.delete_requested.range((retry_from, 0)..).next() {
             next = next.min(t + retry);
         }
+        if let Some(deadline) = self.next_lease_deadline() {
+            next = next.min(deadline);
+        }
         let retry = self
             .index
             .in_state(InstState::Running)
@@ -104,6 +107,9 @@ impl PoolCore {
         }
         self.pending
             .retain(|t| now.saturating_sub(*t) < PENDING_EXPIRY_MS);
+        if self.next_lease_deadline().is_some_and(|d| now >= d) {
+            self.expire_leases(now);
+        }
         self.plan_update(now, &mut actions);
         if self.phase != Phase::Running {
             // Adopt before deciding: the first update says what already exists. While shutting

@@ -6,7 +6,8 @@ use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 use super::{
-    Index, Indexed, InstState, InstanceView, LeaseState, PoolCore, PoolSnapshot, SlotCounts,
+    Index, Indexed, InstState, InstanceView, LeaseState, PoolCore, PoolSnapshot, RestartView,
+    SlotCounts,
 };
 use crate::Millis;
 
@@ -76,6 +77,13 @@ impl PoolCore {
             pending: self.pending.len() as u32,
             max_instances: self.max_instances(),
             last_error: self.last_error.clone(),
+            restart: RestartView {
+                leases_restored: self.counters.leases_restored,
+                leases_lost: self.counters.leases_lost,
+                leases_expired: self.counters.leases_expired,
+                instances_adopted: self.adopted.map_or(0, |(n, _)| n),
+                adopted_after_ms: self.adopted.map(|(_, t)| t.saturating_sub(self.started_at)),
+            },
         }
     }
 

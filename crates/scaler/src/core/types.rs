@@ -51,7 +51,7 @@ impl InstState {
 }
 
 /// A lease's current state, as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(tag = "state", rename_all = "kebab-case")]
 pub enum LeaseState {
     /// A slot is promised; no instance bound yet.
@@ -71,7 +71,7 @@ pub enum LeaseState {
 }
 
 /// One lease.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Lease {
     /// Its id.
     pub id: u64,
@@ -82,8 +82,11 @@ pub struct Lease {
     /// When it was acquired.
     pub acquired_at: Option<Millis>,
     /// The client's labels (e.g. the CI job it serves); each pair is held by one lease at most.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// With a lease TTL: when the lease fails unless renewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Millis>,
 }
 
 /// Why a lease operation was refused.
@@ -121,6 +124,9 @@ pub enum LeaseError {
     /// The pool stopped (bad config or credentials).
     #[error("pool is stopped: {0}")]
     Stopped(String),
+    /// The lease could not be written to the journal; nothing changed.
+    #[error("the lease journal failed, nothing was changed: {0}")]
+    NotDurable(String),
     /// Another live lease already carries this label.
     #[error("label {key}={value} is already on lease {lease}")]
     LabelInUse {
@@ -192,6 +198,13 @@ pub struct Counters {
     /// it keeps for them (sessions, pinned host keys).
     #[serde(skip)]
     pub forgotten: Vec<String>,
+    /// Leases restored from the journal at start and bound again (or still reserved).
+    pub leases_restored: u64,
+    /// Restored leases whose instance was gone after the restart (failed with that cause).
+    pub leases_lost: u64,
+    /// Leases failed because they were not renewed within the TTL or ran past the maximum
+    /// job duration.
+    pub leases_expired: u64,
 }
 
 /// Slot counts by state.
@@ -224,6 +237,23 @@ pub struct PoolSnapshot {
     pub max_instances: u32,
     /// The last provider error.
     pub last_error: Option<String>,
+    /// What the last start restored and how long the pool took to adopt its instances.
+    pub restart: RestartView,
+}
+
+/// A pool's start as `/v1/pools` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RestartView {
+    /// Leases read back from the journal.
+    pub leases_restored: u64,
+    /// Restored leases whose instance was gone.
+    pub leases_lost: u64,
+    /// Leases failed by TTL or maximum job duration since the start.
+    pub leases_expired: u64,
+    /// Instances found at the first update.
+    pub instances_adopted: u32,
+    /// From the pool's start to its first update (ms); `None` until then.
+    pub adopted_after_ms: Option<Millis>,
 }
 
 /// One instance as `GET /v1/pools/{pool}/instances` shows it.

@@ -1,0 +1,287 @@
+//! Durable leases: `flotilla run` is killed with SIGKILL at random points of lease traffic and
+//! started again on the same state directory, 20 times. After each restart every lease the API
+//! acknowledged is there in the state it was acknowledged in (an operation in flight at the
+//! kill may have happened or not), released leases are gone, and new lease ids never repeat an
+//! old one.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use common::{Flotilla, TOKEN, free_port};
+use flotilla_test_artifacts as guests;
+use flotilla_test_support::example_cloud::ExampleCloud;
+
+/// What the client last saw acknowledged for a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Acked {
+    Reserved,
+    Acquired(String),
+    Gone,
+}
+
+/// The client's record: acknowledged states, and the lease an operation was in flight on.
+#[derive(Debug, Default)]
+struct Book {
+    acked: BTreeMap<u64, Acked>,
+    in_flight: Option<u64>,
+    reserving: bool,
+}
+
+/// A small xorshift, so each run's traffic differs but the test needs no crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+async fn call(
+    client: &reqwest::Client,
+    base: &str,
+    method: reqwest::Method,
+    path: &str,
+) -> Option<(u16, Value)> {
+    let r = client
+        .request(method, format!("{base}{path}"))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .ok()?;
+    let status = r.status().as_u16();
+    let body = r.bytes().await.ok()?;
+    Some((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+}
+
+/// Lease traffic until the server dies: reserve, acquire, release and unreserve at random.
+async fn traffic(base: String, book: Arc<Mutex<Book>>, seed: u64) {
+    let client = reqwest::Client::new();
+    let mut rng = Rng(seed | 1);
+    let pools = "/v1/pools/local/leases";
+    loop {
+        let live: Vec<(u64, Acked)> = book
+            .lock()
+            .expect("book")
+            .acked
+            .iter()
+            .filter(|(_, a)| **a != Acked::Gone)
+            .map(|(id, a)| (*id, a.clone()))
+            .collect();
+        let pick = live.get((rng.next() as usize) % live.len().max(1)).cloned();
+        let op = rng.next() % 4;
+        match (op, pick) {
+            (0, _) | (_, None) => {
+                book.lock().expect("book").reserving = true;
+                let Some((code, body)) = call(&client, &base, reqwest::Method::POST, pools).await
+                else {
+                    return;
+                };
+                let mut b = book.lock().expect("book");
+                b.reserving = false;
+                if code == 201 {
+                    let id = body["lease"]["id"].as_u64().expect("id");
+                    b.acked.insert(id, Acked::Reserved);
+                }
+            }
+            (_, Some((id, Acked::Reserved))) => {
+                book.lock().expect("book").in_flight = Some(id);
+                let path = if op == 1 {
+                    format!("{pools}/{id}")
+                } else {
+                    format!("{pools}/{id}/acquire")
+                };
+                let method = if op == 1 {
+                    reqwest::Method::DELETE
+                } else {
+                    reqwest::Method::POST
+                };
+                let Some((code, body)) = call(&client, &base, method, &path).await else {
+                    return;
+                };
+                let mut b = book.lock().expect("book");
+                b.in_flight = None;
+                if code == 200 {
+                    let state = if op == 1 {
+                        Acked::Gone
+                    } else {
+                        Acked::Acquired(body["instance"].as_str().expect("instance").to_string())
+                    };
+                    b.acked.insert(id, state);
+                }
+            }
+            (_, Some((id, _))) => {
+                book.lock().expect("book").in_flight = Some(id);
+                let path = format!("{pools}/{id}/release");
+                let Some((code, _)) = call(&client, &base, reqwest::Method::POST, &path).await
+                else {
+                    return;
+                };
+                let mut b = book.lock().expect("book");
+                b.in_flight = None;
+                if code == 200 {
+                    b.acked.insert(id, Acked::Gone);
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_leases_survive_kill_9_at_random_points() {
+    // The cloud lives in this process, so its instances outlive every flotilla process.
+    let cloud = ExampleCloud::start(4).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let config = format!(
+        r#"state_dir = "state"
+
+[server]
+listen = "127.0.0.1:{port}"
+token = {{ value = "{TOKEN}" }}
+
+[[pool]]
+name = "local"
+plugin = "{plugin}"
+capacity_per_instance = 4
+max_instances = 4
+instance_acquire_timeout = "1s"
+update_interval = "1s"
+allowed_outbound_hosts = ["{endpoint}"]
+allowed_ip_ranges = ["127.0.0.0/8"]
+
+[[pool.credentials]]
+name = "example"
+kind = "bearer"
+token = {{ value = "tkn-123" }}
+hosts = ["{endpoint}"]
+
+[pool.plugin_config]
+endpoint = "{endpoint}"
+group = "ci"
+credential = "example"
+
+[[pool.policy]]
+idle_count = 16
+idle_time = "1h"
+"#,
+        plugin = guests::TEMPLATE_PLUGIN,
+        endpoint = cloud.endpoint(),
+    );
+    let mut flotilla = Flotilla::start(dir, &config).await;
+    let book = Arc::new(Mutex::new(Book::default()));
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut highest_before = 0;
+    for run in 0..20 {
+        flotilla
+            .wait_for("/v1/pools", "the pool to be ready", |b| {
+                b["pools"]["local"]["status"]["health"]["state"] == "ready"
+            })
+            .await;
+        let task = tokio::spawn(traffic(flotilla.base.clone(), book.clone(), seed));
+        seed = Rng(seed).next();
+        tokio::time::sleep(Duration::from_millis(30 + seed % 300)).await;
+        flotilla.restart().await; // SIGKILL, then start on the same state directory
+        task.abort();
+        let _ = task.await;
+        flotilla
+            .wait_for("/v1/pools", "the pool to be ready again", |b| {
+                b["pools"]["local"]["status"]["health"]["state"] == "ready"
+            })
+            .await;
+        let (_, leases) = flotilla.call("GET", "/v1/pools/local/leases", None).await;
+        let found: BTreeMap<u64, Value> = leases["leases"]
+            .as_array()
+            .expect("leases")
+            .iter()
+            .map(|l| (l["id"].as_u64().expect("id"), l["state"].clone()))
+            .collect();
+        let highest = {
+            let mut b = book.lock().expect("book");
+            let in_flight = b.in_flight.take();
+            for (id, acked) in &b.acked {
+                let now = found.get(id);
+                let ok = match (acked, now) {
+                    (Acked::Gone, None) => true,
+                    (Acked::Reserved, Some(s)) => s["state"] == "reserved",
+                    (Acked::Acquired(instance), Some(s)) => {
+                        s["state"] == "acquired" && s["instance"] == instance.as_str()
+                    }
+                    _ => false,
+                };
+                // The operation in flight at the kill may or may not have been applied.
+                let maybe = Some(*id) == in_flight;
+                assert!(
+                    ok || maybe,
+                    "run {run}: lease {id} was acknowledged as {acked:?}, now {now:?}\n{}",
+                    flotilla.log()
+                );
+            }
+            // Leases nobody acknowledged can exist only from a reservation in flight at the kill.
+            let unknown: Vec<&u64> = found
+                .keys()
+                .filter(|id| !b.acked.contains_key(id))
+                .collect();
+            assert!(
+                unknown.len() <= usize::from(b.reserving),
+                "run {run}: unacknowledged leases {unknown:?}"
+            );
+            for id in unknown.into_iter().copied().collect::<Vec<_>>() {
+                b.acked.insert(id, Acked::Reserved);
+            }
+            b.reserving = false;
+            // Settle the uncertain one to what the server now says.
+            if let Some(id) = in_flight {
+                let state = match found.get(&id) {
+                    None => Acked::Gone,
+                    Some(s) if s["state"] == "reserved" => Acked::Reserved,
+                    Some(s) => {
+                        Acked::Acquired(s["instance"].as_str().unwrap_or_default().to_string())
+                    }
+                };
+                b.acked.insert(id, state);
+            }
+            b.acked.keys().max().copied().unwrap_or(0)
+        };
+        assert!(highest >= highest_before);
+        highest_before = highest;
+        // A new lease never takes an old id.
+        let (code, body) = flotilla
+            .call("POST", "/v1/pools/local/leases", Some(json!({})))
+            .await;
+        if code == 201 {
+            let id = body["lease"]["id"].as_u64().expect("id");
+            assert!(
+                id > highest_before,
+                "run {run}: new id {id} <= {highest_before}"
+            );
+            let (code, _) = flotilla
+                .call("DELETE", &format!("/v1/pools/local/leases/{id}"), None)
+                .await;
+            assert_eq!(code, 200);
+        }
+    }
+    let acked = book.lock().expect("book").acked.len();
+    assert!(acked >= 20, "the traffic made only {acked} leases");
+    let (_, pools) = flotilla.call("GET", "/v1/pools", None).await;
+    assert!(
+        pools["pools"]["local"]["status"]["restart"]["adopted_after_ms"]
+            .as_u64()
+            .is_some(),
+        "{pools}"
+    );
+}

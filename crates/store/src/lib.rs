@@ -1,0 +1,233 @@
+//! The host's durable state: each pool's leases and its instances' use counts, in one redb
+//! file under the state directory (`<state_dir>/leases.redb`).
+//!
+//! Owns: the file, its tables and the encoding; every write is committed with fsync before it
+//! returns, so a lease the API acknowledged survives `kill -9` and power loss (redb is
+//! copy-on-write with checksummed commits: a torn write leaves the last commit intact).
+//! Must not know: scaling, HTTP or plugins. It implements the scaler's [`LeaseJournal`].
+//!
+//! Why redb: pure Rust (no C toolchain for SQLite, which matters for the Windows and musl
+//! builds), crash-safe by default, ACID, stable file format, actively maintained; the data is
+//! a few small key-value tables, so SQL would buy nothing.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use flotilla_scaler::Lease;
+use flotilla_scaler::driver::LeaseJournal;
+
+/// (pool, lease id) → the lease as JSON.
+const LEASES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("leases");
+/// (pool, instance id) → jobs the instance has taken.
+const USES: TableDefinition<(&str, &str), u32> = TableDefinition::new("instance_uses");
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+#[error("lease store {path}: {why}")]
+pub struct StoreError {
+    path: String,
+    why: String,
+}
+
+/// The open store, shared by every pool.
+#[derive(Debug)]
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+}
+
+/// What a pool had when the process stopped.
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// Its leases.
+    pub leases: Vec<Lease>,
+    /// Its instances' use counts.
+    pub uses: HashMap<String, u32>,
+}
+
+impl Store {
+    /// Opens (or creates) the store file; a damaged file is an error that names it.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let fail = |why: String| StoreError {
+            path: path.display().to_string(),
+            why,
+        };
+        let db = Database::create(path).map_err(|e| fail(e.to_string()))?;
+        // Create the tables, so reads of a new store see them empty.
+        let txn = db.begin_write().map_err(|e| fail(e.to_string()))?;
+        txn.open_table(LEASES).map_err(|e| fail(e.to_string()))?;
+        txn.open_table(USES).map_err(|e| fail(e.to_string()))?;
+        txn.commit().map_err(|e| fail(e.to_string()))?;
+        Ok(Store {
+            db,
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn error(&self, why: impl std::fmt::Display) -> StoreError {
+        StoreError {
+            path: self.path.display().to_string(),
+            why: why.to_string(),
+        }
+    }
+
+    /// Everything stored for `pool`. A lease record that does not decode is skipped and
+    /// logged, never fatal.
+    pub fn load(&self, pool: &str) -> Result<Restored, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.error(e))?;
+        let leases = txn.open_table(LEASES).map_err(|e| self.error(e))?;
+        let mut out = Restored::default();
+        for row in leases
+            .range((pool, 0)..=(pool, u64::MAX))
+            .map_err(|e| self.error(e))?
+        {
+            let (key, value) = row.map_err(|e| self.error(e))?;
+            match serde_json::from_slice::<Lease>(value.value()) {
+                Ok(lease) => out.leases.push(lease),
+                Err(e) => tracing::error!(
+                    pool,
+                    lease = key.value().1,
+                    "unreadable lease record skipped: {e}"
+                ),
+            }
+        }
+        let uses = txn.open_table(USES).map_err(|e| self.error(e))?;
+        for row in uses.range((pool, "")..).map_err(|e| self.error(e))? {
+            let (key, value) = row.map_err(|e| self.error(e))?;
+            let (p, instance) = key.value();
+            if p != pool {
+                break;
+            }
+            out.uses.insert(instance.to_string(), value.value());
+        }
+        Ok(out)
+    }
+
+    /// The largest lease id stored for any pool (0 when none).
+    pub fn max_lease_id(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.error(e))?;
+        let leases = txn.open_table(LEASES).map_err(|e| self.error(e))?;
+        let mut max = 0;
+        for row in leases.iter().map_err(|e| self.error(e))? {
+            let (key, _) = row.map_err(|e| self.error(e))?;
+            max = max.max(key.value().1);
+        }
+        Ok(max)
+    }
+
+    /// One write transaction, committed durably.
+    fn write(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
+    ) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.error(e))?;
+        f(&txn).map_err(|e| self.error(e))?;
+        txn.commit().map_err(|e| self.error(e))
+    }
+
+    /// A pool's journal.
+    pub fn journal(self: &Arc<Self>, pool: &str) -> PoolJournal {
+        PoolJournal {
+            store: self.clone(),
+            pool: pool.to_string(),
+        }
+    }
+}
+
+/// One pool's view of the store, as the scaler writes it.
+#[derive(Debug, Clone)]
+pub struct PoolJournal {
+    store: Arc<Store>,
+    pool: String,
+}
+
+impl LeaseJournal for PoolJournal {
+    fn save(&self, lease: &Lease, uses: Option<(&str, u32)>) -> Result<(), String> {
+        let bytes = serde_json::to_vec(lease).map_err(|e| e.to_string())?;
+        let pool = self.pool.as_str();
+        self.store
+            .write(|txn| {
+                txn.open_table(LEASES)?
+                    .insert((pool, lease.id), bytes.as_slice())?;
+                if let Some((instance, n)) = uses {
+                    txn.open_table(USES)?.insert((pool, instance), n)?;
+                }
+                Ok(())
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn remove(&self, id: u64) -> Result<(), String> {
+        let pool = self.pool.as_str();
+        self.store
+            .write(|txn| {
+                txn.open_table(LEASES)?.remove((pool, id))?;
+                Ok(())
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn forget_instance(&self, instance: &str) -> Result<(), String> {
+        let pool = self.pool.as_str();
+        self.store
+            .write(|txn| {
+                txn.open_table(USES)?.remove((pool, instance))?;
+                Ok(())
+            })
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use flotilla_scaler::LeaseState;
+
+    fn lease(id: u64) -> Lease {
+        Lease {
+            id,
+            state: LeaseState::Acquired {
+                instance: "i-1".into(),
+                slot: 0,
+            },
+            reserved_at: 1,
+            acquired_at: Some(2),
+            labels: BTreeMap::from([("gitlab-job".into(), "7".into())]),
+            expires_at: None,
+        }
+    }
+
+    #[test]
+    fn leases_and_uses_survive_a_reopen_per_pool() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("leases.redb");
+        {
+            let store = Arc::new(Store::open(&path).expect("open"));
+            let a = store.journal("a");
+            a.save(&lease(5), Some(("i-1", 3))).expect("save");
+            a.save(&lease(6), None).expect("save");
+            a.remove(6).expect("remove");
+            store.journal("b").save(&lease(9), None).expect("save");
+        }
+        let store = Store::open(&path).expect("reopen");
+        let a = store.load("a").expect("load");
+        assert_eq!(a.leases, vec![lease(5)]);
+        assert_eq!(a.uses, HashMap::from([("i-1".to_string(), 3)]));
+        assert_eq!(store.load("b").expect("load").leases.len(), 1);
+        assert_eq!(store.max_lease_id().expect("max"), 9);
+    }
+
+    #[test]
+    fn a_damaged_file_is_an_error_that_names_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("leases.redb");
+        std::fs::write(&path, vec![0x5a; 8192]).expect("garbage");
+        let err = Store::open(&path).expect_err("not a store");
+        assert!(err.to_string().contains("leases.redb"), "{err}");
+    }
+}
