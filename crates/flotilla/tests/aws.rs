@@ -10,6 +10,7 @@
 
 use flotilla_test_support as common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::LogCapture;
@@ -442,4 +443,125 @@ idle_time = "3s"
     wait_desired(1, "scale-down after idle_time").await;
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Counts `update` calls and passes everything through.
+struct Counting<P> {
+    inner: P,
+    updates: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl<P: Provider> Provider for Counting<P> {
+    async fn init(&self, s: &str) -> Result<flotilla_provider::ProviderInfo, CallError> {
+        self.inner.init(s).await
+    }
+    async fn update(&self) -> Result<Vec<flotilla_provider::Instance>, CallError> {
+        self.updates
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.update().await
+    }
+    async fn increase(&self, n: u32) -> Result<u32, CallError> {
+        self.inner.increase(n).await
+    }
+    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
+        self.inner.decrease(ids).await
+    }
+    async fn connect_info(&self, id: &str) -> Result<flotilla_provider::Connection, CallError> {
+        self.inner.connect_info(id).await
+    }
+    async fn heartbeat(&self, id: &str) -> Result<(), CallError> {
+        self.inner.heartbeat(id).await
+    }
+    async fn shutdown(&self) -> Result<(), CallError> {
+        self.inner.shutdown().await
+    }
+    fn health(&self) -> flotilla_provider::ProviderHealth {
+        self.inner.health()
+    }
+}
+
+/// One denied action (`SetDesiredCapacity`) stops only scale-up; `update` goes on; once the
+/// policy is re-attached the pool scales up and is ready again, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed_again() {
+    use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, ScalerConfig, SystemClock};
+    let moto = Moto::start();
+    let provider = Arc::new(Counting {
+        inner: moto.provider(None),
+        updates: std::sync::atomic::AtomicU32::new(0),
+    });
+    let info = must(provider.init(&moto.settings())).await;
+    python(&[
+        &moto.endpoint,
+        "--policy",
+        "plugin",
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:TerminateInstanceInAutoScalingGroup",
+        "ec2:DescribeInstances",
+    ]);
+    let clock = Arc::new(SystemClock);
+    let config = ScalerConfig {
+        update_interval_ms: 500,
+        paused_retry_interval_ms: 1_000,
+        max_instances: 4,
+        ..ScalerConfig::default()
+    };
+    let keep =
+        flotilla_scaler::Policy::new(vec!["* * * * *".into()], "UTC", 2, 3_600_000, 0.0, 0, false)
+            .expect("policy");
+    let mut core = PoolCore::new(config, vec![keep], clock.now());
+    core.set_provider_info(&info);
+    let pool = PoolHandle::spawn(
+        "aws".into(),
+        core,
+        provider.clone(),
+        clock,
+        Arc::new(AlwaysReady),
+        None,
+    );
+    let start = Instant::now();
+    while !pool.snapshot().paused.contains_key("increase") {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            pool.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let snap = pool.snapshot();
+    assert!(
+        snap.paused["increase"]
+            .reason
+            .contains("SetDesiredCapacity"),
+        "{snap:?}"
+    );
+    let before = provider.updates.load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let after = provider.updates.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        after >= before + 2,
+        "update must go on while scale-up is paused: {before} -> {after}"
+    );
+    assert_eq!(moto.desired(), 0);
+    // The operator re-attaches the policy: the next retry scales up.
+    python(&[
+        &moto.endpoint,
+        "--policy",
+        "plugin",
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:SetDesiredCapacity",
+        "autoscaling:TerminateInstanceInAutoScalingGroup",
+        "ec2:DescribeInstances",
+    ]);
+    let start = Instant::now();
+    while moto.desired() < 1 || !pool.snapshot().paused.is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            pool.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    pool.shutdown(Duration::from_secs(1), false).await;
 }

@@ -268,6 +268,19 @@ pub enum CallError {
 }
 
 impl CallError {
+    /// The function that was called.
+    pub fn function(&self) -> Function {
+        match self {
+            CallError::Provider { function, .. }
+            | CallError::Trap { function, .. }
+            | CallError::Timeout { function, .. }
+            | CallError::ContractViolation { function, .. }
+            | CallError::CircuitOpen { function, .. }
+            | CallError::NotInitialized { function }
+            | CallError::Host { function, .. } => *function,
+        }
+    }
+
     /// The plugin's deliberate error, if that is what this is.
     pub fn provider_error(&self) -> Option<&ProviderError> {
         match self {

@@ -85,6 +85,8 @@ pub struct KnobsConfig {
     pub lease_ttl: Option<Duration>,
     /// Acquired leases older than this are failed; `None`: no limit.
     pub max_job_duration: Option<Duration>,
+    /// How often a call refused as unauthorized or misconfigured is tried again.
+    pub paused_retry_interval: Duration,
     /// Token bucket on instance creation.
     pub scale_throttle: Option<ThrottleConfig>,
 }
@@ -107,6 +109,7 @@ impl Validate for KnobsConfig {
                 ("update_interval", self.update_interval),
                 ("instance_acquire_timeout", self.instance_acquire_timeout),
                 ("deletion_retry_interval", self.deletion_retry_interval),
+                ("paused_retry_interval", self.paused_retry_interval),
             ],
         );
         for (key, value) in [
@@ -151,6 +154,7 @@ impl Validate for KnobsConfig {
             instance_ready_grace_ms: millis(self.instance_ready_grace),
             lease_ttl_ms: self.lease_ttl.map(millis),
             max_job_duration_ms: self.max_job_duration.map(millis),
+            paused_retry_interval_ms: millis(self.paused_retry_interval),
         })
     }
 }
@@ -239,6 +243,7 @@ mod tests {
             instance_ready_grace: Duration::from_secs(300),
             lease_ttl: None,
             max_job_duration: None,
+            paused_retry_interval: Duration::from_secs(60),
             scale_throttle: None,
         }
     }

@@ -50,6 +50,8 @@ pub struct ScalerConfig {
     pub lease_ttl_ms: Option<Millis>,
     /// An acquired lease older than this is failed and reported (`None`: no limit).
     pub max_job_duration_ms: Option<Millis>,
+    /// How often a call refused as unauthorized or misconfigured is tried again.
+    pub paused_retry_interval_ms: Millis,
 }
 
 impl Default for ScalerConfig {
@@ -67,6 +69,7 @@ impl Default for ScalerConfig {
             instance_ready_grace_ms: 300_000,
             lease_ttl_ms: None,
             max_job_duration_ms: None,
+            paused_retry_interval_ms: 60_000,
         }
     }
 }

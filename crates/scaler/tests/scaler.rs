@@ -53,6 +53,7 @@ proptest! {
         delay in (0u64..120_000, 0u64..120_000),
         failure_rate in prop_oneof![Just(0.0f64), 0.0f64..0.4],
         crash_rate in prop_oneof![Just(0.0f64), 0.0f64..0.3],
+        cloud_max in prop_oneof![Just(0u32), 0u32..3],
         seed in any::<u64>(),
         jobs in prop::collection::vec((0u64..3_600_000, 1_000u64..1_800_000), 0..120),
     ) {
@@ -62,6 +63,7 @@ proptest! {
             provisioning_delay_ms: (delay.0.min(delay.1), delay.0.max(delay.1)),
             failure_rate,
             instance_failure_rate: crash_rate,
+            max_size: cloud_max,
             seed,
             ..SimCloud::default()
         };
@@ -72,6 +74,9 @@ proptest! {
         prop_assert!(report.peak_instances <= max_instances, "peak {} > max {max_instances}", report.peak_instances);
         // No lease is lost: every job ran, gave up waiting, or failed with its instance.
         prop_assert_eq!(report.completed + report.timed_out + report.failed, report.jobs);
+        // Every kind of non-progress backs off: a cloud that grants nothing, refuses or
+        // throttles never makes the pool hammer it.
+        prop_assert!(report.max_calls_per_minute <= 120, "{} provider calls in one minute", report.max_calls_per_minute);
     }
 }
 
@@ -293,7 +298,7 @@ fn throttling_backs_off_for_retry_after() {
 }
 
 #[test]
-fn unauthorized_stops_the_pool_instead_of_hammering() {
+fn unauthorized_pauses_the_call_and_a_fixed_credential_heals_the_pool_without_a_restart() {
     let mut h = Harness::new(cfg(1, 10, 0), vec![policy(2, MIN)]);
     let err = CallError::Provider {
         function: Function::Update,
@@ -301,9 +306,92 @@ fn unauthorized_stops_the_pool_instead_of_hammering() {
     };
     assert_eq!(h.core.plan(0), [Action::Update]);
     h.core.on_update(0, Err(err));
-    assert!(matches!(h.core.health(), PoolHealth::Stopped(_)));
-    assert!(h.core.plan(3_600_000).is_empty());
-    assert!(matches!(h.core.reserve(1), Err(LeaseError::Stopped(_))));
+    assert!(matches!(h.core.health(), PoolHealth::Degraded(r) if r.contains("paused")));
+    let paused = h.core.paused();
+    assert_eq!(paused["update"].retry_at, 60_000, "{paused:?}");
+    for t in [1, 30_000, 59_999] {
+        assert!(h.core.plan(t).is_empty(), "no call {t} ms into the pause");
+    }
+    // The operator fixed the policy: the next try succeeds and the pool is ready again.
+    assert_eq!(h.core.plan(60_000), [Action::Update]);
+    h.core.on_update(60_000, Ok(Vec::new()));
+    assert_eq!(h.core.health(), &PoolHealth::Ready);
+    assert!(h.core.paused().is_empty());
+}
+
+#[test]
+fn a_refused_scale_up_stops_only_scale_up() {
+    let config = flotilla_scaler::ScalerConfig {
+        paused_retry_interval_ms: 5 * MIN,
+        ..cfg(1, 10, 0)
+    };
+    let mut h = Harness::new(config, vec![policy(2, MIN)]);
+    assert_eq!(h.core.plan(0), [Action::Update]);
+    h.core.on_update(0, Ok(Vec::new()));
+    let denied = CallError::Provider {
+        function: Function::Increase,
+        error: ProviderError::Unauthorized("SetDesiredCapacity".into()),
+    };
+    let t = 1;
+    assert!(
+        h.core
+            .plan(t)
+            .iter()
+            .any(|a| matches!(a, Action::Increase(_)))
+    );
+    h.core.on_increase(t, 2, Err(denied));
+    // update keeps going on its schedule; increase waits for the retry.
+    let actions = h.core.plan(MIN);
+    assert!(actions.contains(&Action::Update), "{actions:?}");
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Increase(_))),
+        "{actions:?}"
+    );
+    h.core.on_update(MIN, Ok(Vec::new()));
+    assert!(h.core.paused().contains_key("increase"));
+    assert!(
+        !h.core
+            .plan(5 * MIN)
+            .iter()
+            .any(|a| matches!(a, Action::Increase(_)))
+    );
+    assert!(
+        h.core
+            .plan(5 * MIN + 1)
+            .iter()
+            .any(|a| matches!(a, Action::Increase(_)))
+    );
+}
+
+#[test]
+fn a_group_that_grants_nothing_is_asked_less_and_less_often() {
+    let mut h = Harness::new(cfg(1, 10, 0), vec![policy(2, MIN)]);
+    let mut asks = Vec::new();
+    let mut t = 0;
+    while t < 10 * MIN {
+        for action in h.core.plan(t) {
+            match action {
+                Action::Increase(n) => {
+                    asks.push(t);
+                    h.core.on_increase(t, n, Ok(0));
+                }
+                Action::Update => h.core.on_update(t, Ok(Vec::new())),
+                _ => {}
+            }
+        }
+        t = h.core.next_wakeup(t);
+    }
+    assert!(asks.len() >= 3, "{asks:?}");
+    assert!(
+        asks.len() <= 12,
+        "asked {} times in 10 minutes: {asks:?}",
+        asks.len()
+    );
+    let gaps: Vec<u64> = asks.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.windows(2).take(4).all(|g| g[1] >= g[0]),
+        "the waits grow: {gaps:?}"
+    );
 }
 
 #[test]

@@ -67,6 +67,9 @@ pub struct PoolConfig {
     /// An acquired lease older than this is failed and reported; absent: no limit.
     #[serde(default, with = "humantime_serde")]
     pub max_job_duration: Option<Duration>,
+    /// How often a call refused as unauthorized or misconfigured is tried again.
+    #[serde(default = "one_minute", with = "humantime_serde")]
+    pub paused_retry_interval: Duration,
     /// Delete the pool's instances after draining on shutdown.
     #[serde(default)]
     pub delete_instances_on_shutdown: bool,
@@ -177,6 +180,7 @@ impl PoolConfig {
             instance_ready_grace: self.instance_ready_grace,
             lease_ttl: self.lease_ttl,
             max_job_duration: self.max_job_duration,
+            paused_retry_interval: self.paused_retry_interval,
             scale_throttle: self.scale_throttle,
         }
     }

@@ -9,6 +9,7 @@
 //! `snapshot` (counts, health and invariants), `index` (instance records and their indexes) and
 //! `types` (the public vocabulary). It must not know about async, tokio, HTTP or metrics.
 
+mod backoff;
 mod index;
 mod leases;
 mod observe;
@@ -20,6 +21,8 @@ mod types;
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 
+use self::backoff::Backoff;
+pub use self::backoff::Pause;
 use self::index::{Index, Indexed, Inst, PolicyCache};
 pub use self::types::{
     Action, Binding, Counters, InstState, InstanceView, Lease, LeaseError, LeaseState, PoolHealth,
@@ -140,8 +143,12 @@ pub struct PoolCore {
     last_update: Option<Millis>,
     tokens: f64,
     tokens_at: Millis,
-    backoff_until: Millis,
-    backoff_attempt: u32,
+    /// Backoff of `update()` calls.
+    update_backoff: Backoff,
+    /// Backoff of `increase()` calls (failures and grants of nothing).
+    increase_backoff: Backoff,
+    /// Backoff of `decrease()` calls after a refusal an operator must fix.
+    decrease_backoff: Backoff,
     health: PoolHealth,
     last_error: Option<String>,
     /// Adopting, running or shutting down.
@@ -156,7 +163,6 @@ pub struct PoolCore {
 
 /// How long a requested instance may stay unseen before it is no longer expected.
 pub(super) const PENDING_EXPIRY_MS: Millis = 15 * 60 * 1000;
-pub(super) const MAX_BACKOFF_MS: Millis = 5 * 60 * 1000;
 
 impl PoolCore {
     /// A new pool at `now`.
@@ -186,8 +192,9 @@ impl PoolCore {
             last_update: None,
             tokens,
             tokens_at: now,
-            backoff_until: 0,
-            backoff_attempt: 0,
+            update_backoff: Backoff::default(),
+            increase_backoff: Backoff::default(),
+            decrease_backoff: Backoff::default(),
             health: PoolHealth::Starting,
             last_error: None,
             phase: Phase::Adopting,

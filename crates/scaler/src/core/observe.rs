@@ -5,43 +5,81 @@
 
 use std::collections::HashSet;
 
-use super::{Inst, InstState, MAX_BACKOFF_MS, Phase, PoolCore, PoolHealth};
+use super::{Backoff, Inst, InstState, Phase, PoolCore, PoolHealth};
 use crate::Millis;
-use flotilla_provider::{CallError, Instance, InstanceState, ProviderError};
+use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderError};
 
 impl PoolCore {
+    fn backoff_of(&mut self, function: Function) -> &mut Backoff {
+        match function {
+            Function::Increase => &mut self.increase_backoff,
+            Function::Decrease => &mut self.decrease_backoff,
+            _ => &mut self.update_backoff,
+        }
+    }
+
+    /// A failed call backs off only its own kind: a refused `increase` must not stop `update`
+    /// or scale-down. Refusals an operator must fix (credentials, permissions, settings) are
+    /// retried every `paused_retry_interval`, so a fix heals the pool without a restart.
     fn provider_failed(&mut self, now: Millis, e: &CallError) {
         self.last_error = Some(e.to_string());
-        match e.provider_error() {
-            Some(ProviderError::InvalidConfig(_)) | Some(ProviderError::Unauthorized(_)) => {
-                self.health = PoolHealth::Stopped(e.to_string());
-                return;
-            }
-            _ => {}
-        }
+        let every = self.cfg.paused_retry_interval_ms;
+        let function = e.function();
+        let needs_operator = matches!(
+            e.provider_error(),
+            Some(ProviderError::InvalidConfig(_)) | Some(ProviderError::Unauthorized(_))
+        );
         let retry_after = match e.provider_error() {
             Some(ProviderError::Throttled { retry_after, .. }) => retry_after.as_millis() as Millis,
             _ => 0,
         };
-        self.backoff_attempt = (self.backoff_attempt + 1).min(20);
-        let base = 1000u64
-            .saturating_mul(1 << self.backoff_attempt.min(9))
-            .min(MAX_BACKOFF_MS);
-        // Full jitter, derived from the clock so virtual-time runs stay deterministic.
-        let jitter = (now
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407)
-            >> 33)
-            % (base / 2 + 1);
-        self.backoff_until = now + (base / 2 + jitter).max(retry_after);
-        self.health = PoolHealth::Degraded(e.to_string());
+        let backoff = self.backoff_of(function);
+        if needs_operator {
+            backoff.pause(now, every, e.to_string());
+        } else {
+            backoff.fail(now, retry_after);
+        }
+        self.health = PoolHealth::Degraded(if needs_operator {
+            format!(
+                "{function} paused until an operator fixes it (retried every {} s): {e}",
+                every / 1000
+            )
+        } else {
+            e.to_string()
+        });
     }
 
-    fn provider_ok(&mut self) {
-        self.backoff_attempt = 0;
-        if !matches!(self.health, PoolHealth::Stopped(_)) && self.phase.adopted() {
-            self.health = PoolHealth::Ready;
+    fn provider_ok(&mut self, function: Function) {
+        self.backoff_of(function).ok();
+        if matches!(self.health, PoolHealth::Stopped(_)) || !self.phase.adopted() {
+            return;
         }
+        let paused = [
+            &self.update_backoff,
+            &self.increase_backoff,
+            &self.decrease_backoff,
+        ]
+        .into_iter()
+        .find_map(|b| b.paused.clone());
+        self.health = match paused {
+            None => PoolHealth::Ready,
+            Some(p) => PoolHealth::Degraded(format!(
+                "paused until an operator fixes it (next try at {} ms): {}",
+                p.retry_at, p.reason
+            )),
+        };
+    }
+
+    /// Calls of each kind waiting for an operator's fix, for `/v1/pools`.
+    pub fn paused(&self) -> std::collections::BTreeMap<&'static str, super::Pause> {
+        [
+            ("update", &self.update_backoff),
+            ("increase", &self.increase_backoff),
+            ("decrease", &self.decrease_backoff),
+        ]
+        .into_iter()
+        .filter_map(|(name, b)| b.paused.clone().map(|p| (name, p)))
+        .collect()
     }
 
     /// Learns the result of `update()`.
@@ -76,7 +114,7 @@ impl PoolCore {
             self.adopted = Some((self.insts.len() as u32, now));
         }
         self.phase = self.phase.after_update();
-        self.provider_ok();
+        self.provider_ok(Function::Update);
     }
 
     /// The key of a reported instance, adopting it when it is new and alive (one of ours
@@ -154,11 +192,17 @@ impl PoolCore {
                 self.pending.extend(std::iter::repeat_n(now, n as usize));
                 self.counters.scale_up += u64::from(n);
                 self.update = self.update.want();
-                if n < asked && self.provider_max == 0 {
-                    // The cloud granted less than asked (quota, group max): back off a little.
-                    self.backoff_until = self.backoff_until.max(now + 5_000);
+                if n == 0 {
+                    // Nothing granted (group max, quota): asking again at once would only
+                    // spend the cloud's API quota. Back off like an error, without one.
+                    self.increase_backoff.fail(now, 0);
+                } else {
+                    self.provider_ok(Function::Increase);
+                    if n < asked {
+                        // Part granted: the rest is unlikely to come a moment later.
+                        self.increase_backoff.until = self.increase_backoff.until.max(now + 5_000);
+                    }
                 }
-                self.provider_ok();
             }
             Err(e) => self.provider_failed(now, &e),
         }
@@ -189,7 +233,7 @@ impl PoolCore {
         let accepted: HashSet<&String> = accepted.iter().collect();
         self.keep_for_retry(now, asked.iter().filter(|id| !accepted.contains(id)));
         self.update = self.update.want();
-        self.provider_ok();
+        self.provider_ok(Function::Decrease);
     }
 
     /// Makes sure refused deletions of instances on their way out carry the time they were

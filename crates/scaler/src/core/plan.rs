@@ -48,10 +48,16 @@ impl PoolCore {
             let due = self
                 .last_update
                 .map_or(now, |t| t + self.cfg.update_interval_ms);
-            next = due.max(self.backoff_until);
+            next = due.max(self.update_backoff.until);
         }
-        if self.backoff_until > now {
-            next = next.min(self.backoff_until);
+        for until in [
+            self.update_backoff.until,
+            self.increase_backoff.until,
+            self.decrease_backoff.until,
+        ] {
+            if until > now {
+                next = next.min(until);
+            }
         }
         // Only future deadlines count: an idle instance kept for idle_count, or a deletion
         // already retried, or an update that cannot be sent yet, must not make the driver spin.
@@ -124,6 +130,10 @@ impl PoolCore {
         if desired < live {
             remove.extend(self.scale_down_candidates(now, (live - desired) as usize));
         }
+        if !self.decrease_backoff.ready(now) {
+            // Deletions wait while decrease is refused; they are asked for again after.
+            remove.clear();
+        }
         let ids = self.request_deletion(now, remove);
         if !ids.is_empty() {
             actions.push(Action::Decrease(ids));
@@ -136,7 +146,10 @@ impl PoolCore {
         let due = self
             .last_update
             .is_none_or(|t| now >= t + self.cfg.update_interval_ms);
-        if !self.update.in_flight() && now >= self.backoff_until && (due || self.update.wanted()) {
+        if !self.update.in_flight()
+            && self.update_backoff.ready(now)
+            && (due || self.update.wanted())
+        {
             self.update = UpdateCall::InFlight;
             actions.push(Action::Update);
         }
@@ -189,7 +202,11 @@ impl PoolCore {
         let headroom = self
             .max_instances()
             .saturating_sub(self.insts.len() as u32 + self.pending.len() as u32);
-        if desired <= live || headroom == 0 || self.increase_in_flight || now < self.backoff_until {
+        if desired <= live
+            || headroom == 0
+            || self.increase_in_flight
+            || !self.increase_backoff.ready(now)
+        {
             return;
         }
         let want = (desired - live).min(headroom);
@@ -307,7 +324,7 @@ mod tests {
         let mut c = core();
         assert_eq!(c.plan(0), [Action::Update]);
         c.on_update(1_000, Err(throttled()));
-        assert_eq!(c.backoff_until, 61_000, "retry-after is honoured");
+        assert_eq!(c.update_backoff.until, 61_000, "retry-after is honoured");
         // Due at 31 s, but no update may be sent before 61 s.
         assert_eq!(c.next_wakeup(40_000), 60_000, "the next minute boundary");
         assert_eq!(c.next_wakeup(60_500), 61_000, "the end of the backoff");

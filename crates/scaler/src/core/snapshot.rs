@@ -84,6 +84,7 @@ impl PoolCore {
                 instances_adopted: self.adopted.map_or(0, |(n, _)| n),
                 adopted_after_ms: self.adopted.map(|(_, t)| t.saturating_sub(self.started_at)),
             },
+            paused: self.paused(),
         }
     }
 

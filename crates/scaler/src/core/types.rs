@@ -239,6 +239,9 @@ pub struct PoolSnapshot {
     pub last_error: Option<String>,
     /// What the last start restored and how long the pool took to adopt its instances.
     pub restart: RestartView,
+    /// Calls refused as unauthorized or misconfigured, waiting for an operator's fix, with
+    /// the reason and the next try.
+    pub paused: BTreeMap<&'static str, super::Pause>,
 }
 
 /// A pool's start as `/v1/pools` shows it.

@@ -88,6 +88,8 @@ pub(super) struct Sim<'a> {
     next_inst: u64,
     calls: HashMap<u64, Pending>,
     next_call: u64,
+    /// The current minute of the run and the provider calls made in it.
+    calls_minute: (Millis, u64),
     /// Jobs waiting for a reservation.
     to_reserve: VecDeque<Waiting>,
     /// Jobs holding a reservation and waiting for a slot: (job, lease).
@@ -146,6 +148,7 @@ impl<'a> Sim<'a> {
             next_inst: 1,
             calls: HashMap::new(),
             next_call: 1,
+            calls_minute: (0, 0),
             to_reserve: VecDeque::new(),
             to_acquire: VecDeque::new(),
             running: HashSet::new(),
@@ -491,6 +494,18 @@ impl<'a> Sim<'a> {
         for action in self.core.plan(now) {
             let call = self.next_call;
             self.next_call += 1;
+            if matches!(
+                action,
+                Action::Update | Action::Increase(_) | Action::Decrease(_)
+            ) {
+                let minute = now / 60_000;
+                if self.calls_minute.0 != minute {
+                    self.calls_minute = (minute, 0);
+                }
+                self.calls_minute.1 += 1;
+                self.report.max_calls_per_minute =
+                    self.report.max_calls_per_minute.max(self.calls_minute.1);
+            }
             let pending = match action {
                 Action::Update => Pending::Update,
                 Action::Increase(n) => {

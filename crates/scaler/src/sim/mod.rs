@@ -83,6 +83,8 @@ pub struct SimReport {
     pub slot_utilisation: f64,
     /// Increase and decrease calls made.
     pub scale_operations: u64,
+    /// The most provider calls (update, increase, decrease) in any one minute of the run.
+    pub max_calls_per_minute: u64,
     /// Simulated time span (s).
     pub span_s: f64,
     /// Invariant violations found (only with `check_invariants`).
