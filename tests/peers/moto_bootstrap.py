@@ -7,6 +7,7 @@ Prints JSON with both key pairs and the group name.
 
 usage: moto_bootstrap.py ENDPOINT [MAX_SIZE]
        moto_bootstrap.py ENDPOINT --policy USER ACTIONS...   (replace the plugin user's policy)
+       moto_bootstrap.py ENDPOINT --resize KEY SECRET GROUP MAX DESIRED   (change the group by hand)
        moto_bootstrap.py ENDPOINT --describe ADMIN_KEY ADMIN_SECRET GROUP
        moto_bootstrap.py ENDPOINT --allow-unsigned N   (let the next N unsigned calls through)
        moto_bootstrap.py ENDPOINT --assume-role ROLE_ARN  (print temporary keys for the role)
@@ -45,6 +46,12 @@ def main():
         key, secret, group = sys.argv[3:6]
         g = client(endpoint, "autoscaling", key, secret).describe_auto_scaling_groups(AutoScalingGroupNames=[group])
         print(json.dumps({"desired": g["AutoScalingGroups"][0]["DesiredCapacity"]}))
+        return
+    if len(sys.argv) > 2 and sys.argv[2] == "--resize":
+        # An operator changing the group by hand: --resize KEY SECRET GROUP MAX DESIRED
+        key, secret, group, max_size, desired = sys.argv[3:8]
+        client(endpoint, "autoscaling", key, secret).update_auto_scaling_group(
+            AutoScalingGroupName=group, MaxSize=int(max_size), DesiredCapacity=int(desired))
         return
     if len(sys.argv) > 2 and sys.argv[2] == "--allow-unsigned":
         # moto's auth check crashes on unsigned calls; STS AssumeRoleWithWebIdentity is unsigned.

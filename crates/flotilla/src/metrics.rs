@@ -34,6 +34,7 @@ pub struct Metrics {
     probe_seconds: HistogramVec,
     probe_failures: IntCounterVec,
     probes: IntCounterVec,
+    lease_events: IntCounterVec,
     jobs_started: IntCounterVec,
     jobs_finished: IntCounterVec,
     job_prepare_seconds: HistogramVec,
@@ -231,6 +232,12 @@ impl Metrics {
                 "Readiness checks and idle pings (Docker /_ping) by outcome.",
                 &["pool", "plugin", "probe", "outcome"],
             )?,
+            lease_events: counter(
+                &r,
+                "flotilla_lease_events_total",
+                "Leases restored from the journal at start, lost with their instance in a restart, and expired (TTL or max job duration).",
+                &["pool", "plugin", "event"],
+            )?,
             jobs_started: counter(
                 &r,
                 "flotilla_jobs_started_total",
@@ -308,6 +315,9 @@ struct Last {
     scale_up: u64,
     scale_down: u64,
     leases_failed: u64,
+    leases_restored: u64,
+    leases_lost: u64,
+    leases_expired: u64,
     traps: u64,
     timeouts: u64,
     violations: u64,
@@ -463,6 +473,21 @@ impl PoolObserver for PoolMetrics {
             let up = delta(&mut last.scale_up, counters.scale_up);
             let down = delta(&mut last.scale_down, counters.scale_down);
             let failed = delta(&mut last.leases_failed, counters.leases_failed);
+            let seen: &mut Last = &mut last;
+            for (event, before, now) in [
+                (
+                    "restored",
+                    &mut seen.leases_restored,
+                    counters.leases_restored,
+                ),
+                ("lost", &mut seen.leases_lost, counters.leases_lost),
+                ("expired", &mut seen.leases_expired, counters.leases_expired),
+            ] {
+                self.m
+                    .lease_events
+                    .with_label_values(&[pool, plugin, event])
+                    .inc_by(delta(before, now));
+            }
             self.m
                 .scale_ops
                 .with_label_values(&[pool, plugin, "up"])

@@ -565,3 +565,43 @@ async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed
     }
     pool.shutdown(Duration::from_secs(1), false).await;
 }
+
+/// `increase` reports what the group will really launch: MaxSize lowered by hand below what
+/// exists grants nothing, and a desired count lowered by hand below the instances that exist
+/// does not make instances that are already there count as new.
+#[tokio::test(flavor = "current_thread")]
+async fn increase_reports_only_what_the_group_will_really_launch() {
+    let moto = Moto::start();
+    let p = moto.provider(None);
+    must(p.init(&moto.settings())).await;
+    assert_eq!(must(p.increase(3)).await, 3);
+    let start = Instant::now();
+    while must(p.update()).await.len() < 3 {
+        assert!(start.elapsed() < Duration::from_secs(20));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (key, secret) = moto.key("admin");
+    // MaxSize lowered to what exists: nothing more can come.
+    python(&[
+        &moto.endpoint,
+        "--resize",
+        &key,
+        &secret,
+        "ci-runners",
+        "3",
+        "3",
+    ]);
+    assert_eq!(must(p.increase(2)).await, 0, "MaxSize 3 with 3 instances");
+    // MaxSize back up: only the room above the 3 existing instances is granted.
+    python(&[
+        &moto.endpoint,
+        "--resize",
+        &key,
+        &secret,
+        "ci-runners",
+        "4",
+        "3",
+    ]);
+    assert_eq!(must(p.increase(5)).await, 1);
+    assert_eq!(moto.desired(), 4);
+}

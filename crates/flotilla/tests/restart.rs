@@ -278,6 +278,20 @@ idle_time = "1h"
     let acked = book.lock().expect("book").acked.len();
     assert!(acked >= 20, "the traffic made only {acked} leases");
     let (_, pools) = flotilla.call("GET", "/v1/pools", None).await;
+    // The metrics count what the last start restored, as /v1/pools does.
+    let restored = pools["pools"]["local"]["status"]["restart"]["leases_restored"]
+        .as_u64()
+        .expect("leases_restored");
+    let (_, metrics) = flotilla.request("GET", "/metrics", None, None).await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("flotilla_lease_events_total{event=\"restored\""))
+        .unwrap_or_else(|| panic!("no restored-leases metric:\n{metrics}"));
+    assert!(
+        line.ends_with(&format!(" {restored}")),
+        "{line} vs {restored}"
+    );
     assert!(
         pools["pools"]["local"]["status"]["restart"]["adopted_after_ms"]
             .as_u64()

@@ -87,6 +87,9 @@ struct Harness {
     cloud: Vec<(String, InstanceState)>,
     next: u32,
     granted_cap: Option<u32>,
+    /// The plugin reports increases as granted, but the cloud creates nothing (a lowered
+    /// MaxSize or desired count): phantoms.
+    phantoms: bool,
     heartbeat_error: Option<CallError>,
     calls: Vec<Action>,
 }
@@ -99,6 +102,7 @@ impl Harness {
             cloud: Vec::new(),
             next: 0,
             granted_cap: None,
+            phantoms: false,
             heartbeat_error: None,
             calls: Vec::new(),
         }
@@ -127,7 +131,8 @@ impl Harness {
                     }
                     Action::Increase(n) => {
                         let granted = self.granted_cap.map_or(n, |c| c.min(n));
-                        for _ in 0..granted {
+                        let created = if self.phantoms { 0 } else { granted };
+                        for _ in 0..created {
                             self.next += 1;
                             self.cloud
                                 .push((format!("i-{}", self.next), InstanceState::Running));
@@ -623,4 +628,33 @@ fn failing_heartbeats_replace_an_instance_after_the_threshold() {
         "the failed instance was deleted"
     );
     assert!(h.ready() >= 1, "and replaced");
+}
+
+#[test]
+fn a_phantom_never_costs_a_real_instance_and_is_dropped_after_two_updates() {
+    let mut h = Harness::new(cfg(1, 10, 0), vec![policy(2, MIN)]);
+    h.step();
+    assert_eq!(h.ready(), 2, "two idle instances");
+    // Two jobs come; the plugin says it asked for two more, but the cloud creates nothing.
+    h.phantoms = true;
+    let a = h.core.reserve(h.now).expect("reserve");
+    let b = h.core.reserve(h.now).expect("reserve");
+    h.step();
+    assert_eq!(h.core.snapshot(h.now).pending, 2);
+    // The jobs go away before binding: the two real idle instances are what the policy wants,
+    // so neither may be deleted to make room for the phantoms.
+    h.core.unreserve(a).expect("unreserve");
+    h.core.unreserve(b).expect("unreserve");
+    for _ in 0..4 {
+        h.now += 15_000;
+        h.step();
+    }
+    assert!(
+        !h.calls.iter().any(|c| matches!(c, Action::Decrease(_))),
+        "{:?}",
+        h.calls
+    );
+    assert_eq!(h.ready(), 2);
+    // Two update intervals later the phantoms are dropped.
+    assert_eq!(h.core.snapshot(h.now).pending, 0);
 }

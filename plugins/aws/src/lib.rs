@@ -290,9 +290,18 @@ impl Guest for Aws {
     fn increase(delta: u32) -> Result<u32, Error> {
         with(|state| {
             let group = describe_group(state)?;
-            // moto accepts desired > MaxSize; AWS refuses it. Cap here and report the real delta.
-            let target = group.desired.saturating_add(delta).min(group.max);
-            let granted = target.saturating_sub(group.desired);
+            // Report what the group will really launch because of this call: capped by
+            // MaxSize minus what already exists or is already coming (the desired count may
+            // lag behind the instances, e.g. lowered by hand while they terminate), so the
+            // host never waits for phantoms. moto accepts desired > MaxSize; AWS refuses it.
+            let existing = group
+                .instances
+                .iter()
+                .filter(|(_, life, _)| !life.starts_with("Terminating") && life != "Terminated")
+                .count() as u32;
+            let base = group.desired.max(existing);
+            let target = base.saturating_add(delta).min(group.max);
+            let granted = target.saturating_sub(base);
             if granted == 0 {
                 return Ok(0);
             }

@@ -135,8 +135,8 @@ pub struct PoolCore {
     next_lease: u64,
     reserved: u32,
     acquired: u32,
-    /// Instances requested and not yet seen, with when they were requested.
-    pending: VecDeque<Millis>,
+    /// Instances requested and not yet seen: when, and how many successful updates since.
+    pending: VecDeque<(Millis, u32)>,
     increase_in_flight: bool,
     /// Where the `update()` call stands.
     update: UpdateCall,

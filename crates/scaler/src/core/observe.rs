@@ -109,6 +109,14 @@ impl PoolCore {
         for key in vanished {
             self.mark_gone(now, key, "the instance vanished", true);
         }
+        // A requested instance shows up in `update` within seconds on every cloud. One that
+        // two successful updates since its request (and 30 s) did not show is a phantom: the
+        // group's maximum or desired count changed under us. It no longer blocks scale-up.
+        for (_, seen) in self.pending.iter_mut() {
+            *seen += 1;
+        }
+        self.pending
+            .retain(|&(at, seen)| seen < 3 || now.saturating_sub(at) < 30_000);
         if !self.phase.adopted() {
             self.rebind_restored(now);
             self.adopted = Some((self.insts.len() as u32, now));
@@ -189,7 +197,8 @@ impl PoolCore {
         match result {
             Ok(n) => {
                 let n = n.min(asked);
-                self.pending.extend(std::iter::repeat_n(now, n as usize));
+                self.pending
+                    .extend(std::iter::repeat_n((now, 0), n as usize));
                 self.counters.scale_up += u64::from(n);
                 self.update = self.update.want();
                 if n == 0 {

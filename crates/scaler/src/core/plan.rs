@@ -111,8 +111,9 @@ impl PoolCore {
         if matches!(self.health, PoolHealth::Stopped(_)) {
             return actions;
         }
+        // Phantoms are dropped by updates (`on_update`); this bounds them when none succeeds.
         self.pending
-            .retain(|t| now.saturating_sub(*t) < PENDING_EXPIRY_MS);
+            .retain(|(t, _)| now.saturating_sub(*t) < PENDING_EXPIRY_MS);
         if self.next_lease_deadline().is_some_and(|d| now >= d) {
             self.expire_leases(now);
         }
@@ -127,8 +128,11 @@ impl PoolCore {
         let live = self.live();
         self.plan_increase(now, desired, live, &mut actions);
         let mut remove = self.doomed(now);
-        if desired < live {
-            remove.extend(self.scale_down_candidates(now, (live - desired) as usize));
+        // Only real instances make a surplus: a real instance is never deleted to make room
+        // for one that was requested but may never come.
+        let real = live.saturating_sub(self.pending.len() as u32);
+        if desired < real {
+            remove.extend(self.scale_down_candidates(now, (real - desired) as usize));
         }
         if !self.decrease_backoff.ready(now) {
             // Deletions wait while decrease is refused; they are asked for again after.
