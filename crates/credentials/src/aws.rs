@@ -76,7 +76,7 @@ pub struct AwsChainConfig {
 pub struct AwsChain {
     /// Configuration.
     pub config: AwsChainConfig,
-    cache: Mutex<Option<AwsKeys>>,
+    cache: Mutex<Option<(AwsKeys, SystemTime)>>,
 }
 
 impl Clone for AwsChain {
@@ -97,6 +97,10 @@ impl PartialEq for AwsChain {
 impl Eq for AwsChain {}
 
 const REFRESH_BEFORE: Duration = Duration::from_secs(300);
+
+/// Long-lived keys (configured files, environment, shared files) are read again this often,
+/// so a rotated file is used without a restart.
+pub const STATIC_REFRESH: Duration = Duration::from_secs(5);
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -156,21 +160,44 @@ impl AwsChain {
         }
     }
 
-    /// Current keys, from the cache while they stay valid for five more minutes.
+    /// Current keys: temporary ones from the cache while they stay valid for five more
+    /// minutes; long-lived ones read again every [`STATIC_REFRESH`], so rotated files and
+    /// variables are picked up. A refresh that fails keeps the last good keys (the cloud
+    /// refuses them if they were really revoked).
     pub async fn keys(&self, name: &str, region: Option<&str>) -> Result<AwsKeys, CredentialError> {
-        if let Some(k) = self.cache.lock().as_ref()
-            && k.expires
-                .is_none_or(|e| SystemTime::now() + REFRESH_BEFORE < e)
-        {
-            return Ok(k.clone());
+        let now = SystemTime::now();
+        let cached = self.cache.lock().clone();
+        if let Some((k, fetched)) = &cached {
+            let fresh = match k.expires {
+                Some(e) => now + REFRESH_BEFORE < e,
+                None => now
+                    .duration_since(*fetched)
+                    .is_ok_and(|d| d < STATIC_REFRESH),
+            };
+            if fresh {
+                return Ok(k.clone());
+            }
         }
-        let keys = self.resolve(name, region).await?;
+        let keys = match self.resolve(name, region).await {
+            Ok(keys) => keys,
+            Err(e) => match cached {
+                Some((k, _)) if k.expires.is_none_or(|x| now < x) => {
+                    tracing::warn!(
+                        credential = name,
+                        "refreshing AWS credentials failed; keeping the last good ones: {e}"
+                    );
+                    *self.cache.lock() = Some((k.clone(), now));
+                    return Ok(k);
+                }
+                _ => return Err(e),
+            },
+        };
         tracing::debug!(
             credential = name,
             source = keys.source,
             "AWS credentials resolved"
         );
-        *self.cache.lock() = Some(keys.clone());
+        *self.cache.lock() = Some((keys.clone(), now));
         Ok(keys)
     }
 

@@ -135,6 +135,41 @@ async fn every_link_of_the_chain_signs_requests_moto_accepts() {
         "default profile has wrong keys: {r:?}"
     );
 
+    // A rotated shared credentials file is used without a restart, by the same pool; a file
+    // that then disappears keeps the last good keys.
+    std::fs::write(
+        &file,
+        "[ci]\naws_access_key_id = OLD\naws_secret_access_key = REVOKED\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let rotating = moto.provider_with(chain(profile.clone()));
+    let r = rotating.init(&moto.settings()).await;
+    assert!(r.is_err(), "the revoked key is refused");
+    std::fs::write(
+        &file,
+        format!("[ci]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(
+        flotilla_credentials::aws::STATIC_REFRESH + std::time::Duration::from_millis(500),
+    )
+    .await;
+    rotating
+        .init(&moto.settings())
+        .await
+        .unwrap_or_else(|e| panic!("the rotated file was not re-read: {e}"));
+    std::fs::remove_file(&file).unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(
+        flotilla_credentials::aws::STATIC_REFRESH + std::time::Duration::from_millis(500),
+    )
+    .await;
+    rotating
+        .update()
+        .await
+        .unwrap_or_else(|e| panic!("the last good keys were dropped: {e}"));
+    std::fs::write(&file, format!("[default]\naws_access_key_id = WRONG\naws_secret_access_key = WRONG\n\n[ci]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
+
     // The environment comes before the files.
     set("AWS_ACCESS_KEY_ID", &key);
     set("AWS_SECRET_ACCESS_KEY", "wrong-secret-from-env");
