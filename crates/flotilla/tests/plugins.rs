@@ -511,6 +511,55 @@ mod misbehave {
         );
         assert_eq!(p.health().contract_violations, 3);
     }
+
+    #[tokio::test]
+    async fn oversized_answers_are_contract_violations_not_host_state() {
+        let other = bystander().await;
+        for (fault, expect) in [("huge-list", "at most 10000"), ("long-id", "at most 256")] {
+            let p = provider(fault, |s| {
+                s.limits.memory_bytes = 256 << 20;
+                s.limits.default_deadline = Duration::from_secs(20);
+            });
+            must(p.init(&format!(r#"{{"on":{{"update":"{fault}"}}}}"#))).await;
+            let r = p.update().await;
+            assert!(
+                matches!(&r, Err(CallError::ContractViolation { detail, .. }) if detail.contains(expect)),
+                "{fault}: {:?}",
+                r.as_ref().map(Vec::len)
+            );
+        }
+        assert_bystander_works(&other).await;
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn guest_text_is_capped_and_cannot_forge_host_log_lines() {
+        let logs = LogCapture::default();
+        let _guard = logs.install();
+        let p = provider("forger", |_| {});
+        must(p.init(r#"{"on":{"update":"log-forge"}}"#)).await;
+        must(p.update()).await;
+        let p = provider("shouter", |_| {});
+        must(p.init(r#"{"on":{"update":"long-error"}}"#)).await;
+        let r = p.update().await;
+        let Err(CallError::Provider {
+            error: ProviderError::Transient(message),
+            ..
+        }) = &r
+        else {
+            panic!("{r:?}")
+        };
+        assert!(message.len() < 4_096, "{} bytes kept", message.len());
+        assert!(!message.contains('\n'), "control characters are escaped");
+        let text = logs.text();
+        assert!(
+            text.contains("forged: pool stopped"),
+            "the line is logged, escaped"
+        );
+        assert!(
+            !text.lines().any(|l| l.starts_with("2026-01-01T00:00:00Z")),
+            "a guest forged a host log line:\n{text}"
+        );
+    }
 }
 
 mod escape {

@@ -331,7 +331,44 @@ fn init_call(mut s: Slot, settings: String) -> CallFuture<wit::ProviderInfo> {
     })
 }
 
+/// Instances one `update` may list: far above any pool, far below what hurts the host.
+const MAX_LISTED: usize = 10_000;
+/// Bytes of an instance id.
+const MAX_ID: usize = 256;
+/// Characters of a guest message kept (errors, failure reasons).
+const MAX_MESSAGE: usize = 2_048;
+
+/// A guest's text made safe to log and serve: capped, control characters escaped.
+pub(crate) fn guest_text(m: &str, cap: usize) -> String {
+    let mut out = String::with_capacity(m.len().min(cap) + 16);
+    for (n, c) in m.chars().enumerate() {
+        if n >= cap {
+            out.push_str(&format!("… ({} bytes in all)", m.len()));
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn convert_error(e: wit::Error) -> ProviderError {
+    let e = match e {
+        wit::Error::InvalidConfig(m) => wit::Error::InvalidConfig(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::Unauthorized(m) => wit::Error::Unauthorized(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::QuotaExceeded(m) => wit::Error::QuotaExceeded(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::Throttled(t) => wit::Error::Throttled(wit::Throttle {
+            retry_after_seconds: t.retry_after_seconds,
+            message: guest_text(&t.message, MAX_MESSAGE),
+        }),
+        wit::Error::NotFound(m) => wit::Error::NotFound(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::Unsupported(m) => wit::Error::Unsupported(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::Transient(m) => wit::Error::Transient(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::Other(m) => wit::Error::Other(guest_text(&m, MAX_MESSAGE)),
+    };
     match e {
         wit::Error::InvalidConfig(m) => ProviderError::InvalidConfig(m),
         wit::Error::Unauthorized(m) => ProviderError::Unauthorized(m),
@@ -363,7 +400,7 @@ fn convert_state(s: wit::InstanceState) -> InstanceState {
         wit::InstanceState::Running => InstanceState::Running,
         wit::InstanceState::Deleting => InstanceState::Deleting,
         wit::InstanceState::Deleted => InstanceState::Deleted,
-        wit::InstanceState::Failed(r) => InstanceState::Failed(r),
+        wit::InstanceState::Failed(r) => InstanceState::Failed(guest_text(&r, MAX_MESSAGE)),
     }
 }
 
@@ -444,8 +481,23 @@ impl Provider for WasmProvider {
                 })
             })
             .await?;
+        if list.len() > MAX_LISTED {
+            return Err(self.violation(
+                Function::Update,
+                format!(
+                    "update listed {} instances; at most {MAX_LISTED} are accepted",
+                    list.len()
+                ),
+            ));
+        }
         let mut seen = HashSet::with_capacity(list.len());
         for i in &list {
+            if i.id.len() > MAX_ID {
+                return Err(self.violation(
+                    Function::Update,
+                    format!("an instance id is {} bytes; at most {MAX_ID}", i.id.len()),
+                ));
+            }
             if i.id.is_empty() {
                 return Err(
                     self.violation(Function::Update, "an instance has an empty id".to_string())

@@ -350,11 +350,9 @@ impl bindings::flotilla::provider::log::Host for HostState {
             return;
         }
         self.log_lines_left -= 1;
-        let mut end = message.len().min(MAX_LOG_LINE);
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        let msg = &message[..end];
+        // Capped, and control characters escaped: a guest cannot forge host log lines.
+        let msg = adapter::guest_text(&message, MAX_LOG_LINE);
+        let msg = msg.as_str();
         let (pool, plugin) = (&*self.origin.pool, &*self.origin.plugin);
         match level {
             Level::Trace => tracing::trace!(target: "flotilla::plugin::log", pool, plugin, "{msg}"),

@@ -35,13 +35,14 @@ impl Sink {
             return;
         }
         let text = String::from_utf8_lossy(&self.line);
+        // A stray `\r` (or any control character) must not forge or hide host log lines.
+        let text = crate::adapter::guest_text(text.trim_end(), MAX_LINE);
         tracing::info!(
             target: "flotilla::plugin::output",
             pool = %self.origin.pool,
             plugin = %self.origin.plugin,
             stream = self.stream,
-            "{}",
-            text.trim_end()
+            "{text}"
         );
         self.line.clear();
     }

@@ -100,6 +100,13 @@ async fn allowed_names_that_resolve_to_forbidden_addresses_are_denied() {
         ("api.test", "127.0.0.1"),
         ("metadata.test", "169.254.169.254"),
         ("lan.test", "10.1.2.3"),
+        // IPv6 forms that carry the metadata service or loopback (found in review).
+        ("compat.test", "::169.254.169.254"),
+        ("nat64.test", "64:ff9b::a9fe:a9fe"),
+        ("nat64-local.test", "64:ff9b:1::a9fe:a9fe"),
+        ("sixtofour.test", "2002:7f00:1::"),
+        ("siit.test", "::ffff:0:7f00:1"),
+        ("sitelocal.test", "fec0::1"),
     ] {
         let p = egress_plugin(|s| {
             s.egress.allow = allow(&[format!("http://{name}:{port}")]);
@@ -108,8 +115,9 @@ async fn allowed_names_that_resolve_to_forbidden_addresses_are_denied() {
         });
         let r = attack(&p, json!({"url": format!("http://{name}:{port}/ok")})).await;
         assert!(denied(&r), "{name} -> {ip}: {r}");
+        let shown: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{e}"));
         assert!(
-            logs.text().contains(&format!("resolves to {ip}")),
+            logs.text().contains(&format!("resolves to {shown}")),
             "reason logged for {ip}"
         );
     }

@@ -2,7 +2,8 @@
 //!
 //! Settings: `{"on": {"<export>": "<fault>"}, "trap_on_delta": N}`, where export is one of
 //! init, update, increase, decrease, connect-info, heartbeat, shutdown and fault is one of
-//! `trap`, `panic`, `loop`, `alloc`, `sleep`, `dup-ids`, `over-increase`, `foreign-ids`.
+//! `trap`, `panic`, `loop`, `alloc`, `sleep`, `dup-ids`, `over-increase`, `foreign-ids`, and
+//! for update `huge-list`, `long-id`, `long-error`, `log-forge`.
 //! Without faults it behaves like a tiny in-memory group.
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 #![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
@@ -17,6 +18,7 @@ wit_bindgen::generate!({
 });
 
 use exports::flotilla::provider::instance_group::Guest;
+use flotilla::provider::log::{Level, emit};
 use flotilla::provider::types::{
     Arch, Capabilities, Connection, Error, Instance, InstanceState, Os, Protocol, ProviderInfo,
 };
@@ -95,9 +97,27 @@ impl Guest for Misbehave {
     fn update() -> Result<Vec<Instance>, Error> {
         misbehave("update");
         let mut ids = STATE.with(|s| s.borrow().instances.clone());
-        if fault("update").as_deref() == Some("dup-ids") {
-            ids.push("dup".to_string());
-            ids.push("dup".to_string());
+        match fault("update").as_deref() {
+            Some("dup-ids") => {
+                ids.push("dup".to_string());
+                ids.push("dup".to_string());
+            }
+            // Far more instances than any pool may hold.
+            Some("huge-list") => ids.extend((0..1_000_000).map(|i| format!("i-{i}"))),
+            // One id of 1 MiB.
+            Some("long-id") => ids.push("x".repeat(1 << 20)),
+            // A 4 MiB error message, with a forged log line in it.
+            Some("long-error") => {
+                let mut m = "\n2026-01-01T00:00:00Z  INFO flotilla: forged line\n".to_string();
+                m.push_str(&"e".repeat(4 << 20));
+                return Err(Error::Transient(m));
+            }
+            // A log line that tries to look like two host lines.
+            Some("log-forge") => emit(
+                Level::Info,
+                "ok\n2026-01-01T00:00:00Z  INFO flotilla::app: forged: pool stopped\r",
+            ),
+            _ => {}
         }
         Ok(ids
             .into_iter()
