@@ -482,6 +482,30 @@ mod misbehave {
     }
 
     #[tokio::test]
+    async fn a_plugin_that_alternates_success_and_fault_still_trips_the_circuit() {
+        let p = provider("alternating", |s| {
+            s.limits.circuit_threshold = 3;
+            s.limits.circuit_cooldown = Duration::from_secs(60);
+        });
+        must(p.init(r#"{"on":{"update":"trap"}}"#)).await;
+        for round in 0..3 {
+            assert!(
+                matches!(p.update().await, Err(CallError::Trap { .. })),
+                "round {round}"
+            );
+            if round < 2 {
+                must(p.increase(1)).await;
+            }
+        }
+        let h = p.health();
+        assert!(h.circuit_open, "3 faults among the last 6 calls: {h:?}");
+        assert!(matches!(
+            p.increase(1).await,
+            Err(CallError::CircuitOpen { .. })
+        ));
+    }
+
+    #[tokio::test]
     async fn contract_violations_are_not_forwarded() {
         let p = provider("liar", |_| {});
         must(p.init(

@@ -47,6 +47,23 @@ struct Inner {
 struct HealthState {
     health: ProviderHealth,
     open_until: Option<Instant>,
+    /// The outcomes of the most recent calls (`true`: a fault), oldest first. The circuit
+    /// opens on `circuit_threshold` faults among them, so a plugin that alternates success and
+    /// fault cannot keep itself from tripping it.
+    recent: std::collections::VecDeque<bool>,
+}
+
+impl HealthState {
+    /// Records one call's outcome in the window of the last `2 × threshold` calls (at least
+    /// 4); the faults now in it.
+    fn remember(&mut self, fault: bool, threshold: u32) -> usize {
+        let window = (2 * threshold as usize).max(4);
+        self.recent.push_back(fault);
+        while self.recent.len() > window {
+            self.recent.pop_front();
+        }
+        self.recent.iter().filter(|f| **f).count()
+    }
 }
 
 type CallFuture<T> =
@@ -237,6 +254,7 @@ impl WasmProvider {
 
     fn record_success(&self) {
         let mut h = self.health.lock();
+        h.remember(false, self.sandbox.limits.circuit_threshold);
         h.health.consecutive_faults = 0;
         h.health.circuit_open = false;
         h.open_until = None;
@@ -266,7 +284,10 @@ impl WasmProvider {
         h.health.consecutive_faults += 1;
         h.health.last_fault = Some(error.to_string());
         let threshold = self.sandbox.limits.circuit_threshold;
-        if h.health.consecutive_faults >= threshold {
+        let faults_in_window = h.remember(true, threshold);
+        if faults_in_window >= threshold as usize {
+            // Opened: the window starts afresh once the cooldown lets calls through again.
+            h.recent.clear();
             h.health.circuit_open = true;
             h.open_until = Some(Instant::now() + self.sandbox.limits.circuit_cooldown);
         }
