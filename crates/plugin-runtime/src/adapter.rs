@@ -145,8 +145,16 @@ impl WasmProvider {
         };
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|s| &mut s.limiter);
-        store.set_epoch_deadline(ticks(self.sandbox.limits.deadline(Function::Init)));
-        match self.pre.instantiate_async(&mut store).await {
+        let deadline = self.sandbox.limits.deadline(Function::Init);
+        store.set_epoch_deadline(ticks(deadline));
+        // Epochs stop wasm code, not a start-up that waits on a host pollable: the whole
+        // instantiation is bounded too, and a wedged store is dropped, not awaited.
+        let instantiated =
+            tokio::time::timeout(deadline, self.pre.instantiate_async(&mut store)).await;
+        let Ok(instantiated) = instantiated else {
+            return Err(self.fault(Function::Init, Fault::Timeout(deadline)));
+        };
+        match instantiated {
             Ok(bindings) => Ok(Slot {
                 store,
                 bindings,
