@@ -63,6 +63,12 @@ def main():
         c = client(endpoint, "sts").assume_role_with_web_identity(RoleArn=sys.argv[3], RoleSessionName="imds", WebIdentityToken="token")["Credentials"]
         print(json.dumps({"key": c["AccessKeyId"], "secret": c["SecretAccessKey"], "token": c["SessionToken"]}))
         return
+    if len(sys.argv) > 2 and sys.argv[2] == "--policy-as":
+        # The admin's own keys, so the change needs no unauthenticated window that concurrent
+        # traffic could use up: --policy-as KEY SECRET USER ACTIONS...
+        key, secret, user, actions = sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
+        client(endpoint, "iam", key, secret).put_user_policy(UserName=user, PolicyName="flotilla", PolicyDocument=policy(actions))
+        return
     if len(sys.argv) > 2 and sys.argv[2] == "--policy":
         user, actions = sys.argv[3], sys.argv[4:]
         urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"1", method="POST", headers={"Content-Type": "text/plain"}))

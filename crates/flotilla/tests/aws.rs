@@ -109,14 +109,14 @@ async fn credential_failures_are_unauthorized_and_never_leak() {
     // Remove one action from the plugin user's policy: only that call is refused.
     let good = moto.provider(None);
     must(good.init(&moto.settings())).await;
-    python(&[
-        &moto.endpoint,
-        "--policy",
+    moto.set_policy(
         "plugin",
-        "autoscaling:DescribeAutoScalingGroups",
-        "autoscaling:TerminateInstanceInAutoScalingGroup",
-        "ec2:DescribeInstances",
-    ]);
+        &[
+            "autoscaling:DescribeAutoScalingGroups",
+            "autoscaling:TerminateInstanceInAutoScalingGroup",
+            "ec2:DescribeInstances",
+        ],
+    );
     let r = good.increase(1).await;
     let Err(CallError::Provider {
         error: ProviderError::Unauthorized(msg),
@@ -293,13 +293,13 @@ async fn a_refused_instance_connect_push_is_unauthorized_and_named() {
         .first()
         .map(|i| i.id.clone())
         .expect("an instance");
-    python(&[
-        &moto.endpoint,
-        "--policy",
+    moto.set_policy(
         "plugin",
-        "autoscaling:DescribeAutoScalingGroups",
-        "ec2:DescribeInstances",
-    ]);
+        &[
+            "autoscaling:DescribeAutoScalingGroups",
+            "ec2:DescribeInstances",
+        ],
+    );
     let r = p.connect_info(&id).await;
     let Err(CallError::Provider {
         error: ProviderError::Unauthorized(msg),
@@ -492,14 +492,14 @@ async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed
         updates: std::sync::atomic::AtomicU32::new(0),
     });
     let info = must(provider.init(&moto.settings())).await;
-    python(&[
-        &moto.endpoint,
-        "--policy",
+    moto.set_policy(
         "plugin",
-        "autoscaling:DescribeAutoScalingGroups",
-        "autoscaling:TerminateInstanceInAutoScalingGroup",
-        "ec2:DescribeInstances",
-    ]);
+        &[
+            "autoscaling:DescribeAutoScalingGroups",
+            "autoscaling:TerminateInstanceInAutoScalingGroup",
+            "ec2:DescribeInstances",
+        ],
+    );
     let clock = Arc::new(SystemClock);
     let config = ScalerConfig {
         update_interval_ms: 500,
@@ -545,15 +545,15 @@ async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed
     );
     assert_eq!(moto.desired(), 0);
     // The operator re-attaches the policy: the next retry scales up.
-    python(&[
-        &moto.endpoint,
-        "--policy",
+    moto.set_policy(
         "plugin",
-        "autoscaling:DescribeAutoScalingGroups",
-        "autoscaling:SetDesiredCapacity",
-        "autoscaling:TerminateInstanceInAutoScalingGroup",
-        "ec2:DescribeInstances",
-    ]);
+        &[
+            "autoscaling:DescribeAutoScalingGroups",
+            "autoscaling:SetDesiredCapacity",
+            "autoscaling:TerminateInstanceInAutoScalingGroup",
+            "ec2:DescribeInstances",
+        ],
+    );
     let start = Instant::now();
     while moto.desired() < 1 || !pool.snapshot().paused.is_empty() {
         assert!(

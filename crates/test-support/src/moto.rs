@@ -130,6 +130,14 @@ impl Moto {
         )
     }
 
+    /// Replaces `user`'s IAM policy with `actions`, as the admin (safe with traffic running).
+    pub fn set_policy(&self, user: &str, actions: &[&str]) {
+        let (k, s) = self.key("admin");
+        let mut args = vec![self.endpoint.as_str(), "--policy-as", &k, &s, user];
+        args.extend_from_slice(actions);
+        python(&args);
+    }
+
     pub fn desired(&self) -> u64 {
         let (k, s) = self.key("admin");
         let out = python(&[&self.endpoint, "--describe", &k, &s, "ci-runners"]);
