@@ -245,22 +245,28 @@ impl Connector {
     /// The route to an instance's engine, if Docker is in use.
     fn route(&self, reached: &Reached) -> Option<Route> {
         match reached {
-            Reached::Ssh(_, session) => {
-                self.settings
-                    .docker_socket
-                    .as_ref()
-                    .map(|socket| Route::Ssh {
-                        session: session.clone(),
-                        socket: socket.clone(),
-                    })
-            }
-            Reached::Tls(host, port) => self.tls.as_ref().map(|tls| Route::Tls {
-                tls: tls.clone(),
-                host: host.clone(),
-                port: *port,
-                limit: self.settings.connect_timeout,
-            }),
+            Reached::Ssh(_, session) => self.ssh_route(session),
+            Reached::Tls(host, port) => self.tls_route(host, *port),
         }
+    }
+
+    /// Docker through the instance's SSH session, when the pool uses Docker.
+    fn ssh_route(&self, session: &Arc<Session>) -> Option<Route> {
+        let socket = self.settings.docker_socket.as_ref()?;
+        Some(Route::Ssh {
+            session: session.clone(),
+            socket: socket.clone(),
+        })
+    }
+
+    /// Docker over TLS at `host:port`, when the pool has `docker_tls`.
+    fn tls_route(&self, host: &str, port: u16) -> Option<Route> {
+        Some(Route::Tls {
+            tls: self.tls.clone()?,
+            host: host.to_string(),
+            port,
+            limit: self.settings.connect_timeout,
+        })
     }
 
     /// Docker Engine over `route`: negotiate, `/_ping` and, unless `ping_only`, `/version`.
@@ -344,27 +350,20 @@ impl Connector {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let kept_tls = self.tls_targets.lock().get(instance).cloned();
-        let reached = match (kept_tls, self.kept_session(instance)) {
-            (Some((host, port)), _) => Reached::Tls(host, port),
-            (None, Some(session)) => Reached::Ssh(
-                Target {
-                    instance: instance.to_string(),
-                    host: String::new(),
-                    port: 0,
-                    user: String::new(),
-                },
-                session,
-            ),
+        let route = match (kept_tls, self.kept_session(instance)) {
+            (Some((host, port)), _) => self.tls_route(&host, port),
+            (None, Some(session)) => self.ssh_route(&session),
             (None, None) => {
-                self.reach(provider, instance)
-                    .await
-                    .map_err(|e| ForwardError::Unreachable {
+                let reached = self.reach(provider, instance).await.map_err(|e| {
+                    ForwardError::Unreachable {
                         instance: instance.to_string(),
                         why: e.message,
-                    })?
+                    }
+                })?;
+                self.route(&reached)
             }
-        };
-        let route = self.route(&reached).ok_or(ForwardError::NoDocker)?;
+        }
+        .ok_or(ForwardError::NoDocker)?;
         crate::proxy::forward(&route, instance, request).await
     }
 

@@ -424,6 +424,19 @@ async fn acquire(
     }))
 }
 
+/// The instance of an acquired lease; the lease's own error otherwise (unknown, only
+/// reserved, or failed with its cause).
+fn acquired_instance(p: &PoolHandle, id: u64) -> Result<String, ApiError> {
+    let state = p
+        .with_core(|c| c.lease(id).map(|l| l.state.clone()))
+        .ok_or(LeaseError::UnknownLease(id))?;
+    match state {
+        LeaseState::Acquired { instance, .. } => Ok(instance),
+        LeaseState::Reserved => Err(LeaseError::NotAcquired(id).into()),
+        LeaseState::Failed { cause } => Err(LeaseError::Failed { id, cause }.into()),
+    }
+}
+
 /// Forwards a Docker Engine API request to the instance of an acquired lease (see
 /// [`DockerHandle`]). Only while the lease is acquired; the bearer token is not forwarded.
 async fn docker(
@@ -433,14 +446,7 @@ async fn docker(
 ) -> Result<Response, ApiError> {
     let p = pool(&state, &name)?;
     let id = lease_id(&id)?;
-    let lease = p
-        .with_core(|c| c.lease(id).cloned())
-        .ok_or(LeaseError::UnknownLease(id))?;
-    let instance = match lease.state {
-        LeaseState::Acquired { instance, .. } => instance,
-        LeaseState::Reserved => return Err(LeaseError::NotAcquired(id).into()),
-        LeaseState::Failed { cause } => return Err(LeaseError::Failed { id, cause }.into()),
-    };
+    let instance = acquired_instance(&p, id)?;
     let connector = state.connectors.get(&name).ok_or_else(|| {
         ApiError::new(
             ErrorCode::NoDocker,
@@ -571,11 +577,7 @@ async fn report(
     let p = pool(&state, &name)?;
     let id = lease_id(&id)?;
     let body: ReportBody = parse_body(&body)?;
-    match p.with_core(|c| c.lease(id).map(|l| l.state.clone())) {
-        Some(LeaseState::Acquired { .. }) => {}
-        Some(_) => return Err(LeaseError::NotAcquired(id).into()),
-        None => return Err(LeaseError::UnknownLease(id).into()),
-    }
+    acquired_instance(&p, id)?;
     if let Some(s) = body.job_started {
         let prepare = seconds("job_started.prepare_seconds", s.prepare_seconds)?;
         let pull = seconds("job_started.pull_seconds", s.pull_seconds)?;
