@@ -30,6 +30,7 @@ use hyper_util::rt::TokioIo;
 use common::{ready_pool, settings};
 use flotilla::api::{AppState, router};
 use flotilla::metrics::Metrics;
+use flotilla::pools::{Pools, RunningPool};
 use flotilla_connector::{Connector, PoolKey};
 use flotilla_gitlab::{ApiClient, DriverSettings, Job, PullPolicy};
 use flotilla_test_support::dockerd::{Dockerd, busybox_rootfs_tar};
@@ -141,12 +142,17 @@ fn bench(c: &mut Criterion) {
     let connector = Arc::new(Connector::new(key.clone(), settings(&docker)));
     let (api, engine) = rt.block_on(async {
         let pool = ready_pool(machines, connector.clone()).await;
+        let metrics = Metrics::new().expect("metrics");
+        let running = RunningPool {
+            handle: pool,
+            connector: Some(connector),
+            metrics: metrics.pool("ci", "bench"),
+            delete_on_shutdown: false,
+        };
         let state = Arc::new(AppState {
-            pools: BTreeMap::from([("ci".to_string(), pool)]),
-            connectors: BTreeMap::from([("ci".to_string(), connector)]),
-            failed: BTreeMap::new(),
+            pools: Pools::running([("ci".to_string(), running)]),
             token: None,
-            metrics: Metrics::new().expect("metrics"),
+            metrics,
             draining: AtomicBool::new(false),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -14,20 +14,17 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::metrics::Metrics;
-use flotilla_connector::{Connector, ForwardError};
+use crate::pools::{Pools, RunningPool, Unavailable};
+use flotilla_connector::ForwardError;
 use flotilla_credentials::Secret;
 use flotilla_provider::Connection;
 use flotilla_scaler::driver::AcquireError;
-use flotilla_scaler::{LeaseError, LeaseState, PoolHandle, PoolHealth};
+use flotilla_scaler::{LeaseError, LeaseState, PoolHandle};
 
 /// Shared state of the server.
 pub struct AppState {
-    /// Pools by name.
-    pub pools: BTreeMap<String, Arc<PoolHandle>>,
-    /// The connector of each pool that has `[pool.connector]`.
-    pub connectors: BTreeMap<String, Arc<Connector>>,
-    /// Pools that failed to start, with why.
-    pub failed: BTreeMap<String, String>,
+    /// Every configured pool: starting, running, or waiting to try its start again.
+    pub pools: Pools,
     /// The API token; `None` leaves `/v1` open (only allowed on loopback by `run`).
     pub token: Option<Secret>,
     /// Metrics registry.
@@ -73,6 +70,8 @@ pub enum ErrorCode {
     ShuttingDown,
     /// The pool stopped or failed to start.
     PoolStopped,
+    /// The pool is still loading its plugin or running `init`.
+    PoolStarting,
     /// No instance became ready in time; the lease is still reserved.
     AcquireTimeout,
     /// The pool has no `[pool.connector]` with Docker, so the host serves no Docker API.
@@ -103,7 +102,9 @@ impl ErrorCode {
             }
             ErrorCode::LeaseFailed => StatusCode::GONE,
             ErrorCode::AtCapacity | ErrorCode::NoIdleSlot => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::ShuttingDown | ErrorCode::PoolStopped => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::ShuttingDown | ErrorCode::PoolStopped | ErrorCode::PoolStarting => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ErrorCode::AcquireTimeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorCode::NoDocker => StatusCode::CONFLICT,
             ErrorCode::InstanceUnreachable => StatusCode::BAD_GATEWAY,
@@ -200,18 +201,26 @@ async fn auth(
     next.run(request).await
 }
 
-fn pool(state: &AppState, name: &str) -> Result<Arc<PoolHandle>, ApiError> {
-    if let Some(reason) = state.failed.get(name) {
-        return Err(ApiError::new(
+fn running(state: &AppState, name: &str) -> Result<Arc<RunningPool>, ApiError> {
+    state.pools.get(name).map_err(|why| match why {
+        Unavailable::Unknown => {
+            ApiError::new(ErrorCode::UnknownPool, format!("no pool named {name:?}"))
+        }
+        Unavailable::Starting { attempt } => ApiError::new(
+            ErrorCode::PoolStarting,
+            format!("pool {name} is starting (try {attempt}); try again shortly"),
+        ),
+        Unavailable::Failed { reason, retry_at } => ApiError::new(
             ErrorCode::PoolStopped,
-            format!("pool {name} failed to start: {reason}"),
-        ));
-    }
-    state
-        .pools
-        .get(name)
-        .cloned()
-        .ok_or_else(|| ApiError::new(ErrorCode::UnknownPool, format!("no pool named {name:?}")))
+            format!(
+                "pool {name} failed to start: {reason} (next try at {retry_at} ms since the epoch)"
+            ),
+        ),
+    })
+}
+
+fn pool(state: &AppState, name: &str) -> Result<Arc<PoolHandle>, ApiError> {
+    running(state, name).map(|p| p.handle.clone())
 }
 
 fn lease_id(id: &str) -> Result<u64, ApiError> {
@@ -220,19 +229,7 @@ fn lease_id(id: &str) -> Result<u64, ApiError> {
 }
 
 async fn pools(State(state): State<Shared>) -> Json<serde_json::Value> {
-    let mut out = serde_json::Map::new();
-    for (name, p) in &state.pools {
-        let snap = p.snapshot();
-        let plugin = p.provider().health();
-        out.insert(name.clone(), json!({ "status": snap, "plugin": plugin }));
-    }
-    for (name, reason) in &state.failed {
-        out.insert(
-            name.clone(),
-            json!({ "status": { "health": { "state": "stopped", "reason": reason } } }),
-        );
-    }
-    Json(json!({ "pools": out }))
+    Json(json!({ "pools": state.pools.status() }))
 }
 
 /// Every instance of a pool: state, where the host reaches it (while it has a session to
@@ -241,8 +238,8 @@ async fn instances(
     State(state): State<Shared>,
     Path(name): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let p = pool(&state, &name)?;
-    let connector = state.connectors.get(&name);
+    let running = running(&state, &name)?;
+    let (p, connector) = (&running.handle, running.connector.as_ref());
     let views = p.with_core(|c| c.instances());
     let list: Vec<serde_json::Value> = views
         .into_iter()
@@ -397,7 +394,8 @@ async fn acquire(
     State(state): State<Shared>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Json<Acquired>, ApiError> {
-    let p = pool(&state, &name)?;
+    let running = running(&state, &name)?;
+    let p = &running.handle;
     let id = lease_id(&id)?;
     let binding = p.acquire(id).await.map_err(|e| match e {
         AcquireError::Lease(l) => ApiError::from(l),
@@ -411,9 +409,9 @@ async fn acquire(
         lease: id,
         instance: binding.instance,
         slot: binding.slot,
-        docker: state
-            .connectors
-            .get(&name)
+        docker: running
+            .connector
+            .as_ref()
             .filter(|c| c.serves_docker())
             .map(|_| DockerHandle {
                 path: format!("/v1/pools/{name}/leases/{id}/docker"),
@@ -444,10 +442,11 @@ async fn docker(
     Path((name, id, path)): Path<(String, String, String)>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let p = pool(&state, &name)?;
+    let running = running(&state, &name)?;
+    let p = &running.handle;
     let id = lease_id(&id)?;
-    let instance = acquired_instance(&p, id)?;
-    let connector = state.connectors.get(&name).ok_or_else(|| {
+    let instance = acquired_instance(p, id)?;
+    let connector = running.connector.as_ref().ok_or_else(|| {
         ApiError::new(
             ErrorCode::NoDocker,
             format!("pool {name} has no [pool.connector]; the host serves no Docker API for it"),
@@ -610,16 +609,7 @@ async fn metrics(State(state): State<Shared>) -> Response {
 }
 
 async fn readyz(State(state): State<Shared>) -> Response {
-    let mut not_ready = serde_json::Map::new();
-    for (name, p) in &state.pools {
-        let health = p.snapshot().health;
-        if health != PoolHealth::Ready {
-            not_ready.insert(name.clone(), json!(health));
-        }
-    }
-    for (name, reason) in &state.failed {
-        not_ready.insert(name.clone(), json!({"state": "stopped", "reason": reason}));
-    }
+    let mut not_ready = state.pools.not_ready();
     if state.draining.load(Ordering::Relaxed) {
         not_ready.insert("(process)".into(), json!("draining"));
     }

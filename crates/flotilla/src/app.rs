@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
@@ -12,21 +12,28 @@ use anyhow::Context;
 use crate::api::{AppState, router};
 use crate::config::{self, Config, PluginSource};
 use crate::metrics::Metrics;
+use crate::pools::{PoolState, Pools, RunningPool};
 use flotilla_connector::{Connector, DockerTls, PoolKey};
 use flotilla_oci::{AuthStore, Registry, Store};
 use flotilla_plugin_runtime::loader::load_plugin;
 use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
 use flotilla_provider::Provider;
 use flotilla_scaler::{
-    AlwaysReady, Clock, LeaseJournal, PoolCore, PoolHandle, Readiness, SystemClock,
+    AlwaysReady, Clock, LeaseJournal, Policy, PoolCore, PoolHandle, Readiness, SystemClock,
 };
 use flotilla_store::Store as LeaseStore;
 
-struct Started {
-    handle: Arc<PoolHandle>,
-    connector: Option<Arc<Connector>>,
-    metrics: crate::metrics::PoolMetrics,
-    delete_on_shutdown: bool,
+/// What every pool's start shares: the runtime, the registry, the lease store.
+struct StartContext {
+    config_path: PathBuf,
+    runtime: PluginRuntime,
+    registry: Option<Registry>,
+    state_dir: Option<PathBuf>,
+    store: Option<Arc<LeaseStore>>,
+    first_lease_id: u64,
+    /// Policies reloaded (SIGHUP, file change) while a pool was not running yet, so that it
+    /// starts with the current ones.
+    policies: Mutex<BTreeMap<String, Vec<Policy>>>,
 }
 
 /// The registry client for `oci://` pools: the config's `[oci]` section, cache under `cache_dir`.
@@ -66,14 +73,15 @@ fn connector(
 }
 
 async fn start_pool(
-    runtime: &PluginRuntime,
-    registry: Option<&Registry>,
+    ctx: &StartContext,
     metrics: &Metrics,
     pool: &config::Pool,
-    state_dir: Option<&Path>,
-    store: Option<&Arc<LeaseStore>>,
-    first_lease_id: u64,
-) -> anyhow::Result<Started> {
+) -> anyhow::Result<RunningPool> {
+    let (runtime, registry, state_dir) = (
+        &ctx.runtime,
+        ctx.registry.as_ref(),
+        ctx.state_dir.as_deref(),
+    );
     let plugin = load_plugin(runtime, registry, &pool.name, &pool.plugin)
         .await
         .with_context(|| format!("pool {}", pool.name))?;
@@ -85,13 +93,17 @@ async fn start_pool(
     let info = provider
         .init(&pool.settings)
         .await
-        .with_context(|| format!("pool {}: init", pool.name))?;
+        .with_context(|| format!("pool {}", pool.name))?;
     tracing::info!(pool = %pool.name, id = %info.id, version = %info.version, max_size = info.max_size, "plugin initialised");
     let clock = Arc::new(SystemClock);
-    let mut core = PoolCore::new(pool.scaler.clone(), pool.policies.clone(), clock.now());
+    let policies = lock(&ctx.policies)
+        .get(&pool.name)
+        .cloned()
+        .unwrap_or_else(|| pool.policies.clone());
+    let mut core = PoolCore::new(pool.scaler.clone(), policies, clock.now());
     core.set_provider_info(&info);
-    core.set_first_lease_id(first_lease_id);
-    let journal = match store {
+    core.set_first_lease_id(ctx.first_lease_id);
+    let journal = match &ctx.store {
         Some(store) => {
             let restored = store.load(&pool.name)?;
             if !restored.leases.is_empty() {
@@ -116,7 +128,7 @@ async fn start_pool(
         Some(Arc::new(pool_metrics.clone())),
         journal,
     );
-    Ok(Started {
+    Ok(RunningPool {
         handle,
         connector,
         metrics: pool_metrics,
@@ -128,13 +140,21 @@ fn mtime(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-fn reload(path: &Path, pools: &BTreeMap<String, Started>) {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every write is one insert, so a poisoned map is still whole.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn reload(path: &Path, pools: &Pools, ctx: &StartContext) {
     match config::load(path) {
         Ok(cfg) => {
+            let running: BTreeMap<_, _> = pools.running_pools().into_iter().collect();
             for pool in cfg.pools {
-                if let Some(started) = pools.get(&pool.name) {
+                if let Some(started) = running.get(&pool.name) {
                     started.handle.set_policies(pool.policies);
                     tracing::info!(pool = %pool.name, "policies reloaded");
+                } else {
+                    lock(&ctx.policies).insert(pool.name.clone(), pool.policies);
                 }
             }
         }
@@ -142,15 +162,73 @@ fn reload(path: &Path, pools: &BTreeMap<String, Started>) {
     }
 }
 
-/// Everything `flotilla run` built before it serves.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Starts one pool, and after a failure tries again every `paused_retry_interval` until it
+/// runs, so a plugin file deployed late, a fixed secret or a cloud that comes back heals the
+/// pool without a restart. Each retry reads the pool's section from the config file again
+/// (when it still parses), so a fixed setting is picked up too.
+async fn keep_starting(ctx: Arc<StartContext>, state: Arc<AppState>, mut pool: config::Pool) {
+    let mut attempt = 1u32;
+    loop {
+        state.pools.set(
+            &pool.name,
+            PoolState::Starting {
+                attempt,
+                since: now_ms(),
+            },
+        );
+        match start_pool(&ctx, &state.metrics, &pool).await {
+            Ok(running) => {
+                tracing::info!(pool = %pool.name, attempt, "pool started");
+                state
+                    .pools
+                    .set(&pool.name, PoolState::Running(Arc::new(running)));
+                return;
+            }
+            Err(e) => {
+                let reason = format!("{e:#}");
+                let every = Duration::from_millis(pool.scaler.paused_retry_interval_ms);
+                tracing::error!(pool = %pool.name, attempt, retry_in = ?every, "pool not started: {reason}");
+                state.pools.set(
+                    &pool.name,
+                    PoolState::Failed {
+                        reason,
+                        attempt,
+                        retry_at: now_ms().saturating_add(every.as_millis() as u64),
+                    },
+                );
+                tokio::time::sleep(every).await;
+            }
+        }
+        attempt = attempt.saturating_add(1);
+        match config::load(&ctx.config_path) {
+            Ok(cfg) => {
+                if let Some(fresh) = cfg.pools.into_iter().find(|p| p.name == pool.name) {
+                    pool = fresh;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(pool = %pool.name, "the config file does not load; the start is retried with the settings read before:\n{e}")
+            }
+        }
+    }
+}
+
+/// Everything `flotilla run` builds before it serves: the config, what pool starts share,
+/// and the API's state with every pool still starting.
 struct Built {
     cfg: Config,
-    started: BTreeMap<String, Started>,
+    ctx: Arc<StartContext>,
     state: Arc<AppState>,
 }
 
-/// Loads the config, the plugins and the pools. A pool that fails to start is reported in the
-/// API (`/v1/pools`, `/readyz`) instead of stopping the others.
+/// Loads the config, the runtime, the registry client and the lease store. Pools start
+/// later, each on its own task (see [`keep_starting`]).
 async fn build(config_path: &Path) -> anyhow::Result<Built> {
     let cfg: Config = config::load(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let cache_dir = cfg
@@ -168,56 +246,26 @@ async fn build(config_path: &Path) -> anyhow::Result<Built> {
     let store = open_store(cfg.state_dir.as_deref())?;
     // Lease ids never repeat across restarts: above every stored id, and above an epoch-derived
     // base for runs without a store.
-    let first_lease_id = SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_millis() as u64 * 1024)
-        .max(match &store {
-            Some(s) => s.max_lease_id()?.saturating_add(1),
-            None => 1,
-        });
-    let mut started = BTreeMap::new();
-    let mut failed = BTreeMap::new();
-    for pool in &cfg.pools {
-        match start_pool(
-            &runtime,
-            registry.as_ref(),
-            &metrics,
-            pool,
-            cfg.state_dir.as_deref(),
-            store.as_ref(),
-            first_lease_id,
-        )
-        .await
-        {
-            Ok(s) => {
-                started.insert(pool.name.clone(), s);
-            }
-            Err(e) => {
-                let reason = format!("{e:#}");
-                tracing::error!(pool = %pool.name, "pool not started: {reason}");
-                failed.insert(pool.name.clone(), reason);
-            }
-        }
-    }
+    let first_lease_id = now_ms().saturating_mul(1024).max(match &store {
+        Some(s) => s.max_lease_id()?.saturating_add(1),
+        None => 1,
+    });
     let state = Arc::new(AppState {
-        pools: started
-            .iter()
-            .map(|(k, v)| (k.clone(), v.handle.clone()))
-            .collect(),
-        connectors: started
-            .iter()
-            .filter_map(|(k, v)| Some((k.clone(), v.connector.clone()?)))
-            .collect(),
-        failed,
+        pools: Pools::starting(cfg.pools.iter().map(|p| p.name.as_str()), now_ms()),
         token,
         metrics,
         draining: AtomicBool::new(false),
     });
-    Ok(Built {
-        cfg,
-        started,
-        state,
-    })
+    let ctx = Arc::new(StartContext {
+        config_path: config_path.to_path_buf(),
+        runtime,
+        registry,
+        state_dir: cfg.state_dir.clone(),
+        store,
+        first_lease_id,
+        policies: Mutex::new(BTreeMap::new()),
+    });
+    Ok(Built { cfg, ctx, state })
 }
 
 /// The lease journal, `<state_dir>/leases.redb`; without a state directory leases live in
@@ -256,7 +304,8 @@ fn api_token(cfg: &Config) -> anyhow::Result<Option<flotilla_credentials::Secret
 /// SIGHUP or when the config file changes.
 async fn until_stopped(
     config_path: &Path,
-    started: &BTreeMap<String, Started>,
+    state: &AppState,
+    ctx: &StartContext,
 ) -> anyhow::Result<()> {
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -266,32 +315,34 @@ async fn until_stopped(
         tokio::select! {
             _ = term.recv() => return Ok(()),
             _ = tokio::signal::ctrl_c() => return Ok(()),
-            _ = hup.recv() => reload(config_path, started),
+            _ = hup.recv() => reload(config_path, &state.pools, ctx),
             _ = tick.tick() => {
-                for s in started.values() {
-                    s.metrics.publish_plugin(&s.handle.provider().health());
+                for (_, p) in state.pools.running_pools() {
+                    p.metrics.publish_plugin(&p.handle.provider().health());
                 }
                 let now = mtime(config_path);
                 if now != seen {
                     seen = now;
-                    reload(config_path, started);
+                    reload(config_path, &state.pools, ctx);
                 }
             }
         }
     }
 }
 
-/// Runs until SIGTERM/SIGINT, then drains.
+/// How long a drain may spend on the plugin after the grace period (deleting instances,
+/// `shutdown`) before the pool is abandoned.
+const PLUGIN_SHUTDOWN_ALLOWANCE: Duration = Duration::from_secs(15);
+
+/// Runs until SIGTERM/SIGINT, then drains. The API listens before any pool starts, and pools
+/// start concurrently, so `/healthz`, `/readyz` and `/v1/pools` answer (and say which pools
+/// are still starting) while plugins compile and initialise.
 pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
-    let Built {
-        cfg,
-        started,
-        state,
-    } = build(&config_path).await?;
+    let Built { cfg, ctx, state } = build(&config_path).await?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-    tracing::info!(listen = %cfg.listen, pools = started.len(), "flotilla is running");
+    tracing::info!(listen = %cfg.listen, pools = cfg.pools.len(), "flotilla is listening; pools are starting");
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let server = {
         let shutdown = shutdown.clone();
@@ -302,16 +353,34 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
                 .await
         })
     };
-    until_stopped(&config_path, &started).await?;
+    let starters: Vec<_> = cfg
+        .pools
+        .iter()
+        .map(|pool| tokio::spawn(keep_starting(ctx.clone(), state.clone(), pool.clone())))
+        .collect();
+    until_stopped(&config_path, &state, &ctx).await?;
 
     tracing::info!(grace = ?cfg.shutdown_grace, "draining: new reservations are refused");
     state.draining.store(true, Ordering::Relaxed);
-    let drains = started.values().map(|s| {
-        let handle = s.handle.clone();
-        let grace = cfg.shutdown_grace;
-        let delete = s.delete_on_shutdown;
-        async move { handle.shutdown(grace, delete).await }
-    });
+    // A pool still starting holds no leases: its start is abandoned.
+    for s in &starters {
+        s.abort();
+    }
+    let grace = cfg.shutdown_grace;
+    let drains = state
+        .pools
+        .running_pools()
+        .into_iter()
+        .map(|(name, p)| async move {
+            let drain = p.handle.shutdown(grace, p.delete_on_shutdown);
+            match tokio::time::timeout(grace + PLUGIN_SHUTDOWN_ALLOWANCE, drain).await {
+                Ok(()) => true,
+                Err(_) => {
+                    tracing::error!(pool = %name, "the pool's plugin did not finish shutting down in time; abandoned");
+                    false
+                }
+            }
+        });
     let failed_drains = join_all(drains).await;
     shutdown.notify_one();
     let served = server.await.context("the API server task panicked")?;
@@ -323,17 +392,22 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs every future on its own task and waits for all; returns how many panicked (each is
-/// logged), so one pool's failure neither stops the others' drain nor goes unreported.
-async fn join_all<F: std::future::Future<Output = ()> + Send + 'static>(
+/// Runs every future on its own task and waits for all; returns how many failed or panicked
+/// (each is logged), so one pool's failure neither stops the others' drain nor goes
+/// unreported.
+async fn join_all<F: std::future::Future<Output = bool> + Send + 'static>(
     futs: impl Iterator<Item = F>,
 ) -> usize {
     let handles: Vec<_> = futs.map(tokio::spawn).collect();
     let mut failed = 0;
     for h in handles {
-        if let Err(e) = h.await {
-            tracing::error!("a pool's drain task failed: {e}");
-            failed += 1;
+        match h.await {
+            Ok(true) => {}
+            Ok(false) => failed += 1,
+            Err(e) => {
+                tracing::error!("a pool's drain task failed: {e}");
+                failed += 1;
+            }
         }
     }
     failed

@@ -11,4 +11,5 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod metrics;
+pub mod pools;
 pub mod simulate;

@@ -814,7 +814,9 @@ hosts = [{{ address = "127.0.0.1" }}]
             && let Ok(v) = resp.json::<Value>().await
         {
             state = v;
-            break;
+            if state["pools"]["offline"]["status"]["health"]["state"] != "starting" {
+                break;
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

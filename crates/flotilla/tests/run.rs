@@ -108,6 +108,12 @@ impl Server {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // The API answers while pools start; the tests begin once the pool runs.
+        server
+            .wait_for("the pool to start", |p| {
+                p["status"]["health"]["state"] != "starting"
+            })
+            .await;
         server
     }
 

@@ -33,6 +33,13 @@ pub fn free_port() -> u16 {
 
 impl Flotilla {
     pub async fn start(dir: tempfile::TempDir, config: &str) -> Flotilla {
+        let f = Flotilla::serving(dir, config).await;
+        f.wait_started().await;
+        f
+    }
+
+    /// Starts the process and waits only for its API (pools may still be starting).
+    pub async fn serving(dir: tempfile::TempDir, config: &str) -> Flotilla {
         let path = dir.path().join("flotilla.toml");
         std::fs::write(&path, config).expect("config");
         let port = config
@@ -48,7 +55,7 @@ impl Flotilla {
             client: reqwest::Client::new(),
             dir,
         };
-        f.wait_healthy().await;
+        f.wait_api().await;
         f
     }
 
@@ -70,7 +77,7 @@ impl Flotilla {
             .expect("flotilla")
     }
 
-    async fn wait_healthy(&self) {
+    async fn wait_api(&self) {
         let start = Instant::now();
         while self.call("GET", "/healthz", None).await.0 != 200 {
             assert!(start.elapsed() < Duration::from_secs(30), "{}", self.log());
@@ -78,12 +85,25 @@ impl Flotilla {
         }
     }
 
+    /// Waits until the API answers and no pool is still starting (running, or failed to start).
+    async fn wait_started(&self) {
+        self.wait_api().await;
+        self.wait_for("/v1/pools", "every pool's start to end", |v| {
+            v["pools"].as_object().is_some_and(|pools| {
+                pools
+                    .values()
+                    .all(|p| p["status"]["health"]["state"] != "starting")
+            })
+        })
+        .await;
+    }
+
     /// Kills the process (as a crash would) and starts it again on the same config.
     pub async fn restart(&mut self) {
         let _ = self.child.kill(); // already gone is fine
         let _ = self.child.wait();
         self.child = Flotilla::spawn(&self.dir);
-        self.wait_healthy().await;
+        self.wait_started().await;
     }
 
     /// Polls `path` until `check` accepts its JSON answer.

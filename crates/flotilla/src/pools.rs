@@ -1,0 +1,203 @@
+//! The pools of a running process and where each one is: starting, running, or failed to
+//! start and waiting for its next try. The API serves from here while pools start, so one
+//! slow or broken plugin never keeps the API (or another pool) down.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use serde_json::{Value, json};
+
+use crate::metrics::PoolMetrics;
+use flotilla_connector::Connector;
+use flotilla_scaler::{Millis, PoolHandle, PoolHealth};
+
+/// A pool whose plugin is loaded and initialised and whose scaler runs.
+pub struct RunningPool {
+    /// The scaler.
+    pub handle: Arc<PoolHandle>,
+    /// The connector, with `[pool.connector]`.
+    pub connector: Option<Arc<Connector>>,
+    /// The pool's metrics.
+    pub metrics: PoolMetrics,
+    /// `delete_instances_on_shutdown`.
+    pub delete_on_shutdown: bool,
+}
+
+/// Where a pool is.
+pub enum PoolState {
+    /// Loading the plugin or running `init`.
+    Starting {
+        /// Which try this is (1 for the first).
+        attempt: u32,
+        /// Since when (ms since the Unix epoch).
+        since: Millis,
+    },
+    /// The last start failed and is tried again later.
+    Failed {
+        /// Why it failed.
+        reason: String,
+        /// Which try failed.
+        attempt: u32,
+        /// The next try (ms since the Unix epoch).
+        retry_at: Millis,
+    },
+    /// Serving.
+    Running(Arc<RunningPool>),
+}
+
+impl PoolState {
+    /// The pool's health as `/v1/pools` and `/readyz` show it, when it is not running.
+    fn health(&self) -> Option<Value> {
+        match self {
+            PoolState::Starting { attempt, since } => Some(json!({
+                "state": "starting",
+                "reason": format!("loading the plugin and running init (try {attempt})"),
+                "attempt": attempt,
+                "since": since,
+            })),
+            PoolState::Failed {
+                reason,
+                attempt,
+                retry_at,
+            } => Some(json!({
+                "state": "start-failed",
+                "reason": reason,
+                "attempt": attempt,
+                "retry_at": retry_at,
+            })),
+            PoolState::Running(_) => None,
+        }
+    }
+}
+
+/// Why a pool cannot serve a request.
+pub enum Unavailable {
+    /// No pool by that name in the config.
+    Unknown,
+    /// Still starting.
+    Starting {
+        /// Which try is under way.
+        attempt: u32,
+    },
+    /// Its start failed; it is tried again later.
+    Failed {
+        /// Why it failed.
+        reason: String,
+        /// The next try (ms since the Unix epoch).
+        retry_at: Millis,
+    },
+}
+
+/// Every configured pool by name.
+#[derive(Default)]
+pub struct Pools {
+    inner: RwLock<BTreeMap<String, PoolState>>,
+}
+
+impl Pools {
+    /// Pools that are all starting (first try), as `flotilla run` begins.
+    pub fn starting<'a>(names: impl IntoIterator<Item = &'a str>, now: Millis) -> Pools {
+        let map = names
+            .into_iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    PoolState::Starting {
+                        attempt: 1,
+                        since: now,
+                    },
+                )
+            })
+            .collect();
+        Pools {
+            inner: RwLock::new(map),
+        }
+    }
+
+    /// Pools that are all running (tests and benchmarks that build pools by hand).
+    pub fn running(pools: impl IntoIterator<Item = (String, RunningPool)>) -> Pools {
+        let map = pools
+            .into_iter()
+            .map(|(n, p)| (n, PoolState::Running(Arc::new(p))))
+            .collect();
+        Pools {
+            inner: RwLock::new(map),
+        }
+    }
+
+    // A panic while holding the lock leaves the map whole (every write is one insert), so a
+    // poisoned lock is still safe to use.
+    fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, PoolState>> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<String, PoolState>> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records where a pool is now.
+    pub fn set(&self, name: &str, state: PoolState) {
+        self.write().insert(name.to_string(), state);
+    }
+
+    /// The running pool by that name, or why there is none.
+    pub fn get(&self, name: &str) -> Result<Arc<RunningPool>, Unavailable> {
+        match self.read().get(name) {
+            None => Err(Unavailable::Unknown),
+            Some(PoolState::Running(p)) => Ok(p.clone()),
+            Some(PoolState::Starting { attempt, .. }) => {
+                Err(Unavailable::Starting { attempt: *attempt })
+            }
+            Some(PoolState::Failed {
+                reason, retry_at, ..
+            }) => Err(Unavailable::Failed {
+                reason: reason.clone(),
+                retry_at: *retry_at,
+            }),
+        }
+    }
+
+    /// The running pools.
+    pub fn running_pools(&self) -> Vec<(String, Arc<RunningPool>)> {
+        self.read()
+            .iter()
+            .filter_map(|(n, s)| match s {
+                PoolState::Running(p) => Some((n.clone(), p.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every pool's status for `/v1/pools`: the scaler's snapshot and the plugin's health for
+    /// running pools, the start state for the others.
+    pub fn status(&self) -> serde_json::Map<String, Value> {
+        let mut out = serde_json::Map::new();
+        for (name, state) in self.read().iter() {
+            let entry = match state {
+                PoolState::Running(p) => json!({
+                    "status": p.handle.snapshot(),
+                    "plugin": p.handle.provider().health(),
+                }),
+                other => json!({ "status": { "health": other.health() } }),
+            };
+            out.insert(name.clone(), entry);
+        }
+        out
+    }
+
+    /// The pools that are not ready, with why, for `/readyz`.
+    pub fn not_ready(&self) -> serde_json::Map<String, Value> {
+        let mut out = serde_json::Map::new();
+        for (name, state) in self.read().iter() {
+            let health = match state {
+                PoolState::Running(p) => match p.handle.snapshot().health {
+                    PoolHealth::Ready => continue,
+                    other => json!(other),
+                },
+                other => other.health().unwrap_or(Value::Null),
+            };
+            out.insert(name.clone(), health);
+        }
+        out
+    }
+}
