@@ -366,6 +366,50 @@ mod misbehave {
         assert_eq!(p.health().restarts, 1);
     }
 
+    /// On a single-threaded runtime, two guests spinning until their 2 s deadline leave the
+    /// thread to other tasks: guest code yields to the executor at every epoch tick, so a
+    /// ticker that wants to run every 10 ms is never held up by more than a few ticks.
+    #[tokio::test(flavor = "current_thread")]
+    async fn spinning_guests_do_not_starve_the_executor() {
+        let spinners: Vec<_> = ["spin-a", "spin-b"]
+            .into_iter()
+            .map(|name| provider(name, |s| s.limits.default_deadline = Duration::from_secs(2)))
+            .collect();
+        for p in &spinners {
+            must(p.init(r#"{"on":{"update":"loop"}}"#)).await;
+        }
+        let ticker = async {
+            let mut worst = Duration::ZERO;
+            let mut last = Instant::now();
+            let end = last + Duration::from_millis(1500);
+            while Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let now = Instant::now();
+                worst = worst.max(now - last);
+                last = now;
+            }
+            worst
+        };
+        let spins = futures_util::future::join_all(spinners.iter().map(|p| p.update()));
+        let (worst, results) = tokio::join!(ticker, spins);
+        for r in results {
+            assert!(
+                matches!(
+                    r,
+                    Err(CallError::Timeout {
+                        function: Function::Update,
+                        ..
+                    })
+                ),
+                "{r:?}"
+            );
+        }
+        assert!(
+            worst < Duration::from_millis(60),
+            "the executor was held for {worst:?} by spinning guests"
+        );
+    }
+
     #[tokio::test]
     async fn waiting_on_host_io_hits_the_deadline() {
         // Epochs do not fire while the guest blocks in a host call; the tokio timeout must.

@@ -17,7 +17,7 @@ use super::bindings;
 use super::bindings::flotilla::provider::types as wit;
 use super::egress::{EgressShared, EgressStats};
 use super::output::{GuestOutput, Origin};
-use super::{EPOCH_TICK, HostState, Sandbox};
+use super::{HostState, Sandbox};
 use flotilla_provider::{
     Arch, CallError, Connection, Function, Instance, InstanceState, Os, Protocol, Provider,
     ProviderError, ProviderHealth, ProviderInfo,
@@ -145,8 +145,9 @@ impl WasmProvider {
         };
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|s| &mut s.limiter);
+        store.epoch_deadline_callback(yield_or_interrupt);
         let deadline = self.sandbox.limits.deadline(Function::Init);
-        store.set_epoch_deadline(ticks(deadline));
+        arm_deadline(&mut store, deadline);
         // Epochs stop wasm code, not a start-up that waits on a host pollable: the whole
         // instantiation is bounded too, and a wedged store is dropped, not awaited.
         let instantiated =
@@ -177,7 +178,7 @@ impl WasmProvider {
         call: impl FnOnce(Slot) -> CallFuture<T>,
     ) -> (Option<Slot>, Result<Result<T, wit::Error>, Fault>) {
         let deadline = self.sandbox.limits.deadline(function);
-        slot.store.set_epoch_deadline(ticks(deadline));
+        arm_deadline(&mut slot.store, deadline);
         slot.store.data_mut().log_lines_left = self.sandbox.limits.log_lines_per_call;
         slot.store.data_mut().log_dropped = 0;
         slot.store.data_mut().hooks.requests_this_call = 0;
@@ -316,11 +317,30 @@ impl WasmProvider {
     }
 }
 
-fn ticks(deadline: Duration) -> u64 {
-    let tick = EPOCH_TICK.as_micros().max(1);
-    u64::try_from(deadline.as_micros() / tick)
-        .unwrap_or(u64::MAX)
-        .saturating_add(2)
+/// Epoch ticks of guest code between two yields to the executor: a guest that computes
+/// without waiting gives its worker thread back this often, so it cannot starve the API, the
+/// metrics or other pools however long its deadline.
+const YIELD_EVERY_TICKS: u64 = 1;
+
+/// Starts a call's (or an instantiation's) deadline.
+fn arm_deadline(store: &mut Store<HostState>, deadline: Duration) {
+    store.data_mut().deadline = Instant::now() + deadline;
+    store.set_epoch_deadline(YIELD_EVERY_TICKS);
+}
+
+/// At every epoch check of a running guest: interrupt it past its deadline, otherwise yield to
+/// the executor and let it run on. The tokio timeout around every call enforces the same
+/// deadline while the guest waits on the host.
+fn yield_or_interrupt(
+    store: wasmtime::StoreContextMut<'_, HostState>,
+) -> wasmtime::Result<wasmtime::UpdateDeadline> {
+    if Instant::now() >= store.data().deadline {
+        return Ok(wasmtime::UpdateDeadline::Interrupt);
+    }
+    Ok(wasmtime::UpdateDeadline::YieldCustom(
+        YIELD_EVERY_TICKS,
+        Box::pin(tokio::task::yield_now()),
+    ))
 }
 
 /// A trap message that says what happened in plain words (memory cap, interrupt, panic).

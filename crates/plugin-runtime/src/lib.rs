@@ -259,6 +259,9 @@ pub(crate) struct HostState {
     log_lines_left: u32,
     /// Lines dropped in the current call (the first drop is logged).
     log_dropped: u64,
+    /// When the running call (or instantiation) must end; wasm code past it is interrupted at
+    /// its next epoch check.
+    deadline: std::time::Instant,
     #[cfg(feature = "test-probe")]
     probe: Option<Probe>,
 }
@@ -299,6 +302,7 @@ impl HostState {
             ssh_public_key,
             log_lines_left: limits.log_lines_per_call,
             log_dropped: 0,
+            deadline: std::time::Instant::now(),
             #[cfg(feature = "test-probe")]
             probe: None,
         }
