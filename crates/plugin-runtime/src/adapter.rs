@@ -15,7 +15,7 @@ use wasmtime::Store;
 
 use super::bindings;
 use super::bindings::flotilla::provider::types as wit;
-use super::egress::{EgressShared, EgressStats};
+use super::egress::{Budget, EgressShared, EgressStats};
 use super::output::{GuestOutput, Origin};
 use super::{HostState, Sandbox};
 use flotilla_provider::{
@@ -104,6 +104,10 @@ impl WasmProvider {
             origin,
             egress: EgressShared {
                 policy: Arc::new(sandbox.egress.clone()),
+                budget: Arc::new(Budget::new(
+                    sandbox.limits.requests_in_flight,
+                    sandbox.limits.requests_per_minute,
+                )),
                 ..EgressShared::default()
             },
             sandbox,
@@ -119,6 +123,11 @@ impl WasmProvider {
     /// starts, and the unit that instantiation benchmarks measure.
     pub async fn probe_instantiate(&self) -> Result<(), CallError> {
         self.instantiate().await.map(drop)
+    }
+
+    /// Outgoing requests of this pool's plugin that hold a budget slot now.
+    pub fn requests_in_flight(&self) -> u32 {
+        self.egress.budget.in_flight()
     }
 
     /// Outbound request counters of this pool's plugin.
@@ -184,7 +193,11 @@ impl WasmProvider {
         slot.store.data_mut().hooks.requests_this_call = 0;
         match tokio::time::timeout(deadline, call(slot)).await {
             Err(_) => (None, Err(Fault::Timeout(deadline))),
-            Ok((slot, Ok(result))) => (Some(slot), Ok(result)),
+            Ok((mut slot, Ok(result))) => {
+                // No request outlives its call (a dropped store takes its requests along).
+                slot.store.data_mut().hooks.scope.end();
+                (Some(slot), Ok(result))
+            }
             Ok((slot, Err(e))) => {
                 let fault = match e.downcast_ref::<wasmtime::Trap>() {
                     Some(wasmtime::Trap::Interrupt) => Fault::Timeout(deadline),

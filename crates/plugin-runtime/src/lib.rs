@@ -296,6 +296,8 @@ impl HostState {
                 requests_this_call: 0,
                 connections: egress.connections.clone(),
                 tls: egress.tls.clone(),
+                budget: egress.budget.clone(),
+                scope: egress::CallScope::default(),
             },
             limiter: AggregateLimiter::new(limits.clone()),
             origin,

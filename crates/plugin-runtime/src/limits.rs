@@ -37,6 +37,11 @@ pub struct Limits {
     /// How long calls fail fast once the circuit opens.
     #[serde(with = "humantime_serde")]
     pub circuit_cooldown: Duration,
+    /// Outgoing requests of the pool's plugin that may be open at once (sent and not yet
+    /// read to the end or dropped). Each holds a connection, so this bounds the sockets too.
+    pub requests_in_flight: u32,
+    /// Outgoing requests of the pool's plugin per minute (a sliding window).
+    pub requests_per_minute: u32,
 }
 
 impl Default for Limits {
@@ -58,6 +63,8 @@ impl Default for Limits {
             log_lines_per_call: 1_000,
             circuit_threshold: 5,
             circuit_cooldown: Duration::from_secs(30),
+            requests_in_flight: 16,
+            requests_per_minute: 600,
         }
     }
 }
@@ -84,6 +91,9 @@ impl Limits {
         }
         if self.instances == 0 || self.tables == 0 || self.memories == 0 {
             out.push("instances, tables and memories must be at least 1".to_string());
+        }
+        if self.requests_in_flight == 0 || self.requests_per_minute == 0 {
+            out.push("requests_in_flight and requests_per_minute must be at least 1".to_string());
         }
         if self.circuit_threshold == 0 {
             out.push("circuit_threshold: must be at least 1".to_string());

@@ -1,5 +1,8 @@
 //! A loopback HTTP server for egress tests. It records what arrives and serves
-//! `/ok` (a small body), `/huge` (1 GB, streamed lazily) and `/stall` (headers, then silence).
+//! `/ok` (a small body), `/huge` (1 GB, streamed lazily), `/stall` (headers, then silence)
+//! and `/echo` (the request's headers reflected back: each as an `x-echo-<name>` response
+//! header, and all as `name: value` lines in a body sent in 5-byte chunks, as a server that
+//! echoes TRACE would).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -54,7 +57,25 @@ async fn handle(
             headers,
         });
     }
+    let echoed: Vec<(String, String)> = crate::serve::headers(&req);
     let _ = req.into_body().collect().await;
+    if path == "/echo" {
+        let mut response = Response::builder();
+        let mut text = String::new();
+        for (k, v) in &echoed {
+            response = response.header(format!("x-echo-{k}"), v.as_str());
+            text.push_str(&format!("{k}: {v}\n"));
+        }
+        let chunks: Vec<Bytes> = text
+            .as_bytes()
+            .chunks(5)
+            .map(Bytes::copy_from_slice)
+            .collect();
+        let stream = tokio_stream_iter(chunks.into_iter().map(|c| Ok(Frame::data(c))));
+        return Ok(response
+            .body(StreamBody::new(stream).boxed())
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed())));
+    }
     let body: Body = match path.as_str() {
         "/huge" => {
             let chunk = Bytes::from(vec![b'x'; 1 << 20]);

@@ -449,3 +449,147 @@ async fn https_verifies_the_server_against_the_pool_roots() {
     assert_eq!(r["results"][0]["status"], 200, "{r}");
     assert_eq!(r["results"][1]["bytes"], 12, "{r}");
 }
+
+/// A guest that keeps response handles (and so connections) in its state gets at most
+/// `requests_in_flight` of them, and loses them all when its call returns: the next call has
+/// the whole budget again, although the guest still holds the old handles.
+#[tokio::test]
+async fn held_responses_are_capped_and_do_not_outlive_their_call() {
+    let other = bystander().await;
+    let peer = Peer::start().await;
+    let p = egress_plugin(|s| {
+        s.egress.allow = allow(&[format!("http://{}", peer.addr)]);
+        s.egress.allowed_ip_ranges = loopback();
+        s.limits.requests_in_flight = 4;
+        s.limits.default_deadline = Duration::from_secs(20);
+    });
+    let hold = json!({"url": peer.url("/stall"), "count": 10, "hold": true});
+    let r = attack(&p, hold.clone()).await;
+    let results = r["results"].as_array().cloned().unwrap_or_default();
+    assert_eq!(results.len(), 10, "{r}");
+    assert!(
+        results[..4]
+            .iter()
+            .all(|r| r["status"] == 200 && r["held"] == true),
+        "{r}"
+    );
+    assert!(
+        results[4..]
+            .iter()
+            .all(|r| r["error"].as_str().is_some_and(|e| e.contains("Denied"))),
+        "{r}"
+    );
+    assert_eq!(peer.arrivals().len(), 4);
+    assert_eq!(
+        p.requests_in_flight(),
+        0,
+        "the call returned, its requests end"
+    );
+    // The guest still holds the four old responses; the budget is whole again anyway.
+    let r = attack(&p, hold).await;
+    let results = r["results"].as_array().cloned().unwrap_or_default();
+    assert!(results[..4].iter().all(|r| r["status"] == 200), "{r}");
+    assert_eq!(peer.arrivals().len(), 8);
+    assert_bystander_works(&other).await;
+}
+
+/// `requests_per_minute` is a window over calls, not a per-call cap.
+#[tokio::test]
+async fn requests_per_minute_hold_across_calls() {
+    let peer = Peer::start().await;
+    let p = egress_plugin(|s| {
+        s.egress.allow = allow(&[format!("http://{}", peer.addr)]);
+        s.egress.allowed_ip_ranges = loopback();
+        s.limits.requests_per_minute = 5;
+    });
+    let r = attack(&p, json!({"url": peer.url("/ok"), "count": 8})).await;
+    let results = r["results"].as_array().cloned().unwrap_or_default();
+    assert!(results[..5].iter().all(|r| r["status"] == 200), "{r}");
+    assert!(
+        results[5..]
+            .iter()
+            .all(|r| r["error"].as_str().is_some_and(|e| e.contains("Denied"))),
+        "{r}"
+    );
+    let r = attack(&p, json!({"url": peer.url("/ok")})).await;
+    assert!(denied(&r), "{r}");
+    assert_eq!(peer.arrivals().len(), 5);
+}
+
+/// A bound host that reflects the request (as TRACE or an echo endpoint does) cannot hand
+/// the guest the secret the host injected: bearer, basic and the SigV4 session token are
+/// masked in the response headers and in a body that arrives in 5-byte chunks.
+#[tokio::test]
+async fn a_reflecting_host_cannot_hand_the_secret_back() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let echo = Peer::start().await;
+    let host = format!("http://{}", echo.addr);
+    let p = egress_plugin(|s| {
+        s.egress.allow = allow(std::slice::from_ref(&host));
+        s.egress.allowed_ip_ranges = loopback();
+        s.egress.credentials = vec![
+            bearer("api", std::slice::from_ref(&host)),
+            Credential {
+                name: "basic".into(),
+                kind: CredentialKind::Basic {
+                    username: "robot".into(),
+                    password: SecretSource::Value(Secret::new(SECRET)),
+                },
+                hosts: allow(std::slice::from_ref(&host)),
+            },
+            Credential {
+                name: "aws".into(),
+                kind: CredentialKind::AwsSigv4 {
+                    access_key_id: SecretSource::Value(Secret::new("AKIDEXAMPLE")),
+                    secret_access_key: SecretSource::Value(Secret::new(SECRET)),
+                    session_token: Some(SecretSource::Value(Secret::new(
+                        "session-token-value-9f2e",
+                    ))),
+                    region: Some("eu-west-1".into()),
+                    service: Some("ec2".into()),
+                },
+                hosts: allow(std::slice::from_ref(&host)),
+            },
+        ];
+    });
+    let basic = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(format!("robot:{SECRET}"))
+    };
+    for (credential, secret) in [
+        ("api", SECRET.to_string()),
+        ("basic", basic),
+        ("aws", "session-token-value-9f2e".to_string()),
+    ] {
+        let r = attack(
+            &p,
+            json!({"url": echo.url("/echo"), "credential": credential, "capture": true}),
+        )
+        .await;
+        let result = &r["results"][0];
+        assert_eq!(result["status"], 200, "{r}");
+        // The echo arrived: the request carried the secret, the answer quoted it back.
+        let arrived = echo.arrivals();
+        let last = arrived
+            .last()
+            .map(|a| format!("{:?}", a.headers))
+            .unwrap_or_default();
+        assert!(last.contains(&secret), "{credential}: not injected? {last}");
+        let body = result["body"].as_str().unwrap_or_default();
+        assert!(body.contains("authorization: "), "{credential}: {r}");
+        assert!(
+            !r.to_string().contains(&secret),
+            "{credential}: the secret came back: {r}"
+        );
+        assert!(body.contains("****"), "{credential}: {body}");
+        let headers = result["headers"].to_string();
+        assert!(headers.contains("x-echo-authorization"), "{headers}");
+    }
+    assert!(!logs.text().contains(SECRET));
+    assert!(
+        logs.text().contains("reflected a credential's secret"),
+        "{}",
+        logs.text()
+    );
+}

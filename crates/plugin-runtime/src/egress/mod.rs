@@ -21,8 +21,12 @@ use flotilla_credentials::{
 };
 use flotilla_net::{AllowList, blocked_reason};
 
+mod budget;
 mod client;
+mod scrub;
 
+pub use budget::Budget;
+pub(crate) use budget::CallScope;
 pub use client::ConnectionPool;
 use client::{Timeouts, TlsCell, collect_limited, send_pinned, tls_config};
 
@@ -138,6 +142,7 @@ pub(crate) struct EgressShared {
     pub stats: Arc<EgressStats>,
     pub connections: Arc<ConnectionPool>,
     pub tls: Arc<TlsCell>,
+    pub budget: Arc<Budget>,
 }
 
 /// The wasi-http hooks of one plugin instance.
@@ -151,6 +156,10 @@ pub(crate) struct EgressHooks {
     pub connections: Arc<ConnectionPool>,
     /// The pool's TLS client configuration.
     pub tls: Arc<TlsCell>,
+    /// The pool's request budget.
+    pub budget: Arc<Budget>,
+    /// The requests of the current export call.
+    pub scope: CallScope,
 }
 
 pub(crate) type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
@@ -202,13 +211,17 @@ impl WasiHttpHooks for EgressHooks {
         fut: IoFuture,
     ) -> SendFuture {
         drop(fut);
-        let (credential, hints) = match self.admit(&mut request) {
+        let admitted = self
+            .admit(&mut request)
+            .and_then(|checked| Ok((checked, self.budget.admit()?)));
+        let ((credential, hints), permit) = match admitted {
             Ok(admitted) => admitted,
             Err(reason) => {
                 let e = deny(&self.origin, &self.stats, &request, &reason);
                 return Box::new(async move { Err(e) });
             }
         };
+        let scoped = self.scope.admit(permit);
         let asked = options.unwrap_or_default();
         let policy = self.policy.clone();
         let timeouts = Timeouts {
@@ -227,7 +240,7 @@ impl WasiHttpHooks for EgressHooks {
             tls: self.tls.clone(),
             timeouts,
         };
-        Box::new(forward.send(request, credential, hints))
+        Box::new(scoped.send(forward.send(request, credential, hints)))
     }
 }
 
@@ -317,8 +330,9 @@ impl Forward {
                 .map_err(|never| match never {})
                 .boxed_unsync();
         }
+        let secrets = scrub::Secrets::of_request(&request);
         self.stats.allowed.fetch_add(1, Ordering::Relaxed);
-        send_pinned(
+        let (response, io) = send_pinned(
             request,
             &host,
             &addrs,
@@ -329,7 +343,16 @@ impl Forward {
                 .then(|| tls_config(&self.policy, &self.tls))
                 .transpose()?,
         )
-        .await
+        .await?;
+        let Some(secrets) = secrets else {
+            return Ok((response, io));
+        };
+        let (mut parts, body) = response.into_parts();
+        let masked = secrets.mask_headers(&mut parts.headers);
+        if masked > 0 {
+            tracing::warn!(target: "flotilla::egress", pool = %self.origin.pool, host = %host, masked, "the response reflected a credential's secret in its headers; masked before the plugin saw it");
+        }
+        Ok((http::Response::from_parts(parts, secrets.body(body)), io))
     }
 
     /// Resolves the name (by the host, never the guest) and checks every answer, so a name

@@ -3,10 +3,12 @@
 //!
 //! `connect-info(id)` takes a JSON command as `id`:
 //! `{"url": "...", "credential": "name", "service": "ec2", "count": N, "method": "POST",
-//!   "body": "..."}` and reports, through the test-only `flotilla:test/probe` import under the
+//!   "body": "...", "hold": true, "capture": true}` and reports, through the test-only `flotilla:test/probe` import under the
 //! key `report`:
 //! `{"results": [{"status": 200, "bytes": 12} | {"error": "..."}], "sent_headers": [[k, v]...]}`.
-//! `sent_headers` is the guest's own view of the request it built.
+//! `sent_headers` is the guest's own view of the request it built. `hold` keeps each response
+//! unread in the guest's state (across calls); `capture` adds the response's `headers` and
+//! `body` (as text) to its result.
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 #![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
 
@@ -60,18 +62,47 @@ async fn one(cmd: &Value, sent: &mut Vec<Value>) -> Value {
         Err(e) => return json!({"error": format!("{e:?}")}),
     };
     let status = response.status().as_u16();
+    if cmd["hold"].as_bool() == Some(true) {
+        // Keep the response (and its connection) without reading it, across calls.
+        HELD.with(|h| h.borrow_mut().push(response));
+        return json!({"status": status, "held": true});
+    }
+    let headers: Vec<Value> = response
+        .headers()
+        .iter()
+        .map(|(k, v)| json!([k.as_str(), String::from_utf8_lossy(v.as_bytes())]))
+        .collect();
     let mut body = response.into_body().into_boxed_body();
     let mut bytes = 0u64;
+    let mut text = Vec::new();
+    let capture = cmd["capture"].as_bool() == Some(true);
     loop {
         match body.frame().await {
             None => break,
-            Some(Ok(frame)) => bytes += frame.data_ref().map_or(0, |d| d.len() as u64),
+            Some(Ok(frame)) => {
+                if let Some(d) = frame.data_ref() {
+                    bytes += d.len() as u64;
+                    if capture {
+                        text.extend_from_slice(d);
+                    }
+                }
+            }
             Some(Err(e)) => {
                 return json!({"status": status, "bytes": bytes, "error": format!("{e:?}")});
             }
         }
     }
+    if capture {
+        return json!({"status": status, "bytes": bytes, "headers": headers,
+            "body": String::from_utf8_lossy(&text)});
+    }
     json!({"status": status, "bytes": bytes})
+}
+
+thread_local! {
+    /// Responses kept unread by `"hold": true` commands, across calls.
+    static HELD: std::cell::RefCell<Vec<wstd::http::Response<Body>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 struct Egress;
