@@ -599,6 +599,54 @@ mod misbehave {
         assert_bystander_works(&other).await;
     }
 
+    /// Header sets live in host memory, outside `memory_bytes`: one over `http_fields_bytes` is
+    /// refused, and the number held is capped by `resource_entries`, so the host memory a
+    /// guest can take this way is bounded (here 500 × 16 KiB) and the fault is contained.
+    #[tokio::test(flavor = "current_thread")]
+    async fn host_side_http_memory_is_bounded() {
+        let logs = LogCapture::default();
+        let _guard = logs.install();
+        let other = bystander().await;
+        let p = provider("fields", |s| {
+            s.limits.resource_entries = 500;
+            s.limits.default_deadline = Duration::from_secs(20);
+        });
+        must(p.init(r#"{"on":{"update":"fields-flood"}}"#)).await;
+        let r = p.update().await;
+        let text = logs.text();
+        let most = text
+            .lines()
+            .filter_map(|l| l.split("header sets held: ").nth(1))
+            .filter_map(|n| {
+                n.split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse::<u32>()
+                    .ok()
+            })
+            .max()
+            .unwrap_or(0);
+        assert!((100..=500).contains(&most), "held {most}: {r:?}");
+        // Refused by the table: a trap, and the instance (with everything it held) is discarded.
+        assert!(
+            matches!(&r, Err(CallError::Trap { message, .. }) if message.contains("resource table has no free keys")),
+            "{r:?}"
+        );
+        assert_eq!(
+            must(p.increase(1)).await,
+            1,
+            "the next call gets a fresh instance"
+        );
+
+        let p = provider("fields-big", |_| {});
+        must(p.init(r#"{"on":{"update":"fields-oversized"}}"#)).await;
+        let r = p.update().await;
+        assert!(
+            matches!(&r, Err(CallError::Trap { message, .. }) if message.contains("fields exceeds limit")),
+            "{r:?}"
+        );
+        assert_bystander_works(&other).await;
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn guest_text_is_capped_and_cannot_forge_host_log_lines() {
         let logs = LogCapture::default();

@@ -285,10 +285,14 @@ impl HostState {
             .allow_ip_name_lookup(false)
             .socket_addr_check(|_, _| Box::pin(async { false }))
             .build();
+        let mut http = WasiHttpCtx::new();
+        http.set_field_size_limit(limits.http_fields_bytes);
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(limits.resource_entries);
         HostState {
             wasi,
-            http: WasiHttpCtx::new(),
-            table: ResourceTable::new(),
+            http,
+            table,
             hooks: egress::EgressHooks {
                 policy: egress.policy.clone(),
                 stats: egress.stats.clone(),

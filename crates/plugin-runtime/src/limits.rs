@@ -42,6 +42,13 @@ pub struct Limits {
     pub requests_in_flight: u32,
     /// Outgoing requests of the pool's plugin per minute (a sliding window).
     pub requests_per_minute: u32,
+    /// Host resources (header sets, requests, responses, streams, pollables) one instance may
+    /// hold at once. With `http_fields_bytes` this bounds the host memory a plugin can take
+    /// outside its linear memory: at most `resource_entries × http_fields_bytes`.
+    pub resource_entries: usize,
+    /// Bytes of one header set (`wasi:http` fields) a plugin may build, counted as the host
+    /// stores it.
+    pub http_fields_bytes: usize,
 }
 
 impl Default for Limits {
@@ -65,6 +72,8 @@ impl Default for Limits {
             circuit_cooldown: Duration::from_secs(30),
             requests_in_flight: 16,
             requests_per_minute: 600,
+            resource_entries: 4_096,
+            http_fields_bytes: 32 << 10,
         }
     }
 }
@@ -91,6 +100,12 @@ impl Limits {
         }
         if self.instances == 0 || self.tables == 0 || self.memories == 0 {
             out.push("instances, tables and memories must be at least 1".to_string());
+        }
+        if self.resource_entries < 64 {
+            out.push("resource_entries: must be at least 64".to_string());
+        }
+        if self.http_fields_bytes < 4096 {
+            out.push("http_fields_bytes: must be at least 4096".to_string());
         }
         if self.requests_in_flight == 0 || self.requests_per_minute == 0 {
             out.push("requests_in_flight and requests_per_minute must be at least 1".to_string());

@@ -3,7 +3,8 @@
 //! Settings: `{"on": {"<export>": "<fault>"}, "trap_on_delta": N}`, where export is one of
 //! init, update, increase, decrease, connect-info, heartbeat, shutdown and fault is one of
 //! `trap`, `panic`, `loop`, `alloc`, `sleep`, `dup-ids`, `over-increase`, `foreign-ids`, and
-//! for update `huge-list`, `long-id`, `long-error`, `log-forge`.
+//! for update `huge-list`, `long-id`, `long-error`, `log-forge`, `fields-flood`,
+//! `fields-oversized`.
 //! Without faults it behaves like a tiny in-memory group.
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 #![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
@@ -63,6 +64,28 @@ fn misbehave(export: &str) {
     }
 }
 
+/// Creates `wasi:http` header sets until the host refuses one, logging the count held every
+/// 100, and reports how far it got. Each set lives in host memory, not in this guest's.
+fn fields_flood() -> Result<Vec<Instance>, Error> {
+    use wasi::http::types::Fields;
+    let value = vec![b'a'; 16 << 10];
+    let mut held = Vec::new();
+    loop {
+        match Fields::from_list(&[("x-fill".to_string(), value.clone())]) {
+            Ok(f) => held.push(f),
+            Err(e) => {
+                return Err(Error::Transient(format!(
+                    "refused after {} header sets: {e:?}",
+                    held.len()
+                )));
+            }
+        }
+        if held.len() % 100 == 0 {
+            emit(Level::Info, &format!("header sets held: {}", held.len()));
+        }
+    }
+}
+
 struct Misbehave;
 
 impl Guest for Misbehave {
@@ -111,6 +134,17 @@ impl Guest for Misbehave {
                 let mut m = "\n2026-01-01T00:00:00Z  INFO flotilla: forged line\n".to_string();
                 m.push_str(&"e".repeat(4 << 20));
                 return Err(Error::Transient(m));
+            }
+            // Host-side memory through wasi:http: as many 16 KiB header sets as the host
+            // will hold, all kept.
+            Some("fields-flood") => return fields_flood(),
+            // One header set of 256 KiB.
+            Some("fields-oversized") => {
+                let big = wasi::http::types::Fields::from_list(&[(
+                    "x-big".to_string(),
+                    vec![b'a'; 256 << 10],
+                )]);
+                return Err(Error::Transient(format!("oversized header set: {big:?}")));
             }
             // A log line that tries to look like two host lines.
             Some("log-forge") => emit(
