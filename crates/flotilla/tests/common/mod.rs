@@ -40,6 +40,15 @@ impl Flotilla {
 
     /// Starts the process and waits only for its API (pools may still be starting).
     pub async fn serving(dir: tempfile::TempDir, config: &str) -> Flotilla {
+        Flotilla::serving_with_fd_limit(dir, config, None).await
+    }
+
+    /// Like [`Flotilla::serving`], with at most `nofile` open file descriptors.
+    pub async fn serving_with_fd_limit(
+        dir: tempfile::TempDir,
+        config: &str,
+        nofile: Option<u32>,
+    ) -> Flotilla {
         let path = dir.path().join("flotilla.toml");
         std::fs::write(&path, config).expect("config");
         let port = config
@@ -48,7 +57,7 @@ impl Flotilla {
             .and_then(|r| r.trim_end_matches('"').parse::<u16>().ok())
             .expect("the listen port");
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let child = Flotilla::spawn(&dir);
+        let child = Flotilla::spawn(&dir, nofile);
         let f = Flotilla {
             child,
             base: format!("http://127.0.0.1:{port}"),
@@ -59,13 +68,22 @@ impl Flotilla {
         f
     }
 
-    fn spawn(dir: &tempfile::TempDir) -> Child {
+    fn spawn(dir: &tempfile::TempDir, nofile: Option<u32>) -> Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(dir.path().join("flotilla.log"))
             .expect("log");
-        Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        let mut command = match nofile {
+            None => Command::new(env!("CARGO_BIN_EXE_flotilla")),
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\"")])
+                    .arg(env!("CARGO_BIN_EXE_flotilla"));
+                c
+            }
+        };
+        command
             .args(["run", "-c"])
             .arg(dir.path().join("flotilla.toml"))
             .env("FLOTILLA_LOG", "info")
@@ -102,7 +120,7 @@ impl Flotilla {
     pub async fn restart(&mut self) {
         let _ = self.child.kill(); // already gone is fine
         let _ = self.child.wait();
-        self.child = Flotilla::spawn(&self.dir);
+        self.child = Flotilla::spawn(&self.dir, None);
         self.wait_started().await;
     }
 

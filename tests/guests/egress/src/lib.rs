@@ -8,7 +8,8 @@
 //! `{"results": [{"status": 200, "bytes": 12} | {"error": "..."}], "sent_headers": [[k, v]...]}`.
 //! `sent_headers` is the guest's own view of the request it built. `hold` keeps each response
 //! unread in the guest's state (across calls); `capture` adds the response's `headers` and
-//! `body` (as text) to its result.
+//! `body` (as text) to its result. The setting `{"on_update": <command>}` makes every `update`
+//! run that command too.
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 #![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
 
@@ -100,6 +101,9 @@ async fn one(cmd: &Value, sent: &mut Vec<Value>) -> Value {
 }
 
 thread_local! {
+    /// The command `update` runs, from the `on_update` setting (for tests that run the guest
+    /// as a pool, where nothing calls `connect-info` with commands).
+    static ON_UPDATE: std::cell::RefCell<Option<Value>> = const { std::cell::RefCell::new(None) };
     /// Responses kept unread by `"hold": true` commands, across calls.
     static HELD: std::cell::RefCell<Vec<wstd::http::Response<Body>>> =
         const { std::cell::RefCell::new(Vec::new()) };
@@ -108,7 +112,9 @@ thread_local! {
 struct Egress;
 
 impl Guest for Egress {
-    fn init(_settings: String) -> Result<ProviderInfo, Error> {
+    fn init(settings: String) -> Result<ProviderInfo, Error> {
+        let settings: Value = serde_json::from_str(&settings).unwrap_or(Value::Null);
+        ON_UPDATE.with(|c| *c.borrow_mut() = settings.get("on_update").cloned());
         Ok(ProviderInfo {
             id: "test/egress".into(),
             version: "0".into(),
@@ -120,6 +126,15 @@ impl Guest for Egress {
         })
     }
     fn update() -> Result<Vec<Instance>, Error> {
+        if let Some(cmd) = ON_UPDATE.with(|c| c.borrow().clone()) {
+            let count = cmd.get("count").and_then(Value::as_u64).unwrap_or(1);
+            wstd::runtime::block_on(async {
+                let mut sent = Vec::new();
+                for _ in 0..count {
+                    one(&cmd, &mut sent).await;
+                }
+            });
+        }
         Ok(Vec::new())
     }
     fn increase(_delta: u32) -> Result<u32, Error> {
