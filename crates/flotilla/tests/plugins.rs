@@ -929,6 +929,64 @@ mod load_checks {
         assert!(matches!(e, LoadError::ContractMismatch { .. }), "{e}");
     }
 
+    /// A load from the cache skips reading and hashing a file whose identity (device, inode,
+    /// size, mtime, ctime) is unchanged; any change to the file is hashed again, so the
+    /// digest always names the bytes on disk.
+    #[test]
+    fn the_digest_follows_the_file_even_when_hashing_is_skipped() {
+        use flotilla_plugin_runtime::{CacheOutcome, PluginRuntime, RuntimeOptions};
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let rt = PluginRuntime::new(RuntimeOptions {
+            cache_dir: Some(dir.path().join("cache")),
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("plugin.wasm");
+        let digest =
+            |p: &str| flotilla_net::sha256_hex(&std::fs::read(p).unwrap_or_else(|e| panic!("{e}")));
+        std::fs::copy(guests::STATIC_PLUGIN, &path).unwrap_or_else(|e| panic!("{e}"));
+        let load = || rt.load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        let first = load();
+        assert_eq!(first.sha256, digest(guests::STATIC_PLUGIN));
+        let again = load();
+        assert_eq!(
+            (again.sha256.as_str(), again.cache),
+            (first.sha256.as_str(), CacheOutcome::Hit)
+        );
+        assert_eq!(again.size, first.size);
+        // Replaced in place by another plugin: read and hashed again.
+        std::fs::copy(guests::TEMPLATE_PLUGIN, &path).unwrap_or_else(|e| panic!("{e}"));
+        let replaced = load();
+        assert_eq!(replaced.sha256, digest(guests::TEMPLATE_PLUGIN));
+        assert_ne!(replaced.sha256, first.sha256);
+        // Back to the first bytes: the digest follows again (and its compiled code is reused).
+        std::fs::copy(guests::STATIC_PLUGIN, &path).unwrap_or_else(|e| panic!("{e}"));
+        let back = load();
+        assert_eq!(
+            (back.sha256.as_str(), back.cache),
+            (first.sha256.as_str(), CacheOutcome::Hit)
+        );
+        // A record that names another digest for the file's current identity is believed only
+        // while that identity holds: touching the file (new ctime) makes it hash again.
+        let records = dir.path().join("cache").join("by-path");
+        for r in std::fs::read_dir(&records)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .flatten()
+        {
+            let text = std::fs::read_to_string(r.path()).unwrap_or_else(|e| panic!("{e}"));
+            let (identity, _) = text.split_once('\n').unwrap_or_else(|| panic!("{text}"));
+            std::fs::write(r.path(), format!("{identity}\n{}", replaced.sha256))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("{e}"));
+        f.set_modified(std::time::SystemTime::now())
+            .unwrap_or_else(|e| panic!("{e}"));
+        drop(f);
+        assert_eq!(load().sha256, first.sha256);
+    }
+
     #[test]
     fn compile_cache_skips_the_second_compile() {
         use flotilla_plugin_runtime::{CacheOutcome, PluginRuntime, RuntimeOptions};
@@ -958,6 +1016,7 @@ mod load_checks {
         for entry in std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{e}"))
             .flatten()
+            .filter(|e| e.path().is_file())
         {
             let tmp = entry.path().with_extension("tmp");
             std::fs::write(&tmp, b"corrupt").unwrap_or_else(|e| panic!("{e}"));

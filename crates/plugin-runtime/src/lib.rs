@@ -194,8 +194,18 @@ impl PluginRuntime {
 
     /// Reads, checks and compiles (or loads from cache) a plugin file.
     pub fn load_file(&self, path: &Path) -> Result<LoadedPlugin, LoadError> {
+        let source = path.display().to_string();
+        // An unchanged file whose compiled entry exists is neither read nor hashed again.
+        if let Some((sha256, entry, size)) = self.cache.known(&self.engine, path)
+            && let Some(component) = self.cache.load_entry(&self.engine, &entry)
+        {
+            return self.finish_load(source, sha256, size as usize, component, CacheOutcome::Hit);
+        }
+        let before = cache::FileIdentity::of(path);
         let bytes = inspect::read_plugin(path)?;
-        self.load_checked(path.display().to_string(), &bytes)
+        let loaded = self.load_checked(source, &bytes)?;
+        self.cache.remember(path, before, &loaded.sha256);
+        Ok(loaded)
     }
 
     /// Header-only checks (empty, not wasm, core module) that need no compilation.
@@ -212,6 +222,18 @@ impl PluginRuntime {
     fn load_checked(&self, source: String, bytes: &[u8]) -> Result<LoadedPlugin, LoadError> {
         let sha256 = flotilla_net::sha256_hex(bytes);
         let (component, cache) = self.cache.load(&self.engine, &source, &sha256, bytes)?;
+        self.finish_load(source, sha256, bytes.len(), component, cache)
+    }
+
+    /// Checks a compiled component against the contract and links it.
+    fn finish_load(
+        &self,
+        source: String,
+        sha256: String,
+        size: usize,
+        component: wasmtime::component::Component,
+        cache: CacheOutcome,
+    ) -> Result<LoadedPlugin, LoadError> {
         let shape = inspect::check_shape(&source, &self.engine, &component)?;
         let instance_pre =
             self.linker
@@ -229,7 +251,7 @@ impl PluginRuntime {
             pre,
             source,
             sha256,
-            size: bytes.len(),
+            size,
             shape,
             cache,
         })

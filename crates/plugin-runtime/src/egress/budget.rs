@@ -123,6 +123,9 @@ impl CallScope {
     /// Ends the call: every request it made is cancelled, its permit returned and its
     /// connection closed, whether or not the guest still holds a handle to it.
     pub(crate) fn end(&mut self) {
+        if self.held.is_empty() {
+            return; // no request in this call: nothing to cancel (the common, cheap case)
+        }
         self.ended.cancel();
         for held in self.held.drain(..) {
             if let Some(held) = held.upgrade() {
