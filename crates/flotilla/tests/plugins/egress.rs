@@ -518,7 +518,8 @@ async fn requests_per_minute_hold_across_calls() {
 
 /// A bound host that reflects the request (as TRACE or an echo endpoint does) cannot hand
 /// the guest the secret the host injected: bearer, basic and the SigV4 session token are
-/// masked in the response headers and in a body that arrives in 5-byte chunks.
+/// masked in the response headers and in a body that arrives in 5-byte chunks, and no
+/// credential is applied to TRACE at all.
 #[tokio::test]
 async fn a_reflecting_host_cannot_hand_the_secret_back() {
     let logs = LogCapture::default();
@@ -586,6 +587,18 @@ async fn a_reflecting_host_cannot_hand_the_secret_back() {
         let headers = result["headers"].to_string();
         assert!(headers.contains("x-echo-authorization"), "{headers}");
     }
+    // A credential is never applied to TRACE (or CONNECT, OPTIONS, extension methods): the
+    // request is refused before it leaves.
+    let before = echo.arrivals().len();
+    for method in ["TRACE", "OPTIONS", "PROPFIND"] {
+        let r = attack(
+            &p,
+            json!({"url": echo.url("/echo"), "credential": "api", "method": method}),
+        )
+        .await;
+        assert!(denied(&r), "{method}: {r}");
+    }
+    assert_eq!(echo.arrivals().len(), before, "a refused request left");
     assert!(!logs.text().contains(SECRET));
     assert!(
         logs.text().contains("reflected a credential's secret"),

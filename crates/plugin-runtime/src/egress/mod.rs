@@ -244,6 +244,18 @@ impl WasiHttpHooks for EgressHooks {
     }
 }
 
+/// The methods cloud APIs are called with. A credential is never applied to another: TRACE
+/// reflects the request whole, CONNECT tunnels past the host's view, and no cloud API needs
+/// OPTIONS or an extension method.
+const CREDENTIAL_METHODS: [http::Method; 6] = [
+    http::Method::GET,
+    http::Method::HEAD,
+    http::Method::POST,
+    http::Method::PUT,
+    http::Method::PATCH,
+    http::Method::DELETE,
+];
+
 impl EgressHooks {
     /// The checks that need no I/O: the per-call cap, the allow-list, and the credential the
     /// request names (which must exist and be bound to the target). Removes the host-only
@@ -273,6 +285,17 @@ impl EgressHooks {
                 c.hosts
                     .check(request.uri())
                     .map_err(|_| format!("credential {name:?} is not bound to this host"))?;
+                if !CREDENTIAL_METHODS.contains(request.method()) {
+                    return Err(format!(
+                        "credential {name:?} is applied only to {}, not to {}",
+                        CREDENTIAL_METHODS
+                            .iter()
+                            .map(http::Method::as_str)
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        request.method()
+                    ));
+                }
                 Some(c.clone())
             }
         };
