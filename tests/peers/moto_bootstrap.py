@@ -9,6 +9,9 @@ usage: moto_bootstrap.py ENDPOINT [MAX_SIZE]
        moto_bootstrap.py ENDPOINT --policy USER ACTIONS...   (replace the plugin user's policy)
        moto_bootstrap.py ENDPOINT --resize KEY SECRET GROUP MAX DESIRED   (change the group by hand)
        moto_bootstrap.py ENDPOINT --describe ADMIN_KEY ADMIN_SECRET GROUP
+       moto_bootstrap.py ENDPOINT --instances ADMIN_KEY ADMIN_SECRET GROUP   (the group's instances)
+       moto_bootstrap.py ENDPOINT --delete-group ADMIN_KEY ADMIN_SECRET GROUP   (force-delete it)
+       moto_bootstrap.py ENDPOINT --create-group ADMIN_KEY ADMIN_SECRET GROUP MAX   (create it again)
        moto_bootstrap.py ENDPOINT --allow-unsigned N   (let the next N unsigned calls through)
        moto_bootstrap.py ENDPOINT --assume-role ROLE_ARN  (print temporary keys for the role)
 """
@@ -40,12 +43,40 @@ def policy(actions):
     return json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]})
 
 
+def create_group(asg, name, max_size, subnet):
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName=name,
+        LaunchTemplate={"LaunchTemplateName": "ci-runner", "Version": "$Latest"},
+        MinSize=0,
+        MaxSize=max_size,
+        DesiredCapacity=0,
+        VPCZoneIdentifier=subnet,
+        NewInstancesProtectedFromScaleIn=True,
+    )
+    asg.suspend_processes(AutoScalingGroupName=name, ScalingProcesses=["AZRebalance"])
+
+
 def main():
     endpoint = sys.argv[1]
     if len(sys.argv) > 2 and sys.argv[2] == "--describe":
         key, secret, group = sys.argv[3:6]
         g = client(endpoint, "autoscaling", key, secret).describe_auto_scaling_groups(AutoScalingGroupNames=[group])
         print(json.dumps({"desired": g["AutoScalingGroups"][0]["DesiredCapacity"]}))
+        return
+    if len(sys.argv) > 2 and sys.argv[2] == "--instances":
+        key, secret, group = sys.argv[3:6]
+        g = client(endpoint, "autoscaling", key, secret).describe_auto_scaling_groups(AutoScalingGroupNames=[group])
+        found = g["AutoScalingGroups"][0]["Instances"] if g["AutoScalingGroups"] else []
+        print(json.dumps([{"id": i["InstanceId"], "lifecycle": i["LifecycleState"]} for i in found]))
+        return
+    if len(sys.argv) > 2 and sys.argv[2] == "--delete-group":
+        key, secret, group = sys.argv[3:6]
+        client(endpoint, "autoscaling", key, secret).delete_auto_scaling_group(AutoScalingGroupName=group, ForceDelete=True)
+        return
+    if len(sys.argv) > 2 and sys.argv[2] == "--create-group":
+        key, secret, group, max_size = sys.argv[3:7]
+        subnets = client(endpoint, "ec2", key, secret).describe_subnets(Filters=[{"Name": "cidr-block", "Values": ["10.20.1.0/24"]}])
+        create_group(client(endpoint, "autoscaling", key, secret), group, int(max_size), subnets["Subnets"][0]["SubnetId"])
         return
     if len(sys.argv) > 2 and sys.argv[2] == "--resize":
         # An operator changing the group by hand: --resize KEY SECRET GROUP MAX DESIRED
@@ -94,17 +125,7 @@ def main():
         LaunchTemplateName="ci-runner",
         LaunchTemplateData={"ImageId": "ami-760aaa0f", "InstanceType": "t3.micro"},
     )
-    asg = client(endpoint, "autoscaling", admin["key"], admin["secret"])
-    asg.create_auto_scaling_group(
-        AutoScalingGroupName="ci-runners",
-        LaunchTemplate={"LaunchTemplateName": "ci-runner", "Version": "$Latest"},
-        MinSize=0,
-        MaxSize=max_size,
-        DesiredCapacity=0,
-        VPCZoneIdentifier=subnet,
-        NewInstancesProtectedFromScaleIn=True,
-    )
-    asg.suspend_processes(AutoScalingGroupName="ci-runners", ScalingProcesses=["AZRebalance"])
+    create_group(client(endpoint, "autoscaling", admin["key"], admin["secret"]), "ci-runners", max_size, subnet)
     print(json.dumps({"users": users, "group": "ci-runners", "role": role}))
 
 

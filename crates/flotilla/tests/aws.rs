@@ -11,10 +11,11 @@
 use flotilla_test_support as common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use common::LogCapture;
-use common::moto::{Moto, python};
+use common::moto::Moto;
 use flotilla_provider::{CallError, InstanceState, Provider, ProviderError};
 
 async fn must<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> T {
@@ -445,10 +446,23 @@ idle_time = "3s"
     let _ = child.wait();
 }
 
-/// Counts `update` calls and passes everything through.
+/// Counts `update`, `increase` and `decrease` calls and passes everything through.
 struct Counting<P> {
     inner: P,
-    updates: std::sync::atomic::AtomicU32,
+    updates: AtomicU32,
+    increases: AtomicU32,
+    decreases: AtomicU32,
+}
+
+impl<P> Counting<P> {
+    fn new(inner: P) -> Self {
+        Counting {
+            inner,
+            updates: AtomicU32::new(0),
+            increases: AtomicU32::new(0),
+            decreases: AtomicU32::new(0),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -457,14 +471,15 @@ impl<P: Provider> Provider for Counting<P> {
         self.inner.init(s).await
     }
     async fn update(&self) -> Result<Vec<flotilla_provider::Instance>, CallError> {
-        self.updates
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.updates.fetch_add(1, Relaxed);
         self.inner.update().await
     }
     async fn increase(&self, n: u32) -> Result<u32, CallError> {
+        self.increases.fetch_add(1, Relaxed);
         self.inner.increase(n).await
     }
     async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
+        self.decreases.fetch_add(1, Relaxed);
         self.inner.decrease(ids).await
     }
     async fn connect_info(&self, id: &str) -> Result<flotilla_provider::Connection, CallError> {
@@ -487,10 +502,7 @@ impl<P: Provider> Provider for Counting<P> {
 async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed_again() {
     use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, ScalerConfig, SystemClock};
     let moto = Moto::start();
-    let provider = Arc::new(Counting {
-        inner: moto.provider(None),
-        updates: std::sync::atomic::AtomicU32::new(0),
-    });
+    let provider = Arc::new(Counting::new(moto.provider(None)));
     let info = must(provider.init(&moto.settings())).await;
     moto.set_policy(
         "plugin",
@@ -536,9 +548,9 @@ async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed
             .contains("SetDesiredCapacity"),
         "{snap:?}"
     );
-    let before = provider.updates.load(std::sync::atomic::Ordering::Relaxed);
+    let before = provider.updates.load(Relaxed);
     tokio::time::sleep(Duration::from_millis(2_000)).await;
-    let after = provider.updates.load(std::sync::atomic::Ordering::Relaxed);
+    let after = provider.updates.load(Relaxed);
     assert!(
         after >= before + 2,
         "update must go on while scale-up is paused: {before} -> {after}"
@@ -580,28 +592,165 @@ async fn increase_reports_only_what_the_group_will_really_launch() {
         assert!(start.elapsed() < Duration::from_secs(20));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (key, secret) = moto.key("admin");
     // MaxSize lowered to what exists: nothing more can come.
-    python(&[
-        &moto.endpoint,
-        "--resize",
-        &key,
-        &secret,
-        "ci-runners",
-        "3",
-        "3",
-    ]);
+    moto.resize(3, 3);
     assert_eq!(must(p.increase(2)).await, 0, "MaxSize 3 with 3 instances");
     // MaxSize back up: only the room above the 3 existing instances is granted.
-    python(&[
-        &moto.endpoint,
-        "--resize",
-        &key,
-        &secret,
-        "ci-runners",
-        "4",
-        "3",
-    ]);
+    moto.resize(4, 3);
     assert_eq!(must(p.increase(5)).await, 1);
     assert_eq!(moto.desired(), 4);
+}
+
+/// Polls `done` every 200 ms for up to `within`, then fails with `what` and the pool's view.
+async fn until(
+    within: Duration,
+    what: &str,
+    pool: &flotilla_scaler::PoolHandle,
+    mut done: impl FnMut() -> bool,
+) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < within,
+            "{what} within {within:?}: {:?}",
+            pool.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The pool's instances, sorted.
+fn seen(pool: &flotilla_scaler::PoolHandle) -> Vec<String> {
+    let mut ids: Vec<String> =
+        pool.with_core(|c| c.instances().into_iter().map(|i| i.id).collect());
+    ids.sort();
+    ids
+}
+
+/// The cloud changes under a running pool: MaxSize to 0 and back, then the group deleted and
+/// created again. No phantom is kept past two updates, no real instance is deleted to make
+/// room for one, a scale-up the group refuses and an update of a group that is gone back
+/// off instead of hammering the API, and the pool follows the cloud back without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_follows_the_group_through_max_0_and_a_recreated_group() {
+    use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, ScalerConfig, SystemClock};
+    let moto = Moto::start_with_max(4);
+    let provider = Arc::new(Counting::new(moto.provider(None)));
+    let info = must(provider.init(&moto.settings())).await;
+    let clock = Arc::new(SystemClock);
+    let interval = Duration::from_millis(500);
+    let config = ScalerConfig {
+        update_interval_ms: 500,
+        instance_acquire_timeout_ms: 5_000,
+        max_instances: 4,
+        ..ScalerConfig::default()
+    };
+    // Two idle instances; an idle one beyond them goes after a second.
+    let keep =
+        flotilla_scaler::Policy::new(vec!["* * * * *".into()], "UTC", 2, 1_000, 0.0, 0, false)
+            .expect("policy");
+    let mut core = PoolCore::new(config, vec![keep], clock.now());
+    core.set_provider_info(&info);
+    let pool = PoolHandle::spawn(
+        "aws".into(),
+        core,
+        provider.clone(),
+        clock,
+        Arc::new(AlwaysReady),
+        None,
+    );
+    let ready = |pool: &PoolHandle, n: u32| {
+        let snap = pool.snapshot();
+        snap.instances.get("ready").copied().unwrap_or(0) == n && snap.pending == 0
+    };
+    until(Duration::from_secs(20), "two idle instances", &pool, || {
+        ready(&pool, 2) && moto.live().len() == 2
+    })
+    .await;
+
+    // MaxSize 0: the two instances stay (scale-in protected), nothing more can come.
+    moto.resize(0, 0);
+    let mut leases = Vec::new();
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let id = pool.reserve().expect("reserve");
+        busy.push(pool.acquire(id).await.expect("acquire").instance);
+        leases.push(id);
+    }
+    busy.sort();
+    // The policy now wants two more idle instances that the group will not launch.
+    tokio::time::sleep(2 * interval).await;
+    let (inc, dec) = (
+        provider.increases.load(Relaxed),
+        provider.decreases.load(Relaxed),
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let snap = pool.snapshot();
+    assert_eq!(snap.pending, 0, "a phantom outlived two updates: {snap:?}");
+    let refused = provider.increases.load(Relaxed) - inc;
+    assert!(
+        refused <= 5,
+        "{refused} scale-ups in 8 s while the group grants nothing"
+    );
+    assert_eq!(provider.decreases.load(Relaxed), dec, "{snap:?}");
+    assert_eq!(moto.live(), busy, "the leased instances stay");
+    assert_eq!(seen(&pool), busy);
+
+    // MaxSize back to 4: the two idle instances come, with no restart.
+    moto.resize(4, 2);
+    until(
+        Duration::from_secs(25),
+        "MaxSize 4 to be used",
+        &pool,
+        || ready(&pool, 4) && moto.live().len() == 4,
+    )
+    .await;
+    for id in leases {
+        pool.release(id).expect("release");
+    }
+    until(
+        Duration::from_secs(20),
+        "scale-down to two idle",
+        &pool,
+        || moto.live().len() == 2 && seen(&pool) == moto.live(),
+    )
+    .await;
+
+    // The group is deleted: updates fail as not-found and back off.
+    moto.delete_group();
+    tokio::time::sleep(2 * interval).await;
+    let updates = provider.updates.load(Relaxed);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let during = provider.updates.load(Relaxed) - updates;
+    let snap = pool.snapshot();
+    assert!(
+        during <= 5,
+        "{during} updates in 6 s of a group that does not exist (every 500 ms would be 12)"
+    );
+    assert!(
+        snap.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("does not exist")),
+        "{snap:?}"
+    );
+
+    // Created again, empty: the pool forgets the old instances and fills the new group.
+    let old = seen(&pool);
+    moto.create_group(4);
+    until(
+        Duration::from_secs(25),
+        "the new group to be filled",
+        &pool,
+        || {
+            let now = moto.live();
+            now.len() == 2 && seen(&pool) == now && ready(&pool, 2)
+        },
+    )
+    .await;
+    assert!(
+        seen(&pool).iter().all(|id| !old.contains(id)),
+        "{old:?} {:?}",
+        seen(&pool)
+    );
+    pool.shutdown(Duration::from_secs(1), false).await;
 }

@@ -18,6 +18,7 @@ pub mod example_cloud;
 pub mod machines;
 pub mod moto;
 pub mod peer;
+pub mod proxy;
 pub mod registry;
 pub mod serve;
 pub mod sshd;

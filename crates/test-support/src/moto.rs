@@ -147,6 +147,68 @@ impl Moto {
             .unwrap_or(u64::MAX)
     }
 
+    /// The group's instances as the admin sees them: `(id, lifecycle state)`; none when the
+    /// group does not exist.
+    pub fn instances(&self) -> Vec<(String, String)> {
+        let (k, s) = self.key("admin");
+        let out = python(&[&self.endpoint, "--instances", &k, &s, "ci-runners"]);
+        serde_json::from_str::<Vec<Value>>(&out)
+            .unwrap_or_else(|e| panic!("{e}: {out}"))
+            .iter()
+            .map(|i| {
+                (
+                    i["id"].as_str().unwrap_or_default().to_string(),
+                    i["lifecycle"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// The ids of the group's live instances (neither terminating nor terminated), sorted.
+    pub fn live(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .instances()
+            .into_iter()
+            .filter(|(_, life)| !life.starts_with("Terminat"))
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// An operator changes the group by hand: MaxSize and desired capacity.
+    pub fn resize(&self, max_size: u32, desired: u32) {
+        let (k, s) = self.key("admin");
+        python(&[
+            &self.endpoint,
+            "--resize",
+            &k,
+            &s,
+            "ci-runners",
+            &max_size.to_string(),
+            &desired.to_string(),
+        ]);
+    }
+
+    /// An operator force-deletes the group (its instances go with it).
+    pub fn delete_group(&self) {
+        let (k, s) = self.key("admin");
+        python(&[&self.endpoint, "--delete-group", &k, &s, "ci-runners"]);
+    }
+
+    /// An operator creates the group again under the same name, empty.
+    pub fn create_group(&self, max_size: u32) {
+        let (k, s) = self.key("admin");
+        python(&[
+            &self.endpoint,
+            "--create-group",
+            &k,
+            &s,
+            "ci-runners",
+            &max_size.to_string(),
+        ]);
+    }
+
     /// A provider for the AWS plugin signing with the plugin user's keys (or a wrong secret).
     pub fn provider(&self, secret_override: Option<&str>) -> WasmProvider {
         let (key, secret) = self.key("plugin");
