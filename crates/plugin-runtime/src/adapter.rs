@@ -77,6 +77,8 @@ pub struct WasmProvider {
     egress: EgressShared,
     inner: tokio::sync::Mutex<Inner>,
     health: Mutex<HealthState>,
+    /// The group's maximum as the last `update` reported it, until the scaler takes it.
+    reported_max: Mutex<Option<Option<u32>>>,
 }
 
 impl std::fmt::Debug for WasmProvider {
@@ -116,6 +118,7 @@ impl WasmProvider {
                 settings: None,
             }),
             health: Mutex::new(HealthState::default()),
+            reported_max: Mutex::new(None),
         }
     }
 
@@ -191,6 +194,7 @@ impl WasmProvider {
         slot.store.data_mut().log_lines_left = self.sandbox.limits.log_lines_per_call;
         slot.store.data_mut().log_dropped = 0;
         slot.store.data_mut().hooks.requests_this_call = 0;
+        slot.store.data_mut().reported_max = None;
         match tokio::time::timeout(deadline, call(slot)).await {
             Err(_) => (None, Err(Fault::Timeout(deadline))),
             Ok((mut slot, Ok(result))) => {
@@ -531,7 +535,7 @@ impl Provider for WasmProvider {
     }
 
     async fn update(&self) -> Result<Vec<Instance>, CallError> {
-        let list = self
+        let (list, reported_max) = self
             .run(Function::Update, |mut s| {
                 Box::pin(async move {
                     let r = s
@@ -539,10 +543,14 @@ impl Provider for WasmProvider {
                         .flotilla_provider_instance_group()
                         .call_update(&mut s.store)
                         .await;
-                    (s, r)
+                    let reported = s.store.data_mut().reported_max.take();
+                    (s, r.map(|r| r.map(|list| (list, reported))))
                 })
             })
             .await?;
+        if let Some(max) = reported_max {
+            *self.reported_max.lock() = Some(max);
+        }
         if list.len() > MAX_LISTED {
             return Err(self.violation(
                 Function::Update,
@@ -683,6 +691,10 @@ impl Provider for WasmProvider {
             })
         })
         .await
+    }
+
+    fn take_reported_max_size(&self) -> Option<Option<u32>> {
+        self.reported_max.lock().take()
     }
 
     fn health(&self) -> ProviderHealth {

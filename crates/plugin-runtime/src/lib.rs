@@ -179,6 +179,11 @@ impl PluginRuntime {
             |s| s,
         )
         .map_err(host_err)?;
+        bindings::flotilla::provider::group_limits::add_to_linker::<_, HasSelf<_>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(host_err)?;
         #[cfg(feature = "test-probe")]
         probe::add_to_linker(&mut linker).map_err(host_err)?;
         let cache = cache::CompileCache::new(options.cache_dir)?;
@@ -284,6 +289,8 @@ pub(crate) struct HostState {
     /// When the running call (or instantiation) must end; wasm code past it is interrupted at
     /// its next epoch check.
     deadline: std::time::Instant,
+    /// The group's maximum as the running call last reported it (`group-limits`).
+    reported_max: Option<Option<u32>>,
     #[cfg(feature = "test-probe")]
     probe: Option<Probe>,
 }
@@ -331,6 +338,7 @@ impl HostState {
             log_lines_left: limits.log_lines_per_call,
             log_dropped: 0,
             deadline: std::time::Instant::now(),
+            reported_max: None,
             #[cfg(feature = "test-probe")]
             probe: None,
         }
@@ -365,6 +373,12 @@ impl bindings::flotilla::provider::instance_access::Host for HostState {
 }
 
 const MAX_LOG_LINE: usize = 4096;
+
+impl bindings::flotilla::provider::group_limits::Host for HostState {
+    fn report_max_size(&mut self, max_size: Option<u32>) {
+        self.reported_max = Some(max_size);
+    }
+}
 
 impl bindings::flotilla::provider::log::Host for HostState {
     fn emit(&mut self, level: bindings::flotilla::provider::log::Level, message: String) {

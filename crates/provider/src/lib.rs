@@ -341,4 +341,10 @@ pub trait Provider: Send + Sync {
     async fn shutdown(&self) -> Result<(), CallError>;
     /// Fault counters, so pools can report degraded plugins.
     fn health(&self) -> ProviderHealth;
+    /// The group's current maximum as the plugin last reported it during `update` (contract
+    /// 0.1.2, `group-limits`), taken so that each report is seen once: `Some(None)` no limit of
+    /// its own, `Some(Some(n))` at most `n` instances, `None` nothing new.
+    fn take_reported_max_size(&self) -> Option<Option<u32>> {
+        None
+    }
 }

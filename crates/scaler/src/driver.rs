@@ -235,7 +235,17 @@ impl PoolHandle {
         match action {
             Action::Update => {
                 let r = self.timed(Function::Update, self.provider.update()).await;
-                self.core().on_update(self.clock.now(), r);
+                let reported = self.provider.take_reported_max_size();
+                let mut core = self.core();
+                let now = self.clock.now();
+                if let Some(max) = reported {
+                    let before = core.max_instances();
+                    core.set_group_max(now, max);
+                    if core.max_instances() != before {
+                        tracing::info!(pool = %self.name, before, now = core.max_instances(), "the group's maximum changed");
+                    }
+                }
+                core.on_update(now, r);
             }
             Action::Increase(n) => {
                 let r = self

@@ -658,3 +658,72 @@ fn a_phantom_never_costs_a_real_instance_and_is_dropped_after_two_updates() {
     // Two update intervals later the phantoms are dropped.
     assert_eq!(h.core.snapshot(h.now).pending, 0);
 }
+
+/// The group's maximum as `update` reports it (contract 0.1.2): a lowered limit drops awaited
+/// instances at the next update and stops scale-up calls; a raised one is used at once, even
+/// though scale-up had backed off for minutes while the group granted nothing.
+#[test]
+fn a_reported_group_maximum_is_followed_at_the_next_update() {
+    let mut h = Harness::new(cfg(1, 10, 0), vec![policy(2, MIN)]);
+    h.step();
+    assert_eq!(h.ready(), 2);
+    // MaxSize lowered to the two that exist, after the plugin granted two phantoms.
+    h.phantoms = true;
+    let _a = h.core.reserve(h.now).expect("reserve");
+    let _b = h.core.reserve(h.now).expect("reserve");
+    h.step();
+    assert_eq!(h.core.snapshot(h.now).pending, 2);
+    h.core.set_group_max(h.now, Some(2));
+    h.now += 30_000;
+    h.step(); // one update
+    let snap = h.core.snapshot(h.now);
+    assert_eq!(
+        snap.pending, 0,
+        "dropped at the first update, not the third"
+    );
+    assert_eq!(snap.max_instances, 2);
+    // At the group's maximum the pool does not ask at all, however long the jobs wait.
+    h.granted_cap = Some(0);
+    h.phantoms = false;
+    let asked = h.calls.len();
+    for _ in 0..40 {
+        h.now += 30_000;
+        h.step();
+    }
+    assert!(
+        !h.calls[asked..]
+            .iter()
+            .any(|c| matches!(c, Action::Increase(_))),
+        "{:?}",
+        &h.calls[asked..]
+    );
+    // Room for one more that the group will not grant: scale-up backs off for minutes...
+    h.core.set_group_max(h.now, Some(3));
+    for _ in 0..12 {
+        h.now += 30_000;
+        h.step();
+    }
+    let before = h.calls.len();
+    h.now += 1;
+    h.step();
+    assert!(
+        !h.calls[before..]
+            .iter()
+            .any(|c| matches!(c, Action::Increase(_))),
+        "backing off: {:?}",
+        &h.calls[before..]
+    );
+    // ...but a raised maximum is tried at once.
+    h.granted_cap = None;
+    h.core.set_group_max(h.now, Some(6));
+    h.now += 1;
+    h.step();
+    assert!(
+        h.calls[before..]
+            .iter()
+            .any(|c| matches!(c, Action::Increase(_))),
+        "{:?}",
+        &h.calls[before..]
+    );
+    assert_eq!(h.ready(), 4, "two busy and two idle");
+}

@@ -276,6 +276,8 @@ impl Guest for Aws {
     fn update() -> Result<Vec<Instance>, Error> {
         with(|state| {
             let group = describe_group(state)?;
+            // An operator may change MaxSize at any time; the host follows it from here.
+            flotilla::provider::group_limits::report_max_size(Some(group.max));
             Ok(group
                 .instances
                 .into_iter()

@@ -8,9 +8,12 @@ use super::{Binding, InstState, Lease, LeaseError, LeaseState, PoolCore, PoolHea
 use crate::Millis;
 
 impl PoolCore {
-    /// Slots that could ever exist at the current limits.
+    /// Slots that could ever exist at the current limits, or on the instances that exist
+    /// (a group's maximum lowered below them does not take them away).
     fn max_slots(&self) -> u32 {
-        self.max_instances().saturating_mul(self.capacity())
+        self.max_instances()
+            .max(self.insts.len() as u32)
+            .saturating_mul(self.capacity())
     }
 
     pub(super) fn free_ready_slots(&self) -> u32 {

@@ -116,7 +116,9 @@ pub struct PoolCore {
     cfg: ScalerConfig,
     policies: Vec<Policy>,
     fallback: Policy,
-    provider_max: u32,
+    /// The group's own maximum (from `init`, then from what `update` reports); `None`: no
+    /// limit of its own.
+    provider_max: Option<u32>,
     heartbeats: bool,
     /// How often idle ready instances are pinged; `None` when the readiness layer has no ping.
     ping_every: Option<Millis>,
@@ -172,7 +174,7 @@ impl PoolCore {
             cfg,
             policies,
             fallback: Policy::fallback(),
-            provider_max: 0,
+            provider_max: None,
             heartbeats: false,
             ping_every: None,
             insts: HashMap::new(),
@@ -206,7 +208,7 @@ impl PoolCore {
 
     /// Applies what `init` said about the group (its own size limit).
     pub fn set_provider_info(&mut self, info: &ProviderInfo) {
-        self.provider_max = info.max_size;
+        self.provider_max = (info.max_size > 0).then_some(info.max_size);
         self.heartbeats = info.heartbeat;
     }
 
@@ -241,10 +243,24 @@ impl PoolCore {
             .unwrap_or(&self.fallback)
     }
 
-    fn max_instances(&self) -> u32 {
+    /// The most instances the pool may have: its own `max_instances`, capped by the group's.
+    pub fn max_instances(&self) -> u32 {
         match self.provider_max {
-            0 => self.cfg.max_instances,
-            p => self.cfg.max_instances.min(p),
+            None => self.cfg.max_instances,
+            Some(p) => self.cfg.max_instances.min(p),
+        }
+    }
+
+    /// Applies the group's maximum as the plugin reported it during `update` (`None`: no limit
+    /// of its own). A raised limit lets a scale-up that backed off (the group granted nothing)
+    /// try again at once; a lowered one is applied to the instances still awaited at the
+    /// update that follows.
+    pub fn set_group_max(&mut self, now: Millis, max: Option<u32>) {
+        let before = self.max_instances();
+        self.provider_max = max;
+        if self.max_instances() > before && self.increase_backoff.paused.is_none() {
+            self.increase_backoff.ok();
+            self.increase_backoff.until = now;
         }
     }
 

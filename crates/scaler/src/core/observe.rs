@@ -117,6 +117,9 @@ impl PoolCore {
         }
         self.pending
             .retain(|&(at, seen)| seen < 3 || now.saturating_sub(at) < 30_000);
+        // Nor can more come than the group's maximum leaves room for, whatever was granted.
+        let room = self.max_instances().saturating_sub(self.insts.len() as u32);
+        self.pending.truncate(room as usize);
         if !self.phase.adopted() {
             self.rebind_restored(now);
             self.adopted = Some((self.insts.len() as u32, now));
