@@ -11,5 +11,6 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod metrics;
+pub mod migrate;
 pub mod pools;
 pub mod simulate;

@@ -6,22 +6,10 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-use std::process::Command;
+mod common;
 
+use common::cli as flotilla;
 use flotilla_test_artifacts as guests;
-
-fn flotilla(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(args)
-        .env("FLOTILLA_LOG", "warn")
-        .output()
-        .unwrap_or_else(|e| panic!("run flotilla: {e}"));
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn temp(name: &str, contents: &[u8]) -> String {
     let dir = std::env::temp_dir().join(format!("flotilla-cli-{}", std::process::id()));

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 pub mod config;
 pub mod gitlab;
+pub mod migrate;
 pub mod oci;
 pub mod plugin;
 pub mod run;
@@ -38,6 +39,9 @@ pub enum Command {
     Simulate(simulate::Args),
     /// GitLab Runner's Custom executor driver: run each job in a container on a leased instance.
     Gitlab(gitlab::Args),
+    /// Move to Flotilla from another autoscaler (Docker Machine).
+    #[command(subcommand)]
+    Migrate(migrate::MigrateCommand),
 }
 
 impl Command {
@@ -49,6 +53,7 @@ impl Command {
             Command::Config(c) => c.run(),
             Command::Simulate(a) => a.run(),
             Command::Gitlab(a) => a.run().await,
+            Command::Migrate(c) => c.run(),
         }
     }
 }

@@ -3,7 +3,7 @@
 use flotilla_validate::Seg;
 
 /// Finds the line of a key path in the document as written.
-pub(super) struct Locator {
+pub(crate) struct Locator {
     doc: Option<toml_edit::Document<String>>,
     text: String,
 }
@@ -16,7 +16,7 @@ enum Node<'a> {
 }
 
 impl Locator {
-    pub(super) fn new(text: &str) -> Self {
+    pub(crate) fn new(text: &str) -> Self {
         Locator {
             doc: text.parse::<toml_edit::Document<String>>().ok(),
             text: text.to_string(),
@@ -34,7 +34,7 @@ impl Locator {
     }
 
     /// The line of the deepest element of `path` that exists.
-    pub(super) fn line(&self, path: &[Seg]) -> Option<usize> {
+    pub(crate) fn line(&self, path: &[Seg]) -> Option<usize> {
         let doc = self.doc.as_ref()?;
         find(Node::Table(doc.as_table()), path, None).map(|o| self.line_of(o))
     }

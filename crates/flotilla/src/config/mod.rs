@@ -3,7 +3,7 @@
 //! reports every problem at once with its file, line and key, and builds nothing when any
 //! problem was found.
 
-mod locate;
+pub(crate) mod locate;
 mod pool;
 mod serde_errors;
 

@@ -7,6 +7,20 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// Runs `flotilla ARGS...` to completion: exit code, stdout, stderr.
+pub fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .env("FLOTILLA_LOG", "warn")
+        .output()
+        .unwrap_or_else(|e| panic!("run flotilla: {e}"));
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// The API token of every test config.
 pub const TOKEN: &str = "fleet-token-0d9a";
 

@@ -1,0 +1,900 @@
+//! `flotilla migrate docker-machine`: GitLab Runner `docker+machine` runners as Flotilla pools.
+//!
+//! Reads a GitLab Runner `config.toml` and, for each `[[runners]]` with
+//! `executor = "docker+machine"`, maps `[runners.machine]` to a pool and its policies, turns the
+//! Docker Machine driver's `MachineOptions` into the cloud group the pool's plugin manages
+//! (printed as the cloud's own CLI commands, with the permissions the plugin needs), and lists
+//! every key it could not carry over with the reason. Nothing is dropped silently.
+//!
+//! Docker Machine's periods are gorhill/cronexpr expressions, checked by GitLab Runner's
+//! `helpers/timeperiod` as "the next matching second is within one second of now": a period is
+//! active during the *seconds* it matches. Only 7-field periods whose seconds field matches
+//! every second and whose year field is `*` are whole minutes, which 5-field cron expresses
+//! exactly; anything else is refused with the period named.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use flotilla_validate::{KeyPath, Seg};
+use serde::Serialize;
+
+use crate::config::locate::Locator;
+
+/// What the command was asked for besides the file.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The plugin reference for each cloud (`aws`), written as each pool's `plugin`.
+    pub plugins: BTreeMap<String, String>,
+    /// The zone written where a section's `Timezone` is empty (GitLab Runner's local zone).
+    pub timezone: String,
+    /// `max_instances` where a runner's `limit` is 0 (unlimited) and `concurrent` is unset.
+    pub max_instances: Option<u32>,
+}
+
+/// The whole result: the Flotilla configuration and the report.
+#[derive(Debug, Serialize)]
+pub struct Migration {
+    /// The configuration text (`flotilla.toml`); pools only for the runners that migrated.
+    pub config: String,
+    /// One entry per `docker+machine` runner.
+    pub runners: Vec<RunnerReport>,
+    /// Runners with another executor, left alone.
+    pub other_runners: Vec<String>,
+}
+
+/// What became of one runner.
+#[derive(Debug, Serialize)]
+pub struct RunnerReport {
+    /// The runner's `name`.
+    pub runner: String,
+    /// The pool written for it; `None` when it was refused.
+    pub pool: Option<String>,
+    /// Why it was refused (every reason at once).
+    pub refused: Vec<Item>,
+    /// Keys carried over with a change of meaning the operator should check.
+    pub changed: Vec<Item>,
+    /// Keys that could not be carried over.
+    pub unmapped: Vec<Item>,
+    /// The cloud group the pool's plugin manages, to create once.
+    pub group: Option<GroupSpec>,
+}
+
+/// A key and what happened to it.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct Item {
+    /// Where, e.g. `runners[0].machine.MachineName` or `MachineOptions: amazonec2-tags`.
+    pub key: String,
+    /// Its line in the runner config, when known.
+    pub line: Option<usize>,
+    /// Why.
+    pub reason: String,
+}
+
+/// The cloud group to create once, in the cloud's own terms.
+#[derive(Debug, Serialize)]
+pub struct GroupSpec {
+    /// `aws`, `gcp` or `azure`.
+    pub cloud: String,
+    /// Commands that create it.
+    pub commands: Vec<String>,
+    /// The permissions the plugin needs, as the cloud's policy document.
+    pub permissions: String,
+}
+
+/// A runner-config problem that stops the whole migration (the file cannot be read as TOML).
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct MigrateError {
+    /// The file.
+    pub file: String,
+    /// What is wrong, with the line when known.
+    pub message: String,
+}
+
+/// Migrates the runner config `text` read from `file`.
+pub fn migrate(file: &str, text: &str, options: &Options) -> Result<Migration, MigrateError> {
+    let doc: toml::Table = toml::from_str(text).map_err(|e| MigrateError {
+        file: file.to_string(),
+        message: e.to_string().trim().to_string(),
+    })?;
+    let locator = Locator::new(text);
+    let concurrent = doc
+        .get("concurrent")
+        .and_then(toml::Value::as_integer)
+        .and_then(|c| u32::try_from(c).ok())
+        .filter(|c| *c > 0);
+    let empty = Vec::new();
+    let runners = doc
+        .get("runners")
+        .and_then(toml::Value::as_array)
+        .unwrap_or(&empty);
+    let mut out = Migration {
+        config: String::new(),
+        runners: Vec::new(),
+        other_runners: Vec::new(),
+    };
+    let mut pools = String::new();
+    let mut names = Vec::<String>::new();
+    for (i, runner) in runners.iter().enumerate() {
+        let at = KeyPath::root().key("runners").index(i);
+        let name = runner
+            .get("name")
+            .and_then(toml::Value::as_str)
+            .map_or_else(|| format!("runners[{i}]"), str::to_string);
+        if runner.get("executor").and_then(toml::Value::as_str) != Some("docker+machine") {
+            out.other_runners.push(name);
+            continue;
+        }
+        let mut r = Runner {
+            at: &at,
+            locator: &locator,
+            report: RunnerReport {
+                runner: name.clone(),
+                pool: None,
+                refused: Vec::new(),
+                changed: Vec::new(),
+                unmapped: Vec::new(),
+                group: None,
+            },
+        };
+        let pool_name = unique(pool_name(&name), &names);
+        if let Some(text) = r.pool(runner, &pool_name, concurrent, options) {
+            names.push(pool_name.clone());
+            r.report.pool = Some(pool_name);
+            pools.push_str(&text);
+        }
+        out.runners.push(r.report);
+    }
+    out.config = header(file, &out) + &pools;
+    Ok(out)
+}
+
+/// The top of the written file: where it came from, and the API server.
+fn header(file: &str, m: &Migration) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Written by `flotilla migrate docker-machine` from {file}."
+    );
+    let _ = writeln!(
+        s,
+        "# Read the report it printed: keys that changed meaning or could not be carried over."
+    );
+    if m.runners.iter().all(|r| r.pool.is_none()) {
+        let _ = writeln!(s, "# No runner could be migrated.");
+    }
+    s.push_str("\n[server]\nlisten = \"127.0.0.1:8642\"\ntoken = { env = \"FLOTILLA_TOKEN\" }\n");
+    s
+}
+
+/// `[a-z0-9-]` of the runner's name, at most 48 characters, never empty.
+fn pool_name(runner: &str) -> String {
+    let mut s: String = runner
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    while s.contains("--") {
+        s = s.replace("--", "-");
+    }
+    let s: String = s.trim_matches('-').chars().take(48).collect();
+    if s.is_empty() {
+        "runner".to_string()
+    } else {
+        s
+    }
+}
+
+fn unique(base: String, taken: &[String]) -> String {
+    let mut name = base.clone();
+    let mut n = 2;
+    while taken.contains(&name) {
+        name = format!("{base}-{n}");
+        n += 1;
+    }
+    name
+}
+
+struct Runner<'a> {
+    at: &'a KeyPath,
+    locator: &'a Locator,
+    report: RunnerReport,
+}
+
+/// The `[runners.machine]` keys this migration maps; every other key is reported.
+const MAPPED_MACHINE_KEYS: [&str; 9] = [
+    "IdleCount",
+    "IdleCountMin",
+    "IdleScaleFactor",
+    "IdleTime",
+    "MaxBuilds",
+    "MaxGrowthRate",
+    "MachineDriver",
+    "MachineOptions",
+    "autoscaling",
+];
+
+impl Runner<'_> {
+    fn item(&self, path: &KeyPath, reason: impl Into<String>) -> Item {
+        Item {
+            key: display(path),
+            line: self.locator.line(path.segments()),
+            reason: reason.into(),
+        }
+    }
+
+    fn refuse(&mut self, path: &KeyPath, reason: impl Into<String>) {
+        let item = self.item(path, reason);
+        self.report.refused.push(item);
+    }
+
+    fn changed(&mut self, path: &KeyPath, reason: impl Into<String>) {
+        let item = self.item(path, reason);
+        self.report.changed.push(item);
+    }
+
+    fn unmapped(&mut self, path: &KeyPath, reason: impl Into<String>) {
+        let item = self.item(path, reason);
+        self.report.unmapped.push(item);
+    }
+
+    /// The pool's TOML, or `None` with the reasons in `refused`.
+    fn pool(
+        &mut self,
+        runner: &toml::Value,
+        name: &str,
+        concurrent: Option<u32>,
+        options: &Options,
+    ) -> Option<String> {
+        let machine_at = self.at.key("machine");
+        let empty = toml::Table::new();
+        let machine = match runner.get("machine") {
+            Some(toml::Value::Table(t)) => t,
+            Some(_) => {
+                self.refuse(&machine_at, "must be a table");
+                &empty
+            }
+            None => {
+                self.refuse(&machine_at, "missing: a docker+machine runner needs it");
+                &empty
+            }
+        };
+        for key in machine.keys() {
+            if !MAPPED_MACHINE_KEYS.contains(&key.as_str()) {
+                let reason = match key.as_str() {
+                    "MachineName" => {
+                        "instances are named by the cloud group (its launch or instance template), not by Flotilla"
+                    }
+                    k if k.starts_with("OffPeak") => {
+                        "OffPeak settings are deprecated (removed in GitLab Runner 14.0): rewrite them as a [[runners.machine.autoscaling]] section and migrate again"
+                    }
+                    _ => "not a key this migration knows",
+                };
+                self.unmapped(&machine_at.key(key), reason);
+            }
+        }
+        for key in ["docker", "cache", "custom_build_dir"] {
+            if runner.get(key).is_some() {
+                self.unmapped(
+                    &self.at.key(key),
+                    "stays with GitLab Runner: switch the runner to the Custom executor with `flotilla gitlab` (README, \"Jobs on the fleet\")",
+                );
+            }
+        }
+        let max_instances = self.max_instances(runner, concurrent, options);
+        let max_use = self.uint(machine, &machine_at, "MaxBuilds").unwrap_or(0);
+        let throttle = self.growth_rate(machine, &machine_at);
+        let mut policies = Vec::new();
+        if let Some(p) = self.policy(machine, &machine_at, false, options) {
+            policies.push(p);
+        }
+        if let Some(sections) = machine.get("autoscaling") {
+            let list = sections.as_array().map(Vec::as_slice).unwrap_or_default();
+            if list.is_empty() && !sections.is_array() {
+                self.refuse(&machine_at.key("autoscaling"), "must be an array of tables");
+            }
+            for (i, section) in list.iter().enumerate() {
+                let at = machine_at.key("autoscaling").index(i);
+                match section.as_table() {
+                    Some(t) => {
+                        if let Some(p) = self.policy(t, &at, true, options) {
+                            policies.push(p);
+                        }
+                    }
+                    None => self.refuse(&at, "must be a table"),
+                }
+            }
+        }
+        let cloud = self.cloud(
+            machine,
+            &machine_at,
+            name,
+            max_instances.unwrap_or(0),
+            options,
+        );
+        if !self.report.refused.is_empty() {
+            return None;
+        }
+        let (cloud, plugin_config, plugin) = cloud?;
+        let max_instances = max_instances?;
+        let mut s = String::new();
+        let _ = writeln!(s, "\n# From runner {:?}.", self.report.runner);
+        let _ = writeln!(s, "[[pool]]");
+        let _ = writeln!(s, "name = {}", quote(name));
+        let _ = writeln!(s, "plugin = {}", quote(&plugin));
+        let _ = writeln!(s, "capacity_per_instance = 1");
+        let _ = writeln!(s, "max_instances = {max_instances}");
+        if max_use > 0 {
+            let _ = writeln!(s, "max_use_count = {max_use}");
+        }
+        if let Some((limit, burst)) = throttle {
+            let _ = writeln!(
+                s,
+                "scale_throttle = {{ limit = {limit:?}, burst = {burst} }}"
+            );
+        }
+        s.push_str(&cloud);
+        s.push_str(&plugin_config);
+        for p in policies {
+            s.push_str(&p);
+        }
+        Some(s)
+    }
+
+    fn max_instances(
+        &mut self,
+        runner: &toml::Value,
+        concurrent: Option<u32>,
+        options: &Options,
+    ) -> Option<u32> {
+        let at = self.at.key("limit");
+        let limit = match runner.get("limit") {
+            None => 0,
+            Some(v) => match v.as_integer().and_then(|l| u32::try_from(l).ok()) {
+                Some(l) => l,
+                None => {
+                    self.refuse(&at, "must be a whole number ≥ 0");
+                    return None;
+                }
+            },
+        };
+        if limit > 0 {
+            return Some(limit);
+        }
+        if let Some(n) = options.max_instances {
+            self.changed(
+                &at,
+                format!("limit 0 means unlimited; Flotilla needs a bound: max_instances = {n} (--max-instances)"),
+            );
+            return Some(n);
+        }
+        if let Some(c) = concurrent {
+            self.changed(
+                &at,
+                format!(
+                    "limit 0 means unlimited; bounded by the global concurrent: max_instances = {c}"
+                ),
+            );
+            return Some(c);
+        }
+        self.refuse(
+            &at,
+            "limit is 0 (unlimited) and concurrent is unset: pass --max-instances",
+        );
+        None
+    }
+
+    /// `MaxGrowthRate` (machines being created at once) as a token bucket: a burst of that
+    /// many, refilled at that many a minute.
+    fn growth_rate(&mut self, machine: &toml::Table, at: &KeyPath) -> Option<(f64, u32)> {
+        let rate = self.uint(machine, at, "MaxGrowthRate").filter(|r| *r > 0)?;
+        let limit = (f64::from(rate) / 60.0 * 1000.0).round() / 1000.0;
+        self.changed(
+            &at.key("MaxGrowthRate"),
+            format!(
+                "at most {rate} machines being created at once becomes a bucket of {rate} creations refilled at {rate} a minute (limit = {limit}/s): Flotilla limits the rate of creation, not the creations in flight"
+            ),
+        );
+        Some((limit, rate))
+    }
+
+    fn uint(&mut self, table: &toml::Table, at: &KeyPath, key: &str) -> Option<u32> {
+        let v = table.get(key)?;
+        match v.as_integer().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) => Some(n),
+            None => {
+                self.refuse(&at.key(key), "must be a whole number ≥ 0");
+                None
+            }
+        }
+    }
+
+    fn float(&mut self, table: &toml::Table, at: &KeyPath, key: &str) -> Option<f64> {
+        let v = table.get(key)?;
+        match v
+            .as_float()
+            .or_else(|| v.as_integer().map(|i| i as f64))
+            .filter(|f| f.is_finite() && *f >= 0.0)
+        {
+            Some(f) => Some(f),
+            None => {
+                self.refuse(&at.key(key), "must be a number ≥ 0");
+                None
+            }
+        }
+    }
+
+    /// One `[[pool.policy]]`: the machine section's own keys (`section = false`, every
+    /// minute), or an autoscaling section with its periods.
+    fn policy(
+        &mut self,
+        table: &toml::Table,
+        at: &KeyPath,
+        section: bool,
+        options: &Options,
+    ) -> Option<String> {
+        let mut periods = vec!["* * * * *".to_string()];
+        let mut timezone = None;
+        if section {
+            periods.clear();
+            match table.get("Periods").and_then(toml::Value::as_array) {
+                Some(list) if !list.is_empty() => {
+                    for (i, p) in list.iter().enumerate() {
+                        let p_at = at.key("Periods").index(i);
+                        match p.as_str().map(convert_period) {
+                            Some(Ok(cron)) => periods.push(cron),
+                            Some(Err(why)) => self.refuse(&p_at, why),
+                            None => self.refuse(&p_at, "must be a string"),
+                        }
+                    }
+                }
+                _ => self.refuse(
+                    &at.key("Periods"),
+                    "an autoscaling section needs at least one period",
+                ),
+            }
+            let zone = table
+                .get("Timezone")
+                .and_then(toml::Value::as_str)
+                .unwrap_or("");
+            timezone = Some(if zone.is_empty() {
+                self.changed(
+                    &at.key("Timezone"),
+                    format!(
+                        "empty means the runner host's local zone; written as {:?} (--timezone)",
+                        options.timezone
+                    ),
+                );
+                options.timezone.clone()
+            } else {
+                zone.to_string()
+            });
+        }
+        for key in table.keys() {
+            let known = [
+                "IdleCount",
+                "IdleCountMin",
+                "IdleScaleFactor",
+                "IdleTime",
+                "Periods",
+                "Timezone",
+            ];
+            if section && !known.contains(&key.as_str()) {
+                self.unmapped(&at.key(key), "not a key of an autoscaling section");
+            }
+        }
+        // An active autoscaling section's keys replace the machine section's whole, unset ones
+        // as 0 (GitLab Runner's getters return the section's value when one matches).
+        let idle_count = self.uint(table, at, "IdleCount").unwrap_or(0);
+        let idle_time = self.uint(table, at, "IdleTime").unwrap_or(0);
+        let factor = self.float(table, at, "IdleScaleFactor").unwrap_or(0.0);
+        let count_min = self.uint(table, at, "IdleCountMin").unwrap_or(0);
+        let mut s = String::from("\n[[pool.policy]]\n");
+        if let Some(tz) = timezone {
+            let list: Vec<String> = periods.iter().map(|p| quote(p)).collect();
+            let _ = writeln!(s, "periods = [{}]", list.join(", "));
+            let _ = writeln!(s, "timezone = {}", quote(&tz));
+        }
+        if factor > 0.0 && idle_count > 0 {
+            // Docker Machine keeps in_use × factor idle machines, at least IdleCountMin (which
+            // it raises to 1) and at most IdleCount; Flotilla keeps max(idle_count,
+            // min(⌈in_use × scale_factor⌉, scale_factor_limit)).
+            let floor = count_min.max(1);
+            if count_min == 0 {
+                self.changed(
+                    &at.key("IdleCountMin"),
+                    "0 with IdleScaleFactor set means 1 in Docker Machine: idle_count = 1",
+                );
+            }
+            self.changed(
+                &at.key("IdleScaleFactor"),
+                format!(
+                    "scale_factor = {factor} with idle_count = {floor} and scale_factor_limit = {idle_count}; Flotilla rounds in_use × factor up"
+                ),
+            );
+            let _ = writeln!(s, "idle_count = {floor}");
+            let _ = writeln!(s, "scale_factor = {factor:?}");
+            let _ = writeln!(s, "scale_factor_limit = {idle_count}");
+        } else {
+            if factor > 0.0 {
+                self.changed(
+                    &at.key("IdleScaleFactor"),
+                    "IdleCount 0 caps the factor's idle machines at 0 in Docker Machine: no scale_factor written",
+                );
+            }
+            let _ = writeln!(s, "idle_count = {idle_count}");
+        }
+        let _ = writeln!(s, "idle_time = \"{idle_time}s\"");
+        Some(s)
+    }
+
+    /// The plugin's sandbox keys and settings, and the group spec; `None` when refused.
+    fn cloud(
+        &mut self,
+        machine: &toml::Table,
+        at: &KeyPath,
+        pool: &str,
+        max: u32,
+        options: &Options,
+    ) -> Option<(String, String, String)> {
+        let driver = machine
+            .get("MachineDriver")
+            .and_then(toml::Value::as_str)
+            .unwrap_or("");
+        let mut opts = BTreeMap::new();
+        let empty = Vec::new();
+        let list = machine
+            .get("MachineOptions")
+            .and_then(toml::Value::as_array)
+            .unwrap_or(&empty);
+        for (i, o) in list.iter().enumerate() {
+            let o_at = at.key("MachineOptions").index(i);
+            match o.as_str().map(|o| o.split_once('=').unwrap_or((o, ""))) {
+                Some((k, v)) => {
+                    opts.entry(k.to_string())
+                        .or_insert_with(Vec::new)
+                        .push((v.to_string(), o_at));
+                }
+                None => self.refuse(&o_at, "must be a string"),
+            }
+        }
+        match driver {
+            "amazonec2" => self.aws(&opts, &at.key("MachineOptions"), pool, max, options),
+            "google" | "azure" => {
+                let cloud = if driver == "google" { "gcp" } else { "azure" };
+                self.refuse(
+                    &at.key("MachineDriver"),
+                    format!("the {cloud} plugin is not in this release of Flotilla; migrate this runner when it is"),
+                );
+                None
+            }
+            "" => {
+                self.refuse(&at.key("MachineDriver"), "missing");
+                None
+            }
+            other => {
+                self.refuse(
+                    &at.key("MachineDriver"),
+                    format!("{other:?} has no Flotilla plugin (amazonec2 → aws; google and azure are coming)"),
+                );
+                None
+            }
+        }
+    }
+
+    /// `amazonec2` options → a launch template and an Auto Scaling group, and the aws plugin.
+    fn aws(
+        &mut self,
+        opts: &BTreeMap<String, Vec<(String, KeyPath)>>,
+        options_at: &KeyPath,
+        pool: &str,
+        max: u32,
+        options: &Options,
+    ) -> Option<(String, String, String)> {
+        let one = |k: &str| {
+            opts.get(&format!("amazonec2-{k}"))
+                .and_then(|v| v.last())
+                .map(|(v, _)| v.clone())
+        };
+        let region = one("region").unwrap_or_else(|| "us-east-1".to_string());
+        let group = format!("flotilla-{pool}");
+        let mut data = serde_json::Map::new();
+        let mut notes = Vec::new();
+        for (key, values) in opts {
+            let Some(k) = key.strip_prefix("amazonec2-") else {
+                for (_, at) in values {
+                    let reason = if key.starts_with("engine-") || key.starts_with("swarm") {
+                        "Flotilla does not install or configure Docker Engine: put it in the AMI or the launch template's user data"
+                    } else {
+                        "not an amazonec2 option"
+                    };
+                    self.unmapped(&with_option(at, key), reason);
+                }
+                continue;
+            };
+            let Some((value, at)) = values.last() else {
+                continue;
+            };
+            let at = with_option(at, key);
+            match k {
+                "region" => {}
+                "ami" => {
+                    data.insert("ImageId".into(), serde_json::Value::from(value.as_str()));
+                }
+                "instance-type" => {
+                    data.insert("InstanceType".into(), serde_json::Value::from(value.as_str()));
+                }
+                "iam-instance-profile" => {
+                    data.insert(
+                        "IamInstanceProfile".into(),
+                        serde_json::json!({ "Name": value }),
+                    );
+                }
+                "keypair-name" => {
+                    data.insert("KeyName".into(), serde_json::Value::from(value.as_str()));
+                }
+                "monitoring" => {
+                    data.insert("Monitoring".into(), serde_json::json!({ "Enabled": true }));
+                }
+                "use-ebs-optimized-instance" => {
+                    data.insert("EbsOptimized".into(), serde_json::Value::from(true));
+                }
+                "request-spot-instance" => {
+                    let spot = match one("spot-price") {
+                        Some(price) => serde_json::json!({
+                            "MarketType": "spot",
+                            "SpotOptions": { "MaxPrice": price }
+                        }),
+                        None => serde_json::json!({ "MarketType": "spot" }),
+                    };
+                    data.insert("InstanceMarketOptions".into(), spot);
+                }
+                "metadata-token" => {
+                    let hops = one("metadata-token-response-hop-limit")
+                        .and_then(|h| h.parse::<u32>().ok());
+                    let m = match hops {
+                        Some(hops) => serde_json::json!({
+                            "HttpTokens": value,
+                            "HttpPutResponseHopLimit": hops
+                        }),
+                        None => serde_json::json!({ "HttpTokens": value }),
+                    };
+                    data.insert("MetadataOptions".into(), m);
+                }
+                "tags" => {
+                    let parts: Vec<&str> = value.split(',').collect();
+                    let tags: Vec<serde_json::Value> = parts
+                        .chunks(2)
+                        .map(|kv| {
+                            serde_json::json!({
+                                "Key": kv.first().copied().unwrap_or_default(),
+                                "Value": kv.get(1).copied().unwrap_or_default()
+                            })
+                        })
+                        .collect();
+                    data.insert(
+                        "TagSpecifications".into(),
+                        serde_json::json!([{ "ResourceType": "instance", "Tags": tags }]),
+                    );
+                }
+                "root-size" | "volume-type" | "device-name" => {
+                    let size = one("root-size").and_then(|s| s.parse::<u32>().ok());
+                    let ebs = serde_json::json!({
+                        "VolumeType": one("volume-type").unwrap_or_else(|| "gp2".into()),
+                        "VolumeSize": size.unwrap_or(16)
+                    });
+                    data.insert(
+                        "BlockDeviceMappings".into(),
+                        serde_json::json!([{
+                            "DeviceName": one("device-name").unwrap_or_else(|| "/dev/sda1".into()),
+                            "Ebs": ebs
+                        }]),
+                    );
+                }
+                "security-group" => {
+                    let groups: Vec<&str> = opts
+                        .get(key)
+                        .map(|v| v.iter().map(|(g, _)| g.as_str()).collect())
+                        .unwrap_or_default();
+                    if groups.iter().any(|g| !g.starts_with("sg-")) {
+                        self.changed(
+                            &at,
+                            "security groups given by name: a launch template in a VPC takes ids, replace each name with its sg- id",
+                        );
+                    }
+                    data.insert("SecurityGroupIds".into(), serde_json::Value::from(groups));
+                }
+                "userdata" => {
+                    self.changed(
+                        &at,
+                        format!("a file: put its content, base64-encoded, in the launch template's UserData (from {value})"),
+                    );
+                    data.insert("UserData".into(), serde_json::Value::from(format!("<base64 of {value}>")));
+                }
+                "ssh-user" => notes.push(format!("username = {}\n", quote(value))),
+                "access-key" | "secret-key" | "session-token" => self.unmapped(
+                    &at,
+                    "credentials are not copied: the pool signs with the AWS credential chain (instance role, IRSA, environment or shared files), with the policy printed below",
+                ),
+                "vpc-id" | "subnet-id" | "zone" | "spot-price" | "metadata-token-response-hop-limit" => {}
+                "private-address-only" | "use-private-address" => self.changed(
+                    &at,
+                    "Flotilla connects to the instance's private address whenever the plugin reports one",
+                ),
+                _ => self.unmapped(&at, "no launch-template or group equivalent known to this migration; set it in the launch template by hand"),
+            }
+        }
+        if !data.contains_key("ImageId") {
+            self.changed(
+                &with_option(options_at, "amazonec2-ami"),
+                "unset: Docker Machine picked an Ubuntu AMI; set ImageId to an image with Docker Engine",
+            );
+            data.insert("ImageId".into(), serde_json::Value::from("<ami-id>"));
+        }
+        if !data.contains_key("InstanceType") {
+            data.insert("InstanceType".into(), serde_json::Value::from("t2.micro"));
+        }
+        let subnet = match (one("subnet-id"), one("vpc-id")) {
+            (Some(s), _) => s,
+            (None, vpc) => {
+                let zone = one("zone").unwrap_or_else(|| "a".into());
+                self.changed(
+                    &with_option(options_at, "amazonec2-subnet-id"),
+                    format!(
+                        "unset: use the subnet of {} in {region}{zone}",
+                        vpc.as_deref().unwrap_or("the default VPC")
+                    ),
+                );
+                "<subnet-id>".to_string()
+            }
+        };
+        let template = serde_json::Value::Object(data).to_string();
+        let commands = vec![
+            format!(
+                "aws ec2 create-launch-template --region {region} --launch-template-name {group} --launch-template-data '{template}'"
+            ),
+            format!(
+                "aws autoscaling create-auto-scaling-group --region {region} --auto-scaling-group-name {group} --launch-template 'LaunchTemplateName={group},Version=$Latest' --min-size 0 --max-size {max} --desired-capacity 0 --vpc-zone-identifier {subnet} --new-instances-protected-from-scale-in"
+            ),
+            format!(
+                "aws autoscaling suspend-processes --region {region} --auto-scaling-group-name {group} --scaling-processes AZRebalance"
+            ),
+        ];
+        let permissions = serde_json::json!({
+            "Version": "2012-10-17",
+            "Statement": [{
+                "Effect": "Allow",
+                "Action": [
+                    "autoscaling:DescribeAutoScalingGroups",
+                    "autoscaling:SetDesiredCapacity",
+                    "autoscaling:TerminateInstanceInAutoScalingGroup",
+                    "ec2:DescribeInstances"
+                ],
+                "Resource": "*"
+            }]
+        });
+        self.report.group = Some(GroupSpec {
+            cloud: "aws".into(),
+            commands,
+            permissions: serde_json::to_string_pretty(&permissions).unwrap_or_default(),
+        });
+        let Some(plugin) = options.plugins.get("aws").cloned() else {
+            self.refuse(
+                &KeyPath::root().key("--plugin"),
+                "no plugin for aws: pass --plugin aws=PATH or aws=oci://REGISTRY/REPOSITORY:TAG",
+            );
+            return None;
+        };
+        let hosts = format!(
+            "[\"https://autoscaling.{region}.amazonaws.com\", \"https://ec2.{region}.amazonaws.com\"]"
+        );
+        let sandbox = format!(
+            "allowed_outbound_hosts = {hosts}\n\n[[pool.credentials]]\nname = \"aws\"\nkind = \"aws\"\nhosts = {hosts}\n"
+        );
+        let mut settings = format!(
+            "\n[pool.plugin_config]\nname = {}\nregion = {}\ncredential = \"aws\"\n",
+            quote(&group),
+            quote(&region)
+        );
+        for n in notes {
+            settings.push_str(&n);
+        }
+        Some((sandbox, settings, plugin))
+    }
+}
+
+fn with_option(at: &KeyPath, option: &str) -> KeyPath {
+    let mut segs = at.segments().to_vec();
+    segs.push(Seg::Key(format!("({option})")));
+    KeyPath::from(segs)
+}
+
+fn display(path: &KeyPath) -> String {
+    let mut s = String::new();
+    for seg in path.segments() {
+        match seg {
+            Seg::Key(k) if k.starts_with('(') => s.push_str(&format!(" {k}")),
+            Seg::Key(k) => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push_str(k);
+            }
+            Seg::Index(i) => s.push_str(&format!("[{i}]")),
+        }
+    }
+    s
+}
+
+fn quote(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+/// A Docker Machine period (gorhill/cronexpr, 7 fields: second minute hour day month weekday
+/// year) as the 5-field cron expression matching the same whole minutes.
+pub fn convert_period(period: &str) -> Result<String, String> {
+    let fields: Vec<&str> = period.split_whitespace().collect();
+    let every_second = ["*", "0-59", "*/1"];
+    match fields.as_slice() {
+        [second, rest @ .., year] if fields.len() == 7 => {
+            if !every_second.contains(second) {
+                return Err(format!(
+                    "{period:?}: its seconds field {second:?} makes it active only during those seconds of a minute (GitLab Runner checks the period every second), which 5-field cron cannot express; use \"*\" for whole minutes"
+                ));
+            }
+            if !["*", "?"].contains(year) {
+                return Err(format!(
+                    "{period:?}: its year field {year:?} cannot be expressed in 5-field cron"
+                ));
+            }
+            let cron = rest.join(" ");
+            flotilla_scaler::Policy::new(vec![cron.clone()], "UTC", 0, 0, 0.0, 0, false).map_err(
+                |_| format!("{period:?}: {cron:?} is not a cron expression Flotilla accepts"),
+            )?;
+            Ok(cron)
+        }
+        _ => Err(format!(
+            "{period:?} has {} fields: cronexpr then prepends a seconds field of 0, so Docker Machine applied it for about two seconds a minute, which cron cannot express; write it with 7 fields (\"* MIN HOUR DAY MONTH WEEKDAY *\")",
+            fields.len()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seven_field_periods_convert_exactly_and_others_are_refused() {
+        assert_eq!(
+            convert_period("* * 9-17 * * mon-fri *").as_deref(),
+            Ok("* 9-17 * * mon-fri")
+        );
+        assert_eq!(
+            convert_period("0-59 */5 * * * * ?").as_deref(),
+            Ok("*/5 * * * *")
+        );
+        for bad in [
+            "0 * 9-17 * * mon-fri *",
+            "* * * * * * 2027",
+            "* 9-17 * * mon-fri",
+            "@daily",
+            "* * 25 * * * *",
+        ] {
+            let e = convert_period(bad).expect_err(bad);
+            assert!(e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn pool_names_are_unique_and_tame() {
+        assert_eq!(pool_name("Docker  Machine #1"), "docker-machine-1");
+        assert_eq!(pool_name("$$$"), "runner");
+        assert_eq!(unique("a".into(), &["a".into(), "a-2".into()]), "a-3");
+    }
+}

@@ -1,0 +1,258 @@
+//! `flotilla migrate docker-machine` as a user runs it: a GitLab Runner config with Docker
+//! Machine runners in, a Flotilla config that `flotilla config check` accepts out, and a report
+//! that names every key it could not carry over.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
+
+use std::path::Path;
+
+mod common;
+
+use common::cli as flotilla;
+use flotilla_test_artifacts as guests;
+use serde_json::Value;
+
+const SECRET: &str = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY";
+
+/// Two Docker Machine runners on AWS (one with autoscaling sections), one on GCP, and a shell
+/// runner; keys that cannot be carried over on purpose.
+fn runner_config() -> String {
+    format!(
+        r#"concurrent = 40
+check_interval = 0
+
+[[runners]]
+  name = "AWS docker machine"
+  url = "https://gitlab.example.com"
+  token = "glrt-not-copied"
+  executor = "docker+machine"
+  limit = 20
+  [runners.docker]
+    image = "alpine:3.20"
+  [runners.machine]
+    IdleCount = 2
+    IdleTime = 1800
+    MaxBuilds = 10
+    MaxGrowthRate = 6
+    MachineDriver = "amazonec2"
+    MachineName = "gitlab-docker-machine-%s"
+    OffPeakPeriods = ["* * 0-9,18-23 * * mon-fri *"]
+    MachineOptions = [
+      "amazonec2-access-key=AKIAEXAMPLE",
+      "amazonec2-secret-key={SECRET}",
+      "amazonec2-region=eu-central-1",
+      "amazonec2-vpc-id=vpc-23636848",
+      "amazonec2-subnet-id=subnet-878ba5fa",
+      "amazonec2-zone=b",
+      "amazonec2-use-private-address=true",
+      "amazonec2-tags=runner-manager-name,gitlab-aws-autoscaler,gitlab,true",
+      "amazonec2-security-group=sg-0123456789",
+      "amazonec2-instance-type=m5.large",
+      "amazonec2-root-size=40",
+      "amazonec2-ami=ami-0abcdef",
+      "amazonec2-ssh-user=ubuntu",
+      "engine-registry-mirror=https://mirror.example.com",
+    ]
+    [[runners.machine.autoscaling]]
+      Periods = ["* * 9-17 * * mon-fri *"]
+      IdleCount = 10
+      IdleCountMin = 3
+      IdleScaleFactor = 1.5
+      IdleTime = 3600
+      Timezone = "Europe/Berlin"
+    [[runners.machine.autoscaling]]
+      Periods = ["* * * * * sat,sun *"]
+      IdleCount = 0
+      Timezone = ""
+
+[[runners]]
+  name = "aws-unbounded"
+  executor = "docker+machine"
+  [runners.machine]
+    IdleCount = 1
+    MachineDriver = "amazonec2"
+    MachineOptions = ["amazonec2-region=us-west-2", "amazonec2-ami=ami-1"]
+
+[[runners]]
+  name = "gcp"
+  executor = "docker+machine"
+  limit = 5
+  [runners.machine]
+    MachineDriver = "google"
+    MachineOptions = ["google-project=p", "google-zone=europe-west1-b"]
+
+[[runners]]
+  name = "shell"
+  executor = "shell"
+"#
+    )
+}
+
+/// `flotilla migrate docker-machine --runner-config INPUT EXTRA...`.
+fn migrate(input: &str, extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["migrate", "docker-machine", "--runner-config", input];
+    args.extend_from_slice(extra);
+    flotilla(&args)
+}
+
+fn dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("dir")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p.display().to_string()
+}
+
+#[test]
+fn docker_machine_runners_become_pools_that_pass_config_check() {
+    let d = dir();
+    let input = write(d.path(), "config.toml", &runner_config());
+    let out = d.path().join("flotilla.toml").display().to_string();
+    let plugin = format!("aws={}", guests::AWS_PLUGIN);
+    let (code, stdout, stderr) = migrate(&input, &["-o", &out, "--json", "--plugin", &plugin]);
+    // The GCP runner cannot migrate yet: the exit code says so, the others are written.
+    assert_eq!(code, 1, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("json");
+    let runners = report["runners"].as_array().expect("runners");
+    assert_eq!(runners.len(), 3, "{report:#}");
+    assert_eq!(runners[0]["pool"], "aws-docker-machine", "{report:#}");
+    assert_eq!(runners[1]["pool"], "aws-unbounded", "{report:#}");
+    assert_eq!(runners[2]["pool"], Value::Null);
+    assert!(
+        runners[2]["refused"][0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("gcp plugin")),
+        "{report:#}"
+    );
+    assert_eq!(report["other_runners"], serde_json::json!(["shell"]));
+    // Nothing dropped silently: each key that could not be carried over is named, with its line.
+    let unmapped: Vec<String> = runners[0]["unmapped"]
+        .as_array()
+        .expect("unmapped")
+        .iter()
+        .map(|i| i["key"].as_str().unwrap_or_default().to_string())
+        .collect();
+    for key in [
+        "MachineName",
+        "OffPeakPeriods",
+        "(amazonec2-access-key)",
+        "(amazonec2-secret-key)",
+        "(engine-registry-mirror)",
+        "runners[0].docker",
+    ] {
+        assert!(
+            unmapped.iter().any(|k| k.contains(key)),
+            "{key} not reported: {unmapped:?}"
+        );
+    }
+    assert!(
+        runners[0]["unmapped"]
+            .as_array()
+            .expect("unmapped")
+            .iter()
+            .all(|i| i["line"].as_u64().is_some()),
+        "{report:#}"
+    );
+    // The secret key is named, never copied.
+    assert!(!stdout.contains(SECRET) && !stderr.contains(SECRET));
+    let written = std::fs::read_to_string(&out).expect("written");
+    assert!(!written.contains(SECRET) && !written.contains("glrt-"));
+    // The mapping, as a user would read it.
+    for line in [
+        "max_instances = 20",
+        "max_use_count = 10",
+        "scale_throttle = { limit = 0.1, burst = 6 }",
+        "periods = [\"* 9-17 * * mon-fri\"]",
+        "timezone = \"Europe/Berlin\"",
+        "idle_count = 3",
+        "scale_factor = 1.5",
+        "scale_factor_limit = 10",
+        "idle_time = \"3600s\"",
+        "periods = [\"* * * * sat,sun\"]",
+        "timezone = \"UTC\"",
+        "idle_time = \"1800s\"",
+        "region = \"eu-central-1\"",
+        "username = \"ubuntu\"",
+        "max_instances = 40",
+    ] {
+        assert!(written.contains(line), "{line:?} missing:\n{written}");
+    }
+    // The group to create once, with the plugin's permissions.
+    let commands = runners[0]["group"]["commands"].to_string();
+    assert!(commands.contains("--max-size 20"), "{commands}");
+    assert!(commands.contains("subnet-878ba5fa"), "{commands}");
+    assert!(
+        commands.contains("m5.large") && commands.contains("ami-0abcdef"),
+        "{commands}"
+    );
+    assert!(
+        runners[0]["group"]["permissions"]
+            .as_str()
+            .is_some_and(|p| p.contains("autoscaling:SetDesiredCapacity")),
+        "{report:#}"
+    );
+    // The output is a configuration Flotilla accepts.
+    let (code, stdout, stderr) = flotilla(&["config", "check", "-c", &out]);
+    assert_eq!(code, 0, "{stdout}{stderr}\n{written}");
+    assert!(stdout.contains("OK (2 pools)"), "{stdout}");
+    // An existing file is never replaced.
+    let (code, _, stderr) = migrate(&input, &["-o", &out, "--plugin", &plugin]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("never replaced"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&out).expect("kept"), written);
+}
+
+/// A period that cron cannot express exactly refuses its runner, naming the period and line.
+#[test]
+fn a_period_that_cron_cannot_express_refuses_the_runner_with_the_period_named() {
+    let d = dir();
+    let input = write(
+        d.path(),
+        "config.toml",
+        r#"[[runners]]
+  name = "r"
+  executor = "docker+machine"
+  limit = 3
+  [runners.machine]
+    MachineDriver = "amazonec2"
+    MachineOptions = ["amazonec2-ami=ami-1"]
+    [[runners.machine.autoscaling]]
+      Periods = ["* 9-17 * * mon-fri"]
+      IdleCount = 1
+"#,
+    );
+    let plugin = format!("aws={}", guests::AWS_PLUGIN);
+    let (code, stdout, stderr) = migrate(&input, &["--plugin", &plugin]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("runners[0].machine.autoscaling[0].Periods[0] (line 9)")
+            && stderr.contains("\"* 9-17 * * mon-fri\" has 5 fields"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("[[pool]]"), "{stdout}");
+}
+
+/// Input that is not TOML gets the file and line, and writes nothing.
+#[test]
+fn a_broken_runner_config_is_reported_with_its_line() {
+    let d = dir();
+    let input = write(
+        d.path(),
+        "config.toml",
+        "[[runners]]\nname = \"x\nexecutor = 1\n",
+    );
+    let out = d.path().join("out.toml");
+    let (code, _, stderr) = migrate(&input, &["-o", &out.display().to_string()]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("config.toml") && stderr.contains("line 2"),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+}
