@@ -17,7 +17,10 @@ rustup component list --installed | grep -q '^rustfmt' || rustup component add r
 #   openssh-server  loopback sshd daemons as the connector's machines (started by the tests);
 #   docker.io       a real Docker Engine the connector reaches through those machines' SSH sessions;
 #   busybox-static  the one binary of the test image (no image registry is reachable, so the
-#                   tests import a FROM-scratch rootfs into the engine).
+#                   tests import a FROM-scratch rootfs into the engine);
+#   gcc-mingw-w64-x86-64, wine64
+#                   the Windows host: C dependencies of the x86_64-pc-windows-gnu cross-build,
+#                   and Wine to run flotilla.exe (scripts/windows.sh).
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v docker-registry >/dev/null || need+=(docker-registry)
@@ -26,6 +29,8 @@ command -v script >/dev/null || need+=(bsdutils)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v dockerd >/dev/null || need+=(docker.io containerd runc)
 [ -x /bin/busybox ] || need+=(busybox-static)
+command -v x86_64-w64-mingw32-gcc >/dev/null || need+=(gcc-mingw-w64-x86-64)
+[ -x /usr/lib/wine/wine64 ] || need+=(wine64)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
@@ -69,3 +74,6 @@ cargo test --locked --release
 
 echo "== the Rust template, standalone (copied out of the repository)"
 ./scripts/template-standalone.sh
+
+echo "== the host on Windows (cross-built, run under Wine)"
+./scripts/windows.sh

@@ -300,22 +300,22 @@ fn api_token(cfg: &Config) -> anyhow::Result<Option<flotilla_credentials::Secret
     }
 }
 
-/// Waits for SIGTERM or Ctrl-C; meanwhile publishes plugin health and reloads policies on
-/// SIGHUP or when the config file changes.
+/// Waits for a stop signal (SIGTERM or Ctrl-C; on Windows also Ctrl-Break, console close and
+/// shutdown); meanwhile publishes plugin health and reloads policies on SIGHUP or when the
+/// config file changes (the only reload on Windows).
 async fn until_stopped(
     config_path: &Path,
     state: &AppState,
     ctx: &StartContext,
 ) -> anyhow::Result<()> {
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut stop = crate::signals::Stop::new()?;
+    let mut hup = crate::signals::Reload::new()?;
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     let mut seen = mtime(config_path);
     loop {
         tokio::select! {
-            _ = term.recv() => return Ok(()),
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-            _ = hup.recv() => reload(config_path, &state.pools, ctx),
+            () = stop.recv() => return Ok(()),
+            () = hup.recv() => reload(config_path, &state.pools, ctx),
             _ = tick.tick() => {
                 for (_, p) in state.pools.running_pools() {
                     p.metrics.publish_plugin(&p.handle.provider().health());

@@ -13,4 +13,5 @@ pub mod config;
 pub mod metrics;
 pub mod migrate;
 pub mod pools;
+pub mod signals;
 pub mod simulate;

@@ -131,10 +131,9 @@ impl Args {
         let outcome = match &self.stage {
             Stage::Prepare => flotilla_gitlab::prepare(&api, &job, &settings).await,
             Stage::Run { script, stage } => {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+                let mut stop = crate::signals::Stop::new()?;
                 let cancel = async move {
-                    term.recv().await;
+                    stop.recv().await;
                 };
                 flotilla_gitlab::run(&api, &job, script, stage, cancel).await
             }
