@@ -31,7 +31,7 @@ def fmt(ns):
 rows = ["scaler/acquire_release_10k_x4", "scaler/reconcile_tick_10k", "scaler/reservation_to_increase",
         "static/trivial_call", "static/instantiate", "template/instantiate", "static/load_from_cache",
         "template/load_from_cache", "static/first_compile", "template/first_compile",
-        "http_get/guest_update", "http_get/reqwest_fresh_connection", "http_get/reqwest_pooled",
+        "http_get/guest_update", "http_get/guest_update_denied", "http_get/reqwest_fresh_connection", "http_get/reqwest_pooled",
         "aws_update_100/plugin", "aws_update_100/host_reqwest_sigv4",
         "oci_start/file_baseline", "oci_start/cached_if_not_present", "oci_start/cached_if_not_present_verified",
         "oci_start/always_resolve_tag", "oci_start/always_resolve_tag_verified", "oci_start/reqwest_manifest_get",

@@ -163,9 +163,28 @@ fn http(c: &mut Criterion) {
     let plugin = rt
         .load_file(Path::new(guests::TEMPLATE_PLUGIN))
         .unwrap_or_else(|e| panic!("{e}"));
+    // The same plugin with one request a minute: `init` spends it, and every GET after is
+    // refused by the request budget, the last egress check, before any I/O. So
+    // `guest_update_denied` is the guest's side of the cost (the call, the request built
+    // through wasi:http, every egress check) without the network and the body; one GET a
+    // minute does go out, which is noise among the iterations.
+    let denied = plugin.provider(
+        "bench-denied",
+        Sandbox {
+            limits: flotilla_plugin_runtime::Limits {
+                requests_per_minute: 1,
+                ..Default::default()
+            },
+            ..sandbox.clone()
+        },
+    );
     let provider = plugin.provider("bench", sandbox);
+    let settings = format!(r#"{{"endpoint":"{endpoint}","group":"ci"}}"#);
     tokio
-        .block_on(provider.init(&format!(r#"{{"endpoint":"{endpoint}","group":"ci"}}"#)))
+        .block_on(provider.init(&settings))
+        .unwrap_or_else(|e| panic!("{e}"));
+    tokio
+        .block_on(denied.init(&settings))
         .unwrap_or_else(|e| panic!("{e}"));
     let url = format!("{endpoint}/v1/groups/ci/instances");
     let pooled = {
@@ -189,6 +208,9 @@ fn http(c: &mut Criterion) {
     g.bench_function("guest_update", |b| {
         b.to_async(&tokio)
             .iter(|| async { provider.update().await.unwrap_or_else(|e| panic!("{e}")) })
+    });
+    g.bench_function("guest_update_denied", |b| {
+        b.to_async(&tokio).iter(|| async { denied.update().await })
     });
     for (name, client) in [
         ("reqwest_fresh_connection", &fresh),

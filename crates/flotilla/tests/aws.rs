@@ -499,11 +499,44 @@ impl<P: Provider> Provider for Counting<P> {
     }
 }
 
+/// The real scaler driving `provider` (initialised, with `info`), its instances ready at
+/// once, under one all-day policy keeping `idle_count` slots for `idle_time_ms`.
+fn spawn_pool<P: Provider + 'static>(
+    provider: Arc<P>,
+    info: &flotilla_provider::ProviderInfo,
+    config: flotilla_scaler::ScalerConfig,
+    idle_count: u32,
+    idle_time_ms: u64,
+) -> Arc<flotilla_scaler::PoolHandle> {
+    use flotilla_scaler::{AlwaysReady, Clock, Policy, PoolCore, PoolHandle, SystemClock};
+    let clock = Arc::new(SystemClock);
+    let policy = Policy::new(
+        vec!["* * * * *".into()],
+        "UTC",
+        idle_count,
+        idle_time_ms,
+        0.0,
+        0,
+        false,
+    )
+    .expect("policy");
+    let mut core = PoolCore::new(config, vec![policy], clock.now());
+    core.set_provider_info(info);
+    PoolHandle::spawn(
+        "aws".into(),
+        core,
+        provider,
+        clock,
+        Arc::new(AlwaysReady),
+        None,
+    )
+}
+
 /// One denied action (`SetDesiredCapacity`) stops only scale-up; `update` goes on; once the
 /// policy is re-attached the pool scales up and is ready again, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed_again() {
-    use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, ScalerConfig, SystemClock};
+    use flotilla_scaler::ScalerConfig;
     let moto = Moto::start();
     let provider = Arc::new(Counting::new(moto.provider(None)));
     let info = must(provider.init(&moto.settings())).await;
@@ -515,26 +548,13 @@ async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed
             "ec2:DescribeInstances",
         ],
     );
-    let clock = Arc::new(SystemClock);
     let config = ScalerConfig {
         update_interval_ms: 500,
         paused_retry_interval_ms: 1_000,
         max_instances: 4,
         ..ScalerConfig::default()
     };
-    let keep =
-        flotilla_scaler::Policy::new(vec!["* * * * *".into()], "UTC", 2, 3_600_000, 0.0, 0, false)
-            .expect("policy");
-    let mut core = PoolCore::new(config, vec![keep], clock.now());
-    core.set_provider_info(&info);
-    let pool = PoolHandle::spawn(
-        "aws".into(),
-        core,
-        provider.clone(),
-        clock,
-        Arc::new(AlwaysReady),
-        None,
-    );
+    let pool = spawn_pool(provider.clone(), &info, config, 2, 3_600_000);
     let start = Instant::now();
     while !pool.snapshot().paused.contains_key("increase") {
         assert!(
@@ -636,11 +656,10 @@ fn seen(pool: &flotilla_scaler::PoolHandle) -> Vec<String> {
 /// the API, and follows the cloud back without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_follows_the_group_through_max_0_and_a_recreated_group() {
-    use flotilla_scaler::{AlwaysReady, Clock, PoolCore, PoolHandle, ScalerConfig, SystemClock};
+    use flotilla_scaler::{PoolHandle, ScalerConfig};
     let moto = Moto::start_with_max(4);
     let provider = Arc::new(Counting::new(moto.provider(None)));
     let info = must(provider.init(&moto.settings())).await;
-    let clock = Arc::new(SystemClock);
     let interval = Duration::from_millis(500);
     let config = ScalerConfig {
         update_interval_ms: 500,
@@ -649,19 +668,7 @@ async fn capacity_follows_the_group_through_max_0_and_a_recreated_group() {
         ..ScalerConfig::default()
     };
     // Two idle instances; an idle one beyond them goes after a second.
-    let keep =
-        flotilla_scaler::Policy::new(vec!["* * * * *".into()], "UTC", 2, 1_000, 0.0, 0, false)
-            .expect("policy");
-    let mut core = PoolCore::new(config, vec![keep], clock.now());
-    core.set_provider_info(&info);
-    let pool = PoolHandle::spawn(
-        "aws".into(),
-        core,
-        provider.clone(),
-        clock,
-        Arc::new(AlwaysReady),
-        None,
-    );
+    let pool = spawn_pool(provider.clone(), &info, config, 2, 1_000);
     let ready = |pool: &PoolHandle, n: u32| {
         let snap = pool.snapshot();
         snap.instances.get("ready").copied().unwrap_or(0) == n && snap.pending == 0
