@@ -216,23 +216,22 @@ fn http(c: &mut Criterion) {
         ("reqwest_fresh_connection", &fresh),
         ("reqwest_pooled", &pooled),
     ] {
-        g.bench_function(name, |b| {
-            b.to_async(&tokio).iter(|| async {
-                let body = client
-                    .get(&url)
-                    .send()
-                    .await
-                    .unwrap_or_else(|e| panic!("{e}"))
-                    .bytes()
-                    .await;
-                let v: serde_json::Value =
-                    serde_json::from_slice(&body.unwrap_or_default()).unwrap_or_default();
-                v
-            })
-        });
+        g.bench_function(name, |b| b.to_async(&tokio).iter(|| get_json(client, &url)));
     }
     g.finish();
     interleaved_get(&tokio, &provider, &pooled, &url);
+}
+
+/// The baseline of the guest's GET: the same GET through reqwest, and the same JSON decoding.
+async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
+    let body = client
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .bytes()
+        .await;
+    serde_json::from_slice(&body.unwrap_or_default()).unwrap_or_default()
 }
 
 /// The guest's GET and pooled reqwest's, alternated one by one (the order flipping each round)
@@ -244,18 +243,7 @@ fn interleaved_get(
     pooled: &reqwest::Client,
     url: &str,
 ) {
-    let baseline = || async {
-        let body = pooled
-            .get(url)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .bytes()
-            .await;
-        let v: serde_json::Value =
-            serde_json::from_slice(&body.unwrap_or_default()).unwrap_or_default();
-        v
-    };
+    let baseline = || get_json(pooled, url);
     let guest = || async { provider.update().await.unwrap_or_else(|e| panic!("{e}")) };
     let (mut g, mut b) = (Vec::new(), Vec::new());
     tokio.block_on(async {

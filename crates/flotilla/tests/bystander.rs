@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use common::{Flotilla, TOKEN, free_port};
 use flotilla_test_artifacts as guests;
 use flotilla_test_support::peer::Peer;
-use serde_json::json;
 
 fn spinner(name: &str) -> String {
     format!(
@@ -143,19 +142,7 @@ async fn a_good_pool_keeps_its_latency_next_to_spinning_stalled_and_hoarding_plu
     let mut cycles = Vec::new();
     for _ in 0..100 {
         let sent = Instant::now();
-        let (code, body) = f
-            .call("POST", "/v1/pools/good/leases", Some(json!({})))
-            .await;
-        assert_eq!(code, 201, "{body}");
-        let id = body["lease"]["id"].as_u64().expect("id");
-        let (code, body) = f
-            .call("POST", &format!("/v1/pools/good/leases/{id}/acquire"), None)
-            .await;
-        assert_eq!(code, 200, "{body}");
-        let (code, body) = f
-            .call("POST", &format!("/v1/pools/good/leases/{id}/release"), None)
-            .await;
-        assert_eq!(code, 200, "{body}");
+        f.lease_cycle("good").await;
         cycles.push(sent.elapsed());
     }
     let (polls, worst_health) = health.await.expect("the /healthz poller");

@@ -94,19 +94,7 @@ async fn the_api_serves_while_a_pool_hangs_in_start_up_and_a_failed_pool_heals_w
     .await;
     let (_, pools) = f.call("GET", "/v1/pools", None).await;
     assert_eq!(state(&pools, "stall"), "starting", "{pools}\n{}", f.log());
-    let (code, body) = f
-        .call("POST", "/v1/pools/good/leases", Some(serde_json::json!({})))
-        .await;
-    assert_eq!(code, 201, "{body}");
-    let id = body["lease"]["id"].as_u64().expect("an id");
-    let (code, body) = f
-        .call("POST", &format!("/v1/pools/good/leases/{id}/acquire"), None)
-        .await;
-    assert_eq!(code, 200, "{body}");
-    let (code, body) = f
-        .call("POST", &format!("/v1/pools/good/leases/{id}/release"), None)
-        .await;
-    assert_eq!(code, 200, "{body}");
+    f.lease_cycle("good").await;
 
     // A pool still starting refuses leases with its own code, not "unknown pool".
     let (code, body) = f

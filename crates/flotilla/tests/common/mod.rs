@@ -183,6 +183,22 @@ impl Flotilla {
         }
     }
 
+    /// Reserves, acquires and releases one lease of `pool`, asserting each answer.
+    pub async fn lease_cycle(&self, pool: &str) {
+        let leases = format!("/v1/pools/{pool}/leases");
+        let (code, body) = self
+            .call("POST", &leases, Some(serde_json::json!({})))
+            .await;
+        assert_eq!(code, 201, "{body}");
+        let id = body["lease"]["id"].as_u64().expect("a lease id");
+        for step in ["acquire", "release"] {
+            let (code, body) = self
+                .call("POST", &format!("{leases}/{id}/{step}"), None)
+                .await;
+            assert_eq!(code, 200, "{step}: {body}");
+        }
+    }
+
     pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let body = body.map(|b| reqwest::Body::from(b.to_string()));
         let (code, bytes) = self.request(method, path, body, Some(TOKEN)).await;
