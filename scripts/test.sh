@@ -20,7 +20,9 @@ rustup component list --installed | grep -q '^rustfmt' || rustup component add r
 #                   tests import a FROM-scratch rootfs into the engine);
 #   gcc-mingw-w64-x86-64, wine64
 #                   the Windows host: C dependencies of the x86_64-pc-windows-gnu cross-build,
-#                   and Wine to run flotilla.exe (scripts/windows.sh).
+#                   and Wine to run flotilla.exe (scripts/windows.sh);
+#   musl-tools, ca-certificates
+#                   the static binary of the container image (deploy/image.sh) and its CA roots.
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v docker-registry >/dev/null || need+=(docker-registry)
@@ -31,6 +33,8 @@ command -v dockerd >/dev/null || need+=(docker.io containerd runc)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v x86_64-w64-mingw32-gcc >/dev/null || need+=(gcc-mingw-w64-x86-64)
 [ -x /usr/lib/wine/wine64 ] || need+=(wine64)
+command -v musl-gcc >/dev/null || need+=(musl-tools)
+[ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
@@ -77,3 +81,6 @@ echo "== the Rust template, standalone (copied out of the repository)"
 
 echo "== the host on Windows (cross-built, run under Wine)"
 ./scripts/windows.sh
+
+echo "== the container image (static musl binary on scratch) under a real Docker Engine"
+./scripts/container.sh

@@ -148,6 +148,7 @@ fn bench(c: &mut Criterion) {
             connector: Some(connector),
             metrics: metrics.pool("ci", "bench"),
             delete_on_shutdown: false,
+            plugin_digest: "sha256:bench".into(),
         };
         let state = Arc::new(AppState {
             pools: Pools::running([("ci".to_string(), running)]),

@@ -174,10 +174,29 @@ pub fn router(state: Shared) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(v1)
+        .merge(health_routes())
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
+        .with_state(state)
+}
+
+/// `/metrics`, `/healthz` and `/readyz`: unauthenticated, and all `server.metrics_listen`
+/// serves.
+fn health_routes() -> Router<Shared> {
+    Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
-        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
+}
+
+/// The router of `server.metrics_listen`: health and metrics only, never the lease API.
+pub fn health_router(state: Shared) -> Router {
+    health_routes()
+        .fallback(|| async {
+            ApiError::new(
+                ErrorCode::NotFound,
+                "this listener serves /metrics, /healthz and /readyz only",
+            )
+        })
         .with_state(state)
 }
 
@@ -310,7 +329,8 @@ async fn reserve(
     if state.draining.load(Ordering::Relaxed) {
         return Err(LeaseError::ShuttingDown.into());
     }
-    let p = pool(&state, &name)?;
+    let running = running(&state, &name)?;
+    let p = &running.handle;
     let body: ReserveBody = parse_body(&body)?;
     if body.labels.len() > MAX_LABELS {
         return Err(ApiError::new(
@@ -321,8 +341,13 @@ async fn reserve(
     for (key, value) in &body.labels {
         check_label(key, value)?;
     }
-    let id = p.reserve_labelled(body.labels)?;
+    let id = p.reserve_labelled(body.labels).inspect_err(|e| match e {
+        LeaseError::AtCapacity(_) => state.metrics.reservation_refused(&name, "at-capacity"),
+        LeaseError::NoIdleSlot => state.metrics.reservation_refused(&name, "no-idle-slot"),
+        _ => {}
+    })?;
     let lease = p.with_core(|c| c.lease(id).cloned());
+    tracing::info!(pool = %name, plugin_digest = %running.plugin_digest, lease = id, "lease reserved");
     Ok((
         StatusCode::CREATED,
         Json(json!({ "pool": name, "lease": lease })),
@@ -401,6 +426,7 @@ async fn acquire(
         AcquireError::Lease(l) => ApiError::from(l),
         AcquireError::Timeout(_) => ApiError::new(ErrorCode::AcquireTimeout, e.to_string()),
     })?;
+    tracing::info!(pool = %name, plugin_digest = %running.plugin_digest, lease = id, instance = %binding.instance, slot = binding.slot, "lease acquired");
     let (connection, connection_error) = match p.provider().connect_info(&binding.instance).await {
         Ok(c) => (Some(c), None),
         Err(e) => (None, Some(e.to_string())),
@@ -494,9 +520,12 @@ async fn release(
     Path((name, id)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let p = pool(&state, &name)?;
+    let running = running(&state, &name)?;
+    let p = &running.handle;
     let id = lease_id(&id)?;
     let body: ReleaseBody = parse_body(&body)?;
+    let instance = acquired_instance(p, id).unwrap_or_default();
+    let broken = body.instance_broken.is_some();
     match body.instance_broken {
         Some(cause) => {
             let cause: String = cause
@@ -508,6 +537,7 @@ async fn release(
         }
         None => p.release(id)?,
     }
+    tracing::info!(pool = %name, plugin_digest = %running.plugin_digest, lease = id, instance = %instance, broken, "lease released");
     Ok(Json(json!({ "pool": name, "lease": id, "released": true })))
 }
 
@@ -595,6 +625,7 @@ async fn unreserve(
     let p = pool(&state, &name)?;
     let id = lease_id(&id)?;
     p.unreserve(id)?;
+    tracing::info!(pool = %name, lease = id, "lease unreserved");
     Ok(Json(
         json!({ "pool": name, "lease": id, "unreserved": true }),
     ))

@@ -22,6 +22,7 @@ use flotilla_scaler::{
     AlwaysReady, Clock, LeaseJournal, Policy, PoolCore, PoolHandle, Readiness, SystemClock,
 };
 use flotilla_store::Store as LeaseStore;
+use tracing::Instrument;
 
 /// What every pool's start shares: the runtime, the registry, the lease store.
 struct StartContext {
@@ -85,13 +86,18 @@ async fn start_pool(
     let plugin = load_plugin(runtime, registry, &pool.name, &pool.plugin)
         .await
         .with_context(|| format!("pool {}", pool.name))?;
-    tracing::info!(pool = %pool.name, plugin = %pool.plugin, sha256 = %plugin.sha256, cache = ?plugin.cache, "plugin loaded");
+    tracing::info!(pool = %pool.name, plugin = %pool.plugin, plugin_digest = %format!("sha256:{}", plugin.sha256), cache = ?plugin.cache, "plugin loaded");
+    let plugin_digest = format!("sha256:{}", plugin.sha256);
+    // Every line the pool's scaler, readiness checks and plugin calls log carries the pool
+    // and the plugin digest (`span` in --log-json lines), so log pipelines can join them.
+    let span = tracing::info_span!("pool", pool = %pool.name, plugin_digest = %plugin_digest);
     let connector = connector(pool, state_dir)?;
     let mut sandbox = pool.sandbox.clone();
     sandbox.ssh_public_key = connector.as_ref().map(|c| Arc::from(c.public_key()));
     let provider: Arc<dyn Provider> = Arc::new(plugin.provider(&pool.name, sandbox));
     let info = provider
         .init(&pool.settings)
+        .instrument(span.clone())
         .await
         .with_context(|| format!("pool {}", pool.name))?;
     tracing::info!(pool = %pool.name, id = %info.id, version = %info.version, max_size = info.max_size, "plugin initialised");
@@ -119,20 +125,23 @@ async fn start_pool(
         Some(c) => c.clone(),
         None => Arc::new(AlwaysReady),
     };
-    let handle = PoolHandle::spawn_journaled(
-        pool.name.clone(),
-        core,
-        provider,
-        clock,
-        readiness,
-        Some(Arc::new(pool_metrics.clone())),
-        journal,
-    );
+    let handle = span.in_scope(|| {
+        PoolHandle::spawn_journaled(
+            pool.name.clone(),
+            core,
+            provider,
+            clock,
+            readiness,
+            Some(Arc::new(pool_metrics.clone())),
+            journal,
+        )
+    });
     Ok(RunningPool {
         handle,
         connector,
         metrics: pool_metrics,
         delete_on_shutdown: pool.delete_instances_on_shutdown,
+        plugin_digest,
     })
 }
 
@@ -182,6 +191,7 @@ async fn keep_starting(ctx: Arc<StartContext>, state: Arc<AppState>, mut pool: c
                 since: now_ms(),
             },
         );
+        state.metrics.pool_state(&pool.name, "starting");
         match start_pool(&ctx, &state.metrics, &pool).await {
             Ok(running) => {
                 tracing::info!(pool = %pool.name, attempt, "pool started");
@@ -194,6 +204,7 @@ async fn keep_starting(ctx: Arc<StartContext>, state: Arc<AppState>, mut pool: c
                 let reason = format!("{e:#}");
                 let every = Duration::from_millis(pool.scaler.paused_retry_interval_ms);
                 tracing::error!(pool = %pool.name, attempt, retry_in = ?every, "pool not started: {reason}");
+                state.metrics.pool_state(&pool.name, "start-failed");
                 state.pools.set(
                     &pool.name,
                     PoolState::Failed {
@@ -353,6 +364,25 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
                 .await
         })
     };
+    // One Notify per server: notify_one keeps a permit, so a stop that comes before a server
+    // polls its signal is not lost.
+    let metrics_shutdown = Arc::new(tokio::sync::Notify::new());
+    let metrics_server = match cfg.metrics_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (server.metrics_listen)"))?;
+            tracing::info!(metrics_listen = %addr, "serving /metrics, /healthz and /readyz");
+            let shutdown = metrics_shutdown.clone();
+            let app = crate::api::health_router(state.clone());
+            Some(tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { shutdown.notified().await })
+                    .await
+            }))
+        }
+        None => None,
+    };
     let starters: Vec<_> = cfg
         .pools
         .iter()
@@ -383,8 +413,13 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         });
     let failed_drains = join_all(drains).await;
     shutdown.notify_one();
+    metrics_shutdown.notify_one();
     let served = server.await.context("the API server task panicked")?;
     served.context("the API server failed")?;
+    if let Some(m) = metrics_server {
+        let served = m.await.context("the metrics server task panicked")?;
+        served.context("the metrics server failed")?;
+    }
     if failed_drains > 0 {
         anyhow::bail!("{failed_drains} pool(s) failed while draining; see the log above");
     }

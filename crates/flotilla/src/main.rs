@@ -26,7 +26,14 @@ fn init_logging(json: bool, quiet: bool) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if json {
-        builder.json().init();
+        // One object per line: the event's fields at the top level, and the pool's span
+        // (`span.pool`, `span.plugin_digest`) on every line logged inside a pool.
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init();
     } else {
         builder.init();
     }

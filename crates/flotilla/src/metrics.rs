@@ -31,6 +31,9 @@ pub struct Metrics {
     plugin_faults: IntCounterVec,
     egress_denied: IntCounterVec,
     pool_up: IntGaugeVec,
+    pool_state: IntGaugeVec,
+    circuit_open: IntGaugeVec,
+    reservations_refused: IntCounterVec,
     probe_seconds: HistogramVec,
     probe_failures: IntCounterVec,
     probes: IntCounterVec,
@@ -110,6 +113,16 @@ fn histogram(
 }
 
 const PP: &[&str] = &["pool", "plugin"];
+
+/// The values of `flotilla_pool_state`'s `state` label.
+pub const POOL_STATES: [&str; 6] = [
+    "starting",
+    "start-failed",
+    "ready",
+    "degraded",
+    "paused",
+    "stopped",
+];
 
 impl Metrics {
     /// Registers every family.
@@ -210,6 +223,24 @@ impl Metrics {
                 "1 when the pool is ready, 0 otherwise.",
                 PP,
             )?,
+            pool_state: gauge(
+                &r,
+                "flotilla_pool_state",
+                "1 for the pool's current state (starting, start-failed, ready, degraded, paused, stopped), 0 for the others.",
+                &["pool", "state"],
+            )?,
+            circuit_open: gauge(
+                &r,
+                "flotilla_plugin_circuit_open",
+                "1 while the pool's plugin circuit is open (calls fail fast after repeated faults).",
+                PP,
+            )?,
+            reservations_refused: counter(
+                &r,
+                "flotilla_reservations_refused_total",
+                "Reservations refused for want of a slot: at-capacity (every slot up to max_instances promised) or no-idle-slot (preemptive mode).",
+                &["pool", "reason"],
+            )?,
             probe_seconds: histogram(
                 &r,
                 "flotilla_instance_probe_duration_seconds",
@@ -299,6 +330,22 @@ impl Metrics {
         String::from_utf8(buf).unwrap_or_default()
     }
 
+    /// Marks `state` as the pool's current state (one of [`POOL_STATES`]).
+    pub fn pool_state(&self, pool: &str, state: &str) {
+        for s in POOL_STATES {
+            self.pool_state
+                .with_label_values(&[pool, s])
+                .set(i64::from(s == state));
+        }
+    }
+
+    /// A reservation was refused for want of a slot (`at-capacity` or `no-idle-slot`).
+    pub fn reservation_refused(&self, pool: &str, reason: &str) {
+        self.reservations_refused
+            .with_label_values(&[pool, reason])
+            .inc();
+    }
+
     /// Handles for one pool.
     pub fn pool(&self, pool: &str, plugin: &str) -> PoolMetrics {
         PoolMetrics {
@@ -348,6 +395,10 @@ impl PoolMetrics {
     pub fn publish_plugin(&self, health: &ProviderHealth) {
         let denied = health.egress_denied;
         let [pool, plugin] = self.pp();
+        self.m
+            .circuit_open
+            .with_label_values(&[pool, plugin])
+            .set(i64::from(health.circuit_open));
         {
             let mut last = self.last.lock();
             let traps = delta(&mut last.traps, health.traps);
@@ -452,6 +503,14 @@ impl PoolObserver for PoolMetrics {
                 .set(i64::from(n));
         }
         let up = matches!(snap.health, flotilla_scaler::PoolHealth::Ready);
+        let state = match snap.health {
+            flotilla_scaler::PoolHealth::Stopped(_) => "stopped",
+            _ if !snap.paused.is_empty() => "paused",
+            flotilla_scaler::PoolHealth::Starting => "starting",
+            flotilla_scaler::PoolHealth::Ready => "ready",
+            flotilla_scaler::PoolHealth::Degraded(_) => "degraded",
+        };
+        self.m.pool_state(pool, state);
         self.m
             .pool_up
             .with_label_values(&[pool, plugin])

@@ -21,6 +21,8 @@ pub struct RunningPool {
     pub metrics: PoolMetrics,
     /// `delete_instances_on_shutdown`.
     pub delete_on_shutdown: bool,
+    /// The plugin's digest (`sha256:...`), carried by the pool's log lines.
+    pub plugin_digest: String,
 }
 
 /// Where a pool is.

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
@@ -178,7 +179,8 @@ impl PoolHandle {
             stop: Notify::new(),
         });
         let driver = handle.clone();
-        tokio::spawn(async move { driver.run().await });
+        // The driver and its actions log inside the caller's span (the pool and its plugin).
+        tokio::spawn(async move { driver.run().await }.in_current_span());
         handle
     }
 
@@ -203,7 +205,7 @@ impl PoolHandle {
             };
             for action in actions {
                 let me = self.clone();
-                tokio::spawn(async move { me.execute(action).await });
+                tokio::spawn(async move { me.execute(action).await }.in_current_span());
             }
             self.publish();
             let sleep = Duration::from_millis(wake_at.saturating_sub(now).max(1));

@@ -52,6 +52,10 @@ pub struct ServerConfig {
     /// Listen address, e.g. `127.0.0.1:8080`.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// A second listener serving only `/metrics`, `/healthz` and `/readyz` (no lease API), so a
+    /// metrics scraper or a kubelet can be let in where API clients are not.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
     /// Bearer token guarding `/v1/*`: `{ value = "..." }`, `{ env = "VAR" }` or `{ file = "path" }`.
     #[serde(default)]
     pub token: Option<SecretSource>,
@@ -71,6 +75,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             listen: default_listen(),
+            metrics_listen: None,
             token: None,
             shutdown_grace: default_grace(),
         }
@@ -84,6 +89,8 @@ pub struct Config {
     pub path: PathBuf,
     /// Listen address.
     pub listen: SocketAddr,
+    /// The metrics-and-health listener, when configured.
+    pub metrics_listen: Option<SocketAddr>,
     /// API token source.
     pub token: Option<SecretSource>,
     /// Drain grace period.
@@ -194,12 +201,23 @@ impl Validate for FileConfig {
         };
         let registry = self.oci.validate(cx, &at.key("oci"), problems);
         let pools = pool::validate_all(&self.pools, cx, &at.key("pool"), problems);
-        if !token_ok {
+        let metrics_ok = match self.server.metrics_listen {
+            Some(m) if m == self.server.listen => {
+                problems.add(
+                    &at.key("server").key("metrics_listen"),
+                    format!("is the same address as server.listen ({m}); leave it out to serve /metrics there"),
+                );
+                false
+            }
+            _ => true,
+        };
+        if !token_ok || !metrics_ok {
             return None;
         }
         Some(Config {
             path: PathBuf::new(),
             listen: self.server.listen,
+            metrics_listen: self.server.metrics_listen,
             token: self.server.token.as_ref().map(|t| t.resolved(cx)),
             shutdown_grace: self.server.shutdown_grace,
             cache_dir: self.cache_dir.as_deref().map(|d| cx.resolve(d)),
