@@ -29,6 +29,8 @@ pub struct Flotilla {
     pub base: String,
     pub client: reqwest::Client,
     pub dir: tempfile::TempDir,
+    /// Logging as JSON lines (`--log-json`).
+    pub json: bool,
 }
 
 impl Drop for Flotilla {
@@ -63,6 +65,22 @@ impl Flotilla {
         config: &str,
         nofile: Option<u32>,
     ) -> Flotilla {
+        Flotilla::launch(dir, config, nofile, false).await
+    }
+
+    /// Like [`Flotilla::start`], logging JSON lines (`--log-json`).
+    pub async fn start_json(dir: tempfile::TempDir, config: &str) -> Flotilla {
+        let f = Flotilla::launch(dir, config, None, true).await;
+        f.wait_started().await;
+        f
+    }
+
+    async fn launch(
+        dir: tempfile::TempDir,
+        config: &str,
+        nofile: Option<u32>,
+        json: bool,
+    ) -> Flotilla {
         let path = dir.path().join("flotilla.toml");
         std::fs::write(&path, config).expect("config");
         let port = config
@@ -71,18 +89,19 @@ impl Flotilla {
             .and_then(|r| r.trim_end_matches('"').parse::<u16>().ok())
             .expect("the listen port");
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let child = Flotilla::spawn(&dir, nofile);
+        let child = Flotilla::spawn(&dir, nofile, json);
         let f = Flotilla {
             child,
             base: format!("http://127.0.0.1:{port}"),
             client: reqwest::Client::new(),
             dir,
+            json,
         };
         f.wait_api().await;
         f
     }
 
-    fn spawn(dir: &tempfile::TempDir, nofile: Option<u32>) -> Child {
+    fn spawn(dir: &tempfile::TempDir, nofile: Option<u32>, json: bool) -> Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -97,6 +116,9 @@ impl Flotilla {
                 c
             }
         };
+        if json {
+            command.arg("--log-json");
+        }
         command
             .args(["run", "-c"])
             .arg(dir.path().join("flotilla.toml"))
@@ -134,7 +156,7 @@ impl Flotilla {
     pub async fn restart(&mut self) {
         let _ = self.child.kill(); // already gone is fine
         let _ = self.child.wait();
-        self.child = Flotilla::spawn(&self.dir, None);
+        self.child = Flotilla::spawn(&self.dir, None, self.json);
         self.wait_started().await;
     }
 
