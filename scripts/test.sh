@@ -53,6 +53,16 @@ if [ ! -x "$FLOTILLA_VENV/bin/moto_server" ]; then
   fi
   "$FLOTILLA_VENV/bin/pip" install -q "moto[server]" boto3
 fi
+# deploy/check.py: helm-sdkpy (Helm 4's library; its wheel says Python >= 3.12, but it is cffi
+# over a Go library and runs on Debian 12's 3.11), PyYAML, and kubernetes-validate.
+"$FLOTILLA_VENV/bin/python" -c "import helm_sdkpy, yaml, kubernetes_validate" 2>/dev/null \
+  || "$FLOTILLA_VENV/bin/pip" install -q --ignore-requires-python "helm-sdkpy==0.1.32" "pyyaml==6.0.3" "kubernetes-validate==1.37.0"
+# kubectl renders the kustomize manifests offline (`kubectl kustomize`).
+if ! command -v kubectl >/dev/null; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
+fi
 # oras-py is the independent OCI client of the cross-checks.
 "$FLOTILLA_VENV/bin/python" -c "import oras" 2>/dev/null || "$FLOTILLA_VENV/bin/pip" install -q "oras==0.2.43"
 
@@ -81,6 +91,9 @@ echo "== the Rust template, standalone (copied out of the repository)"
 
 echo "== the host on Windows (cross-built, run under Wine)"
 ./scripts/windows.sh
+
+echo "== deploy/: Helm chart (lint --strict, schema, package), kustomize (kubernetes-validate 1.30 and 1.33), rendered configs"
+PATH="$FLOTILLA_VENV/bin:$PATH" "$FLOTILLA_VENV/bin/python" deploy/check.py "$CARGO_TARGET_DIR/release/flotilla"
 
 echo "== the container image (static musl binary on scratch) under a real Docker Engine"
 ./scripts/container.sh
