@@ -94,9 +94,12 @@ fn samples(text: &str) -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
     out
 }
 
+/// A label matcher: the label and the values it accepts.
+type Matcher = (String, Vec<String>);
+
 /// Each `flotilla_*` selector in a PromQL expression: the metric name and its `label="value"`
 /// and `label=~"a|b"` matchers (values as alternatives).
-fn selectors(expr: &str) -> Vec<(String, Vec<(String, Vec<String>)>)> {
+fn selectors(expr: &str) -> Vec<(String, Vec<Matcher>)> {
     let mut out = Vec::new();
     let bytes = expr.as_bytes();
     let mut i = 0;
@@ -181,7 +184,7 @@ fn rule_exprs() -> Vec<String> {
 fn missing(
     have: &BTreeMap<String, Vec<BTreeMap<String, String>>>,
     name: &str,
-    matchers: &[(String, Vec<String>)],
+    matchers: &[Matcher],
 ) -> Option<String> {
     let Some(series) = have.get(name) else {
         return Some(format!("{name} is not in /metrics"));

@@ -670,6 +670,41 @@ async fn max_use_count_retires_an_instance_after_two_jobs() {
     fleet.assert_clean().await;
 }
 
+/// A rolling update (or a crash) restarts flotilla while GitLab Runner starts a job: prepare
+/// waits for the new process instead of failing the job, and the job runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_waits_out_a_flotilla_restart_and_the_job_runs() {
+    let _one = DOCKER.lock().await;
+    let mut fleet = Fleet::start(1, 1, "").await;
+    let _ = fleet.flotilla.child.kill();
+    let _ = fleet.flotilla.child.wait();
+
+    let job = fleet.job(700);
+    let prepare = std::thread::spawn(move || {
+        let result = job.stage(&["prepare"]);
+        (job, result)
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !prepare.is_finished(),
+        "prepare ended while flotilla was down: {:?}",
+        prepare.join().map(|(_, r)| r)
+    );
+    fleet.flotilla.restart().await;
+    let (job, result) = prepare.join().expect("prepare thread");
+    assert_eq!(result.code, 0, "{result:?}\n{}", fleet.flotilla.log());
+    assert!(result.stdout.contains("waiting for it"), "{result:?}");
+    assert!(
+        result.stdout.contains("Running on instance m1"),
+        "{result:?}"
+    );
+    let build = job.run("build_script", "echo after-the-restart");
+    assert_eq!(build.code, 0, "{build:?}");
+    assert!(build.stdout.contains("after-the-restart"), "{build:?}");
+    assert_eq!(job.stage(&["cleanup"]).code, 0);
+    fleet.assert_clean().await;
+}
+
 #[test]
 fn the_snippet_is_a_runners_block_gitlab_runner_can_read() {
     let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))

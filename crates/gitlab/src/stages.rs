@@ -84,13 +84,59 @@ async fn lease(api: &ApiClient, job: &Job) -> Result<Option<LeaseInfo>, ApiError
     api.lease_by_label(&key, &value).await
 }
 
+/// Whether `e` says flotilla is restarting (a rolling update, a crash) rather than refusing:
+/// the API cannot be reached, the pool is still starting, or the process is draining. The
+/// lease journal survives a restart, so waiting for the new process loses nothing.
+fn restarting(e: &ApiError) -> bool {
+    match e {
+        ApiError::Unreachable { .. } => true,
+        ApiError::Refused { code, .. } => code == "pool_starting" || code == "shutting_down",
+    }
+}
+
+/// Calls `f` until it succeeds or fails for a reason other than a restart, waiting out a
+/// restart until `start + acquire_timeout`; tells the job log once that it is waiting.
+async fn through_restarts<T, F, Fut>(
+    api: &ApiClient,
+    settings: &DriverSettings,
+    start: Instant,
+    mut f: F,
+) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
+    let mut told = false;
+    loop {
+        match f().await {
+            Err(e) if restarting(&e) && start.elapsed() < settings.acquire_timeout => {
+                if !told {
+                    say(&format!(
+                        "Flotilla is not serving pool {} right now ({e}); waiting for it...",
+                        api.pool()
+                    ));
+                    told = true;
+                }
+                tokio::time::sleep(RESTART_POLL).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How often the driver asks again while flotilla restarts.
+const RESTART_POLL: Duration = Duration::from_millis(500);
+
 /// Reserves (or finds again) and acquires the job's lease; the lease and its instance.
 async fn acquire(
     api: &ApiClient,
     job: &Job,
     settings: &DriverSettings,
 ) -> Result<(u64, String), Outcome> {
-    let found = lease(api, job).await.map_err(system)?;
+    let start = Instant::now();
+    let found = through_restarts(api, settings, start, || lease(api, job))
+        .await
+        .map_err(system)?;
     let lease = match found {
         Some(l) if l.state == "acquired" => {
             let instance = l.instance.unwrap_or_default();
@@ -107,7 +153,6 @@ async fn acquire(
         }
         other => other,
     };
-    let start = Instant::now();
     let lease = match lease {
         Some(l) => l,
         None => reserve(api, job, settings, start).await?,
@@ -121,7 +166,10 @@ async fn acquire(
     // the driver keeps asking until its own --acquire-timeout.
     let instance = loop {
         let left = settings.acquire_timeout.saturating_sub(start.elapsed());
-        match api.acquire(lease.id, left + Duration::from_secs(5)).await {
+        let asked = through_restarts(api, settings, start, || {
+            api.acquire(lease.id, left + Duration::from_secs(5))
+        });
+        match asked.await {
             Ok(instance) => break instance,
             Err(ApiError::Refused { code, .. })
                 if code == "acquire_timeout" && start.elapsed() < settings.acquire_timeout =>
@@ -153,8 +201,17 @@ async fn reserve(
     let labels = BTreeMap::from([(key, value)]);
     let mut told = false;
     loop {
-        match api.reserve(&labels).await {
+        match through_restarts(api, settings, start, || api.reserve(&labels)).await {
             Ok(lease) => return Ok(lease),
+            // The job already has a lease: an earlier try reached the host but its answer was
+            // lost in a restart. That lease is the job's.
+            Err(ApiError::Refused { code, .. }) if code == "label_in_use" => {
+                match through_restarts(api, settings, start, || lease(api, job)).await {
+                    Ok(Some(l)) => return Ok(l),
+                    Ok(None) => continue, // released meanwhile: reserve again
+                    Err(e) => return Err(system(e)),
+                }
+            }
             Err(ApiError::Refused { code, message, .. })
                 if code == "at_capacity" || code == "no_idle_slot" =>
             {
