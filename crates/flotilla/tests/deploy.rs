@@ -261,12 +261,19 @@ async fn the_dashboard_and_alert_rules_query_only_metrics_a_live_process_exports
     assert_eq!(code, 503, "{ready}");
     assert!(ready.contains("broken"), "{ready}");
 
-    // Published every 2 s (plugin health) and on each scaler change: wait for the families.
+    // Published every 2 s (plugin health) and on each scaler change: wait for the families,
+    // and for the faulting plugin's circuit to open.
+    let circuit_open = |text: &str| {
+        text.lines().any(|l| {
+            l.starts_with("flotilla_plugin_circuit_open{")
+                && l.contains("pool=\"faulty\"")
+                && l.ends_with(" 1")
+        })
+    };
     let mut text = String::new();
-    for _ in 0..50 {
+    for _ in 0..100 {
         text = get("/metrics").await.1;
-        if text.contains("flotilla_plugin_circuit_open{plugin=")
-            && text.contains("pool=\"faulty\"} 1")
+        if circuit_open(&text)
             && text.contains("flotilla_instance_creation_to_ready_seconds_count{")
         {
             break;
@@ -308,14 +315,7 @@ async fn the_dashboard_and_alert_rules_query_only_metrics_a_live_process_exports
     assert!(state("ci", "ready"), "{text}");
     assert!(state("broken", "start-failed"), "{text}");
     assert!(
-        have["flotilla_plugin_circuit_open"]
-            .iter()
-            .any(|l| l["pool"] == "faulty")
-            && text
-                .lines()
-                .any(|l| l.starts_with("flotilla_plugin_circuit_open{")
-                    && l.contains("pool=\"faulty\"")
-                    && l.ends_with(" 1")),
+        circuit_open(&text),
         "the faulting plugin's circuit is not shown open:\n{text}"
     );
     assert!(
@@ -376,44 +376,46 @@ async fn json_log_lines_carry_the_pool_plugin_digest_lease_and_instance() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
         .collect();
     let digest = format!("sha256:{}", hex::encode(sha2_of(guests::STATIC_PLUGIN)));
-    let find = |message: &str| -> &Value {
+    // Three pools log concurrently: find a message of one pool (named on the line or by its span).
+    let find = |pool: &str, message: &str| -> &Value {
         lines
             .iter()
             .find(|l| {
                 l["message"]
                     .as_str()
                     .is_some_and(|m| m.starts_with(message))
+                    && (l["pool"] == pool || l["span"]["pool"] == pool)
             })
-            .unwrap_or_else(|| panic!("no {message:?} line in:\n{log}"))
+            .unwrap_or_else(|| panic!("no {message:?} line of pool {pool} in:\n{log}"))
     };
 
-    let loaded = find("plugin loaded");
+    let loaded = find("ci", "plugin loaded");
     assert_eq!(
         (&loaded["pool"], &loaded["plugin_digest"]),
         (&json!("ci"), &json!(digest))
     );
     // Lines logged inside the pool (its scaler, its plugin) carry the pool's span.
-    let scaled = find("scaled up");
+    let scaled = find("ci", "scaled up");
     assert_eq!(scaled["span"]["pool"], "ci", "{scaled}");
     assert_eq!(scaled["span"]["plugin_digest"], json!(digest), "{scaled}");
     let guest = lines
         .iter()
-        .find(|l| l["target"] == "flotilla::plugin::log")
+        .find(|l| l["target"] == "flotilla::plugin::log" && l["span"]["pool"] == "ci")
         .unwrap_or_else(|| panic!("no plugin log line in:\n{log}"));
     assert_eq!(guest["span"]["plugin_digest"], json!(digest), "{guest}");
 
     // A lease's lines join the lease, its instance, the pool and the plugin.
-    let reserved = find("lease reserved");
+    let reserved = find("ci", "lease reserved");
     let lease = reserved["lease"].as_u64().expect("a lease id");
     for message in ["lease acquired", "lease released"] {
-        let l = find(message);
+        let l = find("ci", message);
         assert_eq!(l["lease"], lease, "{l}");
         assert_eq!(l["pool"], "ci", "{l}");
         assert_eq!(l["plugin_digest"], json!(digest), "{l}");
         assert_eq!(l["instance"], "127.0.0.1", "{l}");
     }
     // The pool that failed to start says which, with its name.
-    let failed = find("pool not started");
+    let failed = find("broken", "pool not started");
     assert_eq!(failed["pool"], "broken", "{failed}");
 }
 
