@@ -423,3 +423,25 @@ fn sha2_of(path: &str) -> Vec<u8> {
     use sha2::Digest;
     sha2::Sha256::digest(std::fs::read(path).expect("the plugin")).to_vec()
 }
+
+#[test]
+fn a_metrics_listener_on_the_api_address_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("flotilla.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:8080\"\nmetrics_listen = \"127.0.0.1:8080\"\n\n[[pool]]\nname = \"ci\"\nplugin = \"{}\"\nmax_instances = 1\n",
+            guests::STATIC_PLUGIN
+        ),
+    )
+    .expect("config");
+    let (code, _, stderr) = common::cli(&["config", "check", "-c", &path.display().to_string()]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(
+            "flotilla.toml:3: server.metrics_listen: is the same address as server.listen"
+        ),
+        "{stderr}"
+    );
+}
