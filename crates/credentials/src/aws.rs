@@ -106,7 +106,8 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-fn http() -> Result<reqwest::Client, String> {
+/// The client the host's own credential exchanges use (public CA roots, short timeouts).
+pub(crate) fn http_client() -> Result<reqwest::Client, String> {
     let roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.into(),
     };
@@ -330,7 +331,7 @@ impl AwsChain {
             ("WebIdentityToken", token.as_str()),
         ];
         let body = form_body(&form);
-        let response = http()?
+        let response = http_client()?
             .post(&endpoint)
             .header("content-type", "application/x-www-form-urlencoded")
             .body(body)
@@ -366,7 +367,7 @@ impl AwsChain {
             .or_else(|| env("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
             .unwrap_or_else(|| "http://169.254.169.254".into());
         let base = base.trim_end_matches('/');
-        let client = http()?;
+        let client = http_client()?;
         let token = client
             .put(format!("{base}/latest/api/token"))
             .header("x-aws-ec2-metadata-token-ttl-seconds", "21600")
@@ -419,7 +420,7 @@ impl AwsChain {
 }
 
 /// A reqwest error without its URL (query strings may carry tokens).
-fn without_url(e: &reqwest::Error) -> String {
+pub(crate) fn without_url(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     if let Some(url) = e.url() {
         s = s.replace(url.as_str(), "<url>");

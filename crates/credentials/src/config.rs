@@ -17,7 +17,7 @@ pub struct CredentialConfig {
     /// `scheme://host[:port]` entries this credential may be sent to; required.
     #[serde(default)]
     pub hosts: Vec<String>,
-    /// `kind = "bearer" | "basic" | "aws-sigv4" | "aws"` and that kind's keys.
+    /// `kind = "bearer" | "basic" | "aws-sigv4" | "aws" | "gcp"` and that kind's keys.
     #[serde(flatten)]
     pub kind: CredentialKind,
 }
@@ -68,6 +68,13 @@ impl CredentialKind {
                 service: service.clone(),
             },
             CredentialKind::Aws(chain) => CredentialKind::Aws(chain.clone()),
+            CredentialKind::Gcp(tokens) => {
+                let mut config = tokens.0.config.clone();
+                config.service_account_key = config.service_account_key.map(|k| k.resolved(cx));
+                CredentialKind::Gcp(crate::gcp::GcpHandle(std::sync::Arc::new(
+                    crate::gcp::GcpTokens::new(config),
+                )))
+            }
         }
     }
 
@@ -100,6 +107,13 @@ impl CredentialKind {
                 .filter_map(|(k, s)| s.as_ref().map(|s| (k, s)))
                 .collect()
             }
+            CredentialKind::Gcp(tokens) => tokens
+                .0
+                .config
+                .service_account_key
+                .iter()
+                .map(|s| ("service_account_key", s))
+                .collect(),
         }
     }
 }
@@ -137,6 +151,12 @@ impl Validate for CredentialConfig {
                     &at.key("access_key_id"),
                     "give both access_key_id and secret_access_key, or neither",
                 );
+                ok = false;
+            }
+        }
+        if let CredentialKind::Gcp(tokens) = &self.kind {
+            for (key, message) in tokens.0.config.problems() {
+                problems.add(&at.key(key), message);
                 ok = false;
             }
         }

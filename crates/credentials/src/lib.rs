@@ -2,8 +2,8 @@
 //! outgoing request. Secret values never leave this module except into the request that
 //! leaves the machine, and are redacted in `Debug` and `Display`.
 //!
-//! Owns: secret sources (value, env, file), the credential kinds (bearer, basic, AWS SigV4 and
-//! the AWS chain), and signing or authorising one request.
+//! Owns: secret sources (value, env, file), the credential kinds (bearer, basic, AWS SigV4,
+//! the AWS chain and Google Cloud tokens), and signing or authorising one request.
 //! Must not know: plugins, wasmtime, pools or config files; the egress hook calls in here.
 
 use std::fmt;
@@ -18,6 +18,7 @@ use flotilla_net::AllowList;
 
 pub mod aws;
 pub mod config;
+pub mod gcp;
 
 /// A shared handle on an AWS chain, so its cache of temporary keys outlives request clones.
 #[derive(Debug, Clone, Default)]
@@ -208,6 +209,9 @@ pub enum CredentialKind {
     /// The AWS credential chain (config, environment, shared files, web identity, IMDSv2),
     /// signed with SigV4.
     Aws(AwsChainHandle),
+    /// Google Cloud OAuth access tokens minted by the host (a service-account key, or the
+    /// GCE/GKE metadata server), sent as `Authorization: Bearer`.
+    Gcp(gcp::GcpHandle),
 }
 
 /// A named credential and the hosts it may be sent to.
@@ -303,6 +307,10 @@ impl Credential {
                     token.as_ref(),
                 )
                 .map_err(signing)
+            }
+            CredentialKind::Gcp(tokens) => {
+                let token = tokens.0.token(&self.name).await?;
+                set_sensitive(request, &format!("Bearer {}", token.expose())).map_err(signing)
             }
             CredentialKind::Aws(chain) => {
                 let cfg = &chain.0.config;

@@ -164,3 +164,40 @@ fn simulate_reports_and_rejects_bad_traces() {
         assert!(err.contains(row), "{row:?} missing from {err}");
     }
 }
+
+/// The `gcp` credential kind's own checks, located like every config problem.
+#[test]
+fn gcp_credential_config_problems_are_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flotilla.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[[pool]]
+name = "gce"
+plugin = "{plugin}"
+max_instances = 1
+allowed_outbound_hosts = ["https://compute.googleapis.com"]
+
+[[pool.credentials]]
+name = "gcp"
+kind = "gcp"
+scopes = []
+token_endpoint = "not a url"
+hosts = ["https://compute.googleapis.com"]
+"#,
+            plugin = guests::STATIC_PLUGIN
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = flotilla(&["config", "check", "-c", &path.display().to_string()]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("flotilla.toml:10: pool[0].credentials[0].scopes"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("flotilla.toml:11: pool[0].credentials[0].token_endpoint"),
+        "{stderr}"
+    );
+}

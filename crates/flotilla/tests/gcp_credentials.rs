@@ -1,0 +1,395 @@
+//! The `gcp` credential kind against loopback servers with Google's documented shapes (no
+//! emulator exists for Google's OAuth endpoints or the metadata server):
+//! - the token endpoint of the JWT bearer grant verifies the RS256 signature with the key's
+//!   public half and checks every claim
+//!   (<https://developers.google.com/identity/protocols/oauth2/service-account#authorizingrequests>);
+//! - the metadata server answers only with `Metadata-Flavor: Google`
+//!   (<https://cloud.google.com/compute/docs/access/authenticate-workloads#applications>).
+//!
+//! One test in its own binary, because it sets environment variables.
+#![allow(unsafe_code)] // set_var/remove_var: this binary holds one test, on a current-thread runtime
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use flotilla_credentials::gcp::{GcpConfig, GcpHandle, GcpTokens};
+use flotilla_credentials::{Credential, CredentialKind, SigningHints};
+use flotilla_net::AllowList;
+use http_body_util::Full;
+use hyper::body::Bytes;
+
+const EMAIL: &str = "flotilla@my-project.iam.gserviceaccount.com";
+const KEY_ID: &str = "0123456789abcdef";
+
+fn rsa_pem(dir: &Path, name: &str) -> String {
+    let path = dir.join(name);
+    let out = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&path)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(path).unwrap()
+}
+
+fn der(pem: &str) -> Vec<u8> {
+    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
+}
+
+fn key_json(pem: &str, token_uri: &str) -> String {
+    serde_json::json!({
+        "type": "service_account",
+        "project_id": "my-project",
+        "private_key_id": KEY_ID,
+        "private_key": pem,
+        "client_email": EMAIL,
+        "client_id": "1234567890",
+        "token_uri": token_uri,
+    })
+    .to_string()
+}
+
+fn b64d(part: &str) -> Vec<u8> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(part)
+        .unwrap()
+}
+
+/// A token endpoint that checks the JWT bearer grant exactly and mints `ya29.test-N` tokens
+/// living `lifetime` seconds. What it refused is kept for the asserts.
+struct TokenEndpoint {
+    url: String,
+    minted: Arc<AtomicUsize>,
+    lifetime: Arc<AtomicU64>,
+    refusals: Arc<Mutex<Vec<String>>>,
+}
+
+async fn token_endpoint(public_key: Vec<u8>) -> TokenEndpoint {
+    let minted = Arc::new(AtomicUsize::new(0));
+    let lifetime = Arc::new(AtomicU64::new(3600));
+    let refusals = Arc::new(Mutex::new(Vec::new()));
+    let url_cell: Arc<Mutex<String>> = Arc::new(Mutex::new(String::new()));
+    let (m, l, r, u) = (
+        minted.clone(),
+        lifetime.clone(),
+        refusals.clone(),
+        url_cell.clone(),
+    );
+    let addr = flotilla_test_support::serve::serve_http(
+        move |req: hyper::Request<hyper::body::Incoming>| {
+            let (minted, lifetime, refusals, url) =
+                (m.clone(), l.clone(), r.clone(), u.lock().unwrap().clone());
+            let public_key = public_key.clone();
+            async move {
+                use http_body_util::BodyExt as _;
+                let ok_type = req
+                    .headers()
+                    .get("content-type")
+                    .is_some_and(|v| v == "application/x-www-form-urlencoded");
+                let post = req.method() == "POST" && req.uri().path() == "/token";
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let form: Vec<(String, String)> = String::from_utf8_lossy(&body)
+                    .split('&')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.replace("%3A", ":")))
+                    .collect();
+                let field = |k: &str| form.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+                let verdict = (|| {
+                    if !post || !ok_type {
+                        return Err("not a form POST to /token".to_string());
+                    }
+                    if field("grant_type").as_deref()
+                        != Some("urn:ietf:params:oauth:grant-type:jwt-bearer")
+                    {
+                        return Err("wrong grant_type".into());
+                    }
+                    let jwt = field("assertion").ok_or("no assertion")?;
+                    let parts: Vec<&str> = jwt.split('.').collect();
+                    if parts.len() != 3 {
+                        return Err("not a JWS".into());
+                    }
+                    let signed = format!("{}.{}", parts[0], parts[1]);
+                    ring::signature::UnparsedPublicKey::new(
+                        &ring::signature::RSA_PKCS1_2048_8192_SHA256,
+                        &public_key,
+                    )
+                    .verify(signed.as_bytes(), &b64d(parts[2]))
+                    .map_err(|_| "Invalid JWT Signature.".to_string())?;
+                    let header: serde_json::Value =
+                        serde_json::from_slice(&b64d(parts[0])).unwrap();
+                    let claims: serde_json::Value =
+                        serde_json::from_slice(&b64d(parts[1])).unwrap();
+                    let (iat, exp) = (
+                        claims["iat"].as_u64().unwrap_or(0),
+                        claims["exp"].as_u64().unwrap_or(0),
+                    );
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_secs();
+                    let checks = [
+                        (header["alg"] == "RS256", "alg"),
+                        (header["kid"] == KEY_ID, "kid"),
+                        (claims["iss"] == EMAIL, "iss"),
+                        (claims["aud"] == url.as_str(), "aud"),
+                        (
+                            claims["scope"]
+                                == "https://www.googleapis.com/auth/compute https://www.googleapis.com/auth/cloud-platform",
+                            "scope",
+                        ),
+                        (exp == iat + 3600 && iat.abs_diff(now) < 60, "iat/exp"),
+                    ];
+                    for (ok, what) in checks {
+                        if !ok {
+                            return Err(format!("bad {what}"));
+                        }
+                    }
+                    Ok(())
+                })();
+                let (status, json) = match verdict {
+                    Ok(()) => {
+                        let n = minted.fetch_add(1, Ordering::SeqCst) + 1;
+                        (
+                            200,
+                            serde_json::json!({
+                                "access_token": format!("ya29.test-{n}"),
+                                "expires_in": lifetime.load(Ordering::SeqCst),
+                                "token_type": "Bearer",
+                            }),
+                        )
+                    }
+                    Err(why) => {
+                        refusals.lock().unwrap().push(why.clone());
+                        (
+                            400,
+                            serde_json::json!({"error": "invalid_grant", "error_description": why}),
+                        )
+                    }
+                };
+                Ok::<_, Infallible>(
+                    hyper::Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(json.to_string())))
+                        .unwrap(),
+                )
+            }
+        },
+    )
+    .await;
+    let url = format!("http://{addr}/token");
+    *url_cell.lock().unwrap() = url.clone();
+    TokenEndpoint {
+        url,
+        minted,
+        lifetime,
+        refusals,
+    }
+}
+
+/// A metadata server that hands out tokens only to `Metadata-Flavor: Google` requests for the
+/// configured scopes.
+async fn metadata_server(fetches: Arc<AtomicUsize>) -> String {
+    let addr = flotilla_test_support::serve::serve_http(
+        move |req: hyper::Request<hyper::body::Incoming>| {
+            let fetches = fetches.clone();
+            async move {
+                let flavored = req
+                    .headers()
+                    .get("metadata-flavor")
+                    .is_some_and(|v| v == "Google");
+                let right = req.uri().path()
+                    == "/computeMetadata/v1/instance/service-accounts/default/token"
+                    && req.uri().query()
+                        == Some("scopes=https://www.googleapis.com/auth/cloud-platform");
+                let (status, body) = if flavored && right {
+                    let n = fetches.fetch_add(1, Ordering::SeqCst) + 1;
+                    (
+                        200,
+                        serde_json::json!({"access_token": format!("ya29.metadata-{n}"), "expires_in": 3599, "token_type": "Bearer"})
+                            .to_string(),
+                    )
+                } else {
+                    (403, "Missing Metadata-Flavor:Google header.".to_string())
+                };
+                Ok::<_, Infallible>(
+                    hyper::Response::builder()
+                        .status(status)
+                        .body(Full::new(Bytes::from(body)))
+                        .unwrap(),
+                )
+            }
+        },
+    )
+    .await;
+    format!("http://{addr}")
+}
+
+fn credential(config: GcpConfig) -> Credential {
+    Credential {
+        name: "gcp".into(),
+        kind: CredentialKind::Gcp(GcpHandle(Arc::new(GcpTokens::new(config)))),
+        hosts: AllowList::parse(&["https://compute.googleapis.com"]).unwrap(),
+    }
+}
+
+/// The Authorization header the credential puts on a request, or its error.
+async fn authorize(c: &Credential) -> Result<http::HeaderValue, String> {
+    let mut req = http::Request::get("https://compute.googleapis.com/compute/v1/projects/p")
+        .body(())
+        .unwrap();
+    c.apply(&mut req, b"", &SigningHints::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(req.headers()["authorization"].clone())
+}
+
+fn set(var: &str, value: &str) {
+    // SAFETY: this binary has one test, on a current-thread runtime.
+    unsafe { std::env::set_var(var, value) };
+}
+
+fn unset(var: &str) {
+    // SAFETY: as above.
+    unsafe { std::env::remove_var(var) };
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn gcp_tokens_from_a_service_account_key_and_the_metadata_server() {
+    unset("GOOGLE_APPLICATION_CREDENTIALS");
+    unset("GCE_METADATA_HOST");
+    let dir = tempfile::tempdir().unwrap();
+    let pem = rsa_pem(dir.path(), "key.pem");
+    let public = ring::signature::RsaKeyPair::from_pkcs8(&der(&pem))
+        .unwrap()
+        .public()
+        .as_ref()
+        .to_vec();
+    let endpoint = token_endpoint(public).await;
+    let key_file = dir.path().join("key.json");
+    std::fs::write(&key_file, key_json(&pem, &endpoint.url)).unwrap();
+    let scopes = vec![
+        "https://www.googleapis.com/auth/compute".to_string(),
+        "https://www.googleapis.com/auth/cloud-platform".to_string(),
+    ];
+
+    // A key file: a verified grant, the token sent as a sensitive bearer, then cached.
+    let c = credential(GcpConfig {
+        service_account_key: Some(flotilla_credentials::SecretSource::File(key_file.clone())),
+        scopes: scopes.clone(),
+        ..GcpConfig::default()
+    });
+    let auth = authorize(&c).await.unwrap();
+    assert_eq!(auth, "Bearer ya29.test-1", "{:?}", endpoint.refusals);
+    assert!(auth.is_sensitive());
+    assert_eq!(authorize(&c).await.unwrap(), "Bearer ya29.test-1");
+    assert_eq!(endpoint.minted.load(Ordering::SeqCst), 1, "not cached");
+
+    // A short-lived token is minted again at half its life.
+    endpoint.lifetime.store(2, Ordering::SeqCst);
+    let short = credential(GcpConfig {
+        service_account_key: Some(flotilla_credentials::SecretSource::File(key_file.clone())),
+        scopes: scopes.clone(),
+        ..GcpConfig::default()
+    });
+    assert_eq!(authorize(&short).await.unwrap(), "Bearer ya29.test-2");
+    assert_eq!(authorize(&short).await.unwrap(), "Bearer ya29.test-2");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(authorize(&short).await.unwrap(), "Bearer ya29.test-3");
+    endpoint.lifetime.store(3600, Ordering::SeqCst);
+
+    // A key the endpoint does not know: its answer in the error, and nothing secret.
+    let other = rsa_pem(dir.path(), "other.pem");
+    let wrong_file = dir.path().join("wrong.json");
+    std::fs::write(&wrong_file, key_json(&other, &endpoint.url)).unwrap();
+    let wrong = credential(GcpConfig {
+        service_account_key: Some(flotilla_credentials::SecretSource::File(wrong_file)),
+        scopes: scopes.clone(),
+        ..GcpConfig::default()
+    });
+    let e = authorize(&wrong).await.unwrap_err();
+    assert!(
+        e.contains("invalid_grant") && e.contains("Invalid JWT Signature"),
+        "{e}"
+    );
+    let other_body: String = other.lines().filter(|l| !l.starts_with("-----")).collect();
+    for secret in [&other_body[..40], "eyJ", "assertion"] {
+        assert!(!e.contains(secret), "the error shows {secret}: {e}");
+    }
+
+    // A file that is not a key says so, by line and column, without its content.
+    let junk = dir.path().join("junk.json");
+    std::fs::write(
+        &junk,
+        "{\"type\": \"service_account\",\n \"private_key\": 7}",
+    )
+    .unwrap();
+    let e = authorize(&credential(GcpConfig {
+        service_account_key: Some(flotilla_credentials::SecretSource::File(junk)),
+        ..GcpConfig::default()
+    }))
+    .await
+    .unwrap_err();
+    assert!(e.contains("not valid JSON") && e.contains("line 2"), "{e}");
+
+    // GOOGLE_APPLICATION_CREDENTIALS names the key when the config does not.
+    set(
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        &key_file.display().to_string(),
+    );
+    let from_env = credential(GcpConfig {
+        scopes: scopes.clone(),
+        ..GcpConfig::default()
+    });
+    assert_eq!(authorize(&from_env).await.unwrap(), "Bearer ya29.test-4");
+    unset("GOOGLE_APPLICATION_CREDENTIALS");
+
+    // No key anywhere: the metadata server, asked with Metadata-Flavor: Google.
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let metadata = metadata_server(fetches.clone()).await;
+    let from_metadata = credential(GcpConfig {
+        metadata_endpoint: Some(metadata.clone()),
+        ..GcpConfig::default()
+    });
+    assert_eq!(
+        authorize(&from_metadata).await.unwrap(),
+        "Bearer ya29.metadata-1"
+    );
+    assert_eq!(
+        authorize(&from_metadata).await.unwrap(),
+        "Bearer ya29.metadata-1"
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    // GCE_METADATA_HOST, as GKE and the Google libraries use it.
+    set("GCE_METADATA_HOST", metadata.trim_start_matches("http://"));
+    assert_eq!(
+        authorize(&credential(GcpConfig::default())).await.unwrap(),
+        "Bearer ya29.metadata-2"
+    );
+    unset("GCE_METADATA_HOST");
+    assert!(endpoint.refusals.lock().unwrap().len() == 1);
+}
