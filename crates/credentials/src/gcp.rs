@@ -101,7 +101,15 @@ pub struct GcpTokens {
     /// Configuration.
     pub config: GcpConfig,
     cache: Mutex<Option<Cached>>,
+    /// Held while minting, so concurrent callers wait for one mint (single flight).
+    minting: tokio::sync::Mutex<()>,
+    /// A refusal by the token endpoint (a revoked key, a wrong account) and until when it is
+    /// answered from here, so a bad key is not hammered by every request.
+    refused: Mutex<Option<(String, SystemTime)>>,
 }
+
+/// How long a refusal of the token endpoint is remembered before the next try.
+const REFUSAL_HOLD: Duration = Duration::from_secs(30);
 
 /// The fields of a service-account JSON key the host uses.
 #[derive(Deserialize)]
@@ -140,32 +148,81 @@ impl GcpTokens {
     pub fn new(config: GcpConfig) -> Self {
         GcpTokens {
             config,
-            cache: Mutex::new(None),
+            ..GcpTokens::default()
         }
     }
 
-    /// A valid access token, minted or from the cache.
-    pub async fn token(&self, credential: &str) -> Result<Secret, CredentialError> {
+    fn cached(&self) -> Option<Secret> {
         let now = SystemTime::now();
-        if let Some(c) = self.cache.lock().as_ref().filter(|c| now < c.refresh_at) {
-            return Ok(c.token.clone());
-        }
-        let minted = self.mint(credential).await?;
-        let token = minted.token.clone();
-        *self.cache.lock() = Some(minted);
-        Ok(token)
+        self.cache
+            .lock()
+            .as_ref()
+            .filter(|c| now < c.refresh_at)
+            .map(|c| c.token.clone())
     }
 
-    async fn mint(&self, credential: &str) -> Result<Cached, CredentialError> {
-        let unavailable = |detail: String| CredentialError::Unavailable {
-            name: credential.to_string(),
-            detail,
+    /// A valid access token, from the cache or minted once for all concurrent callers.
+    pub async fn token(&self, credential: &str) -> Result<Secret, CredentialError> {
+        if let Some(token) = self.cached() {
+            return Ok(token);
+        }
+        let _one = self.minting.lock().await;
+        // Another caller may have minted while this one waited.
+        if let Some(token) = self.cached() {
+            return Ok(token);
+        }
+        let held = self.refused.lock().clone();
+        if let Some((why, until)) = held.filter(|(_, until)| SystemTime::now() < *until) {
+            let left = until
+                .duration_since(SystemTime::now())
+                .map_or(0, |d| d.as_secs());
+            return Err(CredentialError::Unavailable {
+                name: credential.to_string(),
+                detail: format!("{why} (asked again in {left}s)"),
+            });
+        }
+        match self.mint(credential).await {
+            Ok(minted) => {
+                let token = minted.token.clone();
+                *self.cache.lock() = Some(minted);
+                *self.refused.lock() = None;
+                Ok(token)
+            }
+            Err(Mint::Refused(e)) => {
+                if let CredentialError::Unavailable { detail, .. } = &e {
+                    *self.refused.lock() = Some((detail.clone(), SystemTime::now() + REFUSAL_HOLD));
+                }
+                Err(e)
+            }
+            Err(Mint::Failed(e)) => Err(e),
+        }
+    }
+
+    async fn mint(&self, credential: &str) -> Result<Cached, Mint> {
+        let unavailable = |detail: String| {
+            Mint::Failed(CredentialError::Unavailable {
+                name: credential.to_string(),
+                detail,
+            })
+        };
+        let answered = |(refused, detail): (bool, String)| {
+            let e = CredentialError::Unavailable {
+                name: credential.to_string(),
+                detail,
+            };
+            if refused {
+                Mint::Refused(e)
+            } else {
+                Mint::Failed(e)
+            }
         };
         let key_json = match &self.config.service_account_key {
-            Some(source) => Some(key_text(source.resolve(credential)?)),
+            Some(source) => Some(key_text(source.resolve(credential).map_err(Mint::Failed)?)),
             None => match std::env::var("GOOGLE_APPLICATION_CREDENTIALS") {
                 Ok(path) if !path.is_empty() => Some(key_text(
-                    SecretSource::File(path.into()).resolve(credential)?,
+                    SecretSource::File(path.into())
+                        .resolve(credential)
+                        .map_err(Mint::Failed)?,
                 )),
                 _ => None,
             },
@@ -212,7 +269,7 @@ impl GcpTokens {
                     })?;
                 read_answer(response, &format!("token endpoint {endpoint}"))
                     .await
-                    .map_err(&unavailable)?
+                    .map_err(answered)?
             }
             None => {
                 let base = self
@@ -244,7 +301,7 @@ impl GcpTokens {
                     })?;
                 read_answer(response, &format!("metadata server {base}"))
                     .await
-                    .map_err(&unavailable)?
+                    .map_err(answered)?
             }
         };
         let lifetime = Duration::from_secs(answer.expires_in.unwrap_or(JWT_LIFETIME));
@@ -332,8 +389,19 @@ fn pem_pkcs8(pem: &str) -> Result<Zeroizing<Vec<u8>>, String> {
         .map_err(|_| "the service-account private key is not valid base64".to_string())
 }
 
-/// A token answer, or what the endpoint said (its OAuth error, or the status).
-async fn read_answer(response: reqwest::Response, what: &str) -> Result<TokenAnswer, String> {
+/// Why a mint failed: refused by the endpoint (a 4xx: the key or account is wrong, so asking
+/// again soon is pointless), or anything else (network, 5xx, a bad answer).
+enum Mint {
+    Refused(CredentialError),
+    Failed(CredentialError),
+}
+
+/// A token answer, or what the endpoint said (its OAuth error, or the status) and whether it
+/// was a refusal (4xx).
+async fn read_answer(
+    response: reqwest::Response,
+    what: &str,
+) -> Result<TokenAnswer, (bool, String)> {
     let status = response.status();
     // The answer holds a token: copied into a buffer that is wiped when dropped.
     let body = Zeroizing::new(
@@ -341,27 +409,34 @@ async fn read_answer(response: reqwest::Response, what: &str) -> Result<TokenAns
             .bytes()
             .await
             .map_err(|e| {
-                format!(
-                    "{what}: reading the answer: {}",
-                    super::aws::without_url(&e)
+                (
+                    false,
+                    format!(
+                        "{what}: reading the answer: {}",
+                        super::aws::without_url(&e)
+                    ),
                 )
             })?
             .to_vec(),
     );
     if !status.is_success() {
-        return Err(match serde_json::from_slice::<OAuthError>(&body) {
-            Ok(e) => format!(
-                "{what} refused the token request ({status}): {}{}",
-                e.error,
-                e.error_description
-                    .map(|d| format!(": {d}"))
-                    .unwrap_or_default()
-            ),
-            Err(_) => format!("{what} answered {status}"),
-        });
+        let refused = status.is_client_error() && status != reqwest::StatusCode::TOO_MANY_REQUESTS;
+        return Err((
+            refused,
+            match serde_json::from_slice::<OAuthError>(&body) {
+                Ok(e) => format!(
+                    "{what} refused the token request ({status}): {}{}",
+                    e.error,
+                    e.error_description
+                        .map(|d| format!(": {d}"))
+                        .unwrap_or_default()
+                ),
+                Err(_) => format!("{what} answered {status}"),
+            },
+        ));
     }
     serde_json::from_slice::<TokenAnswer>(&body)
-        .map_err(|_| format!("{what} answered without an access_token"))
+        .map_err(|_| (false, format!("{what} answered without an access_token")))
 }
 
 /// A shared handle, so a credential's token cache outlives request clones.

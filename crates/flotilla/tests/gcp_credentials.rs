@@ -336,6 +336,14 @@ async fn gcp_tokens_from_a_service_account_key_and_the_metadata_server() {
         e.contains("invalid_grant") && e.contains("Invalid JWT Signature"),
         "{e}"
     );
+    // A refusal is remembered: the next request does not ask the endpoint again.
+    let again = authorize(&wrong).await.unwrap_err();
+    assert!(again.contains("asked again in"), "{again}");
+    assert_eq!(
+        endpoint.refusals.lock().unwrap().len(),
+        1,
+        "the bad key was tried twice"
+    );
     let other_body: String = other.lines().filter(|l| !l.starts_with("-----")).collect();
     for secret in [&other_body[..40], "eyJ", "assertion"] {
         assert!(!e.contains(secret), "the error shows {secret}: {e}");
@@ -356,6 +364,24 @@ async fn gcp_tokens_from_a_service_account_key_and_the_metadata_server() {
     .unwrap_err();
     assert!(e.contains("not valid JSON") && e.contains("line 2"), "{e}");
 
+    // Eight requests at once on a cold credential mint one token (single flight).
+    let before = endpoint.minted.load(Ordering::SeqCst);
+    let cold = credential(GcpConfig {
+        service_account_key: Some(flotilla_credentials::SecretSource::File(key_file.clone())),
+        scopes: scopes.clone(),
+        ..GcpConfig::default()
+    });
+    let all = futures_util::future::join_all((0..8).map(|_| authorize(&cold))).await;
+    assert!(
+        all.iter()
+            .all(|a| a.as_ref().is_ok_and(|v| v == all[0].as_ref().unwrap()))
+    );
+    assert_eq!(
+        endpoint.minted.load(Ordering::SeqCst),
+        before + 1,
+        "not single-flight"
+    );
+
     // GOOGLE_APPLICATION_CREDENTIALS names the key when the config does not.
     set(
         "GOOGLE_APPLICATION_CREDENTIALS",
@@ -365,7 +391,7 @@ async fn gcp_tokens_from_a_service_account_key_and_the_metadata_server() {
         scopes: scopes.clone(),
         ..GcpConfig::default()
     });
-    assert_eq!(authorize(&from_env).await.unwrap(), "Bearer ya29.test-4");
+    assert_eq!(authorize(&from_env).await.unwrap(), "Bearer ya29.test-5");
     unset("GOOGLE_APPLICATION_CREDENTIALS");
 
     // No key anywhere: the metadata server, asked with Metadata-Flavor: Google.
