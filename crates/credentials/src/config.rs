@@ -17,7 +17,7 @@ pub struct CredentialConfig {
     /// `scheme://host[:port]` entries this credential may be sent to; required.
     #[serde(default)]
     pub hosts: Vec<String>,
-    /// `kind = "bearer" | "basic" | "aws-sigv4" | "aws" | "gcp"` and that kind's keys.
+    /// `kind = "bearer" | "basic" | "aws-sigv4" | "aws" | "gcp" | "azure"` and that kind's keys.
     #[serde(flatten)]
     pub kind: CredentialKind,
 }
@@ -75,6 +75,15 @@ impl CredentialKind {
                     crate::gcp::GcpTokens::new(config),
                 )))
             }
+            CredentialKind::Azure(tokens) => {
+                let mut config = tokens.0.config.clone();
+                config.client_secret = config.client_secret.map(|s| s.resolved(cx));
+                config.certificate = config.certificate.map(|s| s.resolved(cx));
+                config.federated_token_file = config.federated_token_file.map(|f| cx.resolve(&f));
+                CredentialKind::Azure(crate::azure::AzureHandle(std::sync::Arc::new(
+                    crate::azure::AzureTokens::new(config),
+                )))
+            }
         }
     }
 
@@ -114,6 +123,16 @@ impl CredentialKind {
                 .iter()
                 .map(|s| ("service_account_key", s))
                 .collect(),
+            CredentialKind::Azure(tokens) => {
+                let cfg = &tokens.0.config;
+                [
+                    ("client_secret", &cfg.client_secret),
+                    ("certificate", &cfg.certificate),
+                ]
+                .into_iter()
+                .filter_map(|(k, s)| s.as_ref().map(|s| (k, s)))
+                .collect()
+            }
         }
     }
 }
@@ -154,11 +173,14 @@ impl Validate for CredentialConfig {
                 ok = false;
             }
         }
-        if let CredentialKind::Gcp(tokens) = &self.kind {
-            for (key, message) in tokens.0.config.problems() {
-                problems.add(&at.key(key), message);
-                ok = false;
-            }
+        let kind_problems = match &self.kind {
+            CredentialKind::Gcp(tokens) => tokens.0.config.problems(),
+            CredentialKind::Azure(tokens) => tokens.0.config.problems(),
+            _ => Vec::new(),
+        };
+        for (key, message) in kind_problems {
+            problems.add(&at.key(key), message);
+            ok = false;
         }
         let kind = self.kind.resolved(cx);
         for (key, source) in kind.sources() {

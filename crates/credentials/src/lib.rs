@@ -3,7 +3,7 @@
 //! leaves the machine, and are redacted in `Debug` and `Display`.
 //!
 //! Owns: secret sources (value, env, file), the credential kinds (bearer, basic, AWS SigV4,
-//! the AWS chain and Google Cloud tokens), and signing or authorising one request.
+//! the AWS chain, Google Cloud and Azure tokens), and signing or authorising one request.
 //! Must not know: plugins, wasmtime, pools or config files; the egress hook calls in here.
 
 use std::fmt;
@@ -17,8 +17,10 @@ use zeroize::Zeroizing;
 use flotilla_net::AllowList;
 
 pub mod aws;
+pub mod azure;
 pub mod config;
 pub mod gcp;
+mod oauth;
 
 /// A shared handle on an AWS chain, so its cache of temporary keys outlives request clones.
 #[derive(Debug, Clone, Default)]
@@ -212,6 +214,9 @@ pub enum CredentialKind {
     /// Google Cloud OAuth access tokens minted by the host (a service-account key, or the
     /// GCE/GKE metadata server), sent as `Authorization: Bearer`.
     Gcp(gcp::GcpHandle),
+    /// Microsoft Entra ID access tokens minted by the host (client secret, client certificate,
+    /// workload identity or managed identity), sent as `Authorization: Bearer`.
+    Azure(azure::AzureHandle),
 }
 
 /// A named credential and the hosts it may be sent to.
@@ -309,6 +314,10 @@ impl Credential {
                 .map_err(signing)
             }
             CredentialKind::Gcp(tokens) => {
+                let token = tokens.0.token(&self.name).await?;
+                set_sensitive(request, &format!("Bearer {}", token.expose())).map_err(signing)
+            }
+            CredentialKind::Azure(tokens) => {
                 let token = tokens.0.token(&self.name).await?;
                 set_sensitive(request, &format!("Bearer {}", token.expose())).map_err(signing)
             }

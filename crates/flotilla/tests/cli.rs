@@ -201,3 +201,39 @@ hosts = ["https://compute.googleapis.com"]
         "{stderr}"
     );
 }
+
+/// The `azure` credential kind's own checks, located like every config problem.
+#[test]
+fn azure_credential_config_problems_are_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flotilla.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[[pool]]
+name = "vmss"
+plugin = "{plugin}"
+max_instances = 1
+allowed_outbound_hosts = ["https://management.azure.com"]
+
+[[pool.credentials]]
+name = "azure"
+kind = "azure"
+client_secret = {{ env = "AZURE_CLIENT_SECRET" }}
+certificate = {{ file = "client.pem" }}
+hosts = ["https://management.azure.com"]
+"#,
+            plugin = guests::STATIC_PLUGIN
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = flotilla(&["config", "check", "-c", &path.display().to_string()]);
+    assert_eq!(code, 1, "{stderr}");
+    for expected in [
+        "flotilla.toml:11: pool[0].credentials[0].certificate: give client_secret or certificate, not both",
+        "pool[0].credentials[0].tenant_id: is required",
+        "pool[0].credentials[0].client_id: is required",
+    ] {
+        assert!(stderr.contains(expected), "{expected}\n{stderr}");
+    }
+}

@@ -1,0 +1,367 @@
+//! The `azure` credential kind: Microsoft Entra ID access tokens for Azure Resource Manager,
+//! minted by the host and sent as `Authorization: Bearer`, so a plugin never holds a secret.
+//!
+//! Sources, first match wins:
+//! 1. `client_secret`: the client credentials grant with a secret
+//!    (<https://learn.microsoft.com/en-us/entra/identity-platform/v2-oauth2-client-creds-grant-flow>).
+//! 2. `certificate`: the same grant with a client assertion, a JWT (RS256) signed with the
+//!    certificate's key and naming it by `x5t#S256`
+//!    (<https://learn.microsoft.com/en-us/entra/identity-platform/certificate-credentials>).
+//! 3. Workload identity (AKS): `federated_token_file` or `AZURE_FEDERATED_TOKEN_FILE`, whose
+//!    token is the client assertion, with `AZURE_CLIENT_ID`, `AZURE_TENANT_ID` and
+//!    `AZURE_AUTHORITY_HOST` as the AKS webhook sets them
+//!    (<https://azure.github.io/azure-workload-identity/docs/quick-start.html>).
+//! 4. Managed identity: the instance metadata service, `GET /metadata/identity/oauth2/token`
+//!    with `Metadata: true`
+//!    (<https://learn.microsoft.com/en-us/entra/identity/managed-identities-azure-resources/how-to-use-vm-token#get-a-token-using-http>).
+//!
+//! Tokens are cached, minted once for concurrent callers, and a refusal (a wrong secret, an
+//! unknown client) is held for 30 s; see `oauth.rs`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use zeroize::Zeroizing;
+
+use super::oauth::{
+    Mint, Minted, TokenCache, b64url, form_value, now_secs, pem_block, read_answer, rs256_jws,
+};
+use super::{CredentialError, SecretSource};
+
+/// Azure Resource Manager.
+pub const MANAGEMENT_SCOPE: &str = "https://management.azure.com/.default";
+const AUTHORITY: &str = "https://login.microsoftonline.com";
+const IMDS: &str = "http://169.254.169.254";
+const ASSERTION_LIFETIME: u64 = 600;
+
+/// How the `azure` kind finds its tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AzureConfig {
+    /// The directory (tenant) id; default `AZURE_TENANT_ID`.
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    /// The application (client) id; default `AZURE_CLIENT_ID`. With managed identity, it
+    /// picks a user-assigned identity.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    /// A client secret.
+    #[serde(default)]
+    pub client_secret: Option<SecretSource>,
+    /// A PEM file with the client certificate and its PKCS#8 private key.
+    #[serde(default)]
+    pub certificate: Option<SecretSource>,
+    /// The federated token of workload identity; default `AZURE_FEDERATED_TOKEN_FILE`.
+    #[serde(default)]
+    pub federated_token_file: Option<PathBuf>,
+    /// The scope (default: Azure Resource Manager's `.default`).
+    #[serde(default = "default_scope")]
+    pub scope: String,
+    /// The Entra ID authority; default `AZURE_AUTHORITY_HOST`, then login.microsoftonline.com.
+    #[serde(default)]
+    pub authority_host: Option<String>,
+    /// The instance metadata service of managed identity (default 169.254.169.254).
+    #[serde(default)]
+    pub imds_endpoint: Option<String>,
+}
+
+fn default_scope() -> String {
+    MANAGEMENT_SCOPE.to_string()
+}
+
+impl Default for AzureConfig {
+    fn default() -> Self {
+        AzureConfig {
+            tenant_id: None,
+            client_id: None,
+            client_secret: None,
+            certificate: None,
+            federated_token_file: None,
+            scope: default_scope(),
+            authority_host: None,
+            imds_endpoint: None,
+        }
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+impl AzureConfig {
+    /// Problems visible without reading a secret, as `(key, message)` pairs.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if self.client_secret.is_some() && self.certificate.is_some() {
+            out.push((
+                "certificate",
+                "give client_secret or certificate, not both".to_string(),
+            ));
+        }
+        if self.client_secret.is_some() || self.certificate.is_some() {
+            for (key, value) in [
+                ("tenant_id", &self.tenant_id),
+                ("client_id", &self.client_id),
+            ] {
+                if value.is_none() {
+                    out.push((
+                        key,
+                        "is required with client_secret or certificate".to_string(),
+                    ));
+                }
+            }
+        }
+        if let Some(t) = &self.tenant_id {
+            let ok = !t.is_empty()
+                && t.len() <= 253
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+            if !ok {
+                out.push(("tenant_id", format!("{t:?} is not a tenant id or domain")));
+            }
+        }
+        if self.scope.trim().is_empty() {
+            out.push(("scope", "is empty".to_string()));
+        }
+        for (key, url) in [
+            ("authority_host", &self.authority_host),
+            ("imds_endpoint", &self.imds_endpoint),
+        ] {
+            if let Some(u) = url {
+                match url::Url::parse(u) {
+                    Ok(p) if matches!(p.scheme(), "http" | "https") && p.host().is_some() => {}
+                    _ => out.push((key, format!("{u:?} is not an http(s) URL"))),
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The kind's configuration plus its token cache (shared by clones of one credential).
+#[derive(Debug, Default)]
+pub struct AzureTokens {
+    /// Configuration.
+    pub config: AzureConfig,
+    cache: TokenCache,
+}
+
+/// How this mint proves the client.
+enum Proof {
+    Secret(Zeroizing<String>),
+    Assertion(Zeroizing<String>),
+}
+
+impl AzureTokens {
+    /// A token source for `config`.
+    pub fn new(config: AzureConfig) -> Self {
+        AzureTokens {
+            config,
+            ..AzureTokens::default()
+        }
+    }
+
+    /// A valid access token, from the cache or minted once for all concurrent callers.
+    pub async fn token(&self, credential: &str) -> Result<super::Secret, CredentialError> {
+        self.cache.token(credential, || self.mint(credential)).await
+    }
+
+    async fn mint(&self, credential: &str) -> Result<Minted, Mint> {
+        let unavailable = |detail: String| Mint::failed(credential, detail);
+        let c = &self.config;
+        let client_id = c.client_id.clone().or_else(|| env("AZURE_CLIENT_ID"));
+        let tenant = c.tenant_id.clone().or_else(|| env("AZURE_TENANT_ID"));
+        let authority = c
+            .authority_host
+            .clone()
+            .or_else(|| env("AZURE_AUTHORITY_HOST"))
+            .unwrap_or_else(|| AUTHORITY.to_string());
+        let federated = c
+            .federated_token_file
+            .clone()
+            .or_else(|| env("AZURE_FEDERATED_TOKEN_FILE").map(PathBuf::from));
+        let client = super::aws::http_client().map_err(unavailable)?;
+
+        let grant = match (&c.client_secret, &c.certificate, &federated) {
+            (Some(secret), _, _) => Some((
+                "client secret",
+                Proof::Secret(Zeroizing::new(
+                    secret
+                        .resolve(credential)
+                        .map_err(Mint::Failed)?
+                        .expose()
+                        .to_string(),
+                )),
+            )),
+            (None, Some(cert), _) => Some((
+                "certificate",
+                Proof::Assertion(Zeroizing::new(
+                    cert.resolve(credential)
+                        .map_err(Mint::Failed)?
+                        .expose()
+                        .to_string(),
+                )),
+            )),
+            (None, None, Some(file)) => {
+                let token = SecretSource::File(file.clone())
+                    .resolve(credential)
+                    .map_err(Mint::Failed)?;
+                Some((
+                    "workload identity",
+                    Proof::Assertion(Zeroizing::new(token.expose().to_string())),
+                ))
+            }
+            (None, None, None) => None,
+        };
+        let answer = match grant {
+            Some((how, proof)) => {
+                let (Some(client_id), Some(tenant)) = (client_id, tenant) else {
+                    return Err(unavailable(format!(
+                        "{how} needs tenant_id and client_id (or AZURE_TENANT_ID and AZURE_CLIENT_ID)"
+                    )));
+                };
+                let endpoint = format!(
+                    "{}/{tenant}/oauth2/v2.0/token",
+                    authority.trim_end_matches('/')
+                );
+                let proof = match proof {
+                    Proof::Secret(secret) => {
+                        Zeroizing::new(format!("client_secret={}", form_value(&secret).as_str()))
+                    }
+                    Proof::Assertion(text) if how == "certificate" => {
+                        let jwt = certificate_assertion(&text, &client_id, &endpoint)
+                            .map_err(|e| unavailable(format!("the certificate: {e}")))?;
+                        assertion_form(&jwt)
+                    }
+                    Proof::Assertion(token) => assertion_form(&token),
+                };
+                let form = Zeroizing::new(format!(
+                    "client_id={}&scope={}&grant_type=client_credentials&{}",
+                    form_value(&client_id).as_str(),
+                    form_value(&c.scope).as_str(),
+                    proof.as_str()
+                ));
+                let response = client
+                    .post(&endpoint)
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body(form.as_bytes().to_vec())
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        unavailable(format!(
+                            "token endpoint {endpoint}: {}",
+                            super::aws::without_url(&e)
+                        ))
+                    })?;
+                read_answer(response, &format!("token endpoint {endpoint} ({how})"))
+                    .await
+                    .map_err(|a| Mint::answered(credential, a))?
+            }
+            None => {
+                let base = c.imds_endpoint.clone().unwrap_or_else(|| IMDS.to_string());
+                let resource = c.scope.trim_end_matches(".default");
+                let mut url = format!(
+                    "{}/metadata/identity/oauth2/token?api-version=2018-02-01&resource={}",
+                    base.trim_end_matches('/'),
+                    form_value(resource).as_str()
+                );
+                if let Some(id) = &client_id {
+                    url.push_str(&format!("&client_id={}", form_value(id).as_str()));
+                }
+                let response = client
+                    .get(&url)
+                    .header("Metadata", "true")
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        unavailable(format!(
+                            "no client_secret, certificate or federated token, and the managed identity endpoint {base} is not reachable: {}",
+                            super::aws::without_url(&e)
+                        ))
+                    })?;
+                read_answer(response, &format!("managed identity endpoint {base}"))
+                    .await
+                    .map_err(|a| Mint::answered(credential, a))?
+            }
+        };
+        Ok(Minted {
+            token: answer.access_token,
+            lifetime: Duration::from_secs(answer.expires_in.unwrap_or(3600)),
+        })
+    }
+}
+
+fn assertion_form(jwt: &str) -> Zeroizing<String> {
+    Zeroizing::new(format!(
+        "client_assertion_type=urn%3Aietf%3Aparams%3Aoauth%3Aclient-assertion-type%3Ajwt-bearer&client_assertion={}",
+        form_value(jwt.trim()).as_str()
+    ))
+}
+
+/// The client assertion of the certificate flow: RS256, the certificate's SHA-256 thumbprint
+/// in `x5t#S256`, the token endpoint as `aud`, the client as `iss` and `sub`, ten minutes.
+fn certificate_assertion(
+    pem: &str,
+    client_id: &str,
+    endpoint: &str,
+) -> Result<Zeroizing<String>, String> {
+    let cert = pem_block(pem, "CERTIFICATE")?;
+    let thumbprint = ring::digest::digest(&ring::digest::SHA256, &cert);
+    let header = serde_json::json!({
+        "alg": "RS256",
+        "typ": "JWT",
+        "x5t#S256": b64url(thumbprint.as_ref()),
+    });
+    let mut jti = [0u8; 16];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut jti)
+        .map_err(|_| "no randomness for the assertion id".to_string())?;
+    let now = now_secs();
+    let claims = serde_json::json!({
+        "aud": endpoint,
+        "iss": client_id,
+        "sub": client_id,
+        "jti": b64url(&jti),
+        "nbf": now,
+        "iat": now,
+        "exp": now + ASSERTION_LIFETIME,
+    });
+    rs256_jws(&header, &claims, pem)
+}
+
+/// A shared handle, so a credential's token cache outlives request clones.
+#[derive(Debug, Clone, Default)]
+pub struct AzureHandle(pub Arc<AzureTokens>);
+
+impl PartialEq for AzureHandle {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.config == other.0.config
+    }
+}
+
+impl Eq for AzureHandle {}
+
+impl<'de> Deserialize<'de> for AzureHandle {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        AzureConfig::deserialize(d).map(|c| AzureHandle(Arc::new(AzureTokens::new(c))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problems_name_the_key() {
+        let c = AzureConfig {
+            client_secret: Some(SecretSource::Env("S".into())),
+            certificate: Some(SecretSource::Env("C".into())),
+            tenant_id: Some("bad tenant".into()),
+            ..AzureConfig::default()
+        };
+        let keys: Vec<&str> = c.problems().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["certificate", "client_id", "tenant_id"]);
+        assert!(AzureConfig::default().problems().is_empty());
+    }
+}

@@ -1,0 +1,296 @@
+//! What the OAuth token kinds (`gcp`, `azure`) share: the token cache with single-flight
+//! minting and a hold on refusals, the token endpoints' answers and errors, and RS256 JWS
+//! signing of assertions with a PKCS#8 key (ring does the cryptography).
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use zeroize::Zeroizing;
+
+use super::{CredentialError, Secret};
+
+/// How long a refusal by a token endpoint is remembered before the next try, so a revoked
+/// key or a wrong client is not asked again by every request.
+pub(crate) const REFUSAL_HOLD: Duration = Duration::from_secs(30);
+
+/// A token and how long it lives.
+pub(crate) struct Minted {
+    pub token: Secret,
+    pub lifetime: Duration,
+}
+
+/// Why a mint failed: refused by the endpoint (a 4xx other than 429: the key, secret or client
+/// is wrong, so asking again soon is pointless), or anything else (network, 5xx, a bad answer).
+pub(crate) enum Mint {
+    Refused(CredentialError),
+    Failed(CredentialError),
+}
+
+impl Mint {
+    /// A failure (not a refusal) of credential `name`.
+    pub fn failed(name: &str, detail: String) -> Mint {
+        Mint::Failed(CredentialError::Unavailable {
+            name: name.to_string(),
+            detail,
+        })
+    }
+
+    /// What [`read_answer`] said, as a refusal or a failure.
+    pub fn answered(name: &str, (refused, detail): (bool, String)) -> Mint {
+        let e = CredentialError::Unavailable {
+            name: name.to_string(),
+            detail,
+        };
+        if refused {
+            Mint::Refused(e)
+        } else {
+            Mint::Failed(e)
+        }
+    }
+}
+
+/// A cached token (`Debug` shows no token: [`Secret`] redacts).
+#[derive(Debug, Clone)]
+struct Cached {
+    token: Secret,
+    refresh_at: SystemTime,
+}
+
+/// A credential's tokens: cached until five minutes before expiry (half the life of tokens
+/// living under ten minutes), minted once for all concurrent callers, and a refusal held for
+/// [`REFUSAL_HOLD`].
+#[derive(Debug, Default)]
+pub(crate) struct TokenCache {
+    cache: Mutex<Option<Cached>>,
+    minting: tokio::sync::Mutex<()>,
+    refused: Mutex<Option<(String, SystemTime)>>,
+}
+
+impl TokenCache {
+    fn cached(&self) -> Option<Secret> {
+        let now = SystemTime::now();
+        self.cache
+            .lock()
+            .as_ref()
+            .filter(|c| now < c.refresh_at)
+            .map(|c| c.token.clone())
+    }
+
+    /// A valid token of credential `name`, from the cache or from `mint`.
+    pub async fn token<F, Fut>(&self, name: &str, mint: F) -> Result<Secret, CredentialError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Minted, Mint>>,
+    {
+        if let Some(token) = self.cached() {
+            return Ok(token);
+        }
+        let _one = self.minting.lock().await;
+        // Another caller may have minted while this one waited.
+        if let Some(token) = self.cached() {
+            return Ok(token);
+        }
+        let held = self.refused.lock().clone();
+        if let Some((why, until)) = held.filter(|(_, until)| SystemTime::now() < *until) {
+            let left = until
+                .duration_since(SystemTime::now())
+                .map_or(0, |d| d.as_secs());
+            return Err(CredentialError::Unavailable {
+                name: name.to_string(),
+                detail: format!("{why} (asked again in {left}s)"),
+            });
+        }
+        match mint().await {
+            Ok(Minted { token, lifetime }) => {
+                let early = if lifetime > Duration::from_secs(600) {
+                    Duration::from_secs(300)
+                } else {
+                    lifetime / 2
+                };
+                *self.cache.lock() = Some(Cached {
+                    token: token.clone(),
+                    refresh_at: SystemTime::now() + lifetime - early,
+                });
+                *self.refused.lock() = None;
+                Ok(token)
+            }
+            Err(Mint::Refused(e)) => {
+                if let CredentialError::Unavailable { detail, .. } = &e {
+                    *self.refused.lock() = Some((detail.clone(), SystemTime::now() + REFUSAL_HOLD));
+                }
+                Err(e)
+            }
+            Err(Mint::Failed(e)) => Err(e),
+        }
+    }
+}
+
+/// A token endpoint's answer. `expires_in` is a number at Google and Entra ID, and a string
+/// at Azure's instance metadata service.
+#[derive(Deserialize)]
+pub(crate) struct TokenAnswer {
+    pub access_token: Secret,
+    #[serde(default, deserialize_with = "number_or_string")]
+    pub expires_in: Option<u64>,
+}
+
+fn number_or_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum N {
+        Number(u64),
+        Text(String),
+    }
+    Ok(match Option::<N>::deserialize(d)? {
+        Some(N::Number(n)) => Some(n),
+        Some(N::Text(t)) => t.trim().parse().ok(),
+        None => None,
+    })
+}
+
+/// An OAuth error answer (`{"error": "invalid_grant", "error_description": "..."}`).
+#[derive(Deserialize)]
+struct OAuthError {
+    error: String,
+    #[serde(default)]
+    error_description: Option<String>,
+}
+
+/// A token answer, or what the endpoint said (its OAuth error, or the status) and whether it
+/// was a refusal (a 4xx other than 429).
+pub(crate) async fn read_answer(
+    response: reqwest::Response,
+    what: &str,
+) -> Result<TokenAnswer, (bool, String)> {
+    let status = response.status();
+    // The answer holds a token: copied into a buffer that is wiped when dropped.
+    let body = Zeroizing::new(
+        response
+            .bytes()
+            .await
+            .map_err(|e| {
+                (
+                    false,
+                    format!(
+                        "{what}: reading the answer: {}",
+                        super::aws::without_url(&e)
+                    ),
+                )
+            })?
+            .to_vec(),
+    );
+    if !status.is_success() {
+        let refused = status.is_client_error() && status != reqwest::StatusCode::TOO_MANY_REQUESTS;
+        return Err((
+            refused,
+            match serde_json::from_slice::<OAuthError>(&body) {
+                Ok(e) => format!(
+                    "{what} refused the token request ({status}): {}{}",
+                    e.error,
+                    e.error_description
+                        .map(|d| format!(": {d}"))
+                        .unwrap_or_default()
+                ),
+                Err(_) => format!("{what} answered {status}"),
+            },
+        ));
+    }
+    serde_json::from_slice::<TokenAnswer>(&body)
+        .map_err(|_| (false, format!("{what} answered without an access_token")))
+}
+
+/// Base64url without padding, as JWS uses.
+pub(crate) fn b64url(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// The DER of the first `-----BEGIN {label}-----` block of a PEM text.
+pub(crate) fn pem_block(pem: &str, label: &str) -> Result<Zeroizing<Vec<u8>>, String> {
+    let begin = format!("-----BEGIN {label}-----");
+    let end = format!("-----END {label}-----");
+    let body: String = pem
+        .lines()
+        .skip_while(|l| l.trim() != begin)
+        .skip(1)
+        .take_while(|l| l.trim() != end)
+        .collect();
+    if body.is_empty() {
+        return Err(format!("no \"{begin}\" block"));
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(body.trim())
+        .map(Zeroizing::new)
+        .map_err(|_| format!("the {label} block is not valid base64"))
+}
+
+/// A compact JWS (RS256) of `header` and `claims`, signed with the PKCS#8 RSA key in `pem`.
+pub(crate) fn rs256_jws(
+    header: &serde_json::Value,
+    claims: &serde_json::Value,
+    pem: &str,
+) -> Result<Zeroizing<String>, String> {
+    let der = pem_block(pem, "PRIVATE KEY")?;
+    let pair = ring::signature::RsaKeyPair::from_pkcs8(&der)
+        .map_err(|e| format!("the private key is not an RSA PKCS#8 key: {e}"))?;
+    let signing_input = format!(
+        "{}.{}",
+        b64url(header.to_string().as_bytes()),
+        b64url(claims.to_string().as_bytes())
+    );
+    let mut signature = vec![0; pair.public().modulus_len()];
+    pair.sign(
+        &ring::signature::RSA_PKCS1_SHA256,
+        &ring::rand::SystemRandom::new(),
+        signing_input.as_bytes(),
+        &mut signature,
+    )
+    .map_err(|_| "cannot sign the assertion with the private key".to_string())?;
+    Ok(Zeroizing::new(format!(
+        "{signing_input}.{}",
+        b64url(&signature)
+    )))
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Percent-encodes a form value (RFC 3986 unreserved characters pass).
+pub(crate) fn form_value(v: &str) -> Zeroizing<String> {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    Zeroizing::new(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pem_without_the_block_is_refused_by_name() {
+        let e = pem_block("not a key", "PRIVATE KEY")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("BEGIN PRIVATE KEY"), "{e}");
+    }
+
+    #[test]
+    fn form_values_are_percent_encoded() {
+        assert_eq!(
+            form_value("https://management.azure.com/.default a+b").as_str(),
+            "https%3A%2F%2Fmanagement.azure.com%2F.default%20a%2Bb"
+        );
+    }
+}
