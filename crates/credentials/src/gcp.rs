@@ -6,7 +6,10 @@
 //!    the key and exchanges it at the key's `token_uri` (the JWT bearer grant,
 //!    `urn:ietf:params:oauth:grant-type:jwt-bearer`):
 //!    <https://developers.google.com/identity/protocols/oauth2/service-account#authorizingrequests>.
-//! 2. `GOOGLE_APPLICATION_CREDENTIALS`, naming such a key file.
+//!    The same key may instead hold an `external_account` configuration (workload identity
+//!    federation): its subject token file is exchanged at the STS, then optionally traded for a
+//!    service account token (`GcpTokens::federate`).
+//! 2. `GOOGLE_APPLICATION_CREDENTIALS`, naming such a file.
 //! 3. The metadata server of GCE and GKE (workload identity on GKE):
 //!    `GET /computeMetadata/v1/instance/service-accounts/default/token` with
 //!    `Metadata-Flavor: Google`:
@@ -22,7 +25,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
-use super::oauth::{Mint, Minted, TokenCache, now_secs, read_answer, rs256_jws};
+use super::oauth::{Mint, Minted, TokenCache, form_value, now_secs, read_answer, rs256_jws};
 use super::{CredentialError, Secret, SecretSource};
 
 /// The scope of every Google Cloud API.
@@ -140,6 +143,17 @@ impl GcpTokens {
         };
         let client = super::aws::http_client().map_err(unavailable)?;
         let answer = match key_json {
+            Some(json) if json_type(json.expose()).as_deref() == Some("external_account") => {
+                let config: ExternalAccount =
+                    serde_json::from_str(json.expose()).map_err(|e| {
+                        unavailable(format!(
+                            "the external_account configuration lacks audience, subject_token_type, token_url or credential_source.file (line {}, column {})",
+                            e.line(),
+                            e.column()
+                        ))
+                    })?;
+                return self.federate(credential, &client, &config).await;
+            }
             Some(json) => {
                 let key: ServiceAccountKey = serde_json::from_str(json.expose()).map_err(|e| {
                     unavailable(format!(
@@ -150,7 +164,7 @@ impl GcpTokens {
                 })?;
                 if key.kind != "service_account" {
                     return Err(unavailable(format!(
-                        "the key is of type {:?}; only \"service_account\" keys are supported",
+                        "the key is of type {:?}; \"service_account\" and \"external_account\" are supported",
                         key.kind
                     )));
                 }
@@ -218,6 +232,178 @@ impl GcpTokens {
         Ok(Minted {
             token: answer.access_token,
             lifetime: Duration::from_secs(answer.expires_in.unwrap_or(JWT_LIFETIME)),
+        })
+    }
+}
+
+/// The `type` of a Google credentials JSON, if it has one.
+fn json_type(text: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Typed {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    serde_json::from_str::<Typed>(text).ok().map(|t| t.kind)
+}
+
+/// An `external_account` configuration of workload identity federation
+/// (<https://google.aip.dev/auth/4117>), with a file as the credential source.
+#[derive(Deserialize)]
+struct ExternalAccount {
+    audience: String,
+    subject_token_type: String,
+    token_url: String,
+    #[serde(default)]
+    service_account_impersonation_url: Option<String>,
+    credential_source: CredentialSource,
+}
+
+#[derive(Deserialize)]
+struct CredentialSource {
+    file: std::path::PathBuf,
+    #[serde(default)]
+    format: Option<SourceFormat>,
+}
+
+/// `{"type": "text"}` (the default) or `{"type": "json", "subject_token_field_name": "..."}`.
+#[derive(Deserialize)]
+struct SourceFormat {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    subject_token_field_name: Option<String>,
+}
+
+/// What `generateAccessToken` answers
+/// (<https://cloud.google.com/iam/docs/reference/credentials/rest/v1/projects.serviceAccounts/generateAccessToken>).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Impersonated {
+    access_token: Secret,
+    expire_time: String,
+}
+
+impl GcpTokens {
+    /// Workload identity federation: the subject token from the file, exchanged at the STS
+    /// (<https://cloud.google.com/iam/docs/reference/sts/rest/v1/TopLevel/token>), then, when
+    /// configured, a service account's token generated with it.
+    async fn federate(
+        &self,
+        credential: &str,
+        client: &reqwest::Client,
+        config: &ExternalAccount,
+    ) -> Result<Minted, Mint> {
+        let unavailable = |detail: String| Mint::failed(credential, detail);
+        let raw = SecretSource::File(config.credential_source.file.clone())
+            .resolve(credential)
+            .map_err(Mint::Failed)?;
+        let subject = match &config.credential_source.format {
+            Some(f) if f.kind == "json" => {
+                let field = f
+                    .subject_token_field_name
+                    .as_deref()
+                    .unwrap_or("access_token");
+                let doc: serde_json::Value = serde_json::from_str(raw.expose()).map_err(|_| {
+                    unavailable(format!(
+                        "the subject token file {} is not JSON",
+                        config.credential_source.file.display()
+                    ))
+                })?;
+                Secret::new(doc.get(field).and_then(|v| v.as_str()).ok_or_else(|| {
+                    unavailable(format!(
+                        "the subject token file {} has no {field:?}",
+                        config.credential_source.file.display()
+                    ))
+                })?)
+            }
+            _ => raw,
+        };
+        let scope = if config.service_account_impersonation_url.is_some() {
+            CLOUD_PLATFORM.to_string()
+        } else {
+            self.config.scopes.join(" ")
+        };
+        let form = Zeroizing::new(format!(
+            "grant_type={}&audience={}&scope={}&requested_token_type={}&subject_token={}&subject_token_type={}",
+            form_value("urn:ietf:params:oauth:grant-type:token-exchange").as_str(),
+            form_value(&config.audience).as_str(),
+            form_value(&scope).as_str(),
+            form_value("urn:ietf:params:oauth:token-type:access_token").as_str(),
+            form_value(subject.expose()).as_str(),
+            form_value(&config.subject_token_type).as_str(),
+        ));
+        let sts = &config.token_url;
+        let response = client
+            .post(sts)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form.as_bytes().to_vec())
+            .send()
+            .await
+            .map_err(|e| unavailable(format!("STS {sts}: {}", super::aws::without_url(&e))))?;
+        let federated = read_answer(response, &format!("STS {sts}"))
+            .await
+            .map_err(|a| Mint::answered(credential, a))?;
+        let Some(url) = &config.service_account_impersonation_url else {
+            return Ok(Minted {
+                token: federated.access_token,
+                lifetime: Duration::from_secs(federated.expires_in.unwrap_or(3600)),
+            });
+        };
+        let response = client
+            .post(url)
+            .bearer_auth(federated.access_token.expose())
+            .header("content-type", "application/json")
+            .body(
+                serde_json::json!({ "scope": self.config.scopes, "lifetime": "3600s" }).to_string(),
+            )
+            .send()
+            .await
+            .map_err(|e| {
+                unavailable(format!(
+                    "service account impersonation {url}: {}",
+                    super::aws::without_url(&e)
+                ))
+            })?;
+        let status = response.status();
+        let body = Zeroizing::new(
+            response
+                .bytes()
+                .await
+                .map_err(|e| unavailable(super::aws::without_url(&e)))?
+                .to_vec(),
+        );
+        if !status.is_success() {
+            let e = CredentialError::Unavailable {
+                name: credential.to_string(),
+                detail: format!(
+                    "service account impersonation {url} answered {status}: {}",
+                    String::from_utf8_lossy(&body)
+                        .chars()
+                        .take(300)
+                        .collect::<String>()
+                ),
+            };
+            return Err(if status.is_client_error() {
+                Mint::Refused(e)
+            } else {
+                Mint::Failed(e)
+            });
+        }
+        let token: Impersonated = serde_json::from_slice(&body).map_err(|_| {
+            unavailable(format!(
+                "service account impersonation {url} answered without accessToken and expireTime"
+            ))
+        })?;
+        let expires = chrono::DateTime::parse_from_rfc3339(&token.expire_time).map_err(|_| {
+            unavailable(format!(
+                "expireTime {:?} is not RFC 3339",
+                token.expire_time
+            ))
+        })?;
+        let left = (expires.timestamp() - chrono::Utc::now().timestamp()).max(0);
+        Ok(Minted {
+            token: token.access_token,
+            lifetime: Duration::from_secs(u64::try_from(left).unwrap_or(0)),
         })
     }
 }

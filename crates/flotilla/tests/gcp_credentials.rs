@@ -115,7 +115,7 @@ async fn token_endpoint(public_key: Vec<u8>) -> TokenEndpoint {
                 let form: Vec<(String, String)> = String::from_utf8_lossy(&body)
                     .split('&')
                     .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.to_string(), v.replace("%3A", ":")))
+                    .map(|(k, v)| (k.to_string(), percent_decode(v)))
                     .collect();
                 let field = |k: &str| form.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
                 let verdict = (|| {
@@ -247,6 +247,130 @@ async fn metadata_server(fetches: Arc<AtomicUsize>) -> String {
     )
     .await;
     format!("http://{addr}")
+}
+
+fn percent_decode(s: &str) -> String {
+    let mut out = Vec::new();
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex: String = [bytes.next().unwrap(), bytes.next().unwrap()]
+                .iter()
+                .map(|c| char::from(*c))
+                .collect();
+            out.push(u8::from_str_radix(&hex, 16).unwrap());
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+const AUDIENCE: &str =
+    "//iam.googleapis.com/projects/123456/locations/global/workloadIdentityPools/ci/providers/aws";
+const SUBJECT: &str = "eyJhbGciOiJSUzI1NiJ9.subject-token-from-the-platform.sig";
+
+/// An STS token exchange and IAM's generateAccessToken: the STS checks the subject token the
+/// file holds; impersonation needs the federated token.
+async fn federation(exchanges: Arc<AtomicUsize>) -> String {
+    let addr = flotilla_test_support::serve::serve_http(
+        move |req: hyper::Request<hyper::body::Incoming>| {
+            let exchanges = exchanges.clone();
+            async move {
+                use http_body_util::BodyExt as _;
+                let path = req.uri().path().to_string();
+                let auth = req
+                    .headers()
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let text = String::from_utf8_lossy(&body).to_string();
+                let form: Vec<(String, String)> = text
+                    .split('&')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), percent_decode(v)))
+                    .collect();
+                let field = |k: &str| form.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+                let (status, answer) = if path == "/v1/token" {
+                    let ok = field("grant_type").as_deref()
+                        == Some("urn:ietf:params:oauth:grant-type:token-exchange")
+                        && field("audience").as_deref() == Some(AUDIENCE)
+                        && field("requested_token_type").as_deref()
+                            == Some("urn:ietf:params:oauth:token-type:access_token")
+                        && field("subject_token_type").as_deref()
+                            == Some("urn:ietf:params:oauth:token-type:jwt")
+                        && field("scope").as_deref()
+                            == Some("https://www.googleapis.com/auth/cloud-platform");
+                    if !ok {
+                        (400, serde_json::json!({"error": "invalid_request", "error_description": "bad token exchange"}))
+                    } else if field("subject_token").as_deref() != Some(SUBJECT) {
+                        (400, serde_json::json!({"error": "invalid_grant", "error_description": "The ID Token is invalid."}))
+                    } else {
+                        let n = exchanges.fetch_add(1, Ordering::SeqCst) + 1;
+                        (200, serde_json::json!({
+                            "access_token": format!("ya29.federated-{n}"),
+                            "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                            "token_type": "Bearer", "expires_in": 3600,
+                        }))
+                    }
+                } else if path == format!("/v1/projects/-/serviceAccounts/{EMAIL}:generateAccessToken") {
+                    let scopes: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                    if auth.starts_with("Bearer ya29.federated-")
+                        && scopes["scope"][0] == "https://www.googleapis.com/auth/cloud-platform"
+                    {
+                        let expires = chrono::Utc::now() + chrono::Duration::hours(1);
+                        (200, serde_json::json!({
+                            "accessToken": "ya29.impersonated",
+                            "expireTime": expires.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                        }))
+                    } else {
+                        (403, serde_json::json!({"error": {"code": 403, "message": "Permission 'iam.serviceAccounts.getAccessToken' denied", "status": "PERMISSION_DENIED"}}))
+                    }
+                } else {
+                    (404, serde_json::json!({}))
+                };
+                Ok::<_, Infallible>(
+                    hyper::Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(answer.to_string())))
+                        .unwrap(),
+                )
+            }
+        },
+    )
+    .await;
+    format!("http://{addr}")
+}
+
+fn external_account(
+    dir: &Path,
+    sts: &str,
+    subject_file: &Path,
+    impersonate: bool,
+    json_format: bool,
+) -> std::path::PathBuf {
+    let mut config = serde_json::json!({
+        "type": "external_account",
+        "audience": AUDIENCE,
+        "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+        "token_url": format!("{sts}/v1/token"),
+        "credential_source": { "file": subject_file },
+    });
+    if impersonate {
+        config["service_account_impersonation_url"] = serde_json::json!(format!(
+            "{sts}/v1/projects/-/serviceAccounts/{EMAIL}:generateAccessToken"
+        ));
+    }
+    if json_format {
+        config["credential_source"]["format"] =
+            serde_json::json!({"type": "json", "subject_token_field_name": "id_token"});
+    }
+    let path = dir.join(format!("external-{impersonate}-{json_format}.json"));
+    std::fs::write(&path, config.to_string()).unwrap();
+    path
 }
 
 fn credential(config: GcpConfig) -> Credential {
@@ -418,4 +542,70 @@ async fn gcp_tokens_from_a_service_account_key_and_the_metadata_server() {
     );
     unset("GCE_METADATA_HOST");
     assert!(endpoint.refusals.lock().unwrap().len() == 1);
+
+    // Workload identity federation: the subject token from a file, exchanged at the STS.
+    let exchanges = Arc::new(AtomicUsize::new(0));
+    let sts = federation(exchanges.clone()).await;
+    let subject_file = dir.path().join("subject-token");
+    std::fs::write(&subject_file, format!("{SUBJECT}\n")).unwrap();
+    let federated = |path: std::path::PathBuf| {
+        credential(GcpConfig {
+            service_account_key: Some(flotilla_credentials::SecretSource::File(path)),
+            ..GcpConfig::default()
+        })
+    };
+    let plain = federated(external_account(
+        dir.path(),
+        &sts,
+        &subject_file,
+        false,
+        false,
+    ));
+    assert_eq!(authorize(&plain).await.unwrap(), "Bearer ya29.federated-1");
+    // ... then a service account's token generated with the federated one.
+    let impersonating = federated(external_account(
+        dir.path(),
+        &sts,
+        &subject_file,
+        true,
+        false,
+    ));
+    assert_eq!(
+        authorize(&impersonating).await.unwrap(),
+        "Bearer ya29.impersonated"
+    );
+    assert_eq!(exchanges.load(Ordering::SeqCst), 2);
+    // A JSON subject token file with the token in a named field.
+    let json_subject = dir.path().join("subject.json");
+    std::fs::write(
+        &json_subject,
+        serde_json::json!({ "id_token": SUBJECT }).to_string(),
+    )
+    .unwrap();
+    let from_json = federated(external_account(
+        dir.path(),
+        &sts,
+        &json_subject,
+        false,
+        true,
+    ));
+    assert_eq!(
+        authorize(&from_json).await.unwrap(),
+        "Bearer ya29.federated-3"
+    );
+    // A subject token the STS does not accept: its answer, and not the token.
+    std::fs::write(&subject_file, "eyJ.not-the-platform-token.sig").unwrap();
+    let stale = federated(external_account(
+        dir.path(),
+        &sts,
+        &subject_file,
+        false,
+        false,
+    ));
+    let e = authorize(&stale).await.unwrap_err();
+    assert!(
+        e.contains("invalid_grant") && e.contains("The ID Token is invalid"),
+        "{e}"
+    );
+    assert!(!e.contains("not-the-platform-token"), "{e}");
 }
