@@ -19,14 +19,14 @@
 //! unknown client) is held for 30 s; see `oauth.rs`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
 use super::oauth::{
-    Mint, Minted, TokenCache, b64url, form_value, now_secs, pem_block, read_answer, rs256_jws,
+    Mint, Minted, TokenHandle, Tokens, b64url, form_value, now_secs, pem_block, read_answer,
+    rs256_jws,
 };
 use super::{CredentialError, SecretSource};
 
@@ -140,13 +140,11 @@ impl AzureConfig {
     }
 }
 
-/// The kind's configuration plus its token cache (shared by clones of one credential).
-#[derive(Debug, Default)]
-pub struct AzureTokens {
-    /// Configuration.
-    pub config: AzureConfig,
-    cache: TokenCache,
-}
+/// The `azure` kind's configuration and token cache.
+pub type AzureTokens = Tokens<AzureConfig>;
+
+/// A shared handle on a `azure` credential's tokens.
+pub type AzureHandle = TokenHandle<AzureConfig>;
 
 /// How this mint proves the client.
 enum Proof {
@@ -154,15 +152,7 @@ enum Proof {
     Assertion(Zeroizing<String>),
 }
 
-impl AzureTokens {
-    /// A token source for `config`.
-    pub fn new(config: AzureConfig) -> Self {
-        AzureTokens {
-            config,
-            ..AzureTokens::default()
-        }
-    }
-
+impl Tokens<AzureConfig> {
     /// A valid access token, from the cache or minted once for all concurrent callers.
     pub async fn token(&self, credential: &str) -> Result<super::Secret, CredentialError> {
         self.cache.token(credential, || self.mint(credential)).await
@@ -328,24 +318,6 @@ fn certificate_assertion(
         "exp": now + ASSERTION_LIFETIME,
     });
     rs256_jws(&header, &claims, pem)
-}
-
-/// A shared handle, so a credential's token cache outlives request clones.
-#[derive(Debug, Clone, Default)]
-pub struct AzureHandle(pub Arc<AzureTokens>);
-
-impl PartialEq for AzureHandle {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.config == other.0.config
-    }
-}
-
-impl Eq for AzureHandle {}
-
-impl<'de> Deserialize<'de> for AzureHandle {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        AzureConfig::deserialize(d).map(|c| AzureHandle(Arc::new(AzureTokens::new(c))))
-    }
 }
 
 #[cfg(test)]

@@ -71,18 +71,14 @@ impl CredentialKind {
             CredentialKind::Gcp(tokens) => {
                 let mut config = tokens.0.config.clone();
                 config.service_account_key = config.service_account_key.map(|k| k.resolved(cx));
-                CredentialKind::Gcp(crate::gcp::GcpHandle(std::sync::Arc::new(
-                    crate::gcp::GcpTokens::new(config),
-                )))
+                CredentialKind::Gcp(crate::gcp::GcpHandle::new(config))
             }
             CredentialKind::Azure(tokens) => {
                 let mut config = tokens.0.config.clone();
                 config.client_secret = config.client_secret.map(|s| s.resolved(cx));
                 config.certificate = config.certificate.map(|s| s.resolved(cx));
                 config.federated_token_file = config.federated_token_file.map(|f| cx.resolve(&f));
-                CredentialKind::Azure(crate::azure::AzureHandle(std::sync::Arc::new(
-                    crate::azure::AzureTokens::new(config),
-                )))
+                CredentialKind::Azure(crate::azure::AzureHandle::new(config))
             }
         }
     }

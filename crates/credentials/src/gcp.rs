@@ -19,13 +19,14 @@
 //! when they live less than ten minutes). Errors name the source and what the token endpoint
 //! said, never the key, the assertion or a token.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
-use super::oauth::{Mint, Minted, TokenCache, form_value, now_secs, read_answer, rs256_jws};
+use super::oauth::{
+    Mint, Minted, TokenHandle, Tokens, form_value, now_secs, read_answer, rs256_jws,
+};
 use super::{CredentialError, Secret, SecretSource};
 
 /// The scope of every Google Cloud API.
@@ -90,13 +91,11 @@ impl GcpConfig {
     }
 }
 
-/// The kind's configuration plus its token cache (shared by clones of one credential).
-#[derive(Debug, Default)]
-pub struct GcpTokens {
-    /// Configuration.
-    pub config: GcpConfig,
-    cache: TokenCache,
-}
+/// The `gcp` kind's configuration and token cache.
+pub type GcpTokens = Tokens<GcpConfig>;
+
+/// A shared handle on a `gcp` credential's tokens.
+pub type GcpHandle = TokenHandle<GcpConfig>;
 
 /// The fields of a service-account JSON key the host uses.
 #[derive(Deserialize)]
@@ -114,15 +113,7 @@ struct ServiceAccountKey {
 const GOOGLE_TOKEN_URI: &str = "https://oauth2.googleapis.com/token";
 const JWT_LIFETIME: u64 = 3600;
 
-impl GcpTokens {
-    /// A token source for `config`.
-    pub fn new(config: GcpConfig) -> Self {
-        GcpTokens {
-            config,
-            ..GcpTokens::default()
-        }
-    }
-
+impl Tokens<GcpConfig> {
     /// A valid access token, from the cache or minted once for all concurrent callers.
     pub async fn token(&self, credential: &str) -> Result<Secret, CredentialError> {
         self.cache.token(credential, || self.mint(credential)).await
@@ -283,7 +274,7 @@ struct Impersonated {
     expire_time: String,
 }
 
-impl GcpTokens {
+impl Tokens<GcpConfig> {
     /// Workload identity federation: the subject token from the file, exchanged at the STS
     /// (<https://cloud.google.com/iam/docs/reference/sts/rest/v1/TopLevel/token>), then, when
     /// configured, a service account's token generated with it.
@@ -427,24 +418,6 @@ fn jwt(
         "exp": now + JWT_LIFETIME,
     });
     rs256_jws(&header, &claims, key.private_key.expose())
-}
-
-/// A shared handle, so a credential's token cache outlives request clones.
-#[derive(Debug, Clone, Default)]
-pub struct GcpHandle(pub Arc<GcpTokens>);
-
-impl PartialEq for GcpHandle {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.config == other.0.config
-    }
-}
-
-impl Eq for GcpHandle {}
-
-impl<'de> Deserialize<'de> for GcpHandle {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        GcpConfig::deserialize(d).map(|c| GcpHandle(Arc::new(GcpTokens::new(c))))
-    }
 }
 
 #[cfg(test)]

@@ -202,6 +202,56 @@ pub(crate) async fn read_answer(
         .map_err(|_| (false, format!("{what} answered without an access_token")))
 }
 
+/// A token kind's configuration plus its token cache.
+#[derive(Debug, Default)]
+pub struct Tokens<C> {
+    /// Configuration.
+    pub config: C,
+    pub(crate) cache: TokenCache,
+}
+
+impl<C> Tokens<C> {
+    /// A token source for `config`.
+    pub fn new(config: C) -> Self {
+        Tokens {
+            config,
+            cache: TokenCache::default(),
+        }
+    }
+}
+
+/// A shared handle on a token kind, so a credential's token cache outlives request clones;
+/// two handles are equal when their configurations are.
+#[derive(Debug, Default)]
+pub struct TokenHandle<C>(pub std::sync::Arc<Tokens<C>>);
+
+impl<C> TokenHandle<C> {
+    /// A handle on a new token source for `config`.
+    pub fn new(config: C) -> Self {
+        TokenHandle(std::sync::Arc::new(Tokens::new(config)))
+    }
+}
+
+impl<C> Clone for TokenHandle<C> {
+    fn clone(&self) -> Self {
+        TokenHandle(self.0.clone())
+    }
+}
+
+impl<C: PartialEq> PartialEq for TokenHandle<C> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.config == other.0.config
+    }
+}
+
+impl<C: Eq> Eq for TokenHandle<C> {}
+
+impl<'de, C: Deserialize<'de>> Deserialize<'de> for TokenHandle<C> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        C::deserialize(d).map(TokenHandle::new)
+    }
+}
+
 /// Base64url without padding, as JWS uses.
 pub(crate) fn b64url(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)

@@ -8,10 +8,9 @@
 )] // test code: a failed assumption is a failed test
 
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use flotilla_credentials::gcp::{GcpConfig, GcpHandle, GcpTokens};
+use flotilla_credentials::gcp::{GcpConfig, GcpHandle};
 use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource, SigningHints};
 use flotilla_net::AllowList;
 use http_body_util::Full;
@@ -48,12 +47,10 @@ fn credentials(c: &mut Criterion) {
             ))))
         },
     ));
-    let gcp = credential(CredentialKind::Gcp(GcpHandle(Arc::new(GcpTokens::new(
-        GcpConfig {
-            metadata_endpoint: Some(format!("http://{addr}")),
-            ..GcpConfig::default()
-        },
-    )))));
+    let gcp = credential(CredentialKind::Gcp(GcpHandle::new(GcpConfig {
+        metadata_endpoint: Some(format!("http://{addr}")),
+        ..GcpConfig::default()
+    })));
     rt.block_on(apply(&gcp));
     let bearer = credential(CredentialKind::Bearer {
         token: SecretSource::Value(Secret::new("ya29.bench-token-0123456789")),

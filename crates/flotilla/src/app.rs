@@ -86,8 +86,8 @@ async fn start_pool(
     let plugin = load_plugin(runtime, registry, &pool.name, &pool.plugin)
         .await
         .with_context(|| format!("pool {}", pool.name))?;
-    tracing::info!(pool = %pool.name, plugin = %pool.plugin, plugin_digest = %format!("sha256:{}", plugin.sha256), cache = ?plugin.cache, "plugin loaded");
     let plugin_digest = format!("sha256:{}", plugin.sha256);
+    tracing::info!(pool = %pool.name, plugin = %pool.plugin, plugin_digest = %plugin_digest, cache = ?plugin.cache, "plugin loaded");
     // Every line the pool's scaler, readiness checks and plugin calls log carries the pool
     // and the plugin digest (`span` in --log-json lines), so log pipelines can join them.
     let span = tracing::info_span!("pool", pool = %pool.name, plugin_digest = %plugin_digest);

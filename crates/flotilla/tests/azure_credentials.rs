@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
-use flotilla_credentials::azure::{AzureConfig, AzureHandle, AzureTokens};
+use flotilla_credentials::azure::{AzureConfig, AzureHandle};
 use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource, SigningHints};
 use flotilla_net::AllowList;
 use http_body_util::Full;
@@ -98,22 +98,6 @@ fn certificate(dir: &Path) -> (std::path::PathBuf, Vec<u8>, Vec<u8>) {
     (both, pkcs1, cert_der)
 }
 
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() + 1 {
-            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
-            i += 3;
-        } else {
-            out.push(if b[i] == b'+' { b' ' } else { b[i] });
-            i += 1;
-        }
-    }
-    String::from_utf8(out).unwrap()
-}
-
 fn b64d(part: &str) -> Vec<u8> {
     base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(part)
@@ -147,11 +131,7 @@ async fn entra(public_key: Vec<u8>, cert_der: Vec<u8>) -> Entra {
                 use http_body_util::BodyExt as _;
                 let path = req.uri().path().to_string();
                 let body = req.into_body().collect().await.unwrap().to_bytes();
-                let form: Vec<(String, String)> = String::from_utf8_lossy(&body)
-                    .split('&')
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.to_string(), percent_decode(v)))
-                    .collect();
+                let form = flotilla_test_support::serve::form(&body);
                 let field = |k: &str| form.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
                 let endpoint = format!("{base}/{TENANT}/oauth2/v2.0/token");
                 let verdict: Result<&str, (&str, String)> = (|| {
@@ -267,7 +247,7 @@ async fn imds(fetches: Arc<AtomicUsize>) -> String {
 fn credential(config: AzureConfig) -> Credential {
     Credential {
         name: "azure".into(),
-        kind: CredentialKind::Azure(AzureHandle(Arc::new(AzureTokens::new(config)))),
+        kind: CredentialKind::Azure(AzureHandle::new(config)),
         hosts: AllowList::parse(&["https://management.azure.com"]).unwrap(),
     }
 }

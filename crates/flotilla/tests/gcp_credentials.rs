@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use flotilla_credentials::gcp::{GcpConfig, GcpHandle, GcpTokens};
+use flotilla_credentials::gcp::{GcpConfig, GcpHandle};
 use flotilla_credentials::{Credential, CredentialKind, SigningHints};
 use flotilla_net::AllowList;
 use http_body_util::Full;
@@ -112,11 +112,7 @@ async fn token_endpoint(public_key: Vec<u8>) -> TokenEndpoint {
                     .is_some_and(|v| v == "application/x-www-form-urlencoded");
                 let post = req.method() == "POST" && req.uri().path() == "/token";
                 let body = req.into_body().collect().await.unwrap().to_bytes();
-                let form: Vec<(String, String)> = String::from_utf8_lossy(&body)
-                    .split('&')
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.to_string(), percent_decode(v)))
-                    .collect();
+                let form = flotilla_test_support::serve::form(&body);
                 let field = |k: &str| form.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
                 let verdict = (|| {
                     if !post || !ok_type {
@@ -249,23 +245,6 @@ async fn metadata_server(fetches: Arc<AtomicUsize>) -> String {
     format!("http://{addr}")
 }
 
-fn percent_decode(s: &str) -> String {
-    let mut out = Vec::new();
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        if b == b'%' {
-            let hex: String = [bytes.next().unwrap(), bytes.next().unwrap()]
-                .iter()
-                .map(|c| char::from(*c))
-                .collect();
-            out.push(u8::from_str_radix(&hex, 16).unwrap());
-        } else {
-            out.push(b);
-        }
-    }
-    String::from_utf8(out).unwrap()
-}
-
 const AUDIENCE: &str =
     "//iam.googleapis.com/projects/123456/locations/global/workloadIdentityPools/ci/providers/aws";
 const SUBJECT: &str = "eyJhbGciOiJSUzI1NiJ9.subject-token-from-the-platform.sig";
@@ -287,11 +266,7 @@ async fn federation(exchanges: Arc<AtomicUsize>) -> String {
                     .to_string();
                 let body = req.into_body().collect().await.unwrap().to_bytes();
                 let text = String::from_utf8_lossy(&body).to_string();
-                let form: Vec<(String, String)> = text
-                    .split('&')
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.to_string(), percent_decode(v)))
-                    .collect();
+                let form = flotilla_test_support::serve::form(text.as_bytes());
                 let field = |k: &str| form.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
                 let (status, answer) = if path == "/v1/token" {
                     let ok = field("grant_type").as_deref()
@@ -376,7 +351,7 @@ fn external_account(
 fn credential(config: GcpConfig) -> Credential {
     Credential {
         name: "gcp".into(),
-        kind: CredentialKind::Gcp(GcpHandle(Arc::new(GcpTokens::new(config)))),
+        kind: CredentialKind::Gcp(GcpHandle::new(config)),
         hosts: AllowList::parse(&["https://compute.googleapis.com"]).unwrap(),
     }
 }

@@ -165,8 +165,10 @@ async fn acquire(
     // The host gives up after the pool's instance_acquire_timeout (the lease stays reserved);
     // the driver keeps asking until its own --acquire-timeout.
     let instance = loop {
-        let left = settings.acquire_timeout.saturating_sub(start.elapsed());
+        // The long poll's limit is what is left of the driver's own timeout, counted again
+        // after any wait for a restarting flotilla.
         let asked = through_restarts(api, settings, start, || {
+            let left = settings.acquire_timeout.saturating_sub(start.elapsed());
             api.acquire(lease.id, left + Duration::from_secs(5))
         });
         match asked.await {

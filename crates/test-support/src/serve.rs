@@ -77,3 +77,28 @@ pub fn headers<B>(req: &Request<B>) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// The fields of an `application/x-www-form-urlencoded` body, percent-decoded, in order (for
+/// stand-in token endpoints).
+pub fn form(body: &[u8]) -> Vec<(String, String)> {
+    fn decode(s: &str) -> String {
+        let mut out = Vec::with_capacity(s.len());
+        let mut bytes = s.bytes();
+        while let Some(b) = bytes.next() {
+            match b {
+                b'%' => {
+                    let hex: String = bytes.by_ref().take(2).map(char::from).collect();
+                    out.push(u8::from_str_radix(&hex, 16).expect("a %XX escape"));
+                }
+                b'+' => out.push(b' '),
+                other => out.push(other),
+            }
+        }
+        String::from_utf8(out).expect("UTF-8 after decoding")
+    }
+    String::from_utf8_lossy(body)
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (decode(k), decode(v)))
+        .collect()
+}
