@@ -25,8 +25,8 @@ use serde::Deserialize;
 use zeroize::Zeroizing;
 
 use super::oauth::{
-    Mint, Minted, TokenHandle, Tokens, b64url, form_value, now_secs, pem_block, read_answer,
-    rs256_jws,
+    Mint, Minted, TokenHandle, Tokens, b64url, endpoint_problems, form_value, now_secs, pem_block,
+    read_answer, rs256_jws,
 };
 use super::{CredentialError, SecretSource};
 
@@ -125,17 +125,13 @@ impl AzureConfig {
         if self.scope.trim().is_empty() {
             out.push(("scope", "is empty".to_string()));
         }
-        for (key, url) in [
-            ("authority_host", &self.authority_host),
-            ("imds_endpoint", &self.imds_endpoint),
-        ] {
-            if let Some(u) = url {
-                match url::Url::parse(u) {
-                    Ok(p) if matches!(p.scheme(), "http" | "https") && p.host().is_some() => {}
-                    _ => out.push((key, format!("{u:?} is not an http(s) URL"))),
-                }
-            }
-        }
+        endpoint_problems(
+            [
+                ("authority_host", &self.authority_host),
+                ("imds_endpoint", &self.imds_endpoint),
+            ],
+            &mut out,
+        );
         out
     }
 }
@@ -143,7 +139,7 @@ impl AzureConfig {
 /// The `azure` kind's configuration and token cache.
 pub type AzureTokens = Tokens<AzureConfig>;
 
-/// A shared handle on a `azure` credential's tokens.
+/// A shared handle on an `azure` credential's tokens.
 pub type AzureHandle = TokenHandle<AzureConfig>;
 
 /// How this mint proves the client.

@@ -25,7 +25,8 @@ use serde::Deserialize;
 use zeroize::Zeroizing;
 
 use super::oauth::{
-    Mint, Minted, TokenHandle, Tokens, form_value, now_secs, read_answer, rs256_jws,
+    Mint, Minted, TokenHandle, Tokens, endpoint_problems, form_value, now_secs, read_answer,
+    rs256_jws,
 };
 use super::{CredentialError, Secret, SecretSource};
 
@@ -76,17 +77,13 @@ impl GcpConfig {
         if self.scopes.is_empty() || self.scopes.iter().any(|s| s.trim().is_empty()) {
             out.push(("scopes", "give at least one scope, none blank".to_string()));
         }
-        for (key, url) in [
-            ("token_endpoint", &self.token_endpoint),
-            ("metadata_endpoint", &self.metadata_endpoint),
-        ] {
-            if let Some(u) = url {
-                match url::Url::parse(u) {
-                    Ok(p) if matches!(p.scheme(), "http" | "https") && p.host().is_some() => {}
-                    _ => out.push((key, format!("{u:?} is not an http(s) URL"))),
-                }
-            }
-        }
+        endpoint_problems(
+            [
+                ("token_endpoint", &self.token_endpoint),
+                ("metadata_endpoint", &self.metadata_endpoint),
+            ],
+            &mut out,
+        );
         out
     }
 }

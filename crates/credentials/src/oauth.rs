@@ -252,6 +252,21 @@ impl<'de, C: Deserialize<'de>> Deserialize<'de> for TokenHandle<C> {
     }
 }
 
+/// Adds a problem for each configured endpoint that is not an http(s) URL with a host.
+pub(crate) fn endpoint_problems<const N: usize>(
+    endpoints: [(&'static str, &Option<String>); N],
+    out: &mut Vec<(&'static str, String)>,
+) {
+    for (key, url) in endpoints {
+        if let Some(u) = url {
+            match url::Url::parse(u) {
+                Ok(p) if matches!(p.scheme(), "http" | "https") && p.host().is_some() => {}
+                _ => out.push((key, format!("{u:?} is not an http(s) URL"))),
+            }
+        }
+    }
+}
+
 /// Base64url without padding, as JWS uses.
 pub(crate) fn b64url(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
