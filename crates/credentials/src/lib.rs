@@ -121,6 +121,15 @@ pub enum CredentialError {
         /// What is missing (an env var name or a file path, never a value).
         detail: String,
     },
+    /// The credential's identity provider refused to issue a token (a revoked key, a wrong
+    /// secret or client): an authorisation failure, not a transient one.
+    #[error("credential {name}: {detail}")]
+    Refused {
+        /// The credential.
+        name: String,
+        /// What the identity provider said (never a secret).
+        detail: String,
+    },
     /// Signing failed.
     #[error("credential {name}: cannot sign request: {detail}")]
     Signing {

@@ -98,7 +98,7 @@ impl TokenCache {
             let left = until
                 .duration_since(SystemTime::now())
                 .map_or(0, |d| d.as_secs());
-            return Err(CredentialError::Unavailable {
+            return Err(CredentialError::Refused {
                 name: name.to_string(),
                 detail: format!("{why} (asked again in {left}s)"),
             });
@@ -118,10 +118,16 @@ impl TokenCache {
                 Ok(token)
             }
             Err(Mint::Refused(e)) => {
-                if let CredentialError::Unavailable { detail, .. } = &e {
-                    *self.refused.lock() = Some((detail.clone(), SystemTime::now() + REFUSAL_HOLD));
-                }
-                Err(e)
+                let detail = match e {
+                    CredentialError::Unavailable { detail, .. }
+                    | CredentialError::Refused { detail, .. }
+                    | CredentialError::Signing { detail, .. } => detail,
+                };
+                *self.refused.lock() = Some((detail.clone(), SystemTime::now() + REFUSAL_HOLD));
+                Err(CredentialError::Refused {
+                    name: name.to_string(),
+                    detail,
+                })
             }
             Err(Mint::Failed(e)) => Err(e),
         }

@@ -154,6 +154,62 @@ mod template {
     use super::*;
     use common::example_cloud::ExampleCloud;
 
+    /// A credential its identity provider refuses (here a metadata server answering 403):
+    /// the request never reaches the cloud, and the plugin gets a 401 it reports as
+    /// `unauthorized`, with the refusal, so the scaler pauses the call.
+    #[tokio::test]
+    async fn a_refused_credential_reaches_the_plugin_as_unauthorized_and_never_the_cloud() {
+        let cloud = ExampleCloud::start(3).await;
+        let allow = format!("http://{}", cloud.addr);
+        let idp = common::serve::serve_http(|_req: hyper::Request<hyper::body::Incoming>| async {
+            Ok::<_, std::convert::Infallible>(
+                hyper::Response::builder()
+                    .status(403)
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                        b"{\"error\":\"access_denied\",\"error_description\":\"workload identity is not enabled\"}",
+                    )))
+                    .unwrap_or_else(|e| panic!("{e}")),
+            )
+        })
+        .await;
+        let mut sandbox = quick_sandbox(&[allow.as_str()]);
+        sandbox.egress.allowed_ip_ranges =
+            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
+        sandbox.egress.credentials = vec![flotilla_credentials::Credential {
+            name: "gcp".into(),
+            kind: flotilla_credentials::CredentialKind::Gcp(
+                flotilla_credentials::gcp::GcpHandle::new(flotilla_credentials::gcp::GcpConfig {
+                    metadata_endpoint: Some(format!("http://{idp}")),
+                    ..Default::default()
+                }),
+            ),
+            hosts: flotilla_net::AllowList::parse(&[allow.as_str()])
+                .unwrap_or_else(|e| panic!("{e:?}")),
+        }];
+        let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
+        let settings = format!(
+            r#"{{"endpoint":"{}","group":"ci","credential":"gcp"}}"#,
+            cloud.endpoint()
+        );
+        let r = p.init(&settings).await;
+        match &r {
+            Err(CallError::Provider {
+                error: ProviderError::Unauthorized(message),
+                ..
+            }) => assert!(
+                message.contains("access_denied") && message.contains("workload identity"),
+                "{message}"
+            ),
+            other => panic!("expected unauthorized, got {other:?}"),
+        }
+        assert!(cloud.seen().is_empty(), "the request reached the cloud");
+        assert_eq!(
+            p.health().egress_denied,
+            0,
+            "a refusal is not an egress denial"
+        );
+    }
+
     #[tokio::test]
     async fn every_export_over_http() {
         let cloud = ExampleCloud::start(3).await;

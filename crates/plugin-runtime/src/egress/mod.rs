@@ -17,7 +17,8 @@ use ipnet::IpNet;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 use flotilla_credentials::{
-    AWS_REGION_HEADER, AWS_SERVICE_HEADER, CREDENTIAL_HEADER, Credential, SigningHints,
+    AWS_REGION_HEADER, AWS_SERVICE_HEADER, CREDENTIAL_HEADER, Credential, CredentialError,
+    SigningHints,
 };
 use flotilla_net::{AllowList, blocked_reason};
 
@@ -346,8 +347,16 @@ impl Forward {
         if let Some(credential) = credential {
             let body = request.body_mut();
             let bytes = collect_limited(body, self.policy.max_signed_body_bytes).await?;
-            if let Err(e) = credential.apply(&mut request, &bytes, &hints).await {
-                return Err(deny(&self.origin, &self.stats, &request, &e.to_string()));
+            match credential.apply(&mut request, &bytes, &hints).await {
+                Ok(()) => {}
+                // The identity provider refused the credential: the plugin gets a 401, as
+                // from the cloud, so it reports `unauthorized` and the scaler pauses the call
+                // until the operator fixes it. The request never leaves.
+                Err(e @ CredentialError::Refused { .. }) => {
+                    tracing::warn!(target: "flotilla::egress", pool = %self.origin.pool, host = %host, "{e}; the plugin gets 401");
+                    return Ok(refused_response(&e));
+                }
+                Err(e) => return Err(deny(&self.origin, &self.stats, &request, &e.to_string())),
             }
             *request.body_mut() = Full::new(bytes)
                 .map_err(|never| match never {})
@@ -404,6 +413,26 @@ impl Forward {
         }
         Ok(addrs)
     }
+}
+
+/// The answer to a request whose credential its identity provider refused: 401 with the
+/// refusal as text (it carries no secret), and `WWW-Authenticate` naming the host as its source.
+fn refused_response(e: &CredentialError) -> (http::Response<WasiBody>, IoFuture) {
+    let body = Full::new(bytes::Bytes::from(format!("flotilla: {e}\n")))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    let mut response = http::Response::new(body);
+    *response.status_mut() = http::StatusCode::UNAUTHORIZED;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        http::HeaderValue::from_static("Flotilla error=\"credential_refused\""),
+    );
+    let io: IoFuture = Box::new(async { Ok(()) });
+    (response, io)
 }
 
 /// Why a name did not yield addresses to connect to.
