@@ -26,7 +26,7 @@ use zeroize::Zeroizing;
 
 use super::oauth::{
     Mint, Minted, TokenHandle, Tokens, b64url, endpoint_problems, form_value, now_secs, pem_block,
-    read_answer, rs256_jws,
+    post_form, read_answer, rs256_jws,
 };
 use super::{CredentialError, SecretSource};
 
@@ -229,21 +229,14 @@ impl Tokens<AzureConfig> {
                     form_value(&c.scope).as_str(),
                     proof.as_str()
                 ));
-                let response = client
-                    .post(&endpoint)
-                    .header("content-type", "application/x-www-form-urlencoded")
-                    .body(form.as_bytes().to_vec())
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        unavailable(format!(
-                            "token endpoint {endpoint}: {}",
-                            super::aws::without_url(&e)
-                        ))
-                    })?;
-                read_answer(response, &format!("token endpoint {endpoint} ({how})"))
-                    .await
-                    .map_err(|a| Mint::answered(credential, a))?
+                post_form(
+                    &client,
+                    credential,
+                    &endpoint,
+                    &form,
+                    &format!("token endpoint {endpoint} ({how})"),
+                )
+                .await?
             }
             None => {
                 let base = c.imds_endpoint.clone().unwrap_or_else(|| IMDS.to_string());

@@ -25,8 +25,8 @@ use serde::Deserialize;
 use zeroize::Zeroizing;
 
 use super::oauth::{
-    Mint, Minted, TokenHandle, Tokens, endpoint_problems, form_value, now_secs, read_answer,
-    rs256_jws,
+    Mint, Minted, TokenHandle, Tokens, endpoint_problems, form_value, now_secs, post_form,
+    read_answer, rs256_jws,
 };
 use super::{CredentialError, Secret, SecretSource};
 
@@ -168,21 +168,14 @@ impl Tokens<GcpConfig> {
                     "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion={}",
                     assertion.as_str()
                 ));
-                let response = client
-                    .post(&endpoint)
-                    .header("content-type", "application/x-www-form-urlencoded")
-                    .body(form.as_bytes().to_vec())
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        unavailable(format!(
-                            "token endpoint {endpoint}: {}",
-                            super::aws::without_url(&e)
-                        ))
-                    })?;
-                read_answer(response, &format!("token endpoint {endpoint}"))
-                    .await
-                    .map_err(|a| Mint::answered(credential, a))?
+                post_form(
+                    &client,
+                    credential,
+                    &endpoint,
+                    &form,
+                    &format!("token endpoint {endpoint}"),
+                )
+                .await?
             }
             None => {
                 let base = self

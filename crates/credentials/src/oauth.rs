@@ -273,6 +273,31 @@ pub(crate) fn endpoint_problems<const N: usize>(
     }
 }
 
+/// POSTs a form to a token endpoint and reads its answer; `what` names the endpoint in errors.
+pub(crate) async fn post_form(
+    client: &reqwest::Client,
+    credential: &str,
+    endpoint: &str,
+    form: &str,
+    what: &str,
+) -> Result<TokenAnswer, Mint> {
+    let response = client
+        .post(endpoint)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form.as_bytes().to_vec())
+        .send()
+        .await
+        .map_err(|e| {
+            Mint::failed(
+                credential,
+                format!("{what}: {}", super::aws::without_url(&e)),
+            )
+        })?;
+    read_answer(response, what)
+        .await
+        .map_err(|a| Mint::answered(credential, a))
+}
+
 /// Base64url without padding, as JWS uses.
 pub(crate) fn b64url(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
