@@ -51,6 +51,12 @@ impl Backoff {
         self.until = now + (base / 2 + jitter).max(retry_after);
     }
 
+    /// The cloud asked this pool to wait (a throttle on another call kind): no call of this
+    /// kind before `until`, without counting a failure of its own.
+    pub(super) fn hold(&mut self, until: Millis) {
+        self.until = self.until.max(until);
+    }
+
     /// A refusal only an operator can fix: try again after `every`.
     pub(super) fn pause(&mut self, now: Millis, every: Millis, reason: String) {
         self.until = now.saturating_add(every);

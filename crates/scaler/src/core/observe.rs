@@ -39,6 +39,18 @@ impl PoolCore {
         } else {
             backoff.fail(now, retry_after);
         }
+        // A throttle is the cloud's word on the whole account, not on one call kind: the
+        // contract says no call to this pool's plugin before `retry-after-seconds`.
+        if retry_after > 0 {
+            let until = now.saturating_add(retry_after);
+            for b in [
+                &mut self.update_backoff,
+                &mut self.increase_backoff,
+                &mut self.decrease_backoff,
+            ] {
+                b.hold(until);
+            }
+        }
         self.health = PoolHealth::Degraded(if needs_operator {
             format!(
                 "{function} paused until an operator fixes it (retried every {} s): {e}",

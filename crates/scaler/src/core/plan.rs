@@ -335,6 +335,20 @@ mod tests {
     }
 
     #[test]
+    fn a_throttled_update_holds_scale_up_and_scale_down_too() {
+        let mut c = core();
+        assert_eq!(c.plan(0), [Action::Update]);
+        c.on_update(1_000, Err(throttled()));
+        for (kind, b) in [
+            ("increase", &c.increase_backoff),
+            ("decrease", &c.decrease_backoff),
+        ] {
+            assert!(!b.ready(60_999), "{kind} waits out retry-after");
+            assert!(b.ready(61_000), "{kind} may go after it");
+        }
+    }
+
+    #[test]
     fn a_stopped_pool_wakes_only_on_minute_boundaries() {
         let mut c = core();
         c.stop("bad credentials".into());
