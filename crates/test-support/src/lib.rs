@@ -15,6 +15,7 @@
 
 pub mod dockerd;
 pub mod example_cloud;
+pub mod gcp_cloud;
 pub mod machines;
 pub mod moto;
 pub mod peer;

@@ -1,0 +1,595 @@
+//! Flotilla provider for one Compute Engine managed instance group (MIG), zonal or regional.
+//!
+//! Scaling policy lives in the host: this plugin reads the group, resizes it up and deletes
+//! the instances the host names (which lowers the target size with them). Every request names
+//! the pool credential; the host mints the OAuth token (the `gcp` credential kind), so the
+//! plugin holds no key.
+#![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
+#![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
+
+mod rest;
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use wstd::http::Method;
+
+use rest::{Api, capped, field, valid_name};
+
+wit_bindgen::generate!({
+    path: "../../wit",
+    world: "flotilla:provider/provider",
+    generate_all,
+});
+
+use exports::flotilla::provider::instance_group::Guest;
+use flotilla::provider::log::{Level, emit};
+use flotilla::provider::types::{
+    Arch, Capabilities, Connection, Error, Instance, InstanceState, Os, Protocol, ProviderInfo,
+};
+
+/// The pool's `plugin_config`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    /// The project id.
+    project: String,
+    /// The zone of a zonal group (`us-central1-a`); give this or `region`.
+    #[serde(default)]
+    zone: Option<String>,
+    /// The region of a regional group (`us-central1`); give this or `zone`.
+    #[serde(default)]
+    region: Option<String>,
+    /// The managed instance group's name.
+    name: String,
+    /// The most instances the plugin lets the group grow to (a MIG has no maximum of its own).
+    max_size: u32,
+    /// The API's root, default `https://compute.googleapis.com` (emulators, private endpoints).
+    #[serde(default)]
+    endpoint: Option<String>,
+    /// The pool credential (kind `gcp`) whose tokens the host adds.
+    #[serde(default = "default_credential")]
+    credential: String,
+    /// SSH user for connect-info of Linux instances.
+    #[serde(default = "default_user")]
+    username: String,
+}
+
+fn default_credential() -> String {
+    "gcp".to_string()
+}
+fn default_user() -> String {
+    "flotilla".to_string()
+}
+
+/// The largest `max_size` accepted: Compute's own limit on a MIG's size.
+/// <https://cloud.google.com/compute/docs/instance-groups#managed_instance_groups>
+const MAX_SIZE_LIMIT: u32 = 2000;
+
+/// How long `increase` and `decrease` follow their operation before returning with it
+/// accepted but still running (the host's default deadline per call is 30 s).
+const OPERATION_BUDGET: Duration = Duration::from_secs(15);
+
+/// Page size of `listManagedInstances` (the API's maximum is 500).
+const PAGE_SIZE: u32 = 500;
+
+struct State {
+    api: Api,
+    /// `zones/ZONE` or `regions/REGION`.
+    location: String,
+    name: String,
+    max_size: u32,
+    username: String,
+}
+
+impl State {
+    /// The group's path below the project: `zones/Z/instanceGroupManagers/N`, or for a
+    /// regional group `regions/R/instanceGroupManagers/N`
+    /// (<https://cloud.google.com/compute/docs/reference/rest/v1/regionInstanceGroupManagers>).
+    fn manager(&self) -> String {
+        format!("{}/instanceGroupManagers/{}", self.location, self.name)
+    }
+
+    /// Whether an instance in `zone` can belong to the group.
+    fn holds_zone(&self, zone: &str) -> bool {
+        match self.location.split_once('/') {
+            Some(("zones", z)) => z == zone,
+            Some((_, region)) => zone
+                .strip_prefix(region)
+                .is_some_and(|rest| rest.starts_with('-')),
+            None => false,
+        }
+    }
+
+    fn operations(&self) -> String {
+        format!("{}/operations", self.location)
+    }
+}
+
+thread_local! {
+    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+}
+
+fn with<T>(f: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, Error> {
+    STATE.with(|s| match s.borrow().as_ref() {
+        Some(state) => f(state),
+        None => Err(Error::Other("init has not been called".into())),
+    })
+}
+
+/// A zone like `us-central1-a` or a region like `us-central1`: lowercase words and digits
+/// joined by dashes, `parts` of them.
+fn location_ok(text: &str, parts: usize) -> bool {
+    let words: Vec<&str> = text.split('-').collect();
+    words.len() == parts
+        && words.iter().all(|w| {
+            !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        })
+}
+
+/// A project id (6–30 characters; lowercase letters, digits, dashes), optionally
+/// domain-scoped (`example.com:my-project`).
+fn project_ok(project: &str) -> bool {
+    let id = project.rsplit(':').next().unwrap_or_default();
+    (6..=30).contains(&id.len())
+        && id.starts_with(|c: char| c.is_ascii_lowercase())
+        && !id.ends_with('-')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && project
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-.:".contains(c))
+}
+
+fn parse_settings(text: &str) -> Result<Settings, Error> {
+    let s: Settings =
+        serde_json::from_str(text).map_err(|e| Error::InvalidConfig(format!("settings: {e}")))?;
+    let mut problems = Vec::new();
+    if !project_ok(&s.project) {
+        problems.push(format!(
+            "project: {:?} is not a project id (6-30 lowercase letters, digits, dashes)",
+            capped(&s.project)
+        ));
+    }
+    match (&s.zone, &s.region) {
+        (Some(_), Some(_)) => {
+            problems.push("zone, region: give one, not both".to_string());
+        }
+        (None, None) => problems.push(
+            "zone, region: give `zone` for a zonal group or `region` for a regional one"
+                .to_string(),
+        ),
+        (Some(z), None) if !location_ok(z, 3) => problems.push(format!(
+            "zone: {:?} is not a zone like us-central1-a",
+            capped(z)
+        )),
+        (None, Some(r)) if !location_ok(r, 2) => problems.push(format!(
+            "region: {:?} is not a region like us-central1",
+            capped(r)
+        )),
+        _ => {}
+    }
+    let name_ok = valid_name(&s.name)
+        && s.name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !s.name.ends_with('-');
+    if !name_ok {
+        problems.push(format!(
+            "name: {:?} is not a group name (1-63 lowercase letters, digits, dashes)",
+            capped(&s.name)
+        ));
+    }
+    if s.max_size == 0 || s.max_size > MAX_SIZE_LIMIT {
+        problems.push(format!("max_size: must be 1-{MAX_SIZE_LIMIT}"));
+    }
+    if let Some(e) = &s.endpoint
+        && !(e.starts_with("https://") || e.starts_with("http://"))
+    {
+        problems.push("endpoint: must start with https:// or http://".to_string());
+    }
+    if s.credential.is_empty() {
+        problems.push("credential: must name a pool credential".to_string());
+    }
+    if s.username.is_empty() || s.username.len() > 32 {
+        problems.push("username: must be 1-32 characters".to_string());
+    }
+    if problems.is_empty() {
+        Ok(s)
+    } else {
+        Err(Error::InvalidConfig(problems.join("; ")))
+    }
+}
+
+/// The group as `instanceGroupManagers.get` reports it.
+/// <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/get>
+fn get_manager(state: &State) -> Result<Value, Error> {
+    let m = state.api.call(
+        "instanceGroupManagers.get",
+        Method::GET,
+        &state.manager(),
+        None,
+    )?;
+    if field(&m, "/targetSize").is_null() {
+        return Err(Error::Other(
+            "instanceGroupManagers.get: the answer has no targetSize".into(),
+        ));
+    }
+    Ok(m)
+}
+
+fn target_size(manager: &Value) -> u32 {
+    // int32 in the API; JSON numbers here.
+    field(manager, "/targetSize")
+        .as_u64()
+        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// One managed instance, as `listManagedInstances` reports it.
+struct Managed {
+    id: String,
+    state: InstanceState,
+    /// The last creation attempt's error, when Compute keeps retrying it.
+    creation_error: Option<String>,
+}
+
+/// The instance's id for the host: `ZONE/NAME`, parsed from its URL
+/// (`https://www.googleapis.com/compute/v1/projects/P/zones/Z/instances/N`).
+fn id_from_url(url: &str) -> Option<String> {
+    let mut parts = url.rsplit('/');
+    let name = parts.next()?;
+    let kind = parts.next()?;
+    let zone = parts.next()?;
+    let zones = parts.next()?;
+    (kind == "instances" && zones == "zones" && valid_name(name) && location_ok(zone, 3))
+        .then(|| format!("{zone}/{name}"))
+}
+
+/// `ZONE/NAME` split, when both are well formed.
+fn split_id(id: &str) -> Option<(&str, &str)> {
+    let (zone, name) = id.split_once('/')?;
+    (location_ok(zone, 3) && valid_name(name)).then_some((zone, name))
+}
+
+/// Maps `instanceStatus` and `currentAction` to the contract's states.
+/// <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/listManagedInstances#ManagedInstance>
+fn map_state(status: &str, action: &str) -> InstanceState {
+    match action {
+        "DELETING" | "ABANDONING" => return InstanceState::Deleting,
+        "CREATING" | "CREATING_WITHOUT_RETRIES" | "VERIFYING" => return InstanceState::Creating,
+        // The group is replacing or restarting it: whatever runs there is lost.
+        "RECREATING" | "RESTARTING" | "REFRESHING" | "STOPPING" | "SUSPENDING" | "STARTING"
+        | "RESUMING" => return InstanceState::Failed(format!("the group is {action} it")),
+        _ => {}
+    }
+    match status {
+        "RUNNING" => InstanceState::Running,
+        "" | "PROVISIONING" | "STAGING" | "PENDING" => InstanceState::Creating,
+        other => InstanceState::Failed(format!("instance status {other}")),
+    }
+}
+
+/// Every managed instance, page by page.
+/// <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/listManagedInstances>
+fn list_managed(state: &State) -> Result<Vec<Managed>, Error> {
+    const ACTION: &str = "instanceGroupManagers.listManagedInstances";
+    let mut out = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut path = format!(
+            "{}/listManagedInstances?maxResults={PAGE_SIZE}",
+            state.manager()
+        );
+        if let Some(t) = &token {
+            path.push_str("&pageToken=");
+            path.push_str(&percent(t));
+        }
+        let page = state.api.call(ACTION, Method::POST, &path, None)?;
+        for m in field(&page, "/managedInstances")
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let Some(id) = field(m, "/instance").as_str().and_then(id_from_url) else {
+                // An instance not created yet has no URL; it shows once it has one.
+                continue;
+            };
+            let creation_error = field(m, "/lastAttempt/errors/errors")
+                .as_array()
+                .and_then(|e| e.first())
+                .map(|e| {
+                    format!(
+                        "{}: {}",
+                        field(e, "/code").as_str().unwrap_or_default(),
+                        capped(field(e, "/message").as_str().unwrap_or_default())
+                    )
+                });
+            out.push(Managed {
+                id,
+                state: map_state(
+                    field(m, "/instanceStatus").as_str().unwrap_or_default(),
+                    field(m, "/currentAction").as_str().unwrap_or_default(),
+                ),
+                creation_error,
+            });
+        }
+        token = field(&page, "/nextPageToken")
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .map(str::to_string);
+        if token.is_none() {
+            return Ok(out);
+        }
+    }
+}
+
+/// A page token, percent-encoded for the query string.
+fn percent(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+struct Gcp;
+
+impl Guest for Gcp {
+    fn init(text: String) -> Result<ProviderInfo, Error> {
+        let s = parse_settings(&text)?;
+        let root = s
+            .endpoint
+            .as_deref()
+            .unwrap_or("https://compute.googleapis.com")
+            .trim_end_matches('/');
+        let location = match (&s.zone, &s.region) {
+            (Some(z), _) => format!("zones/{z}"),
+            (_, Some(r)) => format!("regions/{r}"),
+            _ => return Err(Error::InvalidConfig("zone, region: give one".into())),
+        };
+        let state = State {
+            api: Api {
+                project_url: format!("{root}/compute/v1/projects/{}", s.project),
+                credential: s.credential.clone(),
+            },
+            location,
+            name: s.name.clone(),
+            max_size: s.max_size,
+            username: s.username.clone(),
+        };
+        let manager = get_manager(&state)?;
+        // An autoscaler attached to the group resizes it on its own and fights the host.
+        if let Some(autoscaler) = field(&manager, "/status/autoscaler")
+            .as_str()
+            .filter(|a| !a.is_empty())
+        {
+            return Err(Error::InvalidConfig(format!(
+                "group {}: an autoscaler is attached ({}); Flotilla sizes the group itself, so remove it or set its mode to OFF",
+                s.name,
+                capped(autoscaler)
+            )));
+        }
+        // Both of these let Compute delete or recreate an instance while a job runs on it.
+        // <https://cloud.google.com/compute/docs/instance-groups/regional-mig-distribution-shape#proactive-instance-redistribution>
+        let policy = field(&manager, "/updatePolicy");
+        if s.region.is_some()
+            && field(policy, "/instanceRedistributionType").as_str() != Some("NONE")
+        {
+            emit(
+                Level::Warn,
+                &format!(
+                    "group {}: proactive instance redistribution is on; Compute may delete an instance that runs a job to rebalance zones (set it to NONE)",
+                    s.name
+                ),
+            );
+        }
+        if field(policy, "/type").as_str() == Some("PROACTIVE") {
+            emit(
+                Level::Warn,
+                &format!(
+                    "group {}: the update policy is PROACTIVE; a template change recreates instances that run jobs (use OPPORTUNISTIC)",
+                    s.name
+                ),
+            );
+        }
+        if target_size(&manager) > s.max_size {
+            emit(
+                Level::Warn,
+                &format!(
+                    "group {}: target size {} is above max_size {}; the host will not grow it until it is below",
+                    s.name,
+                    target_size(&manager),
+                    s.max_size
+                ),
+            );
+        }
+        let scope = state.location.clone();
+        STATE.with(|cell| *cell.borrow_mut() = Some(state));
+        Ok(ProviderInfo {
+            id: format!("gcp/{}/{scope}/{}", s.project, s.name),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            max_size: s.max_size,
+            capabilities: Capabilities {
+                heartbeat: false,
+                expiring_connect_info: false,
+            },
+        })
+    }
+
+    fn update() -> Result<Vec<Instance>, Error> {
+        with(|state| {
+            let managed = list_managed(state)?;
+            for m in &managed {
+                if let Some(e) = &m.creation_error
+                    && matches!(m.state, InstanceState::Creating)
+                {
+                    emit(
+                        Level::Warn,
+                        &format!("instance {}: Compute is retrying its creation: {e}", m.id),
+                    );
+                }
+            }
+            Ok(managed
+                .into_iter()
+                .map(|m| Instance {
+                    id: m.id,
+                    state: m.state,
+                })
+                .collect())
+        })
+    }
+
+    fn increase(delta: u32) -> Result<u32, Error> {
+        with(|state| {
+            let manager = get_manager(state)?;
+            let current = target_size(&manager);
+            let target = current.saturating_add(delta).min(state.max_size);
+            let granted = target.saturating_sub(current);
+            if granted == 0 {
+                return Ok(0);
+            }
+            // <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/resize>
+            const ACTION: &str = "instanceGroupManagers.resize";
+            let op = state.api.call(
+                ACTION,
+                Method::POST,
+                &format!("{}/resize?size={target}", state.manager()),
+                None,
+            )?;
+            if !state
+                .api
+                .follow(ACTION, &state.operations(), op, OPERATION_BUDGET)?
+            {
+                emit(
+                    Level::Info,
+                    &format!("resize to {target}: accepted, still running"),
+                );
+            }
+            Ok(granted)
+        })
+    }
+
+    fn decrease(ids: Vec<String>) -> Result<Vec<String>, Error> {
+        with(|state| {
+            // Only well-formed ids can name an instance; others are not accepted.
+            let (good, bad): (Vec<String>, Vec<String>) =
+                ids.into_iter().partition(|id| split_id(id).is_some());
+            if !bad.is_empty() {
+                emit(
+                    Level::Warn,
+                    &format!(
+                        "decrease: {} id(s) are not ZONE/NAME and were skipped",
+                        bad.len()
+                    ),
+                );
+            }
+            // An instance in a zone outside the group's cannot be one of its members, and
+            // Compute fails the whole call for it: it is not there, so it counts as gone.
+            let urls: Vec<String> = good
+                .iter()
+                .filter_map(|id| split_id(id))
+                .filter(|(zone, _)| state.holds_zone(zone))
+                .map(|(zone, name)| format!("zones/{zone}/instances/{name}"))
+                .collect();
+            if urls.is_empty() {
+                return Ok(good);
+            }
+            // Instances that are not (or no longer) in the group are skipped rather than
+            // failing the call, so a repeated decrease is a no-op; the target size drops
+            // with every instance deleted.
+            // <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/deleteInstances>
+            const ACTION: &str = "instanceGroupManagers.deleteInstances";
+            let op = state.api.call(
+                ACTION,
+                Method::POST,
+                &format!("{}/deleteInstances", state.manager()),
+                Some(&json!({
+                    "instances": urls,
+                    "skipInstancesOnValidationError": true,
+                })),
+            )?;
+            state
+                .api
+                .follow(ACTION, &state.operations(), op, OPERATION_BUDGET)?;
+            Ok(good)
+        })
+    }
+
+    fn connect_info(id: String) -> Result<Connection, Error> {
+        with(|state| {
+            let Some((zone, name)) = split_id(&id) else {
+                return Err(Error::NotFound(format!(
+                    "instance {:?}: not a ZONE/NAME id of this plugin",
+                    capped(&id)
+                )));
+            };
+            // <https://cloud.google.com/compute/docs/reference/rest/v1/instances/get>
+            let i = state.api.call(
+                "instances.get",
+                Method::GET,
+                &format!("zones/{zone}/instances/{name}"),
+                None,
+            )?;
+            let nic = field(&i, "/networkInterfaces/0");
+            let internal = field(nic, "/networkIP").as_str().map(str::to_string);
+            let external = field(nic, "/accessConfigs")
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find_map(|a| field(a, "/natIP").as_str())
+                .map(str::to_string);
+            let disks = field(&i, "/disks").as_array().cloned().unwrap_or_default();
+            let windows = disks.iter().any(|d| {
+                field(d, "/guestOsFeatures")
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|f| field(f, "/type").as_str() == Some("WINDOWS"))
+            });
+            let arch = match disks
+                .iter()
+                .find(|d| field(d, "/boot").as_bool() == Some(true))
+                .and_then(|d| field(d, "/architecture").as_str())
+            {
+                Some("ARM64") => Arch::Arm64,
+                _ => Arch::Amd64,
+            };
+            if internal.is_none() && external.is_none() {
+                return Err(Error::Transient(format!("instance {id}: no address yet")));
+            }
+            Ok(Connection {
+                id: id.clone(),
+                os: if windows { Os::Windows } else { Os::Linux },
+                arch,
+                protocol: if windows {
+                    Protocol::Winrm
+                } else {
+                    Protocol::Ssh
+                },
+                internal_address: internal,
+                external_address: external,
+                port: if windows { 5986 } else { 22 },
+                username: state.username.clone(),
+                expires: None,
+            })
+        })
+    }
+
+    fn heartbeat(_id: String) -> Result<(), Error> {
+        Err(Error::Unsupported(
+            "heartbeat: the group's own health checks and autohealing are used instead".into(),
+        ))
+    }
+
+    fn shutdown() -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+export!(Gcp);

@@ -1,0 +1,239 @@
+//! The Compute Engine REST API over wasi:http: one JSON call, error classification, and
+//! following a long-running operation. Requests name the pool credential; the host mints the
+//! OAuth token and adds `Authorization: Bearer`, so this code never sees it.
+
+use serde_json::Value;
+use wstd::http::{Body, Client, Method, Request};
+
+use crate::flotilla::provider::types::{Error, Throttle};
+
+/// How much of a cloud message goes into an error.
+const MESSAGE_CAP: usize = 300;
+
+/// Where to send calls, and as whom.
+#[derive(Debug, Clone)]
+pub struct Api {
+    /// `https://compute.googleapis.com/compute/v1/projects/PROJECT`, no trailing slash.
+    pub project_url: String,
+    pub credential: String,
+}
+
+/// The value at `pointer` (`/a/b`), or null: reading a field never panics.
+pub fn field<'a>(value: &'a Value, pointer: &str) -> &'a Value {
+    static NULL: Value = Value::Null;
+    value.pointer(pointer).unwrap_or(&NULL)
+}
+
+/// Text shortened to [`MESSAGE_CAP`] characters.
+pub fn capped(text: &str) -> String {
+    let mut out: String = text.chars().take(MESSAGE_CAP).collect();
+    if out.len() < text.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// Classifies an error answer of a Google API.
+///
+/// The body is the documented error shape:
+/// `{"error": {"code", "message", "status", "errors": [{"reason", "domain", "message"}],
+/// "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason", "metadata"}]}}`
+/// (<https://cloud.google.com/compute/docs/api/how-tos/api-requests-responses#handling_api_errors>,
+/// <https://cloud.google.com/apis/design/errors#http_mapping>).
+pub fn classify(action: &str, status: u16, retry_after: Option<u32>, body: &str) -> Error {
+    let parsed: Value = serde_json::from_str(body).unwrap_or_default();
+    let error = field(&parsed, "/error");
+    let message = field(error, "/message")
+        .as_str()
+        .map_or_else(|| capped(body), capped);
+    let reasons: Vec<&str> = field(error, "/errors")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| field(e, "/reason").as_str())
+        .collect();
+    let grpc = field(error, "/status").as_str().unwrap_or_default();
+    let has = |r: &str| reasons.contains(&r);
+    let what = format!("{action}: HTTP {status} {grpc}: {message}");
+    if status == 429 || has("rateLimitExceeded") || has("userRateLimitExceeded") {
+        return Error::Throttled(Throttle {
+            retry_after_seconds: retry_after.unwrap_or(0),
+            message: what,
+        });
+    }
+    if has("quotaExceeded") || has("QUOTA_EXCEEDED") {
+        return Error::QuotaExceeded(what);
+    }
+    if status == 401 || status == 403 || grpc == "PERMISSION_DENIED" || grpc == "UNAUTHENTICATED" {
+        let permission = denied_permission(error).unwrap_or_default();
+        return Error::Unauthorized(if permission.is_empty() {
+            what
+        } else {
+            format!("{action}: permission {permission} denied: {message}")
+        });
+    }
+    match status {
+        404 => Error::NotFound(what),
+        400 | 412 => Error::InvalidConfig(what),
+        409 => Error::Transient(what),
+        s if s >= 500 => Error::Transient(what),
+        _ => Error::Other(what),
+    }
+}
+
+/// The IAM permission a 403 names: the `ErrorInfo` detail's `metadata.permission`, else the
+/// quoted name in "Required 'compute.x.y' permission for ...".
+fn denied_permission(error: &Value) -> Option<String> {
+    let from_details = field(error, "/details")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|d| field(d, "/metadata/permission").as_str())
+        .map(str::to_string);
+    from_details.or_else(|| {
+        let message = field(error, "/message").as_str()?;
+        let rest = message.split("Required '").nth(1)?;
+        let name = rest.split('\'').next()?;
+        Some(capped(name))
+    })
+}
+
+/// Classifies a finished operation's `error` (`errors[].code`, e.g. `QUOTA_EXCEEDED`).
+/// <https://cloud.google.com/compute/docs/reference/rest/v1/zoneOperations#Operation>
+fn operation_error(action: &str, op: &Value) -> Option<Error> {
+    let errors = field(op, "/error/errors").as_array()?;
+    let first = errors.first()?;
+    let code = field(first, "/code").as_str().unwrap_or_default();
+    let message = capped(field(first, "/message").as_str().unwrap_or_default());
+    let what = format!("{action}: operation failed: {code}: {message}");
+    Some(match code {
+        "QUOTA_EXCEEDED"
+        | "ZONE_RESOURCE_POOL_EXHAUSTED"
+        | "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS" => Error::QuotaExceeded(what),
+        "RATE_LIMIT_EXCEEDED" => Error::Throttled(Throttle {
+            retry_after_seconds: 0,
+            message: what,
+        }),
+        "PERMISSIONS_ERROR" | "FORBIDDEN" => Error::Unauthorized(what),
+        "RESOURCE_NOT_FOUND" => Error::NotFound(what),
+        _ if field(op, "/httpErrorStatusCode")
+            .as_u64()
+            .is_some_and(|s| s >= 500) =>
+        {
+            Error::Transient(what)
+        }
+        _ => Error::Other(what),
+    })
+}
+
+impl Api {
+    /// One call: `method` on `path` (relative to the project), with an optional JSON body.
+    pub fn call(
+        &self,
+        action: &str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, Error> {
+        let url = format!("{}/{path}", self.project_url);
+        let builder = Request::builder()
+            .method(method)
+            .uri(url.as_str())
+            .header("flotilla-credential", self.credential.as_str())
+            .header("accept", "application/json");
+        let request = match body {
+            Some(b) => builder
+                .header("content-type", "application/json")
+                .body(Body::from(b.to_string().into_bytes())),
+            None => builder.body(Body::empty()),
+        }
+        .map_err(|e| Error::InvalidConfig(format!("{action}: bad request: {e}")))?;
+        let (status, retry_after, text) = send(action, request)?;
+        if !(200..300).contains(&status) {
+            return Err(classify(action, status, retry_after, &text));
+        }
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text)
+            .map_err(|e| Error::Other(format!("{action}: unparseable answer: {e}")))
+    }
+
+    /// Follows the operation `op` (as returned by the call that started it) until it is
+    /// `DONE` or `budget` has passed, polling `operations_path/NAME`. `Ok(true)` when it
+    /// finished without error, `Ok(false)` when it is still running at the end of the budget:
+    /// Compute has accepted it and the next `update` shows its effect.
+    /// <https://cloud.google.com/compute/docs/api/how-tos/api-requests-responses#handling_api_responses>
+    pub fn follow(
+        &self,
+        action: &str,
+        operations_path: &str,
+        op: Value,
+        budget: std::time::Duration,
+    ) -> Result<bool, Error> {
+        let started = std::time::Instant::now();
+        let mut op = op;
+        let mut pause = std::time::Duration::from_millis(100);
+        loop {
+            if let Some(e) = operation_error(action, &op) {
+                return Err(e);
+            }
+            if field(&op, "/status").as_str() == Some("DONE") {
+                return Ok(true);
+            }
+            if started.elapsed() + pause > budget {
+                return Ok(false);
+            }
+            let Some(name) = field(&op, "/name").as_str().filter(|n| valid_name(n)) else {
+                return Err(Error::Other(format!(
+                    "{action}: the operation has no usable name"
+                )));
+            };
+            sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_secs(2));
+            op = self.call(
+                action,
+                Method::GET,
+                &format!("{operations_path}/{name}"),
+                None,
+            )?;
+        }
+    }
+}
+
+/// A Compute resource name as the API allows it in a path segment.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+fn sleep(d: std::time::Duration) {
+    // The timer needs the runtime's reactor, so it is made inside `block_on`.
+    wstd::runtime::block_on(async move { wstd::task::sleep(wstd::time::Duration::from(d)).await });
+}
+
+/// Sends one request: its status, `Retry-After` in seconds, and body text.
+fn send(action: &str, request: Request<Body>) -> Result<(u16, Option<u32>, String), Error> {
+    wstd::runtime::block_on(async {
+        let mut response = Client::new()
+            .send(request)
+            .await
+            .map_err(|e| Error::Transient(format!("{action}: {e}")))?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        let text = response
+            .body_mut()
+            .str_contents()
+            .await
+            .map_err(|e| Error::Transient(format!("{action}: reading response: {e}")))?
+            .to_string();
+        Ok((status, retry_after, text))
+    })
+}
