@@ -166,12 +166,17 @@ impl GcpCloud {
 
     /// A provider for the GCP plugin holding `credential`, allowed to reach only this fake.
     pub fn provider(&self, credential: Credential) -> WasmProvider {
+        load(guests::GCP_PLUGIN).provider("gcp", self.sandbox(credential))
+    }
+
+    /// The sandbox of a pool holding `credential`, allowed to reach only this fake.
+    pub fn sandbox(&self, credential: Credential) -> Sandbox {
         let allow = AllowList::parse(&[self.endpoint.as_str()]).unwrap();
         let mut sandbox = Sandbox::default();
         sandbox.egress.allow = allow;
         sandbox.egress.allowed_ip_ranges = vec!["127.0.0.0/8".parse().unwrap()];
         sandbox.egress.credentials = vec![credential];
-        load(guests::GCP_PLUGIN).provider("gcp", sandbox)
+        sandbox
     }
 
     /// The group's instances that are neither deleting nor gone, as `ZONE/NAME`, sorted.

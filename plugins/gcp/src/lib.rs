@@ -272,6 +272,49 @@ fn map_state(status: &str, action: &str) -> InstanceState {
     }
 }
 
+/// One page of `listManagedInstances`: the fields the plugin reads.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Page {
+    #[serde(default)]
+    managed_instances: Vec<ManagedInstance>,
+    #[serde(default)]
+    next_page_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ManagedInstance {
+    #[serde(default)]
+    instance: Option<String>,
+    #[serde(default)]
+    instance_status: Option<String>,
+    #[serde(default)]
+    current_action: Option<String>,
+    #[serde(default)]
+    last_attempt: Option<LastAttempt>,
+}
+
+#[derive(Deserialize)]
+struct LastAttempt {
+    #[serde(default)]
+    errors: AttemptErrors,
+}
+
+#[derive(Deserialize, Default)]
+struct AttemptErrors {
+    #[serde(default)]
+    errors: Vec<AttemptError>,
+}
+
+#[derive(Deserialize)]
+struct AttemptError {
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    message: String,
+}
+
 /// Every managed instance, page by page.
 /// <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/listManagedInstances>
 fn list_managed(state: &State) -> Result<Vec<Managed>, Error> {
@@ -287,39 +330,26 @@ fn list_managed(state: &State) -> Result<Vec<Managed>, Error> {
             path.push_str("&pageToken=");
             path.push_str(&percent(t));
         }
-        let page = state.api.call(ACTION, Method::POST, &path, None)?;
-        for m in field(&page, "/managedInstances")
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let Some(id) = field(m, "/instance").as_str().and_then(id_from_url) else {
+        let page: Page = state.api.call_as(ACTION, Method::POST, &path, None)?;
+        for m in page.managed_instances {
+            let Some(id) = m.instance.as_deref().and_then(id_from_url) else {
                 // An instance not created yet has no URL; it shows once it has one.
                 continue;
             };
-            let creation_error = field(m, "/lastAttempt/errors/errors")
-                .as_array()
-                .and_then(|e| e.first())
-                .map(|e| {
-                    format!(
-                        "{}: {}",
-                        field(e, "/code").as_str().unwrap_or_default(),
-                        capped(field(e, "/message").as_str().unwrap_or_default())
-                    )
-                });
+            let creation_error = m
+                .last_attempt
+                .and_then(|a| a.errors.errors.into_iter().next())
+                .map(|e| format!("{}: {}", e.code, capped(&e.message)));
             out.push(Managed {
                 id,
                 state: map_state(
-                    field(m, "/instanceStatus").as_str().unwrap_or_default(),
-                    field(m, "/currentAction").as_str().unwrap_or_default(),
+                    m.instance_status.as_deref().unwrap_or_default(),
+                    m.current_action.as_deref().unwrap_or_default(),
                 ),
                 creation_error,
             });
         }
-        token = field(&page, "/nextPageToken")
-            .as_str()
-            .filter(|t| !t.is_empty())
-            .map(str::to_string);
+        token = page.next_page_token.filter(|t| !t.is_empty());
         if token.is_none() {
             return Ok(out);
         }

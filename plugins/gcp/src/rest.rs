@@ -135,6 +135,17 @@ impl Api {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, Error> {
+        self.call_as(action, method, path, body)
+    }
+
+    /// Like [`Api::call`], the answer read into `T` (fields it does not name are skipped).
+    pub fn call_as<T: serde::de::DeserializeOwned>(
+        &self,
+        action: &str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<T, Error> {
         let url = format!("{}/{path}", self.project_url);
         let builder = Request::builder()
             .method(method)
@@ -152,10 +163,12 @@ impl Api {
         if !(200..300).contains(&status) {
             return Err(classify(action, status, retry_after, &text));
         }
-        if text.trim().is_empty() {
-            return Ok(Value::Null);
-        }
-        serde_json::from_str(&text)
+        let text = if text.trim().is_empty() {
+            "null"
+        } else {
+            text.as_str()
+        };
+        serde_json::from_str(text)
             .map_err(|e| Error::Other(format!("{action}: unparseable answer: {e}")))
     }
 
