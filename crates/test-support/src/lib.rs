@@ -13,6 +13,7 @@
 #![allow(missing_docs)] // helpers named for what they start or return; read with the tests
 #![allow(dead_code)]
 
+pub mod azure_cloud;
 pub mod dockerd;
 pub mod example_cloud;
 pub mod gcp_cloud;
