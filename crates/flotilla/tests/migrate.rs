@@ -116,7 +116,7 @@ fn docker_machine_runners_become_pools_that_pass_config_check() {
     let out = d.path().join("flotilla.toml").display().to_string();
     let plugin = format!("aws={}", guests::AWS_PLUGIN);
     let (code, stdout, stderr) = migrate(&input, &["-o", &out, "--json", "--plugin", &plugin]);
-    // The GCP runner cannot migrate yet: the exit code says so, the others are written.
+    // No plugin was given for the GCP runner: the exit code says so, the others are written.
     assert_eq!(code, 1, "{stderr}");
     let report: Value = serde_json::from_str(&stdout).expect("json");
     let runners = report["runners"].as_array().expect("runners");
@@ -127,7 +127,7 @@ fn docker_machine_runners_become_pools_that_pass_config_check() {
     assert!(
         runners[2]["refused"][0]["reason"]
             .as_str()
-            .is_some_and(|r| r.contains("gcp plugin")),
+            .is_some_and(|r| r.contains("no plugin for gcp: pass --plugin gcp=")),
         "{report:#}"
     );
     assert_eq!(report["other_runners"], serde_json::json!(["shell"]));
@@ -255,4 +255,150 @@ fn a_broken_runner_config_is_reported_with_its_line() {
         "{stderr}"
     );
     assert!(!out.exists());
+}
+
+/// Migrates a fixture with `--plugin CLOUD=PLUGIN`: exit code, the JSON report and the
+/// written configuration, which `flotilla config check` must accept.
+fn migrate_fixture(fixture: &str, cloud: &str, plugin: &str) -> (i32, Value, String) {
+    let d = dir();
+    let input = format!("{}/tests/data/{fixture}", env!("CARGO_MANIFEST_DIR"));
+    let out = d.path().join("flotilla.toml").display().to_string();
+    let plugin = format!("{cloud}={plugin}");
+    let (code, stdout, stderr) = migrate(&input, &["-o", &out, "--json", "--plugin", &plugin]);
+    let report: Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    let written = std::fs::read_to_string(&out).unwrap_or_default();
+    let (check, check_out, check_err) = flotilla(&["config", "check", "-c", &out]);
+    assert_eq!(check, 0, "{check_out}{check_err}\n{written}");
+    (code, report, written)
+}
+
+/// The keys of one report list of the first runner.
+fn keys(report: &Value, list: &str) -> Vec<String> {
+    report["runners"][0][list]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}: {report:#}"))
+        .iter()
+        .map(|i| i["key"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// GitLab's own complete `config.toml` example (the `google` driver) becomes a gcp pool over a
+/// managed instance group; the docs' placeholders and the keys that cannot map are named.
+#[test]
+fn the_gitlab_docs_google_example_becomes_a_gcp_pool() {
+    let (code, report, written) =
+        migrate_fixture("gitlab-autoscale-google.toml", "gcp", guests::GCP_PLUGIN);
+    assert_eq!(code, 0, "{report:#}");
+    for line in [
+        "max_instances = 10",
+        "max_use_count = 100",
+        "kind = \"gcp\"",
+        "allowed_outbound_hosts = [\"https://compute.googleapis.com\"]",
+        "name = \"flotilla-autoscale-runner\"",
+        "max_size = 10",
+        "username = \"root\"",
+        "periods = [\"* 9-17 * * mon-fri\"]",
+        "scale_factor = 1.5",
+        "idle_count = 5",
+        "scale_factor_limit = 50",
+        "periods = [\"* * * * sat,sun\"]",
+        "idle_time = \"60s\"",
+    ] {
+        assert!(written.contains(line), "{line:?} missing:\n{written}");
+    }
+    for secret in ["RUNNER_TOKEN", "AMAZON_S3_SECRET_KEY"] {
+        assert!(!written.contains(secret) && !report.to_string().contains(secret));
+    }
+    let commands = report["runners"][0]["group"]["commands"].to_string();
+    for part in [
+        "gcloud compute instance-templates create flotilla-autoscale-runner",
+        "--image-family=ubuntu-1804-lts --image-project=ubuntu-os-cloud",
+        "gcloud compute instance-groups managed create flotilla-autoscale-runner",
+        "--size=0",
+        "compute.instanceGroupManagers.update",
+    ] {
+        assert!(commands.contains(part), "{part:?} missing: {commands}");
+    }
+    let changed = keys(&report, "changed");
+    for key in [
+        "(google-project)",
+        "(google-zone)",
+        "(google-machine-type)",
+        "(google-use-internal-ip)",
+    ] {
+        assert!(
+            changed.iter().any(|k| k.contains(key)),
+            "{key} not reported: {changed:?}"
+        );
+    }
+    let unmapped = keys(&report, "unmapped");
+    for key in [
+        "MachineName",
+        "(engine-registry-mirror)",
+        "runners[0].docker",
+        "runners[0].cache",
+    ] {
+        assert!(
+            unmapped.iter().any(|k| k.contains(key)),
+            "{key} not reported: {unmapped:?}"
+        );
+    }
+}
+
+/// A Docker Machine `azure` runner becomes an azure pool over a Uniform scale set with manual
+/// scale; the client secret is named and never copied.
+#[test]
+fn an_azure_driver_runner_becomes_an_azure_pool() {
+    let (code, report, written) =
+        migrate_fixture("docker-machine-azure.toml", "azure", guests::AZURE_PLUGIN);
+    assert_eq!(code, 0, "{report:#}");
+    for line in [
+        "max_instances = 8",
+        "max_use_count = 20",
+        "kind = \"azure\"",
+        "subscription_id = \"d5a4fe64-1d3a-4f8e-9d7b-0a8f1c2e3b4c\"",
+        "resource_group = \"ci-runners\"",
+        "name = \"flotilla-azure-autoscale\"",
+        "username = \"ubuntu\"",
+        "timezone = \"Europe/Amsterdam\"",
+        "periods = [\"* 8-18 * * mon-fri\"]",
+    ] {
+        assert!(written.contains(line), "{line:?} missing:\n{written}");
+    }
+    assert!(!written.contains("AzureClientSecretNotCopied"));
+    assert!(!report.to_string().contains("AzureClientSecretNotCopied"));
+    let commands = report["runners"][0]["group"]["commands"].to_string();
+    for part in [
+        "az vmss create --subscription d5a4fe64-1d3a-4f8e-9d7b-0a8f1c2e3b4c",
+        "--orchestration-mode Uniform",
+        "--disable-overprovision",
+        "--upgrade-policy-mode Manual",
+        "--vm-sku Standard_D2s_v3",
+        "--image canonical:UbuntuServer:18.04-LTS:latest",
+        "--instance-count 0",
+        "az role definition create",
+        "Microsoft.Compute/virtualMachineScaleSets/delete/action",
+    ] {
+        assert!(commands.contains(part), "{part:?} missing: {commands}");
+    }
+    let unmapped = keys(&report, "unmapped");
+    for key in [
+        "(azure-client-secret)",
+        "(azure-client-id)",
+        "(azure-availability-set)",
+        "(azure-open-port)",
+        "(engine-registry-mirror)",
+        "MachineName",
+    ] {
+        assert!(
+            unmapped.iter().any(|k| k.contains(key)),
+            "{key} not reported: {unmapped:?}"
+        );
+    }
+    assert!(
+        keys(&report, "changed")
+            .iter()
+            .any(|k| k.contains("(azure-use-private-ip)"))
+    );
 }

@@ -1,0 +1,191 @@
+//! `azure` → a virtual machine scale set, managed by the azure plugin. The driver's options
+//! are those of Docker Machine's Azure driver
+//! (<https://github.com/docker/docs/blob/173d3c65f8e7df2a8c0323594419c18086fc3a30/machine/drivers/azure.md>).
+
+use std::collections::BTreeMap;
+
+use flotilla_validate::KeyPath;
+
+use super::{GroupSpec, Options, Runner, quote, with_option};
+
+/// The driver's defaults, where the scale set needs a value.
+const DEFAULTS: [(&str, &str); 6] = [
+    ("location", "westus"),
+    ("resource-group", "docker-machine"),
+    ("size", "Standard_A2"),
+    ("vnet", "docker-machine-vnet"),
+    ("subnet", "docker-machine"),
+    ("ssh-user", "docker-user"),
+];
+
+/// The actions of the azure plugin's custom role (plugins/azure/README.md).
+const ACTIONS: [&str; 9] = [
+    "Microsoft.Compute/virtualMachineScaleSets/read",
+    "Microsoft.Compute/virtualMachineScaleSets/write",
+    "Microsoft.Compute/virtualMachineScaleSets/delete/action",
+    "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read",
+    "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/networkInterfaces/read",
+    "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/networkInterfaces/ipConfigurations/publicIPAddresses/read",
+    "Microsoft.Compute/virtualMachines/read",
+    "Microsoft.Network/networkInterfaces/read",
+    "Microsoft.Network/publicIPAddresses/read",
+];
+
+impl Runner<'_> {
+    /// `azure` options → a Uniform scale set (manual scale, no overprovisioning, manual
+    /// upgrades), and the azure plugin.
+    pub(super) fn azure(
+        &mut self,
+        opts: &BTreeMap<String, Vec<(String, KeyPath)>>,
+        options_at: &KeyPath,
+        pool: &str,
+        max: u32,
+        options: &Options,
+    ) -> Option<(String, String, String)> {
+        let one = |k: &str| {
+            opts.get(&format!("azure-{k}"))
+                .and_then(|v| v.last())
+                .map(|(v, _)| v.clone())
+                .or_else(|| {
+                    DEFAULTS
+                        .iter()
+                        .find(|(d, _)| *d == k)
+                        .map(|(_, v)| (*v).to_string())
+                })
+        };
+        let set = format!("flotilla-{pool}");
+        let group = one("resource-group").unwrap_or_default();
+        let user = one("ssh-user").unwrap_or_default();
+        let mut create = vec![
+            format!("--resource-group {group}"),
+            format!("--name {set}"),
+            "--orchestration-mode Uniform".to_string(),
+            format!("--location {}", one("location").unwrap_or_default()),
+            format!("--vm-sku {}", one("size").unwrap_or_default()),
+            "--instance-count 0".to_string(),
+            "--disable-overprovision".to_string(),
+            "--upgrade-policy-mode Manual".to_string(),
+            format!("--admin-username {user}"),
+            format!("--vnet-name {}", one("vnet").unwrap_or_default()),
+            format!("--subnet {}", one("subnet").unwrap_or_default()),
+        ];
+        let mut subscription = "<subscription-id>".to_string();
+        for (key, values) in opts {
+            let Some(k) = key.strip_prefix("azure-") else {
+                for (_, at) in values {
+                    let reason = if key.starts_with("engine-") || key.starts_with("swarm") {
+                        "Flotilla does not install or configure Docker Engine: put it in the image or the scale set's custom data"
+                    } else {
+                        "not an azure option"
+                    };
+                    self.unmapped(&with_option(at, key), reason);
+                }
+                continue;
+            };
+            let Some((value, at)) = values.last() else {
+                continue;
+            };
+            let at = with_option(at, key);
+            match k {
+                "subscription-id" => subscription = value.clone(),
+                "location" | "resource-group" | "size" | "vnet" | "subnet" | "ssh-user" => {}
+                "image" => create.push(format!("--image {value}")),
+                "subnet-prefix" => create.push(format!("--subnet-address-prefix {value}")),
+                "storage-type" => create.push(format!("--storage-sku {value}")),
+                "disk-size" => create.push(format!("--os-disk-size-gb {value}")),
+                "custom-data" => {
+                    self.changed(
+                        &at,
+                        format!("a file: the scale set's custom data is read from it at creation ({value})"),
+                    );
+                    create.push(format!("--custom-data {value}"));
+                }
+                "no-public-ip" => self.changed(
+                    &at,
+                    "scale set instances get no public address unless --public-ip-per-vm is given; none is written",
+                ),
+                "use-private-ip" | "private-ip-address" => self.changed(
+                    &at,
+                    "Flotilla connects to the instance's private address whenever the plugin reports one; a fixed private address belongs to one machine",
+                ),
+                "static-public-ip" | "dns" => self.unmapped(
+                    &at,
+                    "a static public address or DNS label belongs to one machine; scale set instances get their own (add --public-ip-per-vm for public ones)",
+                ),
+                "availability-set" | "update-domain-count" | "fault-domain-count" => {
+                    self.unmapped(
+                        &at,
+                        "a scale set spreads its instances over fault domains itself; it takes no availability set",
+                    );
+                }
+                "accelerated-networking" => {
+                    create.push("--accelerated-networking true".into());
+                }
+                "nsg" => create.push(format!("--nsg {value}")),
+                "managed-disks" => {}
+                "client-id" | "client-secret" => self.unmapped(
+                    &at,
+                    "credentials are not copied: the pool's azure credential uses workload identity, a managed identity, or a client secret from the environment, with the role printed below",
+                ),
+                "environment" => self.unmapped(
+                    &at,
+                    "sovereign clouds: set the plugin's endpoint and the credential's authority_host by hand",
+                ),
+                "docker-port" | "open-port" => self.unmapped(
+                    &at,
+                    "Flotilla reaches Docker Engine over SSH, not a TCP port; open ports with the set's network security group",
+                ),
+                _ => self.unmapped(
+                    &at,
+                    "no scale set equivalent known to this migration; set it on the scale set by hand",
+                ),
+            }
+        }
+        if !opts.contains_key("azure-image") {
+            self.changed(
+                &with_option(options_at, "azure-image"),
+                "unset: Docker Machine picked an Ubuntu image and installed Docker Engine; give the set an image with Docker Engine",
+            );
+            create.push("--image <image-with-docker>".into());
+        }
+        if !opts.contains_key("azure-subscription-id") {
+            self.changed(
+                &with_option(options_at, "azure-subscription-id"),
+                "unset: put the subscription id in subscription_id and in the commands",
+            );
+        }
+        let role = serde_json::json!({
+            "Name": "Flotilla scale set operator",
+            "Description": "Lets Flotilla read one scale set, change its capacity and delete its instances.",
+            "Actions": ACTIONS,
+            "NotActions": [],
+            "AssignableScopes": [format!("/subscriptions/{subscription}/resourceGroups/{group}")],
+        });
+        let commands = vec![
+            format!(
+                "az vmss create --subscription {subscription} {}",
+                create.join(" ")
+            ),
+            format!("az role definition create --role-definition '{role}'"),
+        ];
+        self.report.group = Some(GroupSpec {
+            cloud: "azure".into(),
+            commands,
+            permissions: serde_json::to_string_pretty(&role).unwrap_or_default(),
+        });
+        let plugin = self.plugin_for("azure", options)?;
+        let hosts = "[\"https://management.azure.com\"]";
+        let sandbox = format!(
+            "allowed_outbound_hosts = {hosts}\n\n[[pool.credentials]]\nname = \"azure\"\nkind = \"azure\"\nhosts = {hosts}\n"
+        );
+        let settings = format!(
+            "\n[pool.plugin_config]\nsubscription_id = {}\nresource_group = {}\nname = {}\nmax_size = {}\ncredential = \"azure\"\nusername = {}\n",
+            quote(&subscription),
+            quote(&group),
+            quote(&set),
+            max.max(1),
+            quote(&user)
+        );
+        Some((sandbox, settings, plugin))
+    }
+}
