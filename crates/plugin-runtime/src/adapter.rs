@@ -175,7 +175,7 @@ impl WasmProvider {
                 stderr,
             }),
             Err(e) => {
-                let message = describe_trap(&store, &e);
+                let message = with_guest_words(describe_trap(&store, &e), &stderr, &stdout);
                 Err(self.fault(Function::Init, Fault::Trap(message)))
             }
         }
@@ -205,7 +205,11 @@ impl WasmProvider {
             Ok((slot, Err(e))) => {
                 let fault = match e.downcast_ref::<wasmtime::Trap>() {
                     Some(wasmtime::Trap::Interrupt) => Fault::Timeout(deadline),
-                    _ => Fault::Trap(describe_trap(&slot.store, &e)),
+                    _ => Fault::Trap(with_guest_words(
+                        describe_trap(&slot.store, &e),
+                        &slot.stderr,
+                        &slot.stdout,
+                    )),
                 };
                 (None, Err(fault))
             }
@@ -361,6 +365,27 @@ fn yield_or_interrupt(
 }
 
 /// A trap message that says what happened in plain words (memory cap, interrupt, panic).
+/// A trap's `message` with the guest's own last words above it: the last lines of its
+/// stderr (else stdout), where a Rust panic, a Python traceback or a JavaScript error and stack
+/// end up. They are guest text: escaped and capped like every guest string.
+fn with_guest_words(message: String, stderr: &GuestOutput, stdout: &GuestOutput) -> String {
+    let (stream, lines) = match stderr.tail() {
+        lines if lines.is_empty() => ("stdout", stdout.tail()),
+        lines => ("stderr", lines),
+    };
+    if lines.is_empty() {
+        return message;
+    }
+    let mut out = format!("guest {stream} (last {} lines):\n", lines.len());
+    for line in &lines {
+        out.push_str("  | ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str(&message);
+    out
+}
+
 fn describe_trap(store: &Store<HostState>, e: &wasmtime::Error) -> String {
     if let Some(after) = store.data().limiter.exceeded {
         return format!("memory cap exceeded (tried to grow to {} MiB)", after >> 20);

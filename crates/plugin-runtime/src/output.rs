@@ -1,6 +1,7 @@
 //! Guest stdout/stderr and `log` lines into the host log, capped so a chatty plugin cannot
 //! flood it.
 
+use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -25,9 +26,14 @@ struct Sink {
     line: Vec<u8>,
     budget: usize,
     dropped: u64,
+    /// The last lines, escaped, for a fault report.
+    tail: VecDeque<String>,
 }
 
 const MAX_LINE: usize = 4096;
+/// Lines of guest output a fault report shows, and their longest.
+const TAIL_LINES: usize = 12;
+const TAIL_LINE: usize = 300;
 
 impl Sink {
     fn emit(&mut self) {
@@ -37,6 +43,11 @@ impl Sink {
         let text = String::from_utf8_lossy(&self.line);
         // A stray `\r` (or any control character) must not forge or hide host log lines.
         let text = crate::adapter::guest_text(text.trim_end(), MAX_LINE);
+        if self.tail.len() == TAIL_LINES {
+            self.tail.pop_front();
+        }
+        self.tail
+            .push_back(crate::adapter::guest_text(&text, TAIL_LINE));
         tracing::info!(
             target: "flotilla::plugin::output",
             pool = %self.origin.pool,
@@ -86,7 +97,21 @@ impl GuestOutput {
             line: Vec::new(),
             budget,
             dropped: 0,
+            tail: VecDeque::new(),
         })))
+    }
+
+    /// The last lines written (escaped and shortened), the unfinished one included: what a
+    /// fault report shows of the guest's own words, e.g. a Python traceback or a panic.
+    pub(crate) fn tail(&self) -> Vec<String> {
+        let sink = self.0.lock();
+        let mut lines: Vec<String> = sink.tail.iter().cloned().collect();
+        if !sink.line.is_empty() {
+            let text = String::from_utf8_lossy(&sink.line);
+            lines.push(crate::adapter::guest_text(text.trim_end(), TAIL_LINE));
+        }
+        let skip = lines.len().saturating_sub(TAIL_LINES);
+        lines.split_off(skip)
     }
 
     /// Logs a trailing partial line (called when the instance goes away).

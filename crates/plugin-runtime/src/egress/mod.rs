@@ -134,6 +134,8 @@ pub struct EgressStats {
     pub allowed: AtomicU64,
     /// Requests denied.
     pub denied: AtomicU64,
+    /// The last denial: `METHOD target: reason`, for tools that explain a failed call.
+    pub last_denial: parking_lot::Mutex<Option<String>>,
 }
 
 /// What all instances of one pool's plugin share: the policy, counters and connections.
@@ -175,6 +177,11 @@ fn deny(
     reason: &str,
 ) -> HttpError {
     stats.denied.fetch_add(1, Ordering::Relaxed);
+    *stats.last_denial.lock() = Some(format!(
+        "{} {}: {reason}",
+        request.method(),
+        redact_query(request.uri())
+    ));
     tracing::warn!(
         target: "flotilla::egress",
         pool = %origin.pool,
