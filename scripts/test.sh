@@ -21,6 +21,8 @@ rustup component list --installed | grep -q '^rustfmt' || rustup component add r
 #   gcc-mingw-w64-x86-64, wine64
 #                   the Windows host: C dependencies of the x86_64-pc-windows-gnu cross-build,
 #                   and Wine to run flotilla.exe (scripts/windows.sh);
+#   nodejs, npm     componentize-js builds the JavaScript plugin template (scripts/templates.sh);
+#                   componentize-py, for the Python one, comes from PyPI into a venv
 #   musl-tools, ca-certificates
 #                   the static binary of the container image (deploy/image.sh) and its CA roots.
 need=()
@@ -34,6 +36,8 @@ command -v dockerd >/dev/null || need+=(docker.io containerd runc)
 command -v x86_64-w64-mingw32-gcc >/dev/null || need+=(gcc-mingw-w64-x86-64)
 [ -x /usr/lib/wine/wine64 ] || need+=(wine64)
 command -v musl-gcc >/dev/null || need+=(musl-tools)
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
@@ -86,8 +90,8 @@ cargo build --locked --profile guest --target wasm32-wasip2 --target-dir "$CARGO
 echo "== tests"
 cargo test --locked --release
 
-echo "== the Rust template, standalone (copied out of the repository)"
-./scripts/template-standalone.sh
+echo "== the plugin templates (Rust, Python, JavaScript): plugin new, build, plugin test --provision"
+./scripts/templates.sh
 
 echo "== the host on Windows (cross-built, run under Wine)"
 ./scripts/windows.sh

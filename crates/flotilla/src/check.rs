@@ -5,9 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use flotilla_plugin_runtime::{
-    CacheOutcome, ComponentShape, EgressPolicy, ImportKind, PluginRuntime, Sandbox,
-};
+use flotilla_plugin_runtime::{CacheOutcome, ComponentShape, ImportKind, PluginRuntime, Sandbox};
 use flotilla_provider::{Provider, ProviderInfo};
 
 /// What `plugin check` found, printed as text or JSON.
@@ -39,8 +37,8 @@ pub struct CheckOptions {
     pub file: PathBuf,
     /// Settings (JSON or TOML) to `init` it with.
     pub settings: Option<PathBuf>,
-    /// Egress allow-list for the `init` call.
-    pub allow_hosts: Vec<String>,
+    /// The sandbox of the `init` call (allowed hosts and ranges, credentials).
+    pub sandbox: Sandbox,
     /// Compile cache directory; `None` disables the cache.
     pub cache_dir: Option<PathBuf>,
 }
@@ -84,19 +82,6 @@ pub async fn check(options: &CheckOptions) -> CheckReport {
             return report;
         }
     };
-    let allow = match flotilla_net::AllowList::parse(&options.allow_hosts) {
-        Ok(a) => a,
-        Err(errors) => {
-            report.error = Some(
-                errors
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            );
-            return report;
-        }
-    };
     let runtime = match PluginRuntime::new(flotilla_plugin_runtime::RuntimeOptions {
         cache_dir: options.cache_dir.clone(),
     }) {
@@ -118,18 +103,16 @@ pub async fn check(options: &CheckOptions) -> CheckReport {
     report.shape = Some(plugin.shape.clone());
     report.compile = Some(plugin.cache);
     if let Some(settings) = settings {
-        let sandbox = Sandbox {
-            egress: EgressPolicy {
-                allow,
-                ..EgressPolicy::default()
-            },
-            ..Sandbox::default()
-        };
-        let provider = plugin.provider("check", sandbox);
+        let provider = plugin.provider("check", options.sandbox.clone());
         match provider.init(&settings).await {
             Ok(info) => report.provider_info = Some(info),
             Err(e) => {
-                report.error = Some(e.to_string());
+                // Name what the sandbox refused, and the flag that would allow it.
+                let denial = provider.egress_stats().last_denial.lock().clone();
+                report.error = Some(match denial {
+                    Some(d) => format!("{e}\n          {}", crate::cli::plugin_test::flag_hint(&d)),
+                    None => e.to_string(),
+                });
                 return report;
             }
         }

@@ -10,6 +10,8 @@ pub mod app;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod conformance;
+pub mod example_cloud;
 pub mod metrics;
 pub mod migrate;
 pub mod pools;

@@ -535,6 +535,33 @@ mod misbehave {
         }
     }
 
+    /// A panic's own words (what the guest wrote to stderr) head the trap's message, above
+    /// the wasm backtrace, so an author sees the panic, a Python traceback or a JS stack.
+    #[tokio::test]
+    async fn a_panic_reports_the_guests_last_stderr_lines_above_the_backtrace() {
+        let p = provider("words", |_| {});
+        must(p.init(r#"{"on":{"update":"panic"}}"#)).await;
+        let r = p.update().await;
+        let Err(CallError::Trap { message, .. }) = &r else {
+            panic!("expected a trap, got {r:?}")
+        };
+        let words = message
+            .find("misbehave: panic in update")
+            .unwrap_or_else(|| panic!("the panic message is missing: {message}"));
+        let backtrace = message.find("wasm backtrace").unwrap_or(usize::MAX);
+        assert!(
+            message.starts_with("guest stderr (last ") && words < backtrace,
+            "{message}"
+        );
+        assert_eq!(
+            p.health()
+                .last_fault
+                .as_deref()
+                .map(|f| f.contains("misbehave: panic in update")),
+            Some(true)
+        );
+    }
+
     #[tokio::test]
     async fn a_trap_poisons_only_its_own_store() {
         let plugin = load(guests::MISBEHAVE);
@@ -1161,5 +1188,99 @@ mod stall_start {
         );
         assert_eq!(p.health().timeouts, 1);
         assert_bystander_works(&other).await;
+    }
+}
+
+/// The conformance kit (`flotilla plugin test`) against a plugin with one deliberate flaw per
+/// run: each flaw fails exactly its rule, and the flawless run passes.
+mod nonconforming {
+    use super::guests;
+
+    /// `flotilla plugin test` on the guest with `flaw`, provisioning: exit code and
+    /// `(rule, outcome)` of every rule.
+    fn kit(flaw: &str, cache: &std::path::Path) -> (i32, Vec<(String, String)>) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args([
+                "plugin",
+                "test",
+                guests::NONCONFORMING,
+                "--provision",
+                "--json",
+            ])
+            .args(["--timeout", "10s", "--settings"])
+            .arg(format!(r#"{{"flaw":"{flaw}"}}"#))
+            .env("XDG_CACHE_HOME", cache)
+            .env("FLOTILLA_LOG", "warn")
+            .output()
+            .expect("run flotilla");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{flaw}: {e}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        assert_eq!(report["left_behind"], serde_json::json!([]), "{report:#}");
+        let rules = report["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .map(|r| {
+                (
+                    r["rule"].as_str().unwrap_or_default().to_string(),
+                    r["outcome"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        (out.status.code().unwrap_or(-1), rules)
+    }
+
+    #[test]
+    fn each_flaw_fails_exactly_its_rule() {
+        let cache = tempfile::tempdir().expect("cache dir");
+        let (code, rules) = kit("none", cache.path());
+        assert_eq!(code, 0, "{rules:?}");
+        let passed: Vec<&str> = rules
+            .iter()
+            .filter(|(_, o)| o == "PASS")
+            .map(|(r, _)| r.as_str())
+            .collect();
+        for rule in [
+            "init.ok",
+            "init.unknown-key",
+            "init.all-problems",
+            "update.stable",
+            "update.unique",
+            "connect-info.unknown",
+            "provision.increase",
+            "provision.appears",
+            "provision.connect-info",
+            "decrease.subset",
+            "decrease.idempotent",
+            "provision.gone",
+        ] {
+            assert!(passed.contains(&rule), "{rule} did not pass: {rules:?}");
+        }
+        for (flaw, rule) in [
+            ("increase-more", "provision.increase"),
+            ("decrease-extra", "decrease.subset"),
+            ("update-duplicate", "update.unique"),
+            ("accept-unknown", "init.unknown-key"),
+            ("first-problem-only", "init.all-problems"),
+            ("decrease-not-idempotent", "decrease.idempotent"),
+        ] {
+            let (code, rules) = kit(flaw, cache.path());
+            assert_eq!(code, 1, "{flaw}: {rules:?}");
+            let failed: Vec<&str> = rules
+                .iter()
+                .filter(|(_, o)| o == "FAIL")
+                .map(|(r, _)| r.as_str())
+                .collect();
+            assert_eq!(
+                failed,
+                vec![rule],
+                "{flaw} must fail exactly {rule}: {rules:?}"
+            );
+        }
     }
 }

@@ -45,24 +45,47 @@ fn settings() -> Result<Settings, Error> {
         .ok_or_else(|| Error::Other("init has not been called".into()))
 }
 
+/// The settings keys; any other key is a problem.
+const KEYS: [&str; 3] = ["endpoint", "group", "credential"];
+
+/// Reads the settings, reporting every problem at once: each unknown key, a missing or
+/// mistyped key, and each bad value.
 fn parse_settings(text: &str) -> Result<Settings, Error> {
-    let s: Settings =
-        serde_json::from_str(text).map_err(|e| Error::InvalidConfig(e.to_string()))?;
-    let mut problems = Vec::new();
-    if !(s.endpoint.starts_with("https://") || s.endpoint.starts_with("http://")) {
-        problems.push("endpoint: must start with https:// or http://");
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Error::InvalidConfig(format!("settings: not valid JSON: {e}")))?;
+    let Some(map) = value.as_object() else {
+        return Err(Error::InvalidConfig(
+            "settings: must be a JSON object".into(),
+        ));
+    };
+    let mut problems: Vec<String> = map
+        .keys()
+        .filter(|k| !KEYS.contains(&k.as_str()))
+        .map(|k| format!("{k}: unknown key (known: {})", KEYS.join(", ")))
+        .collect();
+    let known: serde_json::Map<String, serde_json::Value> = map
+        .iter()
+        .filter(|(k, _)| KEYS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    match serde_json::from_value::<Settings>(serde_json::Value::Object(known)) {
+        Err(e) => problems.push(format!("settings: {e}")),
+        Ok(s) => {
+            if !(s.endpoint.starts_with("https://") || s.endpoint.starts_with("http://")) {
+                problems.push("endpoint: must start with https:// or http://".into());
+            }
+            if s.group.is_empty() || s.group.contains('/') {
+                problems.push("group: must be a non-empty name without '/'".into());
+            }
+            if s.credential.as_deref().is_some_and(str::is_empty) {
+                problems.push("credential: must not be empty when given".into());
+            }
+            if problems.is_empty() {
+                return Ok(s);
+            }
+        }
     }
-    if s.group.is_empty() || s.group.contains('/') {
-        problems.push("group: must be a non-empty name without '/'");
-    }
-    if s.credential.as_deref().is_some_and(str::is_empty) {
-        problems.push("credential: must not be empty when given");
-    }
-    if problems.is_empty() {
-        Ok(s)
-    } else {
-        Err(Error::InvalidConfig(problems.join("; ")))
-    }
+    Err(Error::InvalidConfig(problems.join("; ")))
 }
 
 /// Maps an HTTP status to the contract's error cases.

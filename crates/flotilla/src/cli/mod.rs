@@ -9,6 +9,9 @@ pub mod gitlab;
 pub mod migrate;
 pub mod oci;
 pub mod plugin;
+pub mod plugin_new;
+pub mod plugin_templates;
+pub mod plugin_test;
 pub mod run;
 pub mod simulate;
 

@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 
 use super::oci::{self as oci_cli, RegistryArgs};
+use super::plugin_new::Lang;
+use super::plugin_test::{SandboxArgs, TestArgs};
 use super::{Reported, print_json};
 use crate::check::{CheckOptions, check};
 
@@ -19,15 +21,25 @@ pub enum PluginCommand {
         /// Settings file (JSON, or TOML by extension) to call init with.
         #[arg(long)]
         settings: Option<PathBuf>,
-        /// Allow the plugin to reach this scheme://host[:port] during init (repeatable).
-        #[arg(long = "allow-host")]
-        allow_hosts: Vec<String>,
+        /// What init may reach, and as whom.
+        #[command(flatten)]
+        sandbox: SandboxArgs,
         /// Compile cache directory (default: the user's cache dir).
         #[arg(long)]
         cache_dir: Option<PathBuf>,
         /// Do not use the compile cache.
         #[arg(long, conflicts_with = "cache_dir")]
         no_cache: bool,
+    },
+    /// The conformance kit: run the contract's rules against a plugin, rule by rule.
+    Test(TestArgs),
+    /// Write a plugin template into ./NAME, ready to build (works offline).
+    New {
+        /// The plugin's name (lowercase letters, digits, dashes).
+        name: String,
+        /// The template's language.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: Lang,
     },
     /// Publish a plugin component to an OCI registry as a CNCF Wasm artifact.
     Push {
@@ -125,7 +137,7 @@ impl PluginCommand {
                 file,
                 json,
                 settings,
-                allow_hosts,
+                sandbox,
                 cache_dir,
                 no_cache,
             } => {
@@ -134,10 +146,11 @@ impl PluginCommand {
                 } else {
                     cache_dir.or_else(flotilla_plugin_runtime::default_cache_dir)
                 };
+                let sandbox = sandbox.sandbox().map_err(Reported)?;
                 let report = check(&CheckOptions {
                     file,
                     settings,
-                    allow_hosts,
+                    sandbox,
                     cache_dir,
                 })
                 .await;
@@ -149,6 +162,14 @@ impl PluginCommand {
                 if !report.ok {
                     return Err(Reported("plugin check failed".to_string()).into());
                 }
+                return Ok(());
+            }
+            PluginCommand::Test(args) => return super::plugin_test::run(args).await,
+            PluginCommand::New { name, lang } => {
+                print!(
+                    "{}",
+                    super::plugin_new::new(std::path::Path::new("."), &name, lang)?
+                );
                 return Ok(());
             }
             PluginCommand::Push {
