@@ -731,3 +731,27 @@ idle_time = "3s"
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The conformance kit (`flotilla plugin test`), provisioning included, passes on a Uniform and
+/// a Flexible set: the same rules every plugin is held to.
+#[tokio::test(flavor = "current_thread")]
+async fn the_conformance_kit_passes_with_provisioning() {
+    for mode in [Mode::Uniform, Mode::Flexible] {
+        let (cloud, p) = started(options(mode)).await;
+        let plugin = flotilla_test_support::load(flotilla_test_artifacts::AZURE_PLUGIN);
+        let report = flotilla::conformance::run(
+            &plugin,
+            "azure",
+            &p,
+            &flotilla::conformance::KitOptions {
+                settings: Some(cloud.settings()),
+                provision: true,
+                timeout: Duration::from_secs(10),
+                poll: Duration::from_millis(100),
+            },
+            std::future::pending(),
+        )
+        .await;
+        assert!(report.ok(), "{mode:?}: {}", report.render());
+    }
+}

@@ -524,3 +524,37 @@ idle_time = "3s"
     wait_target(1, "scale-down after idle_time").await;
     assert!(!f.log().contains("ya29.fake-"), "a token reached the log");
 }
+
+/// The conformance kit (`flotilla plugin test`), provisioning included, passes on a zonal and
+/// a regional group: the same rules every plugin is held to.
+#[tokio::test(flavor = "current_thread")]
+async fn the_conformance_kit_passes_with_provisioning() {
+    for regional in [false, true] {
+        let cloud = GcpCloud::start(regional).await;
+        let plugin = flotilla_test_support::load(flotilla_test_artifacts::GCP_PLUGIN);
+        let p = plugin.provider("kit", cloud.sandbox(cloud.credential()));
+        let report = flotilla::conformance::run(
+            &plugin,
+            "gcp",
+            &p,
+            &flotilla::conformance::KitOptions {
+                settings: Some(cloud.settings(4)),
+                provision: true,
+                timeout: Duration::from_secs(10),
+                poll: Duration::from_millis(100),
+            },
+            std::future::pending(),
+        )
+        .await;
+        assert!(report.ok(), "{}", report.render());
+        assert!(
+            report
+                .rules
+                .iter()
+                .any(|r| r.rule == "provision.gone"
+                    && r.outcome == flotilla::conformance::Outcome::Pass),
+            "{}",
+            report.render()
+        );
+    }
+}

@@ -80,10 +80,20 @@ fn with<T>(f: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, Error> {
     })
 }
 
+/// The settings keys; any other key is a problem.
+const KEYS: [&str; 6] = [
+    "name",
+    "region",
+    "endpoint",
+    "credential",
+    "username",
+    "instance_connect",
+];
+
+/// Reads the settings, reporting every problem at once (each unknown key included).
 fn parse_settings(text: &str) -> Result<Settings, Error> {
-    let s: Settings =
-        serde_json::from_str(text).map_err(|e| Error::InvalidConfig(format!("settings: {e}")))?;
-    let mut problems = Vec::new();
+    let (s, mut problems) = flotilla_plugin_settings::read::<Settings>(text, &KEYS)
+        .map_err(|p| Error::InvalidConfig(p.join("; ")))?;
     if s.name.is_empty() || s.name.len() > 255 {
         problems.push("name: must be 1-255 characters".to_string());
     }

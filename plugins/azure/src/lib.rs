@@ -101,10 +101,22 @@ fn is_guid(s: &str) -> bool {
     groups == [8, 4, 4, 4, 12] && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
 }
 
+/// The settings keys; any other key is a problem.
+const KEYS: [&str; 8] = [
+    "subscription_id",
+    "resource_group",
+    "name",
+    "endpoint",
+    "credential",
+    "username",
+    "max_size",
+    "arch",
+];
+
+/// Reads the settings, reporting every problem at once (each unknown key included).
 fn parse_settings(text: &str) -> Result<Valid, Error> {
-    let s: Settings =
-        serde_json::from_str(text).map_err(|e| Error::InvalidConfig(format!("settings: {e}")))?;
-    let mut problems = Vec::new();
+    let (s, mut problems) = flotilla_plugin_settings::read::<Settings>(text, &KEYS)
+        .map_err(|p| Error::InvalidConfig(p.join("; ")))?;
     let mut required = |key: &str, value: &Option<String>| match value {
         Some(v) if !v.is_empty() => v.clone(),
         _ => {

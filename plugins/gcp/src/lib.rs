@@ -146,10 +146,23 @@ fn project_ok(project: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-.:".contains(c))
 }
 
+/// The settings keys; any other key is a problem.
+const KEYS: [&str; 8] = [
+    "project",
+    "zone",
+    "region",
+    "name",
+    "max_size",
+    "endpoint",
+    "credential",
+    "username",
+];
+
+/// Reads the settings, reporting every problem at once: each unknown key, a missing or
+/// mistyped key, and each bad value.
 fn parse_settings(text: &str) -> Result<Settings, Error> {
-    let s: Settings =
-        serde_json::from_str(text).map_err(|e| Error::InvalidConfig(format!("settings: {e}")))?;
-    let mut problems = Vec::new();
+    let (s, mut problems) = flotilla_plugin_settings::read::<Settings>(text, &KEYS)
+        .map_err(|p| Error::InvalidConfig(p.join("; ")))?;
     if !project_ok(&s.project) {
         problems.push(format!(
             "project: {:?} is not a project id (6-30 lowercase letters, digits, dashes)",
