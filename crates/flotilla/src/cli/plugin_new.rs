@@ -120,7 +120,7 @@ fn next_steps(lang: Lang, name: &str) -> String {
         ),
         Lang::Python => ("./build.sh".to_string(), "plugin.wasm".to_string()),
         Lang::Js => (
-            "npm install && npm run build".to_string(),
+            "npm ci && npm run build".to_string(),
             "plugin.wasm".to_string(),
         ),
     };
@@ -167,8 +167,13 @@ pub fn new(dir: &Path, name: &str, lang: Lang) -> anyhow::Result<String> {
         let _ = std::fs::remove_dir_all(&tmp); // best effort; the error below is what matters
         return Err(Reported(format!("writing {}: {e}", root.display())).into());
     }
+    let language = match lang {
+        Lang::Rust => "Rust",
+        Lang::Python => "Python",
+        Lang::Js => "JavaScript",
+    };
     Ok(format!(
-        "Wrote a {lang:?} plugin template to {}.\n{}",
+        "Wrote a {language} plugin template to {}.\n{}",
         root.display(),
         next_steps(lang, name)
     ))
