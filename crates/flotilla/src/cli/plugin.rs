@@ -146,7 +146,7 @@ impl PluginCommand {
                 } else {
                     cache_dir.or_else(flotilla_plugin_runtime::default_cache_dir)
                 };
-                let sandbox = sandbox.sandbox().map_err(Reported)?;
+                let sandbox = sandbox.sandbox().map_err(anyhow::Error::msg)?;
                 let report = check(&CheckOptions {
                     file,
                     settings,

@@ -4,8 +4,6 @@
 
 use std::path::Path;
 
-use super::Reported;
-
 /// A template language.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
@@ -132,18 +130,13 @@ fn next_steps(lang: Lang, name: &str) -> String {
 /// Writes the template for `lang` into `dir/name`; what to run next.
 pub fn new(dir: &Path, name: &str, lang: Lang) -> anyhow::Result<String> {
     if !valid_name(name) {
-        return Err(Reported(format!(
+        anyhow::bail!(
             "{name:?} is not a plugin name: lowercase letters, digits and dashes, starting with a letter"
-        ))
-        .into());
+        );
     }
     let root = dir.join(name);
     if root.exists() {
-        return Err(Reported(format!(
-            "{} already exists; nothing was written",
-            root.display()
-        ))
-        .into());
+        anyhow::bail!("{} already exists; nothing was written", root.display());
     }
     let (files, template_name) = template(lang);
     // Write into a temporary sibling, then rename: a failure leaves no half template.
@@ -165,7 +158,7 @@ pub fn new(dir: &Path, name: &str, lang: Lang) -> anyhow::Result<String> {
     };
     if let Err(e) = write() {
         let _ = std::fs::remove_dir_all(&tmp); // best effort; the error below is what matters
-        return Err(Reported(format!("writing {}: {e}", root.display())).into());
+        anyhow::bail!("writing {}: {e}", root.display());
     }
     let language = match lang {
         Lang::Rust => "Rust",

@@ -37,7 +37,7 @@ pub fn flag_hint(denial: &str) -> String {
     {
         format!("--allow-host {target}")
     } else if denial.contains("the allow-list is empty") {
-        "--allow-host scheme://host[:port]".to_string()
+        format!("--allow-host {}", origin_of(denial))
     } else if let Some(ip) = denial
         .split("resolves to ")
         .nth(1)
@@ -55,6 +55,27 @@ pub fn flag_hint(denial: &str) -> String {
         return format!("refused: {denial}");
     };
     format!("refused: {denial} (allow it with {flag})")
+}
+
+/// `scheme://host:port` of the request a denial names (`METHOD URI: reason`).
+fn origin_of(denial: &str) -> String {
+    let uri = denial
+        .split_whitespace()
+        .nth(1)
+        .map(|u| u.trim_end_matches(':'))
+        .and_then(|u| u.parse::<http::Uri>().ok());
+    match uri
+        .as_ref()
+        .and_then(|u| Some((u.scheme_str()?, u.host()?, u)))
+    {
+        Some((scheme, host, uri)) => {
+            let port = uri
+                .port_u16()
+                .unwrap_or(if scheme == "https" { 443 } else { 80 });
+            format!("{scheme}://{host}:{port}")
+        }
+        None => "scheme://host[:port]".to_string(),
+    }
 }
 
 /// A secret source from `env:VAR` or `file:PATH`.
@@ -192,7 +213,7 @@ pub async fn run(args: TestArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(settings_arg)
         .transpose()
-        .map_err(Reported)?;
+        .map_err(anyhow::Error::msg)?;
     let mut example = None;
     let (plugin, sandbox, label) = match (&args.config, &args.pool) {
         (Some(path), Some(pool_name)) => {
@@ -202,7 +223,7 @@ pub async fn run(args: TestArgs) -> anyhow::Result<()> {
                 .iter()
                 .find(|p| &p.name == pool_name)
                 .ok_or_else(|| {
-                    Reported(format!(
+                    anyhow::anyhow!(format!(
                         "{}: no pool named {pool_name:?} (there are: {})",
                         path.display(),
                         cfg.pools
@@ -232,9 +253,7 @@ pub async fn run(args: TestArgs) -> anyhow::Result<()> {
         }
         _ => {
             let Some(file) = &args.plugin else {
-                return Err(
-                    Reported("give the plugin file, or --config and --pool".to_string()).into(),
-                );
+                anyhow::bail!("give the plugin file, or --config and --pool");
             };
             let plugin = runtime.load_file(file)?;
             let mut quick = args.sandbox.clone();
@@ -259,7 +278,7 @@ pub async fn run(args: TestArgs) -> anyhow::Result<()> {
                 }
                 example = Some(cloud);
             }
-            let mut sandbox = quick.sandbox().map_err(Reported)?;
+            let mut sandbox = quick.sandbox().map_err(anyhow::Error::msg)?;
             if let Some(secret) = token {
                 // The example cloud's token, bound to it like any pool credential.
                 sandbox.egress.credentials.push(Credential {
