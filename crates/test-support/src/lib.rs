@@ -64,9 +64,48 @@ pub fn quick_sandbox(allow: &[&str]) -> Sandbox {
     sandbox
 }
 
-/// Captures every log line (all targets, all levels) into a shared buffer.
+/// Captures every log line (all targets, all levels) written on the installing thread into a
+/// shared buffer.
+///
+/// One global subscriber serves every capture of the test binary and routes each line to the
+/// capture installed on its thread. Per-thread subscribers (`set_default`) race in tracing's
+/// global interest cache when tests create and drop them in parallel: an event could be
+/// judged uninteresting against a stale list of subscribers and silently dropped.
 #[derive(Clone, Default)]
 pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+thread_local! {
+    static CAPTURE: std::cell::RefCell<Vec<LogCapture>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Writes to the capture installed on the current thread, if any.
+#[derive(Clone, Copy, Default)]
+struct ThreadCapture;
+
+impl Write for ThreadCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        CAPTURE.with(|c| {
+            if let Some(capture) = c.borrow_mut().last_mut() {
+                let _ = capture.write(buf);
+            }
+        });
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Ends a capture on its thread when dropped.
+pub struct CaptureGuard(());
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        CAPTURE.with(|c| {
+            c.borrow_mut().pop();
+        });
+    }
+}
 
 impl LogCapture {
     pub fn text(&self) -> String {
@@ -74,14 +113,20 @@ impl LogCapture {
     }
 
     /// Installs the capture for the current thread; keep the guard alive.
-    pub fn install(&self) -> tracing::subscriber::DefaultGuard {
-        let writer = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::set_default(subscriber)
+    pub fn install(&self) -> CaptureGuard {
+        static GLOBAL: OnceLock<()> = OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::TRACE)
+                .with_ansi(false)
+                .with_writer(|| ThreadCapture)
+                .finish();
+            // A binary whose global subscriber is already set keeps it; captures then see
+            // nothing, which their tests' assertions make plain.
+            let _ = tracing::subscriber::set_global_default(subscriber);
+        });
+        CAPTURE.with(|c| c.borrow_mut().push(self.clone()));
+        CaptureGuard(())
     }
 }
 
