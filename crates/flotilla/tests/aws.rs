@@ -9,6 +9,7 @@
 )] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
+use flotilla_test_support::must;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -17,13 +18,6 @@ use std::time::{Duration, Instant};
 use common::LogCapture;
 use common::moto::Moto;
 use flotilla_provider::{CallError, InstanceState, Provider, ProviderError};
-
-async fn must<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> T {
-    match f.await {
-        Ok(v) => v,
-        Err(e) => panic!("unexpected error: {e}"),
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn contract_calls_against_moto_with_sigv4() {

@@ -10,6 +10,7 @@
 )] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
+use flotilla_test_support::{must, provider_error};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -19,21 +20,6 @@ use common::LogCapture;
 use common::azure_cloud::{AzureCloud, Kind, Mode, Options};
 use flotilla_plugin_runtime::WasmProvider;
 use flotilla_provider::{CallError, InstanceState, Provider, ProviderError};
-
-async fn must<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> T {
-    match f.await {
-        Ok(v) => v,
-        Err(e) => panic!("unexpected error: {e}"),
-    }
-}
-
-/// The provider error of a failed call.
-fn provider_error<T: std::fmt::Debug>(r: Result<T, CallError>) -> ProviderError {
-    match r {
-        Err(CallError::Provider { error, .. }) => error,
-        other => panic!("expected a provider error, got {other:?}"),
-    }
-}
 
 fn options(mode: Mode) -> Options {
     Options {

@@ -11,27 +11,13 @@
 
 mod common;
 
+use flotilla_test_support::{must, provider_error};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flotilla_provider::{CallError, InstanceState, Provider, ProviderError};
+use flotilla_provider::{InstanceState, Provider, ProviderError};
 use flotilla_test_support::LogCapture;
 use flotilla_test_support::gcp_cloud::{GcpCloud, REGION, ZONE};
-
-async fn must<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> T {
-    match f.await {
-        Ok(v) => v,
-        Err(e) => panic!("unexpected error: {e}"),
-    }
-}
-
-/// The contract error of a call, or a panic naming what came instead.
-fn provider_error<T: std::fmt::Debug>(r: Result<T, CallError>) -> ProviderError {
-    match r {
-        Err(CallError::Provider { error, .. }) => error,
-        other => panic!("expected a provider error, got {other:?}"),
-    }
-}
 
 /// Updates until `n` instances run; their ids.
 async fn until_running(p: &impl Provider, n: usize) -> Vec<String> {

@@ -8,6 +8,7 @@
 )] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
+use flotilla_test_support::must;
 #[path = "plugins/egress.rs"]
 mod egress;
 
@@ -19,13 +20,6 @@ use flotilla_provider::{CallError, Function, InstanceState, Protocol, Provider, 
 use flotilla_test_artifacts as guests;
 
 flotilla_test_artifacts::assert_test_guests_covered!();
-
-async fn must<T, E: std::fmt::Display>(f: impl std::future::Future<Output = Result<T, E>>) -> T {
-    match f.await {
-        Ok(v) => v,
-        Err(e) => panic!("unexpected error: {e}"),
-    }
-}
 
 /// A well-behaved second plugin in the same process, to prove faults stay contained.
 async fn bystander() -> impl Provider {

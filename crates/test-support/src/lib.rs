@@ -43,6 +43,26 @@ pub fn runtime() -> &'static PluginRuntime {
     )
 }
 
+/// The value of a call that must succeed; a panic naming the error otherwise.
+pub async fn must<T, E: std::fmt::Display>(
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> T {
+    match f.await {
+        Ok(v) => v,
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+/// The contract error of a call, or a panic naming what came instead.
+pub fn provider_error<T: std::fmt::Debug>(
+    r: Result<T, flotilla_provider::CallError>,
+) -> flotilla_provider::ProviderError {
+    match r {
+        Err(flotilla_provider::CallError::Provider { error, .. }) => error,
+        other => panic!("expected a provider error, got {other:?}"),
+    }
+}
+
 /// Loads a guest, panicking with the load error (tests only).
 pub fn load(path: &str) -> LoadedPlugin {
     match runtime().load_file(Path::new(path)) {

@@ -1,46 +1,29 @@
 //! `amazonec2` → an EC2 launch template and Auto Scaling group, managed by the aws plugin.
 
-use std::collections::BTreeMap;
-
 use flotilla_validate::KeyPath;
 
-use super::{GroupSpec, Options, Runner, quote, with_option};
+use super::{DriverOptions, GroupSpec, Options, Runner, option, quote, with_option};
 
 impl Runner<'_> {
     /// `amazonec2` options → a launch template and an Auto Scaling group, and the aws plugin.
     pub(super) fn aws(
         &mut self,
-        opts: &BTreeMap<String, Vec<(String, KeyPath)>>,
+        opts: &DriverOptions,
         options_at: &KeyPath,
         pool: &str,
         max: u32,
         options: &Options,
     ) -> Option<(String, String, String)> {
-        let one = |k: &str| {
-            opts.get(&format!("amazonec2-{k}"))
-                .and_then(|v| v.last())
-                .map(|(v, _)| v.clone())
-        };
+        let one = |k: &str| option(opts, "amazonec2-", k);
         let region = one("region").unwrap_or_else(|| "us-east-1".to_string());
         let group = format!("flotilla-{pool}");
         let mut data = serde_json::Map::new();
         let mut notes = Vec::new();
-        for (key, values) in opts {
-            let Some(k) = key.strip_prefix("amazonec2-") else {
-                for (_, at) in values {
-                    let reason = if key.starts_with("engine-") || key.starts_with("swarm") {
-                        "Flotilla does not install or configure Docker Engine: put it in the AMI or the launch template's user data"
-                    } else {
-                        "not an amazonec2 option"
-                    };
-                    self.unmapped(&with_option(at, key), reason);
-                }
-                continue;
-            };
-            let Some((value, at)) = values.last() else {
-                continue;
-            };
-            let at = with_option(at, key);
+        for (k, value, at) in self.driver_options(
+            opts,
+            "amazonec2-",
+            "the AMI or the launch template's user data",
+        ) {
             match k {
                 "region" => {}
                 "ami" => {
@@ -118,7 +101,7 @@ impl Runner<'_> {
                 }
                 "security-group" => {
                     let groups: Vec<&str> = opts
-                        .get(key)
+                        .get(&format!("amazonec2-{k}"))
                         .map(|v| v.iter().map(|(g, _)| g.as_str()).collect())
                         .unwrap_or_default();
                     if groups.iter().any(|g| !g.starts_with("sg-")) {

@@ -2,11 +2,9 @@
 //! are those of Docker Machine's Azure driver
 //! (<https://github.com/docker/docs/blob/173d3c65f8e7df2a8c0323594419c18086fc3a30/machine/drivers/azure.md>).
 
-use std::collections::BTreeMap;
-
 use flotilla_validate::KeyPath;
 
-use super::{GroupSpec, Options, Runner, quote, with_option};
+use super::{DriverOptions, GroupSpec, Options, Runner, option, quote, with_option};
 
 /// The driver's defaults, where the scale set needs a value.
 const DEFAULTS: [(&str, &str); 6] = [
@@ -36,22 +34,19 @@ impl Runner<'_> {
     /// upgrades), and the azure plugin.
     pub(super) fn azure(
         &mut self,
-        opts: &BTreeMap<String, Vec<(String, KeyPath)>>,
+        opts: &DriverOptions,
         options_at: &KeyPath,
         pool: &str,
         max: u32,
         options: &Options,
     ) -> Option<(String, String, String)> {
         let one = |k: &str| {
-            opts.get(&format!("azure-{k}"))
-                .and_then(|v| v.last())
-                .map(|(v, _)| v.clone())
-                .or_else(|| {
-                    DEFAULTS
-                        .iter()
-                        .find(|(d, _)| *d == k)
-                        .map(|(_, v)| (*v).to_string())
-                })
+            option(opts, "azure-", k).or_else(|| {
+                DEFAULTS
+                    .iter()
+                    .find(|(d, _)| *d == k)
+                    .map(|(_, v)| (*v).to_string())
+            })
         };
         let set = format!("flotilla-{pool}");
         let group = one("resource-group").unwrap_or_default();
@@ -70,22 +65,9 @@ impl Runner<'_> {
             format!("--subnet {}", one("subnet").unwrap_or_default()),
         ];
         let mut subscription = "<subscription-id>".to_string();
-        for (key, values) in opts {
-            let Some(k) = key.strip_prefix("azure-") else {
-                for (_, at) in values {
-                    let reason = if key.starts_with("engine-") || key.starts_with("swarm") {
-                        "Flotilla does not install or configure Docker Engine: put it in the image or the scale set's custom data"
-                    } else {
-                        "not an azure option"
-                    };
-                    self.unmapped(&with_option(at, key), reason);
-                }
-                continue;
-            };
-            let Some((value, at)) = values.last() else {
-                continue;
-            };
-            let at = with_option(at, key);
+        for (k, value, at) in
+            self.driver_options(opts, "azure-", "the image or the scale set's custom data")
+        {
             match k {
                 "subscription-id" => subscription = value.clone(),
                 "location" | "resource-group" | "size" | "vnet" | "subnet" | "ssh-user" => {}

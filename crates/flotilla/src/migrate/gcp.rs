@@ -2,11 +2,9 @@
 //! gcp plugin. The driver's options are those of Docker Machine's GCE driver
 //! (<https://github.com/docker/docs/blob/173d3c65f8e7df2a8c0323594419c18086fc3a30/machine/drivers/gce.md>).
 
-use std::collections::BTreeMap;
-
 use flotilla_validate::KeyPath;
 
-use super::{GroupSpec, Options, Runner, quote, with_option};
+use super::{DriverOptions, GroupSpec, Options, Runner, option, quote, with_option};
 
 /// The driver's defaults, where Flotilla's group needs a value.
 const DEFAULT_ZONE: &str = "us-central1-a";
@@ -64,17 +62,13 @@ impl Runner<'_> {
     /// plugin.
     pub(super) fn gcp(
         &mut self,
-        opts: &BTreeMap<String, Vec<(String, KeyPath)>>,
+        opts: &DriverOptions,
         options_at: &KeyPath,
         pool: &str,
         max: u32,
         options: &Options,
     ) -> Option<(String, String, String)> {
-        let one = |k: &str| {
-            opts.get(&format!("google-{k}"))
-                .and_then(|v| v.last())
-                .map(|(v, _)| v.clone())
-        };
+        let one = |k: &str| option(opts, "google-", k);
         let group = format!("flotilla-{pool}");
         let mut template = vec![format!(
             "--machine-type={}",
@@ -83,22 +77,11 @@ impl Runner<'_> {
         let mut notes = Vec::new();
         let mut project = "<project-id>".to_string();
         let mut place = Location::Zone(DEFAULT_ZONE.into());
-        for (key, values) in opts {
-            let Some(k) = key.strip_prefix("google-") else {
-                for (_, at) in values {
-                    let reason = if key.starts_with("engine-") || key.starts_with("swarm") {
-                        "Flotilla does not install or configure Docker Engine: put it in the image or the instance template's startup script"
-                    } else {
-                        "not a google option"
-                    };
-                    self.unmapped(&with_option(at, key), reason);
-                }
-                continue;
-            };
-            let Some((value, at)) = values.last() else {
-                continue;
-            };
-            let at = with_option(at, key);
+        for (k, value, at) in self.driver_options(
+            opts,
+            "google-",
+            "the image or the instance template's startup script",
+        ) {
             let placeholder = value.chars().any(|c| c.is_ascii_uppercase());
             match k {
                 "project" if placeholder => self.changed(

@@ -247,6 +247,40 @@ impl Runner<'_> {
         self.report.unmapped.push(item);
     }
 
+    /// The driver's own options (`PREFIX-name` as `(name, its last value, where)`), after
+    /// reporting every other option as unmapped: Docker Engine and swarm options belong in
+    /// `engine_home` (the cloud's image or start-up script), anything else is not the driver's.
+    fn driver_options<'o>(
+        &mut self,
+        opts: &'o DriverOptions,
+        prefix: &str,
+        engine_home: &str,
+    ) -> Vec<(&'o str, &'o String, KeyPath)> {
+        let mut out = Vec::new();
+        for (key, values) in opts {
+            let Some(name) = key.strip_prefix(prefix) else {
+                for (_, at) in values {
+                    let reason = if key.starts_with("engine-") || key.starts_with("swarm") {
+                        format!(
+                            "Flotilla does not install or configure Docker Engine: put it in {engine_home}"
+                        )
+                    } else {
+                        format!(
+                            "not an option of the {} driver",
+                            prefix.trim_end_matches('-')
+                        )
+                    };
+                    self.unmapped(&with_option(at, key), reason);
+                }
+                continue;
+            };
+            if let Some((value, at)) = values.last() {
+                out.push((name, value, with_option(at, key)));
+            }
+        }
+        out
+    }
+
     /// The plugin reference given for `cloud` with `--plugin`, or a refusal saying how to give it.
     fn plugin_for(&mut self, cloud: &str, options: &Options) -> Option<String> {
         let plugin = options.plugins.get(cloud).cloned();
@@ -596,6 +630,16 @@ impl Runner<'_> {
             }
         }
     }
+}
+
+/// A driver's `MachineOptions`: each option by name, every value with where it was written.
+type DriverOptions = BTreeMap<String, Vec<(String, KeyPath)>>;
+
+/// The last value of the driver option `PREFIX-name`.
+fn option(opts: &DriverOptions, prefix: &str, name: &str) -> Option<String> {
+    opts.get(&format!("{prefix}{name}"))
+        .and_then(|v| v.last())
+        .map(|(v, _)| v.clone())
 }
 
 fn with_option(at: &KeyPath, option: &str) -> KeyPath {
