@@ -77,8 +77,18 @@ auth="Authorization: Bearer quickstart-token"
 
 echo "== container: run, ready, lease acquired through the published port"
 start
-curl -sf "127.0.0.1:$metrics_port/metrics" | grep -q '^flotilla_pool_state{pool="local",state="ready"} 1' \
-  || fail "no ready pool in /metrics"
+# Read the whole page before matching: `curl | grep -q` under pipefail fails when grep stops
+# reading early. The gauge may trail /readyz by a scrape, so look for up to 10 s.
+ready_metric=no
+for _ in $(seq 1 50); do
+  metrics=$(curl -sf "127.0.0.1:$metrics_port/metrics" || true)
+  if grep -q '^flotilla_pool_state{pool="local",state="ready"} 1' <<< "$metrics"; then
+    ready_metric=yes
+    break
+  fi
+  sleep 0.2
+done
+[ "$ready_metric" = yes ] || fail "no ready pool in /metrics"
 # The metrics listener never serves the lease API.
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "$auth" "127.0.0.1:$metrics_port/v1/pools")
 [ "$code" = 404 ] || fail "the metrics port answered /v1/pools with $code"
