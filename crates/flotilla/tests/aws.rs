@@ -10,9 +10,10 @@
 
 use flotilla_test_support as common;
 use flotilla_test_support::must;
+use flotilla_test_support::pool::{Counting, spawn_pool};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use common::LogCapture;
@@ -440,92 +441,6 @@ idle_time = "3s"
     let _ = child.wait();
 }
 
-/// Counts `update`, `increase` and `decrease` calls and passes everything through.
-struct Counting<P> {
-    inner: P,
-    updates: AtomicU32,
-    increases: AtomicU32,
-    decreases: AtomicU32,
-}
-
-impl<P> Counting<P> {
-    fn new(inner: P) -> Self {
-        Counting {
-            inner,
-            updates: AtomicU32::new(0),
-            increases: AtomicU32::new(0),
-            decreases: AtomicU32::new(0),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl<P: Provider> Provider for Counting<P> {
-    async fn init(&self, s: &str) -> Result<flotilla_provider::ProviderInfo, CallError> {
-        self.inner.init(s).await
-    }
-    async fn update(&self) -> Result<Vec<flotilla_provider::Instance>, CallError> {
-        self.updates.fetch_add(1, Relaxed);
-        self.inner.update().await
-    }
-    async fn increase(&self, n: u32) -> Result<u32, CallError> {
-        self.increases.fetch_add(1, Relaxed);
-        self.inner.increase(n).await
-    }
-    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
-        self.decreases.fetch_add(1, Relaxed);
-        self.inner.decrease(ids).await
-    }
-    async fn connect_info(&self, id: &str) -> Result<flotilla_provider::Connection, CallError> {
-        self.inner.connect_info(id).await
-    }
-    async fn heartbeat(&self, id: &str) -> Result<(), CallError> {
-        self.inner.heartbeat(id).await
-    }
-    async fn shutdown(&self) -> Result<(), CallError> {
-        self.inner.shutdown().await
-    }
-    fn health(&self) -> flotilla_provider::ProviderHealth {
-        self.inner.health()
-    }
-    fn take_reported_max_size(&self) -> Option<Option<u32>> {
-        self.inner.take_reported_max_size()
-    }
-}
-
-/// The real scaler driving `provider` (initialised, with `info`), its instances ready at
-/// once, under one all-day policy keeping `idle_count` slots for `idle_time_ms`.
-fn spawn_pool<P: Provider + 'static>(
-    provider: Arc<P>,
-    info: &flotilla_provider::ProviderInfo,
-    config: flotilla_scaler::ScalerConfig,
-    idle_count: u32,
-    idle_time_ms: u64,
-) -> Arc<flotilla_scaler::PoolHandle> {
-    use flotilla_scaler::{AlwaysReady, Clock, Policy, PoolCore, PoolHandle, SystemClock};
-    let clock = Arc::new(SystemClock);
-    let policy = Policy::new(
-        vec!["* * * * *".into()],
-        "UTC",
-        idle_count,
-        idle_time_ms,
-        0.0,
-        0,
-        false,
-    )
-    .expect("policy");
-    let mut core = PoolCore::new(config, vec![policy], clock.now());
-    core.set_provider_info(info);
-    PoolHandle::spawn(
-        "aws".into(),
-        core,
-        provider,
-        clock,
-        Arc::new(AlwaysReady),
-        None,
-    )
-}
-
 /// One denied action (`SetDesiredCapacity`) stops only scale-up; `update` goes on; once the
 /// policy is re-attached the pool scales up and is ready again, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -548,7 +463,7 @@ async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed
         max_instances: 4,
         ..ScalerConfig::default()
     };
-    let pool = spawn_pool(provider.clone(), &info, config, 2, 3_600_000);
+    let pool = spawn_pool("aws", provider.clone(), &info, config, 2, 3_600_000);
     let start = Instant::now();
     while !pool.snapshot().paused.contains_key("increase") {
         assert!(
@@ -662,7 +577,7 @@ async fn capacity_follows_the_group_through_max_0_and_a_recreated_group() {
         ..ScalerConfig::default()
     };
     // Two idle instances; an idle one beyond them goes after a second.
-    let pool = spawn_pool(provider.clone(), &info, config, 2, 1_000);
+    let pool = spawn_pool("aws", provider.clone(), &info, config, 2, 1_000);
     let ready = |pool: &PoolHandle, n: u32| {
         let snap = pool.snapshot();
         snap.instances.get("ready").copied().unwrap_or(0) == n && snap.pending == 0

@@ -10,16 +10,17 @@
 )] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
+use flotilla_test_support::pool::{Counting, spawn_pool};
 use flotilla_test_support::{must, provider_error};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use common::LogCapture;
 use common::azure_cloud::{AzureCloud, Kind, Mode, Options};
 use flotilla_plugin_runtime::WasmProvider;
-use flotilla_provider::{CallError, InstanceState, Provider, ProviderError};
+use flotilla_provider::{InstanceState, Provider, ProviderError};
 
 fn options(mode: Mode) -> Options {
     Options {
@@ -442,95 +443,22 @@ async fn no_token_reaches_a_log_or_the_plugin() {
     }
 }
 
-/// Counts `update`, `increase` and `decrease` calls and passes everything through.
-struct Counting<P> {
-    inner: P,
-    updates: AtomicU32,
-}
-
-#[async_trait::async_trait]
-impl<P: Provider> Provider for Counting<P> {
-    async fn init(&self, s: &str) -> Result<flotilla_provider::ProviderInfo, CallError> {
-        self.inner.init(s).await
-    }
-    async fn update(&self) -> Result<Vec<flotilla_provider::Instance>, CallError> {
-        self.updates.fetch_add(1, Relaxed);
-        self.inner.update().await
-    }
-    async fn increase(&self, n: u32) -> Result<u32, CallError> {
-        self.inner.increase(n).await
-    }
-    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
-        self.inner.decrease(ids).await
-    }
-    async fn connect_info(&self, id: &str) -> Result<flotilla_provider::Connection, CallError> {
-        self.inner.connect_info(id).await
-    }
-    async fn heartbeat(&self, id: &str) -> Result<(), CallError> {
-        self.inner.heartbeat(id).await
-    }
-    async fn shutdown(&self) -> Result<(), CallError> {
-        self.inner.shutdown().await
-    }
-    fn health(&self) -> flotilla_provider::ProviderHealth {
-        self.inner.health()
-    }
-    fn take_reported_max_size(&self) -> Option<Option<u32>> {
-        self.inner.take_reported_max_size()
-    }
-}
-
-/// The real scaler driving `provider`, its instances ready at once, keeping `idle_count`
-/// slots.
-fn spawn_pool<P: Provider + 'static>(
-    provider: Arc<P>,
-    info: &flotilla_provider::ProviderInfo,
-    idle_count: u32,
-) -> Arc<flotilla_scaler::PoolHandle> {
-    use flotilla_scaler::{
-        AlwaysReady, Clock, Policy, PoolCore, PoolHandle, ScalerConfig, SystemClock,
-    };
-    let config = ScalerConfig {
-        update_interval_ms: 200,
-        paused_retry_interval_ms: 1_000,
-        max_instances: 4,
-        ..ScalerConfig::default()
-    };
-    let clock = Arc::new(SystemClock);
-    let policy = Policy::new(
-        vec!["* * * * *".into()],
-        "UTC",
-        idle_count,
-        3_600_000,
-        0.0,
-        0,
-        false,
-    )
-    .expect("policy");
-    let mut core = PoolCore::new(config, vec![policy], clock.now());
-    core.set_provider_info(info);
-    PoolHandle::spawn(
-        "azure".into(),
-        core,
-        provider,
-        clock,
-        Arc::new(AlwaysReady),
-        None,
-    )
-}
-
 /// A denied scale-out pauses only `increase`, naming the action; allowed again, the pool
 /// scales up without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scaler_pauses_scale_up_naming_the_denied_action() {
     let cloud = AzureCloud::start(options(Mode::Flexible));
-    let provider = Arc::new(Counting {
-        inner: cloud.provider(),
-        updates: AtomicU32::new(0),
-    });
+    let provider = Arc::new(Counting::new(cloud.provider()));
     let info = must(provider.init(&cloud.settings())).await;
     cloud.deny("Microsoft.Compute/virtualMachineScaleSets/write");
-    let pool = spawn_pool(provider.clone(), &info, 2);
+    let pool = spawn_pool(
+        "azure",
+        provider.clone(),
+        &info,
+        scaler_config(),
+        2,
+        3_600_000,
+    );
     let start = Instant::now();
     while !pool.snapshot().paused.contains_key("increase") {
         assert!(
@@ -568,12 +496,16 @@ async fn the_scaler_waits_out_a_throttle() {
         running: 1,
         ..options(Mode::Uniform)
     });
-    let provider = Arc::new(Counting {
-        inner: cloud.provider(),
-        updates: AtomicU32::new(0),
-    });
+    let provider = Arc::new(Counting::new(cloud.provider()));
     let info = must(provider.init(&cloud.settings())).await;
-    let pool = spawn_pool(provider.clone(), &info, 0);
+    let pool = spawn_pool(
+        "azure",
+        provider.clone(),
+        &info,
+        scaler_config(),
+        0,
+        3_600_000,
+    );
     let start = Instant::now();
     while provider.updates.load(Relaxed) < 3 {
         assert!(start.elapsed() < Duration::from_secs(10));
@@ -739,5 +671,15 @@ async fn the_conformance_kit_passes_with_provisioning() {
         )
         .await;
         assert!(report.ok(), "{mode:?}: {}", report.render());
+    }
+}
+
+/// The scaler settings of these tests: quick updates, a quick retry of paused calls.
+fn scaler_config() -> flotilla_scaler::ScalerConfig {
+    flotilla_scaler::ScalerConfig {
+        update_interval_ms: 200,
+        paused_retry_interval_ms: 1_000,
+        max_instances: 4,
+        ..flotilla_scaler::ScalerConfig::default()
     }
 }

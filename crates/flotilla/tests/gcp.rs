@@ -11,6 +11,7 @@
 
 mod common;
 
+use flotilla_test_support::pool::spawn_pool;
 use flotilla_test_support::{must, provider_error};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -305,44 +306,6 @@ async fn bad_settings_an_autoscaler_and_a_missing_group_are_refused_at_init() {
     assert!(matches!(e, ProviderError::NotFound(_)), "{e:?}");
 }
 
-/// The real scaler, driving `provider` under an all-day policy that keeps `idle_count` slots.
-fn spawn_pool<P: Provider + 'static>(
-    provider: Arc<P>,
-    info: &flotilla_provider::ProviderInfo,
-    idle_count: u32,
-) -> Arc<flotilla_scaler::PoolHandle> {
-    use flotilla_scaler::{
-        AlwaysReady, Clock, Policy, PoolCore, PoolHandle, ScalerConfig, SystemClock,
-    };
-    let clock = Arc::new(SystemClock);
-    let policy = Policy::new(
-        vec!["* * * * *".into()],
-        "UTC",
-        idle_count,
-        3_600_000,
-        0.0,
-        0,
-        false,
-    )
-    .expect("policy");
-    let config = ScalerConfig {
-        update_interval_ms: 300,
-        paused_retry_interval_ms: 1_000,
-        max_instances: 4,
-        ..ScalerConfig::default()
-    };
-    let mut core = PoolCore::new(config, vec![policy], clock.now());
-    core.set_provider_info(info);
-    PoolHandle::spawn(
-        "gcp".into(),
-        core,
-        provider,
-        clock,
-        Arc::new(AlwaysReady),
-        None,
-    )
-}
-
 /// Under the real scaler: after a 429 with `Retry-After: 2` nothing reaches the API for 2 s
 /// (updates run every 300 ms otherwise); a missing permission pauses scale-up with the
 /// permission named, while updates go on.
@@ -355,7 +318,19 @@ async fn the_scaler_waits_out_retry_after_and_pauses_on_a_missing_permission() {
         s.denied
             .insert("compute.instanceGroupManagers.update".into())
     });
-    let pool = spawn_pool(provider.clone(), &info, 2);
+    let pool = spawn_pool(
+        "gcp",
+        provider.clone(),
+        &info,
+        flotilla_scaler::ScalerConfig {
+            update_interval_ms: 300,
+            paused_retry_interval_ms: 1_000,
+            max_instances: 4,
+            ..flotilla_scaler::ScalerConfig::default()
+        },
+        2,
+        3_600_000,
+    );
     let start = Instant::now();
     while !pool.snapshot().paused.contains_key("increase") {
         assert!(

@@ -20,6 +20,7 @@ pub mod gcp_cloud;
 pub mod machines;
 pub mod moto;
 pub mod peer;
+pub mod pool;
 pub mod proxy;
 pub mod registry;
 pub mod serve;
