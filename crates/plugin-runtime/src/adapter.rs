@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
@@ -23,15 +24,19 @@ use flotilla_provider::{
     ProviderError, ProviderHealth, ProviderInfo,
 };
 
-/// One live plugin instance.
-struct Slot {
+/// One live plugin instance, boxed: it moves into and out of every call's future, and a
+/// pointer moves cheaper than the store, bindings and outputs.
+type Slot = Box<Live>;
+
+/// The parts of one live plugin instance.
+struct Live {
     store: Store<HostState>,
     bindings: bindings::Provider,
     stdout: GuestOutput,
     stderr: GuestOutput,
 }
 
-impl Drop for Slot {
+impl Drop for Live {
     fn drop(&mut self) {
         self.stdout.flush_line();
         self.stderr.flush_line();
@@ -77,6 +82,9 @@ pub struct WasmProvider {
     egress: EgressShared,
     inner: tokio::sync::Mutex<Inner>,
     health: Mutex<HealthState>,
+    /// No fault among the recent calls, none in a row, and the circuit closed: a success then
+    /// changes nothing, and neither the check nor the record needs the health lock.
+    calm: AtomicBool,
     /// The group's maximum as the last `update` reported it, until the scaler takes it.
     reported_max: Mutex<Option<Option<u32>>>,
 }
@@ -118,6 +126,7 @@ impl WasmProvider {
                 settings: None,
             }),
             health: Mutex::new(HealthState::default()),
+            calm: AtomicBool::new(true),
             reported_max: Mutex::new(None),
         }
     }
@@ -168,12 +177,12 @@ impl WasmProvider {
             return Err(self.fault(Function::Init, Fault::Timeout(deadline)));
         };
         match instantiated {
-            Ok(bindings) => Ok(Slot {
+            Ok(bindings) => Ok(Box::new(Live {
                 store,
                 bindings,
                 stdout,
                 stderr,
-            }),
+            })),
             Err(e) => {
                 let message = with_guest_words(describe_trap(&store, &e), &stderr, &stdout);
                 Err(self.fault(Function::Init, Fault::Trap(message)))
@@ -195,14 +204,14 @@ impl WasmProvider {
         slot.store.data_mut().log_dropped = 0;
         slot.store.data_mut().hooks.requests_this_call = 0;
         slot.store.data_mut().reported_max = None;
-        match tokio::time::timeout(deadline, call(slot)).await {
-            Err(_) => (None, Err(Fault::Timeout(deadline))),
-            Ok((mut slot, Ok(result))) => {
+        match within(deadline, call(slot)).await {
+            None => (None, Err(Fault::Timeout(deadline))),
+            Some((mut slot, Ok(result))) => {
                 // No request outlives its call (a dropped store takes its requests along).
                 slot.store.data_mut().hooks.scope.end();
                 (Some(slot), Ok(result))
             }
-            Ok((slot, Err(e))) => {
+            Some((slot, Err(e))) => {
                 let fault = match e.downcast_ref::<wasmtime::Trap>() {
                     Some(wasmtime::Trap::Interrupt) => Fault::Timeout(deadline),
                     _ => Fault::Trap(with_guest_words(
@@ -218,9 +227,16 @@ impl WasmProvider {
 
     /// Gets the live instance, or a fresh one re-initialised with the pool's settings.
     async fn live_slot(&self, inner: &mut Inner, function: Function) -> Result<Slot, CallError> {
-        if let Some(slot) = inner.slot.take() {
-            return Ok(slot);
+        match inner.slot.take() {
+            Some(slot) => Ok(slot),
+            // Boxed: the rare path's large future stays out of every call's future, which is
+            // moved on each call.
+            None => Box::pin(self.fresh_slot(inner, function)).await,
         }
+    }
+
+    /// A fresh instance re-initialised with the pool's settings.
+    async fn fresh_slot(&self, inner: &mut Inner, function: Function) -> Result<Slot, CallError> {
         let Some(settings) = inner.settings.clone() else {
             return Err(CallError::NotInitialized { function });
         };
@@ -270,6 +286,9 @@ impl WasmProvider {
     }
 
     fn check_circuit(&self, function: Function) -> Result<(), CallError> {
+        if self.calm.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let h = self.health.lock();
         match h.open_until {
             Some(until) if Instant::now() < until => Err(CallError::CircuitOpen {
@@ -283,11 +302,17 @@ impl WasmProvider {
     }
 
     fn record_success(&self) {
+        if self.calm.load(Ordering::Acquire) {
+            return;
+        }
         let mut h = self.health.lock();
-        h.remember(false, self.sandbox.limits.circuit_threshold);
+        let faults_in_window = h.remember(false, self.sandbox.limits.circuit_threshold);
         h.health.consecutive_faults = 0;
         h.health.circuit_open = false;
         h.open_until = None;
+        if faults_in_window == 0 {
+            self.calm.store(true, Ordering::Release);
+        }
     }
 
     fn record_restart(&self) {
@@ -305,6 +330,7 @@ impl WasmProvider {
 
     fn note_fault(&self, error: &CallError) {
         let mut h = self.health.lock();
+        self.calm.store(false, Ordering::Release);
         match error {
             CallError::Trap { .. } => h.health.traps += 1,
             CallError::Timeout { .. } => h.health.timeouts += 1,
@@ -345,17 +371,33 @@ const YIELD_EVERY_TICKS: u64 = 1;
 
 /// Starts a call's (or an instantiation's) deadline.
 fn arm_deadline(store: &mut Store<HostState>, deadline: Duration) {
-    store.data_mut().deadline = Instant::now() + deadline;
+    store.data_mut().deadline = super::Deadline::after(deadline);
     store.set_epoch_deadline(YIELD_EVERY_TICKS);
+}
+
+/// Runs `call` for at most `deadline`: `None` if it is not done by then (it is dropped, not
+/// awaited). The clock and the timer are only needed if the call has to wait: a call that
+/// completes on its first poll, as most calls that make no request do, reads no clock and sets
+/// no timer. The epoch deadline bounds the guest's own running time either way.
+async fn within<F: Future + Unpin>(deadline: Duration, mut call: F) -> Option<F::Output> {
+    let first = std::future::poll_fn(|cx| match Pin::new(&mut call).poll(cx) {
+        std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await;
+    match first {
+        Some(out) => Some(out),
+        None => tokio::time::timeout(deadline, call).await.ok(),
+    }
 }
 
 /// At every epoch check of a running guest: interrupt it past its deadline, otherwise yield to
 /// the executor and let it run on. The tokio timeout around every call enforces the same
 /// deadline while the guest waits on the host.
 fn yield_or_interrupt(
-    store: wasmtime::StoreContextMut<'_, HostState>,
+    mut store: wasmtime::StoreContextMut<'_, HostState>,
 ) -> wasmtime::Result<wasmtime::UpdateDeadline> {
-    if Instant::now() >= store.data().deadline {
+    if Instant::now() >= store.data_mut().deadline.due() {
         return Ok(wasmtime::UpdateDeadline::Interrupt);
     }
     Ok(wasmtime::UpdateDeadline::YieldCustom(
@@ -420,6 +462,56 @@ fn init_call(mut s: Slot, settings: String) -> CallFuture<wit::ProviderInfo> {
             .await;
         (s, r)
     })
+}
+
+/// The ids seen so far in one answer, to find one listed twice. Answers are usually a handful
+/// of ids: up to [`IdSet::LINEAR`] they are compared in place, with no hashing or allocation.
+#[allow(clippy::large_enum_variant)] // a stack local for one check: the inline array is the point
+enum IdSet<'a> {
+    Few {
+        ids: [&'a str; IdSet::LINEAR],
+        len: usize,
+    },
+    Many(HashSet<&'a str>),
+}
+
+impl<'a> IdSet<'a> {
+    const LINEAR: usize = 16;
+
+    fn with_capacity(n: usize) -> Self {
+        if n <= Self::LINEAR {
+            IdSet::Few {
+                ids: [""; IdSet::LINEAR],
+                len: 0,
+            }
+        } else {
+            IdSet::Many(HashSet::with_capacity(n))
+        }
+    }
+
+    /// Adds `id`; false if it was already there.
+    fn insert(&mut self, id: &'a str) -> bool {
+        match self {
+            IdSet::Few { ids, len } => {
+                if ids.iter().take(*len).any(|seen| *seen == id) {
+                    return false;
+                }
+                match ids.get_mut(*len) {
+                    Some(slot) => {
+                        *slot = id;
+                        *len += 1;
+                    }
+                    None => {
+                        let mut all: HashSet<&'a str> = ids.iter().copied().collect();
+                        all.insert(id);
+                        *self = IdSet::Many(all);
+                    }
+                }
+                true
+            }
+            IdSet::Many(all) => all.insert(id),
+        }
+    }
 }
 
 /// Instances one `update` may list: far above any pool, far below what hurts the host.
@@ -585,7 +677,7 @@ impl Provider for WasmProvider {
                 ),
             ));
         }
-        let mut seen = HashSet::with_capacity(list.len());
+        let mut seen = IdSet::with_capacity(list.len());
         for i in &list {
             if i.id.len() > MAX_ID {
                 return Err(self.violation(
@@ -651,7 +743,7 @@ impl Provider for WasmProvider {
             })
             .await?;
         let asked: HashSet<&str> = ids.iter().map(String::as_str).collect();
-        let mut seen = HashSet::with_capacity(accepted.len());
+        let mut seen = IdSet::with_capacity(accepted.len());
         for id in &accepted {
             if !asked.contains(id.as_str()) {
                 return Err(self.violation(
@@ -735,5 +827,27 @@ impl Provider for WasmProvider {
                 .load(std::sync::atomic::Ordering::Relaxed),
             ..h.health.clone()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdSet;
+
+    #[test]
+    fn id_set_finds_a_repeat_in_short_and_long_answers() {
+        for n in [1, IdSet::LINEAR, IdSet::LINEAR + 1, 100] {
+            let ids: Vec<String> = (0..n).map(|i| format!("i-{i}")).collect();
+            let mut seen = IdSet::with_capacity(n);
+            assert!(ids.iter().all(|id| seen.insert(id)), "{n} distinct ids");
+            for id in &ids {
+                assert!(!seen.insert(id), "{id} repeated among {n}");
+            }
+        }
+        // More ids than the capacity it was made for: it grows, and still finds repeats.
+        let ids: Vec<String> = (0..40).map(|i| format!("i-{i}")).collect();
+        let mut seen = IdSet::with_capacity(2);
+        assert!(ids.iter().all(|id| seen.insert(id)));
+        assert!(!seen.insert("i-0") && !seen.insert("i-39"));
     }
 }

@@ -103,6 +103,30 @@ impl Drop for EpochTicker {
     }
 }
 
+/// When the running call must end: `budget` after it started, with the clock read the first
+/// time the deadline is needed (an epoch check of running wasm code, or the call's first wait
+/// on the host) rather than when the call starts. A call that completes at once reads no clock;
+/// any other deadline falls late by that first stretch, which the yield at every epoch tick
+/// keeps within one tick.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    budget: std::time::Duration,
+    due: Option<std::time::Instant>,
+}
+
+impl Deadline {
+    fn after(budget: std::time::Duration) -> Self {
+        Deadline { budget, due: None }
+    }
+
+    /// The instant it falls due, fixed at the first ask.
+    fn due(&mut self) -> std::time::Instant {
+        *self
+            .due
+            .get_or_insert_with(|| std::time::Instant::now() + self.budget)
+    }
+}
+
 /// Engine, linker and compile cache shared by every plugin in the process.
 pub struct PluginRuntime {
     engine: Engine,
@@ -288,7 +312,7 @@ pub(crate) struct HostState {
     log_dropped: u64,
     /// When the running call (or instantiation) must end; wasm code past it is interrupted at
     /// its next epoch check.
-    deadline: std::time::Instant,
+    deadline: Deadline,
     /// The group's maximum as the running call last reported it (`group-limits`).
     reported_max: Option<Option<u32>>,
     #[cfg(feature = "test-probe")]
@@ -337,7 +361,7 @@ impl HostState {
             ssh_public_key,
             log_lines_left: limits.log_lines_per_call,
             log_dropped: 0,
-            deadline: std::time::Instant::now(),
+            deadline: Deadline::after(std::time::Duration::ZERO),
             reported_max: None,
             #[cfg(feature = "test-probe")]
             probe: None,
