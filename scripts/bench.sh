@@ -46,6 +46,8 @@ try: print(f"  {'rss_per_instance':<38} {open(os.path.join(out,'rss_per_instance
 except OSError: pass
 try: print(f"  {'http_get interleaved':<38} {open(os.path.join(out,'http_get_interleaved')).read()}")
 except OSError: pass
+try: print(f"  {'http_get cpu per GET':<38} {open(os.path.join(out,'http_get_cpu')).read()}")
+except OSError: pass
 g, f, p = median("http_get/guest_update"), median("http_get/reqwest_fresh_connection"), median("http_get/reqwest_pooled")
 if g and f: print(f"  guest GET / reqwest (fresh connection)  {g/f:.2f}x")
 if g and p: print(f"  guest GET / reqwest (pooled)            {g/p:.2f}x")

@@ -14,6 +14,7 @@
 use flotilla_test_support::example_cloud;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -138,12 +139,20 @@ fn rss_per_instance(tokio: &tokio::runtime::Runtime, rt: &PluginRuntime) {
 }
 
 fn http(c: &mut Criterion) {
+    // Like flotilla's own runtime: several workers, the provider called from a task on one.
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let cloud = tokio.block_on(example_cloud::ExampleCloud::start(3));
+    // The cloud runs on a runtime of its own, as a remote peer would: its work and its
+    // wake-ups are not on the client's worker threads.
+    let cloud_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let cloud = cloud_rt.block_on(example_cloud::ExampleCloud::start(3));
     let endpoint = cloud.endpoint();
     let sandbox = Sandbox {
         egress: EgressPolicy {
@@ -201,25 +210,121 @@ fn http(c: &mut Criterion) {
     .pool_max_idle_per_host(0)
     .build()
     .unwrap_or_else(|e| panic!("{e}"));
+    let (provider, denied) = (Arc::new(provider), Arc::new(denied));
+    let url = Arc::new(url);
     let mut g = c.benchmark_group("http_get");
     g.measurement_time(Duration::from_secs(5));
     // One GET each: the template's update() is exactly GET {endpoint}/v1/groups/ci/instances
     // plus JSON decoding; the baseline does the same GET and decodes the same JSON.
     g.bench_function("guest_update", |b| {
-        b.to_async(&tokio)
-            .iter(|| async { provider.update().await.unwrap_or_else(|e| panic!("{e}")) })
+        let p = provider.clone();
+        b.iter_custom(on_worker(&tokio, move || {
+            let p = p.clone();
+            async move { p.update().await.unwrap_or_else(|e| panic!("{e}")) }
+        }))
     });
     g.bench_function("guest_update_denied", |b| {
-        b.to_async(&tokio).iter(|| async { denied.update().await })
+        let d = denied.clone();
+        b.iter_custom(on_worker(&tokio, move || {
+            let d = d.clone();
+            async move { d.update().await }
+        }))
     });
     for (name, client) in [
         ("reqwest_fresh_connection", &fresh),
         ("reqwest_pooled", &pooled),
     ] {
-        g.bench_function(name, |b| b.to_async(&tokio).iter(|| get_json(client, &url)));
+        g.bench_function(name, |b| {
+            let (client, url) = (client.clone(), url.clone());
+            b.iter_custom(on_worker(&tokio, move || {
+                let (client, url) = (client.clone(), url.clone());
+                async move { get_json(&client, &url).await }
+            }))
+        });
     }
     g.finish();
-    interleaved_get(&tokio, &provider, &pooled, &url);
+    cpu_per_get(&tokio, provider.clone(), pooled.clone(), url.clone());
+    interleaved_get(&tokio, provider, pooled, url);
+}
+
+/// CPU time of the whole process (every thread: the caller's workers and the cloud's), in ns.
+fn process_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// CPU spent per GET, the cloud's included (it serves both alike), in alternating blocks of
+/// 200 guest GETs and 200 reqwest GETs, 10 blocks each. Latency on a loopback round trip is
+/// mostly waiting and waking; this says what each GET costs the machine.
+fn cpu_per_get(
+    tokio: &tokio::runtime::Runtime,
+    provider: Arc<flotilla_plugin_runtime::WasmProvider>,
+    pooled: reqwest::Client,
+    url: Arc<String>,
+) {
+    const BLOCK: u64 = 200;
+    let (guest, baseline) = tokio
+        .block_on(tokio.spawn(async move {
+            let (mut guest, mut baseline) = (0u64, 0u64);
+            for _ in 0..10 {
+                let start = process_cpu_ns();
+                for _ in 0..BLOCK {
+                    std::hint::black_box(provider.update().await.ok());
+                }
+                let mid = process_cpu_ns();
+                for _ in 0..BLOCK {
+                    std::hint::black_box(get_json(&pooled, &url).await);
+                }
+                guest += mid - start;
+                baseline += process_cpu_ns() - mid;
+            }
+            (guest / (10 * BLOCK), baseline / (10 * BLOCK))
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let line = format!(
+        "guest {:.1} µs, reqwest pooled {:.1} µs, ratio {:.2}x",
+        guest as f64 / 1e3,
+        baseline as f64 / 1e3,
+        guest as f64 / baseline.max(1) as f64
+    );
+    println!("http_get cpu per GET (process, cloud included): {line}");
+    if let Some(dir) = std::env::var_os("FLOTILLA_BENCH_OUT") {
+        let _ = std::fs::write(Path::new(&dir).join("http_get_cpu"), line);
+    }
+}
+
+/// Criterion's timing routine for `iters` calls of `f` made one after another in one task on a
+/// worker thread of `tokio`, where flotilla's scaler calls its providers. (Criterion's own
+/// `to_async` runs the future with `block_on` on the bench's thread instead, outside the
+/// workers, so that every wake-up of a spawned task crosses threads there and nowhere else.)
+fn on_worker<F, Fut>(tokio: &tokio::runtime::Runtime, f: F) -> impl FnMut(u64) -> Duration + '_
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future + Send,
+    Fut::Output: Send,
+{
+    move |iters| {
+        let f = f.clone();
+        tokio
+            .block_on(tokio.spawn(async move {
+                let start = std::time::Instant::now();
+                for _ in 0..iters {
+                    std::hint::black_box(f().await);
+                }
+                start.elapsed()
+            }))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
 }
 
 /// The baseline of the guest's GET: the same GET through reqwest, and the same JSON decoding.
@@ -239,35 +344,39 @@ async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
 /// Prints both medians and their ratio, and leaves them in `$FLOTILLA_BENCH_OUT`.
 fn interleaved_get(
     tokio: &tokio::runtime::Runtime,
-    provider: &flotilla_plugin_runtime::WasmProvider,
-    pooled: &reqwest::Client,
-    url: &str,
+    provider: Arc<flotilla_plugin_runtime::WasmProvider>,
+    pooled: reqwest::Client,
+    url: Arc<String>,
 ) {
-    let baseline = || get_json(pooled, url);
-    let guest = || async { provider.update().await.unwrap_or_else(|e| panic!("{e}")) };
-    let (mut g, mut b) = (Vec::new(), Vec::new());
-    tokio.block_on(async {
-        for round in 0..4_400u32 {
-            let t = std::time::Instant::now();
-            if round % 2 == 0 {
-                std::hint::black_box(guest().await);
-                let mid = std::time::Instant::now();
-                std::hint::black_box(baseline().await);
-                if round >= 400 {
-                    g.push(mid - t);
-                    b.push(mid.elapsed());
-                }
-            } else {
-                std::hint::black_box(baseline().await);
-                let mid = std::time::Instant::now();
-                std::hint::black_box(guest().await);
-                if round >= 400 {
-                    b.push(mid - t);
-                    g.push(mid.elapsed());
+    // On a worker thread, like the scaler's calls (see `on_worker`).
+    let (mut g, mut b) = tokio
+        .block_on(tokio.spawn(async move {
+            let baseline = || get_json(&pooled, &url);
+            let guest = || async { provider.update().await.unwrap_or_else(|e| panic!("{e}")) };
+            let (mut g, mut b) = (Vec::new(), Vec::new());
+            for round in 0..4_400u32 {
+                let t = std::time::Instant::now();
+                if round % 2 == 0 {
+                    std::hint::black_box(guest().await);
+                    let mid = std::time::Instant::now();
+                    std::hint::black_box(baseline().await);
+                    if round >= 400 {
+                        g.push(mid - t);
+                        b.push(mid.elapsed());
+                    }
+                } else {
+                    std::hint::black_box(baseline().await);
+                    let mid = std::time::Instant::now();
+                    std::hint::black_box(guest().await);
+                    if round >= 400 {
+                        b.push(mid - t);
+                        g.push(mid.elapsed());
+                    }
                 }
             }
-        }
-    });
+            (g, b)
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
     let median = |v: &mut Vec<Duration>| {
         v.sort();
         v[v.len() / 2]
