@@ -103,11 +103,10 @@ impl Drop for EpochTicker {
     }
 }
 
-/// When the running call must end: `budget` after it started, with the clock read the first
-/// time the deadline is needed (an epoch check of running wasm code, or the call's first wait
-/// on the host) rather than when the call starts. A call that completes at once reads no clock;
-/// any other deadline falls late by that first stretch, which the yield at every epoch tick
-/// keeps within one tick.
+/// When the running wasm code must stop: `budget` after the call started, with the clock read
+/// at the first epoch check that asks (rather than when the call starts), so a call that
+/// completes at once reads no clock. The deadline then falls late by at most one epoch tick.
+/// A call's waits on the host are bounded apart, by a timer set at its first wait.
 #[derive(Debug, Clone, Copy)]
 struct Deadline {
     budget: std::time::Duration,
