@@ -10,7 +10,7 @@
 )] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
-use flotilla_test_support::pool::{Counting, spawn_pool};
+use flotilla_test_support::pool::{Counting, spawn_pool, wait_until};
 use flotilla_test_support::{must, provider_error};
 
 use std::sync::Arc;
@@ -459,15 +459,7 @@ async fn the_scaler_pauses_scale_up_naming_the_denied_action() {
         2,
         3_600_000,
     );
-    let start = Instant::now();
-    while !pool.snapshot().paused.contains_key("increase") {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            pool.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(&pool, || pool.snapshot().paused.contains_key("increase")).await;
     let snap = pool.snapshot();
     assert!(
         snap.paused["increase"]
@@ -477,15 +469,7 @@ async fn the_scaler_pauses_scale_up_naming_the_denied_action() {
     );
     assert_eq!(cloud.capacity(), 0);
     cloud.allow_all();
-    let start = Instant::now();
-    while cloud.capacity() < 1 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            pool.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(&pool, || cloud.capacity() >= 1).await;
     pool.shutdown(Duration::from_secs(1), false).await;
 }
 

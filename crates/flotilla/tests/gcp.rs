@@ -11,7 +11,7 @@
 
 mod common;
 
-use flotilla_test_support::pool::spawn_pool;
+use flotilla_test_support::pool::{spawn_pool, wait_until};
 use flotilla_test_support::{must, provider_error};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -331,15 +331,7 @@ async fn the_scaler_waits_out_retry_after_and_pauses_on_a_missing_permission() {
         2,
         3_600_000,
     );
-    let start = Instant::now();
-    while !pool.snapshot().paused.contains_key("increase") {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            pool.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(&pool, || pool.snapshot().paused.contains_key("increase")).await;
     let reason = pool.snapshot().paused["increase"].reason.clone();
     assert!(
         reason.contains("compute.instanceGroupManagers.update"),
@@ -380,15 +372,7 @@ async fn the_scaler_waits_out_retry_after_and_pauses_on_a_missing_permission() {
 
     // The permission is granted again: the pool scales up without a restart.
     cloud.with(|s| s.denied.clear());
-    let start = Instant::now();
-    while cloud.target_size() == 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            pool.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(&pool, || cloud.target_size() > 0).await;
     pool.shutdown(Duration::from_secs(1), false).await;
 }
 
