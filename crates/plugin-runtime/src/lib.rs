@@ -193,6 +193,7 @@ impl PluginRuntime {
         let mut linker = Linker::<HostState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(host_err)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(host_err)?;
+        egress::add_to_linker(&mut linker).map_err(host_err)?;
         bindings::flotilla::provider::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(host_err)?;
         bindings::flotilla::provider::types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)

@@ -58,7 +58,17 @@ async fn handle(
         });
     }
     let echoed: Vec<(String, String)> = crate::serve::headers(&req);
-    let _ = req.into_body().collect().await;
+    let received = req
+        .into_body()
+        .collect()
+        .await
+        .map_or(0, |b| b.to_bytes().len());
+    if path == "/count" {
+        // How many body bytes arrived, for tests that stream a request body.
+        return Ok(Response::new(
+            Full::new(Bytes::from(received.to_string())).boxed(),
+        ));
+    }
     if path == "/echo" {
         let mut response = Response::builder();
         let mut text = String::new();

@@ -606,3 +606,29 @@ async fn a_reflecting_host_cannot_hand_the_secret_back() {
         logs.text()
     );
 }
+
+/// A guest that writes a whole request body after `handle` and before it waits for the
+/// response (so nothing of the guest's polls the request meanwhile) still gets it sent and
+/// answered: the host moves the request along on its own, both while it opens a connection
+/// and while it reads the body to sign it.
+#[tokio::test]
+async fn a_body_written_before_the_wait_is_sent_whole() {
+    let cloud = Peer::start().await;
+    let host = format!("http://{}", cloud.addr);
+    let p = egress_plugin(|s| {
+        s.egress.allow = allow(std::slice::from_ref(&host));
+        s.egress.allowed_ip_ranges = loopback();
+        s.egress.credentials = vec![bearer("api", std::slice::from_ref(&host))];
+        s.limits.default_deadline = Duration::from_secs(10);
+    });
+    const N: u64 = 1 << 20;
+    for cmd in [
+        json!({"url": cloud.url("/count"), "write_first": N}),
+        json!({"url": cloud.url("/count"), "write_first": N, "credential": "api"}),
+    ] {
+        let r = attack(&p, cmd.clone()).await;
+        assert_eq!(r["results"][0]["status"], 200, "{cmd}: {r}");
+        assert_eq!(r["results"][0]["body"], N.to_string(), "{cmd}: {r}");
+    }
+    assert_eq!(cloud.arrivals().len(), 2);
+}

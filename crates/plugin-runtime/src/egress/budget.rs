@@ -146,20 +146,15 @@ fn cancelled() -> HttpError {
 
 impl Admitted {
     /// Runs the send under the call's scope.
-    pub(super) async fn send<F>(
-        self,
-        send: F,
-    ) -> Result<(http::Response<WasiBody>, super::IoFuture), HttpError>
+    pub(super) async fn send<F>(self, send: F) -> Result<http::Response<WasiBody>, HttpError>
     where
-        F: std::future::Future<
-                Output = Result<(http::Response<WasiBody>, super::IoFuture), HttpError>,
-            >,
+        F: std::future::Future<Output = Result<http::Response<WasiBody>, HttpError>>,
     {
         let outcome = tokio::select! {
             _ = self.ended.cancelled() => Err(cancelled()),
             r = send => r,
         };
-        let (response, io) = match outcome {
+        let response = match outcome {
             Ok(r) => r,
             Err(e) => {
                 self.held.lock().permit = None;
@@ -180,7 +175,7 @@ impl Admitted {
             done: false,
         }
         .boxed_unsync();
-        Ok((http::Response::from_parts(parts, body), io))
+        Ok(http::Response::from_parts(parts, body))
     }
 }
 

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error as HttpError, WasiBody};
 
-use super::{EgressPolicy, IoFuture};
+use super::EgressPolicy;
 
 /// Idle HTTP/1 connections of one pool's plugin, reused across requests and instances.
 ///
@@ -175,7 +175,7 @@ pub(super) async fn send_pinned(
     max_response_bytes: u64,
     pool: &Arc<ConnectionPool>,
     tls: Option<Arc<rustls::ClientConfig>>,
-) -> Result<(http::Response<WasiBody>, IoFuture), HttpError> {
+) -> Result<http::Response<WasiBody>, HttpError> {
     let https = tls.is_some();
     let mut reused = None;
     for addr in addrs {
@@ -217,8 +217,7 @@ pub(super) async fn send_pinned(
         }
         .boxed_unsync()
     });
-    let io: IoFuture = Box::new(async { Ok(()) });
-    Ok((response, io))
+    Ok(response)
 }
 
 /// A response body with a byte cap and a between-bytes timeout.

@@ -24,12 +24,14 @@ use flotilla_net::{AllowList, blocked_reason};
 
 mod budget;
 mod client;
+mod outgoing;
 mod scrub;
 
 pub use budget::Budget;
 pub(crate) use budget::CallScope;
 pub use client::ConnectionPool;
 use client::{Timeouts, TlsCell, collect_limited, send_pinned, tls_config};
+pub(crate) use outgoing::add_to_linker;
 
 /// Egress settings of one pool.
 #[derive(Debug, Clone)]
@@ -165,7 +167,7 @@ pub(crate) struct EgressHooks {
     pub scope: CallScope,
 }
 
-pub(crate) type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
+type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
 type SendFuture =
     Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), HttpError>> + Send>;
 
@@ -212,13 +214,35 @@ impl WasiHttpHooks for EgressHooks {
         None
     }
 
+    /// Only wasmtime-wasi-http's own `outgoing-handler.handle` calls this, and the runtime
+    /// links its own `handle` in that one's place (`outgoing.rs`). Refusing here makes a
+    /// linker where that did not take fail every request, loudly, instead of quietly spawning
+    /// two tasks a request.
     fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        _: Option<RequestOptions>,
+        _: IoFuture,
+    ) -> SendFuture {
+        let e = deny(
+            &self.origin,
+            &self.stats,
+            &request,
+            "sent through wasmtime-wasi-http's handler, not the host's",
+        );
+        Box::new(async move { Err(e) })
+    }
+}
+
+impl EgressHooks {
+    /// Starts one request of the guest's through the policy: the checks that need no I/O now,
+    /// then resolution, the address check, signing and the send in the returned future, under
+    /// the call's scope.
+    pub(crate) fn start(
         &mut self,
         mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
-        fut: IoFuture,
-    ) -> SendFuture {
-        drop(fut);
+    ) -> outgoing::Sending {
         let admitted = self
             .admit(&mut request)
             .and_then(|checked| Ok((checked, self.budget.admit()?)));
@@ -226,7 +250,7 @@ impl WasiHttpHooks for EgressHooks {
             Ok(admitted) => admitted,
             Err(reason) => {
                 let e = deny(&self.origin, &self.stats, &request, &reason);
-                return Box::new(async move { Err(e) });
+                return Box::pin(async move { Err(e) });
             }
         };
         let scoped = self.scope.admit(permit);
@@ -248,7 +272,7 @@ impl WasiHttpHooks for EgressHooks {
             tls: self.tls.clone(),
             timeouts,
         };
-        Box::new(scoped.send(forward.send(request, credential, hints)))
+        Box::pin(scoped.send(forward.send(request, credential, hints)))
     }
 }
 
@@ -332,7 +356,7 @@ impl Forward {
         mut request: http::Request<WasiBody>,
         credential: Option<Credential>,
         hints: SigningHints,
-    ) -> Result<(http::Response<WasiBody>, IoFuture), HttpError> {
+    ) -> Result<http::Response<WasiBody>, HttpError> {
         let host = request
             .uri()
             .host()
@@ -371,7 +395,7 @@ impl Forward {
         }
         let secrets = scrub::Secrets::of_request(&request);
         self.stats.allowed.fetch_add(1, Ordering::Relaxed);
-        let (response, io) = send_pinned(
+        let response = send_pinned(
             request,
             &host,
             &addrs,
@@ -384,14 +408,14 @@ impl Forward {
         )
         .await?;
         let Some(secrets) = secrets else {
-            return Ok((response, io));
+            return Ok(response);
         };
         let (mut parts, body) = response.into_parts();
         let masked = secrets.mask_headers(&mut parts.headers);
         if masked > 0 {
             tracing::warn!(target: "flotilla::egress", pool = %self.origin.pool, host = %host, masked, "the response reflected a credential's secret in its headers; masked before the plugin saw it");
         }
-        Ok((http::Response::from_parts(parts, secrets.body(body)), io))
+        Ok(http::Response::from_parts(parts, secrets.body(body)))
     }
 
     /// Resolves the name (by the host, never the guest) and checks every answer, so a name
@@ -424,7 +448,7 @@ impl Forward {
 
 /// The answer to a request whose credential its identity provider refused: 401 with the
 /// refusal as text (it carries no secret), and `WWW-Authenticate` naming the host as its source.
-fn refused_response(e: &CredentialError) -> (http::Response<WasiBody>, IoFuture) {
+fn refused_response(e: &CredentialError) -> http::Response<WasiBody> {
     let body = Full::new(bytes::Bytes::from(format!("flotilla: {e}\n")))
         .map_err(|never| match never {})
         .boxed_unsync();
@@ -438,8 +462,7 @@ fn refused_response(e: &CredentialError) -> (http::Response<WasiBody>, IoFuture)
         http::header::WWW_AUTHENTICATE,
         http::HeaderValue::from_static("Flotilla error=\"credential_refused\""),
     );
-    let io: IoFuture = Box::new(async { Ok(()) });
-    (response, io)
+    response
 }
 
 /// Why a name did not yield addresses to connect to.

@@ -8,8 +8,10 @@
 //! `{"results": [{"status": 200, "bytes": 12} | {"error": "..."}], "sent_headers": [[k, v]...]}`.
 //! `sent_headers` is the guest's own view of the request it built. `hold` keeps each response
 //! unread in the guest's state (across calls); `capture` adds the response's `headers` and
-//! `body` (as text) to its result. The setting `{"on_update": <command>}` makes every `update`
-//! run that command too.
+//! `body` (as text) to its result. `"write_first": N` sends N bytes of body the way a plain
+//! wasi:http guest can: the whole body written (4 KiB at a time, each write waiting for room)
+//! after `handle` and before it waits for the response; its result is `status` and `body`.
+//! The setting `{"on_update": <command>}` makes every `update` run that command too.
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 #![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
 
@@ -36,6 +38,9 @@ use flotilla::provider::types::{
 };
 
 async fn one(cmd: &Value, sent: &mut Vec<Value>) -> Value {
+    if let Some(n) = cmd["write_first"].as_u64() {
+        return write_first(cmd, n).unwrap_or_else(|e| json!({ "error": e }));
+    }
     let url = cmd["url"].as_str().unwrap_or_default();
     let method = cmd["method"].as_str().unwrap_or("GET");
     let mut builder = Request::builder().method(method).uri(url);
@@ -98,6 +103,65 @@ async fn one(cmd: &Value, sent: &mut Vec<Value>) -> Value {
             "body": String::from_utf8_lossy(&text)});
     }
     json!({"status": status, "bytes": bytes})
+}
+
+/// A POST of `n` bytes through wasi:http directly: `handle`, then the whole body, then the wait
+/// for the response. Nothing here waits on the response while the body goes out, so the host
+/// must move the request along on its own.
+fn write_first(cmd: &Value, n: u64) -> Result<Value, String> {
+    use wasip2::http::outgoing_handler::handle;
+    use wasip2::http::types::{Fields, Method, OutgoingBody, OutgoingRequest, Scheme};
+    use wasip2::io::streams::StreamError;
+
+    let url = cmd["url"].as_str().unwrap_or_default();
+    let rest = url.strip_prefix("http://").ok_or("http URLs only")?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut headers = Vec::new();
+    if let Some(c) = cmd["credential"].as_str() {
+        headers.push(("flotilla-credential".to_string(), c.as_bytes().to_vec()));
+    }
+    let fields = Fields::from_list(&headers).map_err(|e| format!("{e:?}"))?;
+    let request = OutgoingRequest::new(fields);
+    let set = [
+        request.set_method(&Method::Post),
+        request.set_scheme(Some(&Scheme::Http)),
+        request.set_authority(Some(authority)),
+        request.set_path_with_query(Some(path)),
+    ];
+    if set.iter().any(Result::is_err) {
+        return Err("cannot set the request's parts".into());
+    }
+    let body = request.body().map_err(|()| "no body")?;
+    let response = handle(request, None).map_err(|e| format!("{e:?}"))?;
+    {
+        let out = body.write().map_err(|()| "no body stream")?;
+        let mut left = n;
+        while left > 0 {
+            let len = left.min(4096);
+            out.blocking_write_and_flush(&vec![b'x'; len as usize])
+                .map_err(|e| format!("write: {e:?}"))?;
+            left -= len;
+        }
+    }
+    OutgoingBody::finish(body, None).map_err(|e| format!("finish: {e:?}"))?;
+    response.subscribe().block();
+    let response = match response.get() {
+        Some(Ok(Ok(r))) => r,
+        Some(Ok(Err(e))) => return Err(format!("{e:?}")),
+        other => return Err(format!("no response: {}", other.is_some())),
+    };
+    let status = response.status();
+    let body = response.consume().map_err(|()| "no response body")?;
+    let stream = body.stream().map_err(|()| "no response stream")?;
+    let mut text = Vec::new();
+    loop {
+        match stream.blocking_read(4096) {
+            Ok(chunk) => text.extend_from_slice(&chunk),
+            Err(StreamError::Closed) => break,
+            Err(e) => return Err(format!("read: {e:?}")),
+        }
+    }
+    Ok(json!({"status": status, "body": String::from_utf8_lossy(&text)}))
 }
 
 thread_local! {
