@@ -44,7 +44,9 @@ print("\nmedians:")
 for r in rows: print(f"  {r:<38} {fmt(median(r))}")
 try: print(f"  {'rss_per_instance':<38} {open(os.path.join(out,'rss_per_instance_kib')).read()} KiB")
 except OSError: pass
-try: print(f"  {'http_get interleaved':<38} {open(os.path.join(out,'http_get_interleaved')).read()}")
+try: print(f"  {'http_get interleaved one by one':<38} {open(os.path.join(out,'http_get_interleaved')).read()}")
+except OSError: pass
+try: print(f"  {'http_get interleaved in blocks of 20':<38} {open(os.path.join(out,'http_get_interleaved_blocks')).read()}")
 except OSError: pass
 try: print(f"  {'http_get cpu per GET':<38} {open(os.path.join(out,'http_get_cpu')).read()}")
 except OSError: pass

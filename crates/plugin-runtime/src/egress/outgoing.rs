@@ -117,6 +117,7 @@ fn handle(
     };
     let shared = Arc::new(Shared {
         state: Mutex::new(State::Sending(state.hooks.start(request, options))),
+        done: std::sync::atomic::AtomicBool::new(false),
         waiter: Mutex::new(Waiter::default()),
         runtime,
     });
@@ -253,7 +254,11 @@ pub(crate) struct FutureResponse(Arc<Shared>);
 
 impl Drop for FutureResponse {
     fn drop(&mut self) {
-        // The guest let go of it: the request is cancelled now, not at a driver's next poll.
+        // The guest let go of it: the request is cancelled now, not at a driver's next poll,
+        // and wake-ups from here on are stale.
+        self.0
+            .done
+            .store(true, std::sync::atomic::Ordering::Release);
         let dropped = std::mem::replace(&mut *self.0.state.lock(), State::Taken);
         drop(dropped);
     }
@@ -269,6 +274,8 @@ enum State {
 /// One request in flight, and who is waiting for it.
 struct Shared {
     state: Mutex<State>,
+    /// Set once the send has ended; wake-ups after that are stale.
+    done: std::sync::atomic::AtomicBool,
     waiter: Mutex<Waiter>,
     runtime: tokio::runtime::Handle,
 }
@@ -293,6 +300,7 @@ impl Shared {
         match sending.as_mut().poll(&mut Context::from_waker(&waker)) {
             Poll::Ready(done) => {
                 *state = State::Done(done);
+                self.done.store(true, std::sync::atomic::Ordering::Release);
                 true
             }
             Poll::Pending => false,
@@ -315,6 +323,10 @@ impl Shared {
 
 impl Wake for Shared {
     fn wake(self: Arc<Self>) {
+        if self.done.load(std::sync::atomic::Ordering::Acquire) {
+            // A stale registration (a socket or timer the request polled before it ended).
+            return;
+        }
         let waiting = {
             let mut waiter = self.waiter.lock();
             let waker = waiter.waker.take();
@@ -424,6 +436,7 @@ mod tests {
         }));
         let response = FutureResponse(Arc::new(Shared {
             state: Mutex::new(State::Sending(sending)),
+            done: std::sync::atomic::AtomicBool::new(false),
             waiter: Mutex::new(Waiter::default()),
             runtime: tokio::runtime::Handle::current(),
         }));
