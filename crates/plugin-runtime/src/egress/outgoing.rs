@@ -118,6 +118,7 @@ fn handle(
     let shared = Arc::new(Shared {
         state: Mutex::new(State::Sending(state.hooks.start(request, options))),
         done: std::sync::atomic::AtomicBool::new(false),
+        scheduled: std::sync::atomic::AtomicBool::new(false),
         waiter: Mutex::new(Waiter::default()),
         runtime,
     });
@@ -163,9 +164,12 @@ fn get(
 /// applies only in its `future-incoming-response.get`; so the error goes through that, in a
 /// resource of its type that lives for this call only.
 fn error_code(state: &mut HostState, e: HttpError) -> wasmtime::Result<ErrorCode> {
-    let id = state
-        .table
-        .push(HostFutureIncomingResponse::Ready(Err(e)))?;
+    let Ok(id) = state.table.push(HostFutureIncomingResponse::Ready(Err(e))) else {
+        // The guest's table is full: it still gets an error code, not a trap.
+        return Ok(ErrorCode::InternalError(Some(
+            "the request failed (resource table full)".into(),
+        )));
+    };
     let answer = state
         .http()
         .get(Resource::<HostFutureIncomingResponse>::new_borrow(id.rep()));
@@ -200,7 +204,13 @@ fn build(request: HostOutgoingRequest) -> Result<http::Request<WasiBody>, ErrorC
     let scheme = match request.scheme {
         Some(Scheme::Http) => http::uri::Scheme::HTTP,
         Some(Scheme::Https) => http::uri::Scheme::HTTPS,
-        Some(Scheme::Other(_)) | None => return Err(ErrorCode::HttpProtocolError),
+        // Spelled as text, `http` and `https` are still the two schemes the host speaks.
+        Some(Scheme::Other(other)) => match http::uri::Scheme::try_from(other.as_str()) {
+            Ok(s) if s == http::uri::Scheme::HTTP || s == http::uri::Scheme::HTTPS => s,
+            _ => return Err(ErrorCode::HttpProtocolError),
+        },
+        // The pool sets no default scheme.
+        None => return Err(ErrorCode::HttpProtocolError),
     };
     let authority = request.authority.unwrap_or_default();
     let mut uri = http::Uri::builder()
@@ -209,14 +219,24 @@ fn build(request: HostOutgoingRequest) -> Result<http::Request<WasiBody>, ErrorC
     if let Some(path) = request.path_with_query {
         uri = uri.path_and_query(path);
     }
-    let uri = uri.build().map_err(|_| ErrorCode::HttpRequestUriInvalid)?;
-    let mut headers = http::HeaderMap::with_capacity(request.headers.len() + 1);
-    headers.insert(
-        http::header::HOST,
-        http::HeaderValue::from_str(&authority).map_err(|_| ErrorCode::HttpRequestUriInvalid)?,
-    );
+    let uri = uri
+        .build()
+        .map_err(wasmtime_wasi_http::p2::http_request_error)?;
+    // `try_`: a map past http's size limit is the guest's error, not a host panic.
+    let full = |_| ErrorCode::HttpRequestHeaderSectionSize(None);
+    let mut headers =
+        http::HeaderMap::try_with_capacity(request.headers.len() + 1).map_err(full)?;
+    headers
+        .try_insert(
+            http::header::HOST,
+            http::HeaderValue::from_str(&authority)
+                .map_err(|_| ErrorCode::HttpRequestUriInvalid)?,
+        )
+        .map_err(full)?;
     for (name, value) in request.headers.iter() {
-        headers.append(name.clone(), value.clone());
+        headers
+            .try_append(name.clone(), value.clone())
+            .map_err(full)?;
     }
     let body = request
         .body
@@ -276,6 +296,10 @@ struct Shared {
     state: Mutex<State>,
     /// Set once the send has ended; wake-ups after that are stale.
     done: std::sync::atomic::AtomicBool,
+    /// A driver task is queued and has not started polling yet: one is enough, however many
+    /// wake-ups arrive meanwhile (a guest can make many, for example by spending its tokio
+    /// budget so that every timer and channel it polls defers its wake-up).
+    scheduled: std::sync::atomic::AtomicBool,
     waiter: Mutex<Waiter>,
     runtime: tokio::runtime::Handle,
 }
@@ -309,8 +333,17 @@ impl Shared {
 
     /// Polls the request once in a task of its own, for a wake-up no guest wait will take.
     fn drive(self: Arc<Self>) {
+        if self
+            .scheduled
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
         let runtime = self.runtime.clone();
         runtime.spawn(async move {
+            // Cleared before the poll: a wake-up during it queues the next one.
+            self.scheduled
+                .store(false, std::sync::atomic::Ordering::Release);
             if self.poll_send() {
                 let waiting = self.waiter.lock().waker.take();
                 if let Some(waker) = waiting {
@@ -421,6 +454,46 @@ mod tests {
         }
     }
 
+    fn outgoing(scheme: Option<Scheme>, path: Option<&str>) -> HostOutgoingRequest {
+        HostOutgoingRequest {
+            method: Method::Get,
+            scheme,
+            authority: Some("cloud.example:8080".into()),
+            path_with_query: path.map(str::to_string),
+            headers: FieldMap::default(),
+            body: None,
+        }
+    }
+
+    #[test]
+    fn requests_are_built_as_wasi_http_specifies() {
+        let built = build(outgoing(Some(Scheme::Https), Some("/v1?x=1")))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(built.uri(), "https://cloud.example:8080/v1?x=1");
+        assert_eq!(built.headers()["host"], "cloud.example:8080");
+        // The scheme spelled as text is the same scheme.
+        let built = build(outgoing(Some(Scheme::Other("http".into())), Some("/")))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(built.uri().scheme_str(), Some("http"));
+        for refused in [
+            outgoing(None, Some("/")),
+            outgoing(Some(Scheme::Other("ftp".into())), Some("/")),
+            outgoing(Some(Scheme::Http), None),
+        ] {
+            assert!(
+                matches!(build(refused), Err(ErrorCode::HttpProtocolError)),
+                "accepted"
+            );
+        }
+        let mut declared = outgoing(Some(Scheme::Http), Some("/"));
+        declared.headers =
+            FieldMap::new_immutable(wasmtime_wasi_http::default_hooks(), headers(&["5"]));
+        assert!(matches!(
+            build(declared),
+            Err(ErrorCode::HttpRequestBodySize(Some(0)))
+        ));
+    }
+
     /// A request that completes when `go` is sent, and whether it is done.
     fn request() -> (FutureResponse, tokio::sync::oneshot::Sender<()>) {
         let (go, rx) = tokio::sync::oneshot::channel::<()>();
@@ -437,6 +510,7 @@ mod tests {
         let response = FutureResponse(Arc::new(Shared {
             state: Mutex::new(State::Sending(sending)),
             done: std::sync::atomic::AtomicBool::new(false),
+            scheduled: std::sync::atomic::AtomicBool::new(false),
             waiter: Mutex::new(Waiter::default()),
             runtime: tokio::runtime::Handle::current(),
         }));
@@ -493,6 +567,33 @@ mod tests {
             // The wait ends here without polling again.
         }
         assert!(driven(&response).await, "the wake-up was lost");
+    }
+
+    /// However many wake-ups arrive while no guest waits, one task is queued to poll the
+    /// request, not one per wake-up.
+    #[tokio::test]
+    async fn a_burst_of_wake_ups_queues_one_driver() {
+        let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = polls.clone();
+        let sending: Sending = Box::pin(std::future::poll_fn(move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Poll::Pending
+        }));
+        let response = FutureResponse(Arc::new(Shared {
+            state: Mutex::new(State::Sending(sending)),
+            done: std::sync::atomic::AtomicBool::new(false),
+            scheduled: std::sync::atomic::AtomicBool::new(false),
+            waiter: Mutex::new(Waiter::default()),
+            runtime: tokio::runtime::Handle::current(),
+        }));
+        let waker = Waker::from(response.0.clone());
+        for _ in 0..100 {
+            waker.wake_by_ref();
+        }
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(polls.load(Ordering::SeqCst), 1);
     }
 
     /// While the guest waits, the wake-up goes to the guest's own task, which polls the request.
