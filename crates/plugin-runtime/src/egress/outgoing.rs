@@ -18,6 +18,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use http_body_util::{BodyExt, Empty};
@@ -117,8 +118,8 @@ fn handle(
     };
     let shared = Arc::new(Shared {
         state: Mutex::new(State::Sending(state.hooks.start(request, options))),
-        done: std::sync::atomic::AtomicBool::new(false),
-        scheduled: std::sync::atomic::AtomicBool::new(false),
+        done: AtomicBool::new(false),
+        scheduled: AtomicBool::new(false),
         waiter: Mutex::new(Waiter::default()),
         runtime,
     });
@@ -276,9 +277,7 @@ impl Drop for FutureResponse {
     fn drop(&mut self) {
         // The guest let go of it: the request is cancelled now, not at a driver's next poll,
         // and wake-ups from here on are stale.
-        self.0
-            .done
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.0.done.store(true, Ordering::Release);
         let dropped = std::mem::replace(&mut *self.0.state.lock(), State::Taken);
         drop(dropped);
     }
@@ -295,11 +294,11 @@ enum State {
 struct Shared {
     state: Mutex<State>,
     /// Set once the send has ended; wake-ups after that are stale.
-    done: std::sync::atomic::AtomicBool,
+    done: AtomicBool,
     /// A driver task is queued and has not started polling yet: one is enough, however many
     /// wake-ups arrive meanwhile (a guest can make many, for example by spending its tokio
     /// budget so that every timer and channel it polls defers its wake-up).
-    scheduled: std::sync::atomic::AtomicBool,
+    scheduled: AtomicBool,
     waiter: Mutex<Waiter>,
     runtime: tokio::runtime::Handle,
 }
@@ -324,7 +323,7 @@ impl Shared {
         match sending.as_mut().poll(&mut Context::from_waker(&waker)) {
             Poll::Ready(done) => {
                 *state = State::Done(done);
-                self.done.store(true, std::sync::atomic::Ordering::Release);
+                self.done.store(true, Ordering::Release);
                 true
             }
             Poll::Pending => false,
@@ -333,17 +332,13 @@ impl Shared {
 
     /// Polls the request once in a task of its own, for a wake-up no guest wait will take.
     fn drive(self: Arc<Self>) {
-        if self
-            .scheduled
-            .swap(true, std::sync::atomic::Ordering::AcqRel)
-        {
+        if self.scheduled.swap(true, Ordering::AcqRel) {
             return;
         }
         let runtime = self.runtime.clone();
         runtime.spawn(async move {
             // Cleared before the poll: a wake-up during it queues the next one.
-            self.scheduled
-                .store(false, std::sync::atomic::Ordering::Release);
+            self.scheduled.store(false, Ordering::Release);
             if self.poll_send() {
                 let waiting = self.waiter.lock().waker.take();
                 if let Some(waker) = waiting {
@@ -356,7 +351,7 @@ impl Shared {
 
 impl Wake for Shared {
     fn wake(self: Arc<Self>) {
-        if self.done.load(std::sync::atomic::Ordering::Acquire) {
+        if self.done.load(Ordering::Acquire) {
             // A stale registration (a socket or timer the request polled before it ended).
             return;
         }
@@ -419,7 +414,6 @@ impl Pollable for FutureResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     fn headers(values: &[&str]) -> http::HeaderMap {
         let mut h = http::HeaderMap::new();
@@ -509,8 +503,8 @@ mod tests {
         }));
         let response = FutureResponse(Arc::new(Shared {
             state: Mutex::new(State::Sending(sending)),
-            done: std::sync::atomic::AtomicBool::new(false),
-            scheduled: std::sync::atomic::AtomicBool::new(false),
+            done: AtomicBool::new(false),
+            scheduled: AtomicBool::new(false),
             waiter: Mutex::new(Waiter::default()),
             runtime: tokio::runtime::Handle::current(),
         }));
@@ -581,8 +575,8 @@ mod tests {
         }));
         let response = FutureResponse(Arc::new(Shared {
             state: Mutex::new(State::Sending(sending)),
-            done: std::sync::atomic::AtomicBool::new(false),
-            scheduled: std::sync::atomic::AtomicBool::new(false),
+            done: AtomicBool::new(false),
+            scheduled: AtomicBool::new(false),
             waiter: Mutex::new(Waiter::default()),
             runtime: tokio::runtime::Handle::current(),
         }));
