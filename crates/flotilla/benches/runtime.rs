@@ -243,8 +243,13 @@ fn http(c: &mut Criterion) {
         });
     }
     g.finish();
-    cpu_per_get(&tokio, provider.clone(), pooled.clone(), url.clone());
-    interleaved_get(&tokio, provider, pooled, url);
+    let gets = Gets {
+        provider,
+        pooled,
+        url,
+    };
+    cpu_per_get(&tokio, gets.clone());
+    interleaved_get(&tokio, gets);
 }
 
 /// CPU time of the whole process (every thread: the caller's workers and the cloud's), in ns.
@@ -266,13 +271,13 @@ fn process_cpu_ns() -> u64 {
 /// CPU spent per GET, the cloud's included (it serves both alike), in alternating blocks of
 /// 200 guest GETs and 200 reqwest GETs, 10 blocks each. Latency on a loopback round trip is
 /// mostly waiting and waking; this says what each GET costs the machine.
-fn cpu_per_get(
-    tokio: &tokio::runtime::Runtime,
-    provider: Arc<flotilla_plugin_runtime::WasmProvider>,
-    pooled: reqwest::Client,
-    url: Arc<String>,
-) {
+fn cpu_per_get(tokio: &tokio::runtime::Runtime, gets: Gets) {
     const BLOCK: u64 = 200;
+    let Gets {
+        provider,
+        pooled,
+        url,
+    } = gets;
     let (guest, baseline) = tokio
         .block_on(tokio.spawn(async move {
             let (mut guest, mut baseline) = (0u64, 0u64);
@@ -327,6 +332,15 @@ where
     }
 }
 
+/// The two clients the GET comparisons alternate: the guest (through its provider) and pooled
+/// reqwest on the same URL.
+#[derive(Clone)]
+struct Gets {
+    provider: Arc<flotilla_plugin_runtime::WasmProvider>,
+    pooled: reqwest::Client,
+    url: Arc<String>,
+}
+
 /// The baseline of the guest's GET: the same GET through reqwest, and the same JSON decoding.
 async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
     let body = client
@@ -349,13 +363,13 @@ async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
 /// clients on every GET moves the calling task between the workers (each switch wakes the
 /// other worker), which costs the guest's larger working set more. Prints both medians and
 /// ratios, and leaves them in `$FLOTILLA_BENCH_OUT`.
-fn interleaved_get(
-    tokio: &tokio::runtime::Runtime,
-    provider: Arc<flotilla_plugin_runtime::WasmProvider>,
-    pooled: reqwest::Client,
-    url: Arc<String>,
-) {
+fn interleaved_get(tokio: &tokio::runtime::Runtime, gets: Gets) {
     const BLOCK: u32 = 20;
+    let Gets {
+        provider,
+        pooled,
+        url,
+    } = gets;
     // On a worker thread, like the scaler's calls (see `on_worker`).
     let (mut g, mut b, mut gb, mut bb) = tokio
         .block_on(tokio.spawn(async move {

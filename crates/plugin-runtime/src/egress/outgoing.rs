@@ -501,14 +501,39 @@ mod tests {
             }
             Poll::Ready(Err(HttpError::ConnectionRefused))
         }));
-        let response = FutureResponse(Arc::new(Shared {
+        (in_flight(sending), go)
+    }
+
+    fn in_flight(sending: Sending) -> FutureResponse {
+        FutureResponse(Arc::new(Shared {
             state: Mutex::new(State::Sending(sending)),
             done: AtomicBool::new(false),
             scheduled: AtomicBool::new(false),
             waiter: Mutex::new(Waiter::default()),
             runtime: tokio::runtime::Handle::current(),
-        }));
-        (response, go)
+        }))
+    }
+
+    /// The guest's wait on `response`, polled once; then the request makes progress, and the
+    /// wait's waker must have been woken.
+    fn woken_wait(
+        response: &mut FutureResponse,
+        go: tokio::sync::oneshot::Sender<()>,
+    ) -> (Pin<Box<dyn Future<Output = ()> + Send + '_>>, Waker) {
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let waker = Waker::from(flag.clone());
+        let mut wait = response.ready();
+        assert!(
+            wait.as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        let _ = go.send(());
+        assert!(
+            flag.0.load(Ordering::SeqCst),
+            "the waiting guest was not woken"
+        );
+        (wait, waker)
     }
 
     async fn driven(response: &FutureResponse) -> bool {
@@ -544,22 +569,8 @@ mod tests {
     #[tokio::test]
     async fn a_wake_up_handed_to_an_ended_wait_still_drives_the_request() {
         let (mut response, go) = request();
-        let flag = Arc::new(Flag(AtomicBool::new(false)));
-        let waker = Waker::from(flag.clone());
-        {
-            let mut wait = response.ready();
-            assert!(
-                wait.as_mut()
-                    .poll(&mut Context::from_waker(&waker))
-                    .is_pending()
-            );
-            let _ = go.send(());
-            assert!(
-                flag.0.load(Ordering::SeqCst),
-                "the waiting guest was not woken"
-            );
-            // The wait ends here without polling again.
-        }
+        // The wait ends without polling again.
+        drop(woken_wait(&mut response, go));
         assert!(driven(&response).await, "the wake-up was lost");
     }
 
@@ -573,13 +584,7 @@ mod tests {
             counted.fetch_add(1, Ordering::SeqCst);
             Poll::Pending
         }));
-        let response = FutureResponse(Arc::new(Shared {
-            state: Mutex::new(State::Sending(sending)),
-            done: AtomicBool::new(false),
-            scheduled: AtomicBool::new(false),
-            waiter: Mutex::new(Waiter::default()),
-            runtime: tokio::runtime::Handle::current(),
-        }));
+        let response = in_flight(sending);
         let waker = Waker::from(response.0.clone());
         for _ in 0..100 {
             waker.wake_by_ref();
@@ -594,16 +599,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_guest_is_woken_and_polls_the_request_itself() {
         let (mut response, go) = request();
-        let flag = Arc::new(Flag(AtomicBool::new(false)));
-        let waker = Waker::from(flag.clone());
-        let mut wait = response.ready();
-        assert!(
-            wait.as_mut()
-                .poll(&mut Context::from_waker(&waker))
-                .is_pending()
-        );
-        let _ = go.send(());
-        assert!(flag.0.load(Ordering::SeqCst));
+        let (mut wait, waker) = woken_wait(&mut response, go);
         assert!(
             wait.as_mut()
                 .poll(&mut Context::from_waker(&waker))
