@@ -273,29 +273,22 @@ fn process_cpu_ns() -> u64 {
 /// mostly waiting and waking; this says what each GET costs the machine.
 fn cpu_per_get(tokio: &tokio::runtime::Runtime, gets: Gets) {
     const BLOCK: u64 = 200;
-    let Gets {
-        provider,
-        pooled,
-        url,
-    } = gets;
-    let (guest, baseline) = tokio
-        .block_on(tokio.spawn(async move {
-            let (mut guest, mut baseline) = (0u64, 0u64);
-            for _ in 0..10 {
-                let start = process_cpu_ns();
-                for _ in 0..BLOCK {
-                    std::hint::black_box(provider.update().await.ok());
-                }
-                let mid = process_cpu_ns();
-                for _ in 0..BLOCK {
-                    std::hint::black_box(get_json(&pooled, &url).await);
-                }
-                guest += mid - start;
-                baseline += process_cpu_ns() - mid;
+    let (guest, baseline) = on_a_worker(tokio, async move {
+        let (mut guest, mut baseline) = (0u64, 0u64);
+        for _ in 0..10 {
+            let start = process_cpu_ns();
+            for _ in 0..BLOCK {
+                std::hint::black_box(gets.guest().await);
             }
-            (guest / (10 * BLOCK), baseline / (10 * BLOCK))
-        }))
-        .unwrap_or_else(|e| panic!("{e}"));
+            let mid = process_cpu_ns();
+            for _ in 0..BLOCK {
+                std::hint::black_box(gets.baseline().await);
+            }
+            guest += mid - start;
+            baseline += process_cpu_ns() - mid;
+        }
+        (guest / (10 * BLOCK), baseline / (10 * BLOCK))
+    });
     let line = format!(
         "guest {:.1} µs, reqwest pooled {:.1} µs, ratio {:.2}x",
         guest as f64 / 1e3,
@@ -320,15 +313,13 @@ where
 {
     move |iters| {
         let f = f.clone();
-        tokio
-            .block_on(tokio.spawn(async move {
-                let start = std::time::Instant::now();
-                for _ in 0..iters {
-                    std::hint::black_box(f().await);
-                }
-                start.elapsed()
-            }))
-            .unwrap_or_else(|e| panic!("{e}"))
+        on_a_worker(tokio, async move {
+            let start = std::time::Instant::now();
+            for _ in 0..iters {
+                std::hint::black_box(f().await);
+            }
+            start.elapsed()
+        })
     }
 }
 
@@ -339,6 +330,29 @@ struct Gets {
     provider: Arc<flotilla_plugin_runtime::WasmProvider>,
     pooled: reqwest::Client,
     url: Arc<String>,
+}
+
+impl Gets {
+    async fn guest(&self) -> Vec<flotilla_provider::Instance> {
+        self.provider
+            .update()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    async fn baseline(&self) -> serde_json::Value {
+        get_json(&self.pooled, &self.url).await
+    }
+}
+
+/// Runs `f` to completion in a task on a worker thread of `tokio` (see `on_worker`).
+fn on_a_worker<T: Send + 'static>(
+    tokio: &tokio::runtime::Runtime,
+    f: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    tokio
+        .block_on(tokio.spawn(f))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The baseline of the guest's GET: the same GET through reqwest, and the same JSON decoding.
@@ -365,58 +379,51 @@ async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
 /// ratios, and leaves them in `$FLOTILLA_BENCH_OUT`.
 fn interleaved_get(tokio: &tokio::runtime::Runtime, gets: Gets) {
     const BLOCK: u32 = 20;
-    let Gets {
-        provider,
-        pooled,
-        url,
-    } = gets;
     // On a worker thread, like the scaler's calls (see `on_worker`).
-    let (mut g, mut b, mut gb, mut bb) = tokio
-        .block_on(tokio.spawn(async move {
-            let baseline = || get_json(&pooled, &url);
-            let guest = || async { provider.update().await.unwrap_or_else(|e| panic!("{e}")) };
-            let (mut g, mut b) = (Vec::new(), Vec::new());
-            for round in 0..4_400u32 {
+    let (mut g, mut b, mut gb, mut bb) = on_a_worker(tokio, async move {
+        let baseline = || gets.baseline();
+        let guest = || gets.guest();
+        let (mut g, mut b) = (Vec::new(), Vec::new());
+        for round in 0..4_400u32 {
+            let t = std::time::Instant::now();
+            if round % 2 == 0 {
+                std::hint::black_box(guest().await);
+                let mid = std::time::Instant::now();
+                std::hint::black_box(baseline().await);
+                if round >= 400 {
+                    g.push(mid - t);
+                    b.push(mid.elapsed());
+                }
+            } else {
+                std::hint::black_box(baseline().await);
+                let mid = std::time::Instant::now();
+                std::hint::black_box(guest().await);
+                if round >= 400 {
+                    b.push(mid - t);
+                    g.push(mid.elapsed());
+                }
+            }
+        }
+        let (mut gb, mut bb) = (Vec::new(), Vec::new());
+        for block in 0..(2 * 4_400 / BLOCK) {
+            for i in 0..BLOCK {
                 let t = std::time::Instant::now();
-                if round % 2 == 0 {
+                if block % 2 == 0 {
                     std::hint::black_box(guest().await);
-                    let mid = std::time::Instant::now();
-                    std::hint::black_box(baseline().await);
-                    if round >= 400 {
-                        g.push(mid - t);
-                        b.push(mid.elapsed());
-                    }
                 } else {
                     std::hint::black_box(baseline().await);
-                    let mid = std::time::Instant::now();
-                    std::hint::black_box(guest().await);
-                    if round >= 400 {
-                        b.push(mid - t);
-                        g.push(mid.elapsed());
-                    }
                 }
-            }
-            let (mut gb, mut bb) = (Vec::new(), Vec::new());
-            for block in 0..(2 * 4_400 / BLOCK) {
-                for i in 0..BLOCK {
-                    let t = std::time::Instant::now();
+                if block >= 2 * 400 / BLOCK && i >= 2 {
                     if block % 2 == 0 {
-                        std::hint::black_box(guest().await);
+                        gb.push(t.elapsed())
                     } else {
-                        std::hint::black_box(baseline().await);
-                    }
-                    if block >= 2 * 400 / BLOCK && i >= 2 {
-                        if block % 2 == 0 {
-                            gb.push(t.elapsed())
-                        } else {
-                            bb.push(t.elapsed())
-                        }
+                        bb.push(t.elapsed())
                     }
                 }
             }
-            (g, b, gb, bb)
-        }))
-        .unwrap_or_else(|e| panic!("{e}"));
+        }
+        (g, b, gb, bb)
+    });
     let median = |v: &mut Vec<Duration>| {
         v.sort();
         v[v.len() / 2]
