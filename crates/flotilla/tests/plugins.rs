@@ -434,7 +434,11 @@ group = "ci"
                 (|e: &ProviderError| matches!(e, ProviderError::Unauthorized(_)))
                     as fn(&ProviderError) -> bool,
             ),
-            (429, |e| matches!(e, ProviderError::Throttled { .. })),
+            // The cloud's Retry-After (7 s) and its words come through.
+            (429, |e| {
+                matches!(e, ProviderError::Throttled { retry_after, message }
+                    if *retry_after == Duration::from_secs(7) && message.contains("failing on purpose"))
+            }),
             (503, |e| matches!(e, ProviderError::Transient(_))),
         ] {
             if let Ok(mut s) = cloud.state.lock() {

@@ -90,7 +90,12 @@ async fn handle(
     });
     if let Some(code) = s.fail_with {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return Ok(reply(status, json!({"message": "failing on purpose"})));
+        let mut r = reply(status, json!({"message": "failing on purpose"}));
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            r.headers_mut()
+                .insert("retry-after", hyper::header::HeaderValue::from_static("7"));
+        }
+        return Ok(r);
     }
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let response = match (method.as_str(), parts.as_slice()) {

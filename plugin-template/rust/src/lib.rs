@@ -7,7 +7,6 @@
 
 use serde::Deserialize;
 use serde_json::json;
-use wstd::http::{Body, Client, Method, Request, Response, StatusCode};
 
 wit_bindgen::generate!({
     path: "wit",
@@ -21,6 +20,9 @@ use flotilla::provider::types::{
     Arch, Capabilities, Connection, Error, Instance, InstanceState, Os, Protocol, ProviderInfo,
     Throttle,
 };
+use wasi::http::outgoing_handler;
+use wasi::http::types::{Fields, IncomingResponse, Method, OutgoingBody, OutgoingRequest, Scheme};
+use wasi::io::streams::StreamError;
 
 /// The pool's `plugin_config`. Unknown keys are rejected.
 #[derive(Debug, Clone, Deserialize)]
@@ -88,35 +90,33 @@ fn parse_settings(text: &str) -> Result<Settings, Error> {
     Err(Error::InvalidConfig(problems.join("; ")))
 }
 
-/// Maps an HTTP status to the contract's error cases.
-fn status_error(action: &str, response: &Response<Body>, body: &str) -> Error {
-    let status = response.status();
+/// Maps a non-2xx answer to the provider error the host expects.
+fn status_error(action: &str, status: u16, retry_after: Option<u32>, body: &str) -> Error {
     let message = format!(
         "{action}: HTTP {status}: {}",
         body.chars().take(300).collect::<String>()
     );
     match status {
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Error::Unauthorized(message),
-        StatusCode::NOT_FOUND => Error::NotFound(message),
-        StatusCode::TOO_MANY_REQUESTS => {
-            let retry = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            Error::Throttled(Throttle {
-                retry_after_seconds: retry,
-                message,
-            })
-        }
-        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => Error::InvalidConfig(message),
-        s if s.is_server_error() => Error::Transient(message),
+        401 | 403 => Error::Unauthorized(message),
+        404 => Error::NotFound(message),
+        429 => Error::Throttled(Throttle {
+            retry_after_seconds: retry_after.unwrap_or(0),
+            message,
+        }),
+        400 | 422 => Error::InvalidConfig(message),
+        500..=599 => Error::Transient(message),
         _ => Error::Other(message),
     }
 }
 
+/// The largest response body read whole (the host caps it too).
+const MAX_BODY: usize = 16 << 20;
+
 /// Sends one JSON request, authenticated by the host, and decodes the JSON answer.
+///
+/// It speaks `wasi:http` through the bindings wit-bindgen generated for the world: build the
+/// request, hand it to the host, block until the answer comes, and read the body with blocking
+/// reads. About 20 host calls per request; the host's deadline bounds every wait.
 fn call<T: for<'de> Deserialize<'de>>(
     action: &str,
     method: Method,
@@ -124,44 +124,106 @@ fn call<T: for<'de> Deserialize<'de>>(
     body: Option<serde_json::Value>,
 ) -> Result<T, Error> {
     let s = settings()?;
-    let url = format!(
-        "{}/v1/groups/{}{path}",
-        s.endpoint.trim_end_matches('/'),
-        s.group
-    );
-    wstd::runtime::block_on(async move {
-        let mut builder = Request::builder()
-            .method(method)
-            .uri(&url)
-            .header("accept", "application/json");
-        if let Some(name) = &s.credential {
-            // The host replaces this with real authorisation; the secret never reaches us.
-            builder = builder.header("flotilla-credential", name);
+    let endpoint = s.endpoint.trim_end_matches('/');
+    let path = format!("/v1/groups/{}{path}", s.group);
+    let url = format!("{endpoint}{path}");
+    let (scheme, rest) = match endpoint.split_once("://") {
+        Some(("https", rest)) => (Scheme::Https, rest),
+        Some(("http", rest)) => (Scheme::Http, rest),
+        _ => {
+            return Err(Error::InvalidConfig(format!(
+                "{action}: bad endpoint {endpoint:?}"
+            )));
         }
-        let request = match body {
-            Some(json) => builder
-                .header("content-type", "application/json")
-                .body(Body::from(json.to_string().into_bytes())),
-            // An explicitly empty stream: wstd's Body::empty() races with servers that close.
-            None => builder.body(Body::from_stream(futures_lite::stream::empty::<Vec<u8>>())),
+    };
+    let (authority, base) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let transient = |what: String| Error::Transient(format!("{action}: {url}: {what}"));
+    let invalid =
+        |what: &str| Error::InvalidConfig(format!("{action}: bad request for {url}: {what}"));
+
+    let mut headers = vec![("accept".to_string(), b"application/json".to_vec())];
+    if let Some(name) = &s.credential {
+        // The host signs or authorises the request with this credential; the secret stays there.
+        headers.push(("flotilla-credential".to_string(), name.as_bytes().to_vec()));
+    }
+    let payload = body.map(|json| json.to_string().into_bytes());
+    if payload.is_some() {
+        headers.push(("content-type".to_string(), b"application/json".to_vec()));
+    }
+    let fields = Fields::from_list(&headers).map_err(|e| invalid(&format!("{e:?}")))?;
+    let request = OutgoingRequest::new(fields);
+    // A new request is a GET already; only other methods are set (one host call less a GET).
+    if !matches!(method, Method::Get) {
+        request
+            .set_method(&method)
+            .map_err(|()| invalid("method"))?;
+    }
+    request
+        .set_scheme(Some(&scheme))
+        .map_err(|()| invalid("scheme"))?;
+    request
+        .set_authority(Some(authority))
+        .map_err(|()| invalid("authority"))?;
+    request
+        .set_path_with_query(Some(&format!("{base}{path}")))
+        .map_err(|()| invalid("path"))?;
+    // A GET has no body resource at all: the host sends it with an empty body.
+    let outgoing = match payload {
+        Some(_) => Some(request.body().map_err(|()| invalid("body"))?),
+        None => None,
+    };
+    let pending =
+        outgoing_handler::handle(request, None).map_err(|e| transient(format!("{e:?}")))?;
+    if let (Some(outgoing), Some(payload)) = (outgoing, payload) {
+        let stream = outgoing.write().map_err(|()| invalid("body stream"))?;
+        // `blocking-write-and-flush` takes at most 4096 bytes a call.
+        for chunk in payload.chunks(4096) {
+            stream
+                .blocking_write_and_flush(chunk)
+                .map_err(|e| transient(format!("sending: {e:?}")))?;
         }
-        .map_err(|e| Error::InvalidConfig(format!("{action}: bad request for {url}: {e}")))?;
-        let mut response = Client::new()
-            .send(request)
-            .await
-            .map_err(|e| Error::Transient(format!("{action}: {url}: {e}")))?;
-        let text = response
-            .body_mut()
-            .str_contents()
-            .await
-            .map_err(|e| Error::Transient(format!("{action}: reading response: {e}")))?
-            .to_string();
-        if !response.status().is_success() {
-            return Err(status_error(action, &response, &text));
+        drop(stream);
+        OutgoingBody::finish(outgoing, None).map_err(|e| transient(format!("{e:?}")))?;
+    }
+    pending.subscribe().block();
+    let response = match pending.get() {
+        Some(Ok(Ok(response))) => response,
+        Some(Ok(Err(e))) => return Err(transient(format!("{e:?}"))),
+        _ => return Err(transient("no response".into())),
+    };
+    let status = response.status();
+    let bytes = read_body(&response)
+        .map_err(|e| Error::Transient(format!("{action}: reading response: {e}")))?;
+    if !(200..300).contains(&status) {
+        let retry_after = (status == 429)
+            .then(|| response.headers().get("retry-after"))
+            .and_then(|values| values.first().cloned())
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|v| v.trim().parse().ok());
+        return Err(status_error(
+            action,
+            status,
+            retry_after,
+            &String::from_utf8_lossy(&bytes),
+        ));
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Error::Other(format!("{action}: unexpected response: {e}")))
+}
+
+/// Reads a whole response body, refusing more than `MAX_BODY` bytes.
+fn read_body(response: &IncomingResponse) -> Result<Vec<u8>, String> {
+    let body = response.consume().map_err(|()| "no body".to_string())?;
+    let stream = body.stream().map_err(|()| "no body stream".to_string())?;
+    let mut bytes = Vec::new();
+    loop {
+        match stream.blocking_read(64 * 1024) {
+            Ok(chunk) if bytes.len() + chunk.len() <= MAX_BODY => bytes.extend(chunk),
+            Ok(_) => return Err(format!("more than {MAX_BODY} bytes")),
+            Err(StreamError::Closed) => return Ok(bytes),
+            Err(StreamError::LastOperationFailed(e)) => return Err(e.to_debug_string()),
         }
-        serde_json::from_str(&text)
-            .map_err(|e| Error::Other(format!("{action}: unexpected response: {e}")))
-    })
+    }
 }
 
 #[derive(Deserialize)]
@@ -201,7 +263,7 @@ impl Guest for Template {
         if let Ok(mut slot) = SETTINGS.lock() {
             *slot = Some(s);
         }
-        let group: Group = call("GetGroup", Method::GET, "", None)?;
+        let group: Group = call("GetGroup", Method::Get, "", None)?;
         emit(
             Level::Info,
             &format!("managing {id} (max size {})", group.max_size),
@@ -218,7 +280,7 @@ impl Guest for Template {
     }
 
     fn update() -> Result<Vec<Instance>, Error> {
-        let list: InstanceList = call("ListInstances", Method::GET, "/instances", None)?;
+        let list: InstanceList = call("ListInstances", Method::Get, "/instances", None)?;
         Ok(list
             .instances
             .into_iter()
@@ -236,7 +298,7 @@ impl Guest for Template {
         }
         let r: Requested = call(
             "Increase",
-            Method::POST,
+            Method::Post,
             "/increase",
             Some(json!({ "delta": delta })),
         )?;
@@ -250,7 +312,7 @@ impl Guest for Template {
         }
         let r: Accepted = call(
             "Decrease",
-            Method::POST,
+            Method::Post,
             "/decrease",
             Some(json!({ "ids": ids })),
         )?;
@@ -263,7 +325,7 @@ impl Guest for Template {
     fn connect_info(id: String) -> Result<Connection, Error> {
         let i: ApiInstance = call(
             "GetInstance",
-            Method::GET,
+            Method::Get,
             &format!("/instances/{id}"),
             None,
         )?;

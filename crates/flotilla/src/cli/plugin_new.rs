@@ -7,7 +7,7 @@ use std::path::Path;
 /// A template language.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
-    /// Rust with wit-bindgen and wstd.
+    /// Rust with wit-bindgen (wasi:http through its generated bindings).
     Rust,
     /// Python with componentize-py.
     Python,
