@@ -138,13 +138,18 @@ fn rss_per_instance(tokio: &tokio::runtime::Runtime, rt: &PluginRuntime) {
     }
 }
 
-fn http(c: &mut Criterion) {
-    // Like flotilla's own runtime: several workers, the provider called from a task on one.
-    let tokio = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+/// A multi-threaded runtime with `workers` worker threads, like flotilla's own.
+fn workers(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn http(c: &mut Criterion) {
+    // Like flotilla's own runtime: several workers, the provider called from a task on one.
+    let tokio = workers(2);
     // The cloud runs on a runtime of its own, as a remote peer would: its work and its
     // wake-ups are not on the client's worker threads.
     let cloud_rt = tokio::runtime::Builder::new_multi_thread()
@@ -187,7 +192,7 @@ fn http(c: &mut Criterion) {
             ..sandbox.clone()
         },
     );
-    let provider = plugin.provider("bench", sandbox);
+    let provider = plugin.provider("bench", sandbox.clone());
     let settings = format!(r#"{{"endpoint":"{endpoint}","group":"ci"}}"#);
     tokio
         .block_on(provider.init(&settings))
@@ -212,6 +217,21 @@ fn http(c: &mut Criterion) {
     .unwrap_or_else(|e| panic!("{e}"));
     let (provider, denied) = (Arc::new(provider), Arc::new(denied));
     let url = Arc::new(url);
+    // The same comparisons on a runtime with one worker, with a provider and a reqwest client
+    // of its own (connections belong to the runtime that opened them).
+    let one_worker = {
+        let tokio = workers(1);
+        let provider = plugin.provider("bench-one-worker", sandbox.clone());
+        tokio
+            .block_on(provider.init(&settings))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let gets = Gets {
+            provider: Arc::new(provider),
+            pooled: reqwest::Client::new(),
+            url: url.clone(),
+        };
+        (tokio, gets)
+    };
     let mut g = c.benchmark_group("http_get");
     g.measurement_time(Duration::from_secs(5));
     // One GET each: the template's update() is exactly GET {endpoint}/v1/groups/ci/instances
@@ -248,8 +268,15 @@ fn http(c: &mut Criterion) {
         pooled,
         url,
     };
-    cpu_per_get(&tokio, gets.clone());
-    interleaved_get(&tokio, gets);
+    cpu_per_get(&tokio, gets.clone(), "");
+    interleaved_get(&tokio, gets, "");
+    // One worker: the calling task and both clients' connection tasks share one thread, so no
+    // GET waits on a wake-up of the other worker. On two workers, where each connection task
+    // sits (next to the caller or not) varies from run to run and moves reqwest's latency
+    // between about 30 and 100 µs; on one, every figure repeats within a few percent.
+    let (tokio, gets) = one_worker;
+    cpu_per_get(&tokio, gets.clone(), "_one_worker");
+    interleaved_get(&tokio, gets, "_one_worker");
 }
 
 /// CPU time of the whole process (every thread: the caller's workers and the cloud's), in ns.
@@ -270,8 +297,9 @@ fn process_cpu_ns() -> u64 {
 
 /// CPU spent per GET, the cloud's included (it serves both alike), in alternating blocks of
 /// 200 guest GETs and 200 reqwest GETs, 10 blocks each. Latency on a loopback round trip is
-/// mostly waiting and waking; this says what each GET costs the machine.
-fn cpu_per_get(tokio: &tokio::runtime::Runtime, gets: Gets) {
+/// mostly waiting and waking; this says what each GET costs the machine. The figure goes to
+/// `$FLOTILLA_BENCH_OUT/http_get_cpu{suffix}`.
+fn cpu_per_get(tokio: &tokio::runtime::Runtime, gets: Gets, suffix: &str) {
     const BLOCK: u64 = 200;
     let (guest, baseline) = on_a_worker(tokio, async move {
         let (mut guest, mut baseline) = (0u64, 0u64);
@@ -295,9 +323,9 @@ fn cpu_per_get(tokio: &tokio::runtime::Runtime, gets: Gets) {
         baseline as f64 / 1e3,
         guest as f64 / baseline.max(1) as f64
     );
-    println!("http_get cpu per GET (process, cloud included): {line}");
+    println!("http_get{suffix} cpu per GET (process, cloud included): {line}");
     if let Some(dir) = std::env::var_os("FLOTILLA_BENCH_OUT") {
-        let _ = std::fs::write(Path::new(&dir).join("http_get_cpu"), line);
+        let _ = std::fs::write(Path::new(&dir).join(format!("http_get_cpu{suffix}")), line);
     }
 }
 
@@ -375,9 +403,10 @@ async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
 ///
 /// They differ on a 2-worker runtime: each client's connection has its own task, and switching
 /// clients on every GET moves the calling task between the workers (each switch wakes the
-/// other worker), which costs the guest's larger working set more. Prints both medians and
-/// ratios, and leaves them in `$FLOTILLA_BENCH_OUT`.
-fn interleaved_get(tokio: &tokio::runtime::Runtime, gets: Gets) {
+/// other worker), which costs the guest's larger working set more. On one worker they agree.
+/// Prints both medians and ratios, and leaves them in `$FLOTILLA_BENCH_OUT` (the file names
+/// end in `suffix`).
+fn interleaved_get(tokio: &tokio::runtime::Runtime, gets: Gets, suffix: &str) {
     const BLOCK: u32 = 20;
     // On a worker thread, like the scaler's calls (see `on_worker`).
     let (mut g, mut b, mut gb, mut bb) = on_a_worker(tokio, async move {
@@ -434,12 +463,15 @@ fn interleaved_get(tokio: &tokio::runtime::Runtime, gets: Gets) {
         format!("guest {gm:?}, reqwest pooled {bm:?}, ratio {ratio:.2}x")
     };
     let (one, blocks) = (line(&mut g, &mut b), line(&mut gb, &mut bb));
-    println!("http_get interleaved one by one: {one}");
-    println!("http_get interleaved in blocks of {BLOCK}: {blocks}");
+    println!("http_get{suffix} interleaved one by one: {one}");
+    println!("http_get{suffix} interleaved in blocks of {BLOCK}: {blocks}");
     if let Some(dir) = std::env::var_os("FLOTILLA_BENCH_OUT") {
         let dir = Path::new(&dir);
-        let _ = std::fs::write(dir.join("http_get_interleaved"), one);
-        let _ = std::fs::write(dir.join("http_get_interleaved_blocks"), blocks);
+        let _ = std::fs::write(dir.join(format!("http_get_interleaved{suffix}")), one);
+        let _ = std::fs::write(
+            dir.join(format!("http_get_interleaved_blocks{suffix}")),
+            blocks,
+        );
     }
 }
 
