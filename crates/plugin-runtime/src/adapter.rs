@@ -265,7 +265,12 @@ impl WasmProvider {
         call: impl FnOnce(Slot) -> CallFuture<T>,
     ) -> Result<T, CallError> {
         self.check_circuit(function)?;
-        let mut inner = self.inner.lock().await;
+        // Uncontended (the scaler calls a pool one call at a time) the lock is one atomic
+        // exchange; only a second caller builds the waiting future.
+        let mut inner = match self.inner.try_lock() {
+            Ok(inner) => inner,
+            Err(_) => self.inner.lock().await,
+        };
         let slot = self.live_slot(&mut inner, function).await?;
         let (slot, outcome) = self.call_in(function, slot, call).await;
         inner.slot = slot;

@@ -126,7 +126,6 @@ fn call<T: for<'de> Deserialize<'de>>(
     let s = settings()?;
     let endpoint = s.endpoint.trim_end_matches('/');
     let path = format!("/v1/groups/{}{path}", s.group);
-    let url = format!("{endpoint}{path}");
     let (scheme, rest) = match endpoint.split_once("://") {
         Some(("https", rest)) => (Scheme::Https, rest),
         Some(("http", rest)) => (Scheme::Http, rest),
@@ -137,9 +136,13 @@ fn call<T: for<'de> Deserialize<'de>>(
         }
     };
     let (authority, base) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let transient = |what: String| Error::Transient(format!("{action}: {url}: {what}"));
-    let invalid =
-        |what: &str| Error::InvalidConfig(format!("{action}: bad request for {url}: {what}"));
+    // The URL is spelled out only in an error.
+    let transient = |what: String| Error::Transient(format!("{action}: {endpoint}{path}: {what}"));
+    let invalid = |what: &str| {
+        Error::InvalidConfig(format!(
+            "{action}: bad request for {endpoint}{path}: {what}"
+        ))
+    };
 
     let mut headers = vec![("accept".to_string(), b"application/json".to_vec())];
     if let Some(name) = &s.credential {

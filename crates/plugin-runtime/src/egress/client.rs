@@ -192,15 +192,15 @@ pub(super) async fn send_pinned(
             (sender, (https, host.to_string(), addr))
         }
     };
-    let path = request
-        .uri()
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
-    *request.uri_mut() = http::Uri::builder()
-        .path_and_query(path)
-        .build()
-        .map_err(|_| HttpError::HttpRequestUriInvalid)?;
+    // Origin form on the wire: the path and query alone, reused as parsed (not parsed again).
+    let mut origin_form = std::mem::take(request.uri_mut()).into_parts();
+    origin_form.scheme = None;
+    origin_form.authority = None;
+    if origin_form.path_and_query.is_none() {
+        origin_form.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+    }
+    *request.uri_mut() =
+        http::Uri::from_parts(origin_form).map_err(|_| HttpError::HttpRequestUriInvalid)?;
     let response = tokio::time::timeout(timeouts.first_byte, sender.send_request(request))
         .await
         .map_err(|_| HttpError::ConnectionReadTimeout)??;
@@ -209,7 +209,8 @@ pub(super) async fn send_pinned(
     let response = response.map(|incoming| {
         CappedBody {
             incoming,
-            timer: Box::pin(tokio::time::sleep(between)),
+            timer: None,
+            waiting: false,
             between,
             left: max_response_bytes,
             cap: max_response_bytes,
@@ -221,9 +222,13 @@ pub(super) async fn send_pinned(
 }
 
 /// A response body with a byte cap and a between-bytes timeout.
-struct CappedBody {
-    incoming: hyper::body::Incoming,
-    timer: Pin<Box<tokio::time::Sleep>>,
+struct CappedBody<B = hyper::body::Incoming> {
+    incoming: B,
+    /// Runs while the body waits for bytes: armed when a wait begins, not on every frame, so
+    /// a body whose bytes are already there touches no timer at all.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether the last poll found no bytes (the timer then runs for the current wait).
+    waiting: bool,
     between: Duration,
     left: u64,
     cap: u64,
@@ -231,7 +236,10 @@ struct CappedBody {
     reuse: Option<(Arc<ConnectionPool>, PoolKey, Sender)>,
 }
 
-impl http_body::Body for CappedBody {
+impl<B> http_body::Body for CappedBody<B>
+where
+    B: http_body::Body<Data = Bytes, Error = hyper::Error> + Unpin,
+{
     type Data = Bytes;
     type Error = HttpError;
 
@@ -239,7 +247,9 @@ impl http_body::Body for CappedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, HttpError>>> {
-        match Pin::new(&mut self.incoming).poll_frame(cx) {
+        let polled = Pin::new(&mut self.incoming).poll_frame(cx);
+        let was_waiting = std::mem::replace(&mut self.waiting, polled.is_pending());
+        match polled {
             Poll::Ready(None) => {
                 if let Some((pool, key, sender)) = self.reuse.take() {
                     pool.put(key, sender);
@@ -254,18 +264,119 @@ impl http_body::Body for CappedBody {
                     return Poll::Ready(Some(Err(HttpError::HttpResponseBodySize(Some(self.cap)))));
                 }
                 self.left -= len;
-                let deadline = tokio::time::Instant::now() + self.between;
-                self.timer.as_mut().reset(deadline);
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Pending => match self.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(HttpError::ConnectionReadTimeout))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                // A wait that began now gets the whole between-bytes time; one that goes on
+                // keeps its deadline.
+                let between = self.between;
+                let timer = match (&mut self.timer, was_waiting) {
+                    (Some(timer), true) => timer,
+                    (Some(timer), false) => {
+                        timer.as_mut().reset(tokio::time::Instant::now() + between);
+                        timer
+                    }
+                    (timer @ None, _) => timer.insert(Box::pin(tokio::time::sleep(between))),
+                };
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(HttpError::ConnectionReadTimeout))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         self.incoming.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body whose bytes come from a channel, as slowly as the test sends them.
+    struct Drip(tokio::sync::mpsc::UnboundedReceiver<Bytes>);
+
+    impl http_body::Body for Drip {
+        type Data = Bytes;
+        type Error = hyper::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+            self.0
+                .poll_recv(cx)
+                .map(|b| b.map(|b| Ok(http_body::Frame::data(b))))
+        }
+    }
+
+    fn capped(
+        rx: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
+        between: Duration,
+    ) -> CappedBody<Drip> {
+        CappedBody {
+            incoming: Drip(rx),
+            timer: None,
+            waiting: false,
+            between,
+            left: 1 << 20,
+            cap: 1 << 20,
+            reuse: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_between_bytes_timer_restarts_with_each_wait_and_ends_a_stall() {
+        let between = Duration::from_millis(300);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut body = capped(rx, between);
+        // Six bytes 200 ms apart: 1 s in all, each gap under the 300 ms allowed.
+        let drip = tokio::spawn(async move {
+            for _ in 0..6 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if tx.send(Bytes::from_static(b"x")).is_err() {
+                    return None;
+                }
+            }
+            Some(tx) // kept open: after the sixth byte the body stalls
+        });
+        let start = tokio::time::Instant::now();
+        let mut got = 0;
+        let end = loop {
+            match body.frame().await {
+                Some(Ok(_)) => got += 1,
+                other => break other,
+            }
+        };
+        assert_eq!(
+            got, 6,
+            "a wait shorter than {between:?} ended the body early"
+        );
+        assert!(
+            matches!(end, Some(Err(HttpError::ConnectionReadTimeout))),
+            "a stall must end in a read timeout: {end:?}"
+        );
+        // The stall is timed from its own start: 1.2 s of drip, then 300 ms.
+        assert_eq!(start.elapsed(), Duration::from_millis(1_500));
+        drop(drip.await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_whose_bytes_are_there_arms_no_timer() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut body = capped(rx, Duration::from_millis(300));
+        for _ in 0..3 {
+            let _ = tx.send(Bytes::from_static(b"ready"));
+        }
+        drop(tx);
+        let mut frames = 0;
+        while let Some(frame) = body.frame().await {
+            assert!(frame.is_ok());
+            frames += 1;
+        }
+        assert_eq!(frames, 3);
+        assert!(body.timer.is_none(), "no wait, so no timer");
     }
 }
