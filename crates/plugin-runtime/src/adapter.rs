@@ -4,7 +4,6 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -71,8 +70,8 @@ impl HealthState {
     }
 }
 
-type CallFuture<T> =
-    Pin<Box<dyn Future<Output = (Slot, wasmtime::Result<Result<T, wit::Error>>)> + Send>>;
+/// What an export call's future ends with: the slot back, and the call's outcome.
+type CallOutput<T> = (Slot, wasmtime::Result<Result<T, wit::Error>>);
 
 /// A pool's plugin as a [`Provider`]: calls are serialised, bounded and contained.
 pub struct WasmProvider {
@@ -192,11 +191,11 @@ impl WasmProvider {
 
     /// Runs one export call on `slot` under the function's deadline. The slot is returned
     /// only if the call completed without a trap.
-    async fn call_in<T: Send + 'static>(
+    async fn call_in<T: Send + 'static, F: Future<Output = CallOutput<T>> + Send>(
         &self,
         function: Function,
         mut slot: Slot,
-        call: impl FnOnce(Slot) -> CallFuture<T>,
+        call: impl FnOnce(Slot) -> F,
     ) -> (Option<Slot>, Result<Result<T, wit::Error>, Fault>) {
         let deadline = self.sandbox.limits.deadline(function);
         arm_deadline(&mut slot.store, deadline);
@@ -259,10 +258,10 @@ impl WasmProvider {
     }
 
     /// Runs `call` with containment: circuit check, live instance, deadline, fault accounting.
-    async fn run<T: Send + 'static>(
+    async fn run<T: Send + 'static, F: Future<Output = CallOutput<T>> + Send>(
         &self,
         function: Function,
-        call: impl FnOnce(Slot) -> CallFuture<T>,
+        call: impl FnOnce(Slot) -> F,
     ) -> Result<T, CallError> {
         self.check_circuit(function)?;
         // Uncontended (the scaler calls a pool one call at a time) the lock is one atomic
@@ -384,8 +383,10 @@ fn arm_deadline(store: &mut Store<HostState>, deadline: Duration) {
 /// awaited). The clock and the timer are only needed if the call has to wait: a call that
 /// completes on its first poll, as most calls that make no request do, reads no clock and sets
 /// no timer. The epoch deadline bounds the guest's own running time either way.
-async fn within<F: Future + Unpin>(deadline: Duration, mut call: F) -> Option<F::Output> {
-    let first = std::future::poll_fn(|cx| match Pin::new(&mut call).poll(cx) {
+async fn within<F: Future>(deadline: Duration, call: F) -> Option<F::Output> {
+    // Pinned in this future (itself in the boxed export future): no allocation of its own.
+    let mut call = std::pin::pin!(call);
+    let first = std::future::poll_fn(|cx| match call.as_mut().poll(cx) {
         std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
         std::task::Poll::Pending => std::task::Poll::Ready(None),
     })
@@ -458,15 +459,13 @@ fn describe_trap(store: &Store<HostState>, e: &wasmtime::Error) -> String {
     }
 }
 
-fn init_call(mut s: Slot, settings: String) -> CallFuture<wit::ProviderInfo> {
-    Box::pin(async move {
-        let r = s
-            .bindings
-            .flotilla_provider_instance_group()
-            .call_init(&mut s.store, &settings)
-            .await;
-        (s, r)
-    })
+async fn init_call(mut s: Slot, settings: String) -> CallOutput<wit::ProviderInfo> {
+    let r = s
+        .bindings
+        .flotilla_provider_instance_group()
+        .call_init(&mut s.store, &settings)
+        .await;
+    (s, r)
 }
 
 /// The ids seen so far in one answer, to find one listed twice. Answers are usually a handful
@@ -658,16 +657,14 @@ impl Provider for WasmProvider {
 
     async fn update(&self) -> Result<Vec<Instance>, CallError> {
         let (list, reported_max) = self
-            .run(Function::Update, |mut s| {
-                Box::pin(async move {
-                    let r = s
-                        .bindings
-                        .flotilla_provider_instance_group()
-                        .call_update(&mut s.store)
-                        .await;
-                    let reported = s.store.data_mut().reported_max.take();
-                    (s, r.map(|r| r.map(|list| (list, reported))))
-                })
+            .run(Function::Update, |mut s| async move {
+                let r = s
+                    .bindings
+                    .flotilla_provider_instance_group()
+                    .call_update(&mut s.store)
+                    .await;
+                let reported = s.store.data_mut().reported_max.take();
+                (s, r.map(|r| r.map(|list| (list, reported))))
             })
             .await?;
         if let Some(max) = reported_max {
@@ -713,15 +710,13 @@ impl Provider for WasmProvider {
 
     async fn increase(&self, delta: u32) -> Result<u32, CallError> {
         let granted = self
-            .run(Function::Increase, move |mut s| {
-                Box::pin(async move {
-                    let r = s
-                        .bindings
-                        .flotilla_provider_instance_group()
-                        .call_increase(&mut s.store, delta)
-                        .await;
-                    (s, r)
-                })
+            .run(Function::Increase, move |mut s| async move {
+                let r = s
+                    .bindings
+                    .flotilla_provider_instance_group()
+                    .call_increase(&mut s.store, delta)
+                    .await;
+                (s, r)
             })
             .await?;
         if granted > delta {
@@ -736,15 +731,13 @@ impl Provider for WasmProvider {
     async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
         let asked = ids.to_vec();
         let accepted = self
-            .run(Function::Decrease, move |mut s| {
-                Box::pin(async move {
-                    let r = s
-                        .bindings
-                        .flotilla_provider_instance_group()
-                        .call_decrease(&mut s.store, &asked)
-                        .await;
-                    (s, r)
-                })
+            .run(Function::Decrease, move |mut s| async move {
+                let r = s
+                    .bindings
+                    .flotilla_provider_instance_group()
+                    .call_decrease(&mut s.store, &asked)
+                    .await;
+                (s, r)
             })
             .await?;
         let asked: HashSet<&str> = ids.iter().map(String::as_str).collect();
@@ -766,15 +759,13 @@ impl Provider for WasmProvider {
     async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
         let asked = id.to_string();
         let info = self
-            .run(Function::ConnectInfo, move |mut s| {
-                Box::pin(async move {
-                    let r = s
-                        .bindings
-                        .flotilla_provider_instance_group()
-                        .call_connect_info(&mut s.store, &asked)
-                        .await;
-                    (s, r)
-                })
+            .run(Function::ConnectInfo, move |mut s| async move {
+                let r = s
+                    .bindings
+                    .flotilla_provider_instance_group()
+                    .call_connect_info(&mut s.store, &asked)
+                    .await;
+                (s, r)
             })
             .await?;
         if info.id != id {
@@ -788,29 +779,25 @@ impl Provider for WasmProvider {
 
     async fn heartbeat(&self, id: &str) -> Result<(), CallError> {
         let asked = id.to_string();
-        self.run(Function::Heartbeat, move |mut s| {
-            Box::pin(async move {
-                let r = s
-                    .bindings
-                    .flotilla_provider_instance_group()
-                    .call_heartbeat(&mut s.store, &asked)
-                    .await;
-                (s, r)
-            })
+        self.run(Function::Heartbeat, move |mut s| async move {
+            let r = s
+                .bindings
+                .flotilla_provider_instance_group()
+                .call_heartbeat(&mut s.store, &asked)
+                .await;
+            (s, r)
         })
         .await
     }
 
     async fn shutdown(&self) -> Result<(), CallError> {
-        self.run(Function::Shutdown, |mut s| {
-            Box::pin(async move {
-                let r = s
-                    .bindings
-                    .flotilla_provider_instance_group()
-                    .call_shutdown(&mut s.store)
-                    .await;
-                (s, r)
-            })
+        self.run(Function::Shutdown, |mut s| async move {
+            let r = s
+                .bindings
+                .flotilla_provider_instance_group()
+                .call_shutdown(&mut s.store)
+                .await;
+            (s, r)
         })
         .await
     }
