@@ -50,8 +50,8 @@ try: print(f"  {'http_get interleaved in blocks of 20':<38} {open(os.path.join(o
 except OSError: pass
 try: print(f"  {'http_get cpu per GET':<38} {open(os.path.join(out,'http_get_cpu')).read()}")
 except OSError: pass
-for kind in ("interleaved", "interleaved_blocks", "cpu"):
-    try: print(f"  {'http_get ' + kind + ', one worker':<38} {open(os.path.join(out, 'http_get_' + kind + '_one_worker')).read()}")
+for kind, label in (("interleaved", "one by one"), ("interleaved_blocks", "in blocks of 20"), ("cpu", "cpu per GET")):
+    try: print(f"  {'http_get one worker, ' + label:<38} {open(os.path.join(out, 'http_get_' + kind + '_one_worker')).read()}")
     except OSError: pass
 g, f, p = median("http_get/guest_update"), median("http_get/reqwest_fresh_connection"), median("http_get/reqwest_pooled")
 if g and f: print(f"  guest GET / reqwest (fresh connection)  {g/f:.2f}x")

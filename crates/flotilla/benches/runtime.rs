@@ -217,21 +217,6 @@ fn http(c: &mut Criterion) {
     .unwrap_or_else(|e| panic!("{e}"));
     let (provider, denied) = (Arc::new(provider), Arc::new(denied));
     let url = Arc::new(url);
-    // The same comparisons on a runtime with one worker, with a provider and a reqwest client
-    // of its own (connections belong to the runtime that opened them).
-    let one_worker = {
-        let tokio = workers(1);
-        let provider = plugin.provider("bench-one-worker", sandbox.clone());
-        tokio
-            .block_on(provider.init(&settings))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let gets = Gets {
-            provider: Arc::new(provider),
-            pooled: reqwest::Client::new(),
-            url: url.clone(),
-        };
-        (tokio, gets)
-    };
     let mut g = c.benchmark_group("http_get");
     g.measurement_time(Duration::from_secs(5));
     // One GET each: the template's update() is exactly GET {endpoint}/v1/groups/ci/instances
@@ -266,15 +251,26 @@ fn http(c: &mut Criterion) {
     let gets = Gets {
         provider,
         pooled,
-        url,
+        url: url.clone(),
     };
     cpu_per_get(&tokio, gets.clone(), "");
     interleaved_get(&tokio, gets, "");
     // One worker: the calling task and both clients' connection tasks share one thread, so no
     // GET waits on a wake-up of the other worker. On two workers, where each connection task
     // sits (next to the caller or not) varies from run to run and moves reqwest's latency
-    // between about 30 and 100 µs; on one, every figure repeats within a few percent.
-    let (tokio, gets) = one_worker;
+    // between about 30 and 100 µs; on one, every figure repeats within a few percent. A
+    // provider and a reqwest client of its own: connections belong to the runtime that opened
+    // them.
+    let tokio = workers(1);
+    let provider = plugin.provider("bench-one-worker", sandbox);
+    tokio
+        .block_on(provider.init(&settings))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gets = Gets {
+        provider: Arc::new(provider),
+        pooled: reqwest::Client::new(),
+        url,
+    };
     cpu_per_get(&tokio, gets.clone(), "_one_worker");
     interleaved_get(&tokio, gets, "_one_worker");
 }

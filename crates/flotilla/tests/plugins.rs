@@ -451,6 +451,37 @@ group = "ci"
     }
 
     #[tokio::test]
+    async fn a_refused_post_says_why() {
+        let cloud = ExampleCloud::start(3).await;
+        let allow = format!("http://{}", cloud.addr);
+        let mut sandbox = quick_sandbox(&[allow.as_str()]);
+        sandbox.egress.allowed_ip_ranges =
+            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
+        // One request a minute: init spends it, and the POST after it is refused unsent.
+        sandbox.limits.requests_per_minute = 1;
+        let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
+        must(p.init(&format!(
+            r#"{{"endpoint":"{}","group":"ci"}}"#,
+            cloud.endpoint()
+        )))
+        .await;
+        let r = p.increase(2).await;
+        let Err(CallError::Provider {
+            error: ProviderError::Transient(msg),
+            ..
+        }) = &r
+        else {
+            panic!("expected a refused request, got {r:?}");
+        };
+        // The refusal, not the body stream it closed on the way.
+        assert!(msg.contains("HttpRequestDenied"), "{msg}");
+        assert!(
+            !cloud.seen().iter().any(|s| s.method == "POST"),
+            "the POST reached the cloud"
+        );
+    }
+
+    #[tokio::test]
     async fn requests_outside_the_allow_list_never_leave() {
         let cloud = ExampleCloud::start(3).await;
         let logs = LogCapture::default();

@@ -264,12 +264,7 @@ impl WasmProvider {
         call: impl FnOnce(Slot) -> F,
     ) -> Result<T, CallError> {
         self.check_circuit(function)?;
-        // Uncontended (the scaler calls a pool one call at a time) the lock is one atomic
-        // exchange; only a second caller builds the waiting future.
-        let mut inner = match self.inner.try_lock() {
-            Ok(inner) => inner,
-            Err(_) => self.inner.lock().await,
-        };
+        let mut inner = self.inner.lock().await;
         let slot = self.live_slot(&mut inner, function).await?;
         let (slot, outcome) = self.call_in(function, slot, call).await;
         inner.slot = slot;

@@ -150,8 +150,11 @@ fn call<T: for<'de> Deserialize<'de>>(
         headers.push(("flotilla-credential".to_string(), name.as_bytes().to_vec()));
     }
     let payload = body.map(|json| json.to_string().into_bytes());
-    if payload.is_some() {
+    if let Some(payload) = &payload {
         headers.push(("content-type".to_string(), b"application/json".to_vec()));
+        // Sent with its length, not chunked: some APIs refuse chunked requests.
+        let length = payload.len().to_string().into_bytes();
+        headers.push(("content-length".to_string(), length));
     }
     let fields = Fields::from_list(&headers).map_err(|e| invalid(&format!("{e:?}")))?;
     let request = OutgoingRequest::new(fields);
@@ -177,23 +180,19 @@ fn call<T: for<'de> Deserialize<'de>>(
     };
     let pending =
         outgoing_handler::handle(request, None).map_err(|e| transient(format!("{e:?}")))?;
-    if let (Some(outgoing), Some(payload)) = (outgoing, payload) {
-        let stream = outgoing.write().map_err(|()| invalid("body stream"))?;
-        // `blocking-write-and-flush` takes at most 4096 bytes a call.
-        for chunk in payload.chunks(4096) {
-            stream
-                .blocking_write_and_flush(chunk)
-                .map_err(|e| transient(format!("sending: {e:?}")))?;
-        }
-        drop(stream);
-        OutgoingBody::finish(outgoing, None).map_err(|e| transient(format!("{e:?}")))?;
-    }
+    let sent = match (outgoing, payload) {
+        (Some(outgoing), Some(payload)) => send_body(outgoing, &payload),
+        _ => Ok(()),
+    };
+    // A request the host refused (or that failed) ends its body too: its answer says why, so
+    // it is read before a failed write is reported.
     pending.subscribe().block();
     let response = match pending.get() {
         Some(Ok(Ok(response))) => response,
         Some(Ok(Err(e))) => return Err(transient(format!("{e:?}"))),
         _ => return Err(transient("no response".into())),
     };
+    sent.map_err(|e| transient(format!("sending: {e}")))?;
     let status = response.status();
     let bytes = read_body(&response)
         .map_err(|e| Error::Transient(format!("{action}: reading response: {e}")))?;
@@ -212,6 +211,19 @@ fn call<T: for<'de> Deserialize<'de>>(
     }
     serde_json::from_slice(&bytes)
         .map_err(|e| Error::Other(format!("{action}: unexpected response: {e}")))
+}
+
+/// Writes a request body and finishes it (the stream goes first, as wasi:http asks).
+fn send_body(body: OutgoingBody, payload: &[u8]) -> Result<(), String> {
+    let stream = body.write().map_err(|()| "no body stream".to_string())?;
+    // `blocking-write-and-flush` takes at most 4096 bytes a call.
+    for chunk in payload.chunks(4096) {
+        stream
+            .blocking_write_and_flush(chunk)
+            .map_err(|e| format!("{e:?}"))?;
+    }
+    drop(stream);
+    OutgoingBody::finish(body, None).map_err(|e| format!("{e:?}"))
 }
 
 /// Reads a whole response body, refusing more than `MAX_BODY` bytes.

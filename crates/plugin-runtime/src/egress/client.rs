@@ -196,7 +196,11 @@ pub(super) async fn send_pinned(
     let mut origin_form = std::mem::take(request.uri_mut()).into_parts();
     origin_form.scheme = None;
     origin_form.authority = None;
-    if origin_form.path_and_query.is_none() {
+    if origin_form
+        .path_and_query
+        .as_ref()
+        .is_none_or(|p| p.as_str().is_empty())
+    {
         origin_form.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
     }
     *request.uri_mut() =
@@ -361,6 +365,28 @@ mod tests {
         // The stall is timed from its own start: 1.2 s of drip, then 300 ms.
         assert_eq!(start.elapsed(), Duration::from_millis(1_500));
         drop(drip.await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn time_the_reader_spends_between_polls_is_not_a_stall() {
+        let between = Duration::from_millis(300);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut body = capped(rx, between);
+        let _ = tx.send(Bytes::from_static(b"first"));
+        assert!(matches!(body.frame().await, Some(Ok(_))));
+        // The reader goes away for twice the allowed gap; the server sends nothing meanwhile.
+        tokio::time::sleep(2 * between).await;
+        // Its next wait is a new wait: bytes 200 ms into it arrive, not a timeout.
+        let late = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = tx.send(Bytes::from_static(b"second"));
+            tx
+        });
+        assert!(
+            matches!(body.frame().await, Some(Ok(_))),
+            "the reader's own pause was counted against the server"
+        );
+        drop(late.await);
     }
 
     #[tokio::test(start_paused = true)]
