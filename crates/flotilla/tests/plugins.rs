@@ -148,6 +148,14 @@ mod template {
     use super::*;
     use common::example_cloud::ExampleCloud;
 
+    /// A sandbox that lets the plugin reach `cloud` on loopback, and nothing else.
+    fn reaching(cloud: &ExampleCloud) -> Sandbox {
+        let mut sandbox = quick_sandbox(&[format!("http://{}", cloud.addr).as_str()]);
+        sandbox.egress.allowed_ip_ranges =
+            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
+        sandbox
+    }
+
     /// A credential its identity provider refuses (here a metadata server answering 403):
     /// the request never reaches the cloud, and the plugin gets a 401 it reports as
     /// `unauthorized`, with the refusal, so the scaler pauses the call.
@@ -343,10 +351,7 @@ group = "ci"
     #[tokio::test]
     async fn every_export_over_http() {
         let cloud = ExampleCloud::start(3).await;
-        let allow = format!("http://{}", cloud.addr);
-        let mut sandbox = quick_sandbox(&[allow.as_str()]);
-        sandbox.egress.allowed_ip_ranges =
-            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
+        let mut sandbox = reaching(&cloud);
         sandbox.egress.credentials = vec![flotilla_credentials::Credential {
             name: "example".into(),
             kind: flotilla_credentials::CredentialKind::Bearer {
@@ -354,7 +359,7 @@ group = "ci"
                     flotilla_credentials::Secret::new("tkn-123"),
                 ),
             },
-            hosts: flotilla_net::AllowList::parse(&[allow.as_str()])
+            hosts: flotilla_net::AllowList::parse(&[format!("http://{}", cloud.addr).as_str()])
                 .unwrap_or_else(|e| panic!("{e:?}")),
         }];
         let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
@@ -418,10 +423,7 @@ group = "ci"
     #[tokio::test]
     async fn cloud_errors_map_to_contract_errors() {
         let cloud = ExampleCloud::start(3).await;
-        let allow = format!("http://{}", cloud.addr);
-        let mut sandbox = quick_sandbox(&[allow.as_str()]);
-        sandbox.egress.allowed_ip_ranges =
-            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
+        let sandbox = reaching(&cloud);
         let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
         must(p.init(&format!(
             r#"{{"endpoint":"{}","group":"ci"}}"#,
@@ -453,10 +455,7 @@ group = "ci"
     #[tokio::test]
     async fn a_refused_post_says_why() {
         let cloud = ExampleCloud::start(3).await;
-        let allow = format!("http://{}", cloud.addr);
-        let mut sandbox = quick_sandbox(&[allow.as_str()]);
-        sandbox.egress.allowed_ip_ranges =
-            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
+        let mut sandbox = reaching(&cloud);
         // One request a minute: init spends it, and the POST after it is refused unsent.
         sandbox.limits.requests_per_minute = 1;
         let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
