@@ -15,8 +15,10 @@ struct Guest {
     test: bool,
 }
 
-/// The guests, read from `cargo metadata`: the one list, kept in each guest's own manifest.
-fn guests(cargo: &str, root: &Path) -> Vec<Guest> {
+/// The guests, read from `cargo metadata`: the one list, kept in each guest's own manifest;
+/// and the directories of the workspace crates they depend on by path (the guest-side
+/// libraries in `crates/`), whose changes must rebuild them too.
+fn guests(cargo: &str, root: &Path) -> (Vec<Guest>, Vec<PathBuf>) {
     let out = Command::new(cargo)
         .current_dir(root)
         .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
@@ -48,7 +50,51 @@ fn guests(cargo: &str, root: &Path) -> Vec<Guest> {
     if found.is_empty() {
         fail("no workspace member has [package.metadata.flotilla-guest]");
     }
-    found
+    (found, path_dependencies(&meta))
+}
+
+/// The directories of the path dependencies of the guests, and of theirs in turn.
+fn path_dependencies(meta: &serde_json::Value) -> Vec<PathBuf> {
+    let packages: Vec<&serde_json::Value> = meta
+        .get("packages")
+        .and_then(|p| p.as_array())
+        .into_iter()
+        .flatten()
+        .collect();
+    let dir_of = |p: &serde_json::Value| {
+        p.get("manifest_path")
+            .and_then(|m| m.as_str())
+            .and_then(|m| Path::new(m).parent())
+            .map(Path::to_path_buf)
+    };
+    let mut todo: Vec<&serde_json::Value> = packages
+        .iter()
+        .copied()
+        .filter(|p| {
+            p.get("metadata")
+                .and_then(|m| m.get("flotilla-guest"))
+                .is_some()
+        })
+        .collect();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    while let Some(package) = todo.pop() {
+        let deps = package.get("dependencies").and_then(|d| d.as_array());
+        for path in deps
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.get("path").and_then(|p| p.as_str()))
+        {
+            let path = PathBuf::from(path);
+            if dirs.contains(&path) {
+                continue;
+            }
+            if let Some(dep) = packages.iter().find(|p| dir_of(p).as_ref() == Some(&path)) {
+                todo.push(dep);
+            }
+            dirs.push(path);
+        }
+    }
+    dirs
 }
 
 fn main() {
@@ -78,7 +124,10 @@ fn main() {
     }
 
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let guests = guests(&cargo, &root);
+    let (guests, libraries) = guests(&cargo, &root);
+    for dir in libraries {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(&root)
         .args([
