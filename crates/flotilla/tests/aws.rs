@@ -132,6 +132,32 @@ async fn credential_failures_are_unauthorized_and_never_leak() {
     }
 }
 
+/// A request the host refuses says why (the refusal), not how its body stream closed on the
+/// way: every AWS call is a POST with a body, and the plugins' HTTP client reads a request's
+/// answer before it reports a failed write.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_post_says_why() {
+    let moto = Moto::start();
+    let first = moto.provider(None);
+    must(first.init(&moto.settings())).await;
+    // As many requests a minute as `init` makes: the first one after it is refused unsent.
+    let init_requests = first.egress_stats().allowed.load(Relaxed);
+    let mut sandbox = moto.plugin_sandbox();
+    sandbox.limits.requests_per_minute = u32::try_from(init_requests).unwrap();
+    let p = common::load(flotilla_test_artifacts::AWS_PLUGIN).provider("aws", sandbox);
+    must(p.init(&moto.settings())).await;
+    let r = p.update().await;
+    let Err(CallError::Provider {
+        error: ProviderError::Transient(msg),
+        ..
+    }) = &r
+    else {
+        panic!("expected a refused request, got {r:?}");
+    };
+    assert!(msg.contains("HttpRequestDenied"), "{msg}");
+    assert_eq!(p.egress_stats().denied.load(Relaxed), 1);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn bad_settings_are_reported_at_once() {
     let moto = Moto::start();

@@ -213,13 +213,23 @@ impl Moto {
     pub fn provider(&self, secret_override: Option<&str>) -> WasmProvider {
         let (key, secret) = self.key("plugin");
         let secret = secret_override.map_or(secret, str::to_string);
-        self.provider_with(CredentialKind::AwsSigv4 {
+        self.provider_with(Self::sigv4(key, secret))
+    }
+
+    /// The sandbox of [`Moto::provider`] (the plugin user's key), to change before loading.
+    pub fn plugin_sandbox(&self) -> Sandbox {
+        let (key, secret) = self.key("plugin");
+        self.sandbox(Self::sigv4(key, secret))
+    }
+
+    fn sigv4(key: String, secret: String) -> CredentialKind {
+        CredentialKind::AwsSigv4 {
             access_key_id: SecretSource::Value(Secret::new(key)),
             secret_access_key: SecretSource::Value(Secret::new(secret)),
             session_token: None,
             region: None,
             service: None,
-        })
+        }
     }
 
     pub fn settings(&self) -> String {
@@ -238,14 +248,7 @@ impl Moto {
 
     /// A provider for the AWS plugin in a pool whose connector key is `ssh_public_key`.
     pub fn provider_with_ssh_key(&self, ssh_public_key: &str) -> WasmProvider {
-        let (key, secret) = self.key("plugin");
-        let mut sandbox = self.sandbox(CredentialKind::AwsSigv4 {
-            access_key_id: SecretSource::Value(Secret::new(key)),
-            secret_access_key: SecretSource::Value(Secret::new(secret)),
-            session_token: None,
-            region: None,
-            service: None,
-        });
+        let mut sandbox = self.plugin_sandbox();
         sandbox.ssh_public_key = Some(ssh_public_key.into());
         load(guests::AWS_PLUGIN).provider("aws", sandbox)
     }

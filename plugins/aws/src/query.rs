@@ -2,7 +2,7 @@
 //! over wasi:http. Requests name the pool credential and the service; the host signs them with
 //! SigV4, so this code never sees a key.
 
-use wstd::http::{Body, Client, Request};
+use flotilla_plugin_http::{Method, Request};
 
 use crate::flotilla::provider::types::{Error, Throttle};
 
@@ -136,19 +136,25 @@ impl Endpoint {
         if let Some(zone) = zone {
             body.insert("AvailabilityZone".into(), zone.into());
         }
-        let body = serde_json::Value::Object(body);
-        let request = Request::post(self.instance_connect.as_str())
-            .header("content-type", "application/x-amz-json-1.1")
-            .header(
-                "x-amz-target",
-                "AWSEC2InstanceConnectService.SendSSHPublicKey",
-            )
-            .header("flotilla-credential", self.credential.as_str())
-            .header("flotilla-aws-service", "ec2-instance-connect")
-            .header("flotilla-aws-region", self.region.as_str())
-            .body(Body::from(body.to_string().into_bytes()))
-            .map_err(|e| Error::InvalidConfig(format!("{ACTION}: bad request: {e}")))?;
-        let (status, text) = send(ACTION, request)?;
+        let body = serde_json::Value::Object(body).to_string();
+        let (status, text) = send(
+            ACTION,
+            &Request {
+                method: Method::Post,
+                url: &self.instance_connect,
+                headers: &[
+                    ("content-type", "application/x-amz-json-1.1"),
+                    (
+                        "x-amz-target",
+                        "AWSEC2InstanceConnectService.SendSSHPublicKey",
+                    ),
+                    ("flotilla-credential", &self.credential),
+                    ("flotilla-aws-service", "ec2-instance-connect"),
+                    ("flotilla-aws-region", &self.region),
+                ],
+                body: Some(body.as_bytes()),
+            },
+        )?;
         if !(200..300).contains(&status) {
             return Err(classify_json(ACTION, status, &text));
         }
@@ -178,17 +184,23 @@ impl Endpoint {
             form.append_pair(k, v);
         }
         let body = form.finish();
-        let request = Request::post(url.as_str())
-            .header(
-                "content-type",
-                "application/x-www-form-urlencoded; charset=utf-8",
-            )
-            .header("flotilla-credential", self.credential.as_str())
-            .header("flotilla-aws-service", service)
-            .header("flotilla-aws-region", self.region.as_str())
-            .body(Body::from(body.into_bytes()))
-            .map_err(|e| Error::InvalidConfig(format!("{action}: bad request: {e}")))?;
-        let (status, text) = send(action, request)?;
+        let (status, text) = send(
+            action,
+            &Request {
+                method: Method::Post,
+                url,
+                headers: &[
+                    (
+                        "content-type",
+                        "application/x-www-form-urlencoded; charset=utf-8",
+                    ),
+                    ("flotilla-credential", &self.credential),
+                    ("flotilla-aws-service", service),
+                    ("flotilla-aws-region", &self.region),
+                ],
+                body: Some(body.as_bytes()),
+            },
+        )?;
         if (200..300).contains(&status) {
             Ok(Xml(text))
         } else {
@@ -197,20 +209,14 @@ impl Endpoint {
     }
 }
 
-/// Sends one request; its status and body text.
-fn send(action: &str, request: Request<Body>) -> Result<(u16, String), Error> {
-    wstd::runtime::block_on(async {
-        let mut response = Client::new()
-            .send(request)
-            .await
-            .map_err(|e| Error::Transient(format!("{action}: {e}")))?;
-        let status = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .str_contents()
-            .await
-            .map_err(|e| Error::Transient(format!("{action}: reading response: {e}")))?
-            .to_string();
-        Ok((status, text))
-    })
+/// Sends one request; its status and body text. A request that cannot be described is the
+/// settings' fault; one that did not complete is transient.
+fn send(action: &str, request: &Request<'_>) -> Result<(u16, String), Error> {
+    match flotilla_plugin_http::send(request) {
+        Ok(response) => Ok((response.status, response.text())),
+        Err(flotilla_plugin_http::Error::Invalid(e)) => {
+            Err(Error::InvalidConfig(format!("{action}: {e}")))
+        }
+        Err(e) => Err(Error::Transient(format!("{action}: {e}"))),
+    }
 }

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
+use flotilla_plugin_http::{Method, Request};
 use serde_json::Value;
-use wstd::http::{Body, Client, Method, Request};
 
 use crate::flotilla::provider::types::{Error, Throttle};
 
@@ -165,7 +165,7 @@ impl Arm {
 
     /// GETs one resource: its JSON.
     pub fn get(&self, action: &str, url: &str) -> Result<Value, Error> {
-        let reply = self.send(action, Method::GET, url, None)?;
+        let reply = self.send(action, Method::Get, url, None)?;
         if reply.status != 200 {
             return Err(classify(
                 action,
@@ -244,8 +244,8 @@ impl Arm {
             if start.elapsed() + delay > budget {
                 return Ok(Outcome::Running);
             }
-            sleep(delay);
-            let reply = self.send(action, Method::GET, &url, None)?;
+            flotilla_plugin_http::sleep(delay);
+            let reply = self.send(action, Method::Get, &url, None)?;
             retry_after = reply.retry_after;
             if by_status_body {
                 if reply.status != 200 {
@@ -277,47 +277,33 @@ impl Arm {
         url: &str,
         body: Option<&Value>,
     ) -> Result<Reply, Error> {
-        let builder = Request::builder()
-            .method(method)
-            .uri(url)
-            .header("accept", "application/json")
-            .header("flotilla-credential", self.credential.as_str());
-        let request = match body {
-            Some(json) => builder
-                .header("content-type", "application/json")
-                .body(Body::from(json.to_string())),
-            None => builder.body(Body::empty()),
-        }
-        .map_err(|e| Error::InvalidConfig(cap(format!("{action}: bad request: {e}"))))?;
-        wstd::runtime::block_on(async {
-            let mut response = Client::new()
-                .send(request)
-                .await
-                .map_err(|e| Error::Transient(cap(format!("{action}: {e}"))))?;
-            let header = |name: &str| {
-                response
-                    .headers()
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string)
-            };
-            let retry_after = header("retry-after").and_then(|v| v.trim().parse::<u32>().ok());
-            let async_operation = header("azure-asyncoperation");
-            let location = header("location");
-            let status = response.status().as_u16();
-            let body = response
-                .body_mut()
-                .str_contents()
-                .await
-                .map_err(|e| Error::Transient(cap(format!("{action}: reading the answer: {e}"))))?
-                .to_string();
-            Ok(Reply {
-                status,
-                retry_after,
-                async_operation,
-                location,
-                body,
-            })
+        let body = body.map(Value::to_string);
+        let json = [
+            ("accept", "application/json"),
+            ("flotilla-credential", self.credential.as_str()),
+            ("content-type", "application/json"),
+        ];
+        let request = Request {
+            method,
+            url,
+            // The content type only with a body.
+            headers: if body.is_some() { &json } else { &json[..2] },
+            body: body.as_deref().map(str::as_bytes),
+        };
+        let response = match flotilla_plugin_http::send(&request) {
+            Ok(response) => response,
+            Err(flotilla_plugin_http::Error::Invalid(e)) => {
+                return Err(Error::InvalidConfig(cap(format!("{action}: {e}"))));
+            }
+            Err(e) => return Err(Error::Transient(cap(format!("{action}: {e}")))),
+        };
+        let header = |name: &str| response.header(name).map(str::to_string);
+        Ok(Reply {
+            status: response.status,
+            retry_after: header("retry-after").and_then(|v| v.trim().parse::<u32>().ok()),
+            async_operation: header("azure-asyncoperation"),
+            location: header("location"),
+            body: response.text(),
         })
     }
 }
@@ -346,10 +332,4 @@ fn operation_status(action: &str, body: &Value) -> Result<Option<Outcome>, Error
         }
         _ => Ok(None),
     }
-}
-
-/// Sleeps inside the guest without blocking the host.
-fn sleep(delay: Duration) {
-    // The timer registers with the runtime's reactor, so it is made inside `block_on`.
-    wstd::runtime::block_on(async move { wstd::task::sleep(delay.into()).await });
 }

@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
+use flotilla_plugin_http::Method;
 use serde_json::{Value, json};
-use wstd::http::Method;
 
 use crate::arm::{Arm, Outcome, cap};
 use crate::flotilla::provider::types::{Error, InstanceState};
@@ -240,7 +240,7 @@ impl ScaleSet {
         let url = self.arm.url(&self.id, COMPUTE_API, &[]);
         let body = json!({ "sku": { "capacity": capacity } });
         self.arm
-            .change(WRITE_SET, Method::PATCH, &url, &body, budget)
+            .change(WRITE_SET, Method::Patch, &url, &body, budget)
     }
 
     /// Deletes the named instances; the capacity drops with them.
@@ -251,7 +251,7 @@ impl ScaleSet {
             .url(&format!("{}/delete", self.id), COMPUTE_API, &[]);
         let body = json!({ "instanceIds": ids });
         self.arm
-            .change(DELETE_INSTANCES, Method::POST, &url, &body, budget)
+            .change(DELETE_INSTANCES, Method::Post, &url, &body, budget)
     }
 
     /// The private and public address of one instance; not-found when it is not the set's.

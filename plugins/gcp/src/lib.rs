@@ -12,9 +12,9 @@ mod rest;
 use std::cell::RefCell;
 use std::time::Duration;
 
+use flotilla_plugin_http::Method;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use wstd::http::Method;
 
 use rest::{Api, capped, field, valid_name};
 
@@ -222,7 +222,7 @@ fn parse_settings(text: &str) -> Result<Settings, Error> {
 fn get_manager(state: &State) -> Result<Value, Error> {
     let m = state.api.call(
         "instanceGroupManagers.get",
-        Method::GET,
+        Method::Get,
         &state.manager(),
         None,
     )?;
@@ -343,7 +343,7 @@ fn list_managed(state: &State) -> Result<Vec<Managed>, Error> {
             path.push_str("&pageToken=");
             path.push_str(&percent(t));
         }
-        let page: Page = state.api.call_as(ACTION, Method::POST, &path, None)?;
+        let page: Page = state.api.call_as(ACTION, Method::Post, &path, None)?;
         for m in page.managed_instances {
             let Some(id) = m.instance.as_deref().and_then(id_from_url) else {
                 // An instance not created yet has no URL; it shows once it has one.
@@ -501,7 +501,7 @@ impl Guest for Gcp {
             const ACTION: &str = "instanceGroupManagers.resize";
             let op = state.api.call(
                 ACTION,
-                Method::POST,
+                Method::Post,
                 &format!("{}/resize?size={target}", state.manager()),
                 None,
             )?;
@@ -550,7 +550,7 @@ impl Guest for Gcp {
             const ACTION: &str = "instanceGroupManagers.deleteInstances";
             let op = state.api.call(
                 ACTION,
-                Method::POST,
+                Method::Post,
                 &format!("{}/deleteInstances", state.manager()),
                 Some(&json!({
                     "instances": urls,
@@ -575,7 +575,7 @@ impl Guest for Gcp {
             // <https://cloud.google.com/compute/docs/reference/rest/v1/instances/get>
             let i = state.api.call(
                 "instances.get",
-                Method::GET,
+                Method::Get,
                 &format!("zones/{zone}/instances/{name}"),
                 None,
             )?;

@@ -2,8 +2,8 @@
 //! following a long-running operation. Requests name the pool credential; the host mints the
 //! OAuth token and adds `Authorization: Bearer`, so this code never sees it.
 
+use flotilla_plugin_http::{Method, Request};
 use serde_json::Value;
-use wstd::http::{Body, Client, Method, Request};
 
 use crate::flotilla::provider::types::{Error, Throttle};
 
@@ -147,19 +147,22 @@ impl Api {
         body: Option<&Value>,
     ) -> Result<T, Error> {
         let url = format!("{}/{path}", self.project_url);
-        let builder = Request::builder()
-            .method(method)
-            .uri(url.as_str())
-            .header("flotilla-credential", self.credential.as_str())
-            .header("accept", "application/json");
-        let request = match body {
-            Some(b) => builder
-                .header("content-type", "application/json")
-                .body(Body::from(b.to_string().into_bytes())),
-            None => builder.body(Body::empty()),
-        }
-        .map_err(|e| Error::InvalidConfig(format!("{action}: bad request: {e}")))?;
-        let (status, retry_after, text) = send(action, request)?;
+        let body = body.map(Value::to_string);
+        let json = [
+            ("flotilla-credential", self.credential.as_str()),
+            ("accept", "application/json"),
+            ("content-type", "application/json"),
+        ];
+        let (status, retry_after, text) = send(
+            action,
+            &Request {
+                method,
+                url: &url,
+                // The content type only with a body.
+                headers: if body.is_some() { &json } else { &json[..2] },
+                body: body.as_deref().map(str::as_bytes),
+            },
+        )?;
         if !(200..300).contains(&status) {
             return Err(classify(action, status, retry_after, &text));
         }
@@ -202,11 +205,11 @@ impl Api {
                     "{action}: the operation has no usable name"
                 )));
             };
-            sleep(pause);
+            flotilla_plugin_http::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_secs(2));
             op = self.call(
                 action,
-                Method::GET,
+                Method::Get,
                 &format!("{operations_path}/{name}"),
                 None,
             )?;
@@ -223,30 +226,19 @@ pub fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
-fn sleep(d: std::time::Duration) {
-    // The timer needs the runtime's reactor, so it is made inside `block_on`.
-    wstd::runtime::block_on(async move { wstd::task::sleep(wstd::time::Duration::from(d)).await });
-}
-
-/// Sends one request: its status, `Retry-After` in seconds, and body text.
-fn send(action: &str, request: Request<Body>) -> Result<(u16, Option<u32>, String), Error> {
-    wstd::runtime::block_on(async {
-        let mut response = Client::new()
-            .send(request)
-            .await
-            .map_err(|e| Error::Transient(format!("{action}: {e}")))?;
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u32>().ok());
-        let text = response
-            .body_mut()
-            .str_contents()
-            .await
-            .map_err(|e| Error::Transient(format!("{action}: reading response: {e}")))?
-            .to_string();
-        Ok((status, retry_after, text))
-    })
+/// Sends one request: its status, `Retry-After` in seconds, and body text. A request that
+/// cannot be described is the settings' fault; one that did not complete is transient.
+fn send(action: &str, request: &Request<'_>) -> Result<(u16, Option<u32>, String), Error> {
+    match flotilla_plugin_http::send(request) {
+        Ok(response) => {
+            let retry_after = response
+                .header("retry-after")
+                .and_then(|v| v.trim().parse::<u32>().ok());
+            Ok((response.status, retry_after, response.text()))
+        }
+        Err(flotilla_plugin_http::Error::Invalid(e)) => {
+            Err(Error::InvalidConfig(format!("{action}: {e}")))
+        }
+        Err(e) => Err(Error::Transient(format!("{action}: {e}"))),
+    }
 }
