@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource};
 use flotilla_net::AllowList;
@@ -36,6 +36,41 @@ impl Drop for Moto {
     }
 }
 
+/// Tells apart the recordings of the motos of one test process.
+static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The port moto's server says it listens on (werkzeug: ` * Running on http://127.0.0.1:PORT`).
+/// The rest of its stderr (a line per request) is drained by a thread, so it never blocks.
+fn listening_port(child: &mut Child) -> u16 {
+    let port = read_port(child);
+    if port.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    port.unwrap_or_else(|| panic!("moto did not say which port it listens on"))
+}
+
+fn read_port(child: &mut Child) -> Option<u16> {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().expect("moto's stderr is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let port = line
+                .split("Running on http://127.0.0.1:")
+                .nth(1)
+                .and_then(|rest| rest.trim().parse::<u16>().ok());
+            if let (Some(port), Some(sender)) = (port, tx.as_ref()) {
+                let _ = sender.send(port);
+                tx = None;
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30)).ok()
+}
+
 pub fn python(args: &[&str]) -> String {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -60,56 +95,38 @@ impl Moto {
     }
 
     /// A moto whose group has the given MaxSize.
+    ///
+    /// moto binds a port of the kernel's choosing (`-p 0`) and says which on stderr: probing
+    /// for a free port first raced with the other tests' servers, and a moto that lost the race
+    /// could leave the bootstrap talking to another test's moto.
     pub fn start_with_max(max_size: u32) -> Moto {
-        // A free port can be taken between our probe and moto's bind (tests start servers in
-        // parallel); a moto that died on start is retried on another port.
-        for _ in 0..5 {
-            if let Some(moto) = Moto::try_start(max_size) {
-                return moto;
-            }
-        }
-        panic!("moto did not start on any of five ports");
-    }
-
-    fn try_start(max_size: u32) -> Option<Moto> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free loopback port");
         let bin = venv().join("bin/moto_server");
-        let recording =
-            std::env::temp_dir().join(format!("flotilla-moto-{}-{port}.jsonl", std::process::id()));
+        let recording = std::env::temp_dir().join(format!(
+            "flotilla-moto-{}-{}.jsonl",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
         let mut child = Command::new(&bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-H", "127.0.0.1", "-p", "0"])
             .env("INITIAL_NO_AUTH_ACTION_COUNT", "0")
             .env("MOTO_ENABLE_RECORDING", "1")
             .env("MOTO_RECORDER_FILEPATH", &recording)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("{}: {e} (scripts/test.sh installs moto)", bin.display()));
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "moto did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // Something answers on the port; make sure it is our moto, not another test's.
-        std::thread::sleep(Duration::from_millis(200));
-        if !matches!(child.try_wait(), Ok(None)) {
-            return None;
-        }
-        let setup: Value = serde_json::from_str(&python(&[&endpoint, &max_size.to_string()]))
-            .unwrap_or_else(|e| panic!("{e}"));
-        Some(Moto {
+        let port = listening_port(&mut child);
+        // Owned by the value from here: a failed bootstrap drops it, and the drop ends moto (a
+        // leaked moto would also hold the test's inherited file descriptors).
+        let mut moto = Moto {
             child,
-            endpoint,
-            setup,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            setup: Value::Null,
             recording,
-        })
+        };
+        moto.setup = serde_json::from_str(&python(&[&moto.endpoint, &max_size.to_string()]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        moto
     }
 
     /// Every request moto received so far, as moto recorded it: `method`, `url`, `headers`,
