@@ -79,9 +79,11 @@ fn path_dependencies(meta: &serde_json::Value) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     while let Some(package) = todo.pop() {
         let deps = package.get("dependencies").and_then(|d| d.as_array());
+        // What the guest is built from: its dev-dependencies (host-side test helpers) are not.
         for path in deps
             .into_iter()
             .flatten()
+            .filter(|d| d.get("kind").and_then(|k| k.as_str()) != Some("dev"))
             .filter_map(|d| d.get("path").and_then(|p| p.as_str()))
         {
             let path = PathBuf::from(path);

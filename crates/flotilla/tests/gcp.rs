@@ -76,6 +76,22 @@ async fn contract_cycle_on_a_zonal_and_a_regional_group() {
 
         assert_eq!(must(p.increase(5)).await, 5);
         assert_eq!(cloud.target_size(), 5);
+        // `resize` is a POST without a body: it says so with its length, as Google's front
+        // ends require (411 otherwise), and names no content type.
+        let seen = cloud.seen();
+        let resize = seen
+            .iter()
+            .find(|s| s.method == "POST" && s.path.contains("/resize"))
+            .expect("a resize");
+        let header = |name: &str| {
+            resize
+                .headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(header("content-length"), Some("0"), "{resize:?}");
+        assert_eq!(header("content-type"), None, "{resize:?}");
         let mut ids = until_running(&p, 5).await;
         ids.sort();
         assert_eq!(ids, cloud.live(), "ids are ZONE/NAME");
@@ -282,6 +298,12 @@ async fn bad_settings_an_autoscaler_and_a_missing_group_are_refused_at_init() {
     ] {
         assert!(msg.contains(key), "{key} missing: {msg}");
     }
+    // An endpoint the HTTP client could not send to is refused at init, not at the first call.
+    let e = provider_error(p.init(r#"{"project":"ci-project-1","zone":"us-central1-a","name":"g","max_size":1,"credential":"gcp","endpoint":"https://user:pw@compute.example"}"#).await);
+    assert!(
+        matches!(&e, ProviderError::InvalidConfig(m) if m.contains("endpoint:") && m.contains("user info")),
+        "{e:?}"
+    );
     let e = provider_error(p.init(r#"{"project":"ci-project-1","zone":"us-central1-a","name":"g","max_size":1,"colour":"red"}"#).await);
     assert!(
         matches!(&e, ProviderError::InvalidConfig(m) if m.contains("colour")),

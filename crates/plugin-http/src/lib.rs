@@ -83,9 +83,23 @@ impl Response {
             .and_then(|(_, v)| std::str::from_utf8(v).ok())
     }
 
-    /// The body as text (invalid UTF-8 replaced).
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
+    /// The status and the body as text. A success answer must be UTF-8: one that is not is
+    /// an error, not ids and names with replacement characters in them. An error answer is
+    /// only read for its message, so its invalid bytes are replaced.
+    pub fn into_text(self) -> Result<(u16, String), Error> {
+        let status = self.status;
+        if (200..300).contains(&status) {
+            String::from_utf8(self.body)
+                .map(|text| (status, text))
+                .map_err(|e| {
+                    Error::Transport(format!(
+                        "the answer (HTTP {status}) is not UTF-8: {}",
+                        e.utf8_error()
+                    ))
+                })
+        } else {
+            Ok((status, String::from_utf8_lossy(&self.body).into_owned()))
+        }
     }
 }
 
@@ -127,7 +141,9 @@ pub struct Target<'a> {
 /// Cuts `url` into scheme, authority and path. Only `http` and `https` are spoken; there is no
 /// user info, and nothing after a `#`.
 pub fn split_url(url: &str) -> Result<Target<'_>, Error> {
-    let bad = |why: &str| Error::Invalid(format!("bad URL {url:?}: {why}"));
+    // The query is left out of the message: it can carry tokens (signed URLs, skip tokens).
+    let shown = url.split(['?', '#']).next().unwrap_or_default();
+    let bad = |why: &str| Error::Invalid(format!("bad URL {shown:?}: {why}"));
     let (https, rest) = if let Some(rest) = url.strip_prefix("https://") {
         (true, rest)
     } else if let Some(rest) = url.strip_prefix("http://") {
@@ -167,11 +183,17 @@ pub fn send(request: &Request<'_>) -> Result<Response, Error> {
         .iter()
         .map(|(n, v)| ((*n).to_string(), v.as_bytes().to_vec()))
         .collect();
-    if let Some(body) = request.body {
-        // Sent with its length, not chunked: some APIs refuse chunked requests.
+    // Sent with its length, not chunked: some APIs refuse chunked requests. A POST, PUT or
+    // PATCH without a body says `content-length: 0`, which some front ends require (411).
+    let length = match (request.body, request.method) {
+        (Some(body), _) => Some(body.len()),
+        (None, Method::Post | Method::Put | Method::Patch) => Some(0),
+        (None, _) => None,
+    };
+    if let Some(length) = length {
         headers.push((
             "content-length".to_string(),
-            body.len().to_string().into_bytes(),
+            length.to_string().into_bytes(),
         ));
     }
     let fields = Fields::from_list(&headers).map_err(|e| invalid(&format!("headers: {e:?}")))?;
@@ -324,6 +346,29 @@ mod tests {
         assert_eq!(r.header("Retry-After"), Some("7"));
         assert_eq!(r.header("location"), None, "not text");
         assert_eq!(r.header("etag"), None);
-        assert_eq!(r.text(), "ok");
+        assert_eq!(r.into_text(), Ok((200, "ok".to_string())));
+    }
+
+    #[test]
+    fn a_success_must_be_text_and_an_error_is_read_for_its_message() {
+        let answer = |status, body: &[u8]| Response {
+            status,
+            headers: Vec::new(),
+            body: body.to_vec(),
+        };
+        assert!(matches!(
+            answer(200, b"{\"id\":\"vm-\xff\"}").into_text(),
+            Err(Error::Transport(m)) if m.contains("not UTF-8")
+        ));
+        assert_eq!(
+            answer(503, b"busy \xff").into_text(),
+            Ok((503, "busy \u{fffd}".to_string()))
+        );
+    }
+
+    #[test]
+    fn the_query_stays_out_of_a_bad_url_message() {
+        let e = split_url("https://u:p@host/path?sig=SECRET").map_err(|e| e.to_string());
+        assert!(e.as_ref().is_err_and(|m| !m.contains("SECRET")), "{e:?}");
     }
 }

@@ -109,9 +109,9 @@ fn parse_settings(text: &str) -> Result<Settings, Error> {
         ));
     }
     if let Some(e) = &s.endpoint
-        && !(e.starts_with("https://") || e.starts_with("http://"))
+        && let Err(why) = flotilla_plugin_http::split_url(e)
     {
-        problems.push("endpoint: must start with https:// or http://".to_string());
+        problems.push(format!("endpoint: {why}"));
     }
     if s.credential.is_empty() {
         problems.push("credential: must name a pool credential".to_string());

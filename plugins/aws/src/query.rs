@@ -213,7 +213,9 @@ impl Endpoint {
 /// settings' fault; one that did not complete is transient.
 fn send(action: &str, request: &Request<'_>) -> Result<(u16, String), Error> {
     match flotilla_plugin_http::send(request) {
-        Ok(response) => Ok((response.status, response.text())),
+        Ok(response) => response
+            .into_text()
+            .map_err(|e| Error::Transient(format!("{action}: {e}"))),
         Err(flotilla_plugin_http::Error::Invalid(e)) => {
             Err(Error::InvalidConfig(format!("{action}: {e}")))
         }

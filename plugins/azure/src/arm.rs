@@ -298,12 +298,18 @@ impl Arm {
             Err(e) => return Err(Error::Transient(cap(format!("{action}: {e}")))),
         };
         let header = |name: &str| response.header(name).map(str::to_string);
+        let retry_after = header("retry-after").and_then(|v| v.trim().parse::<u32>().ok());
+        let async_operation = header("azure-asyncoperation");
+        let location = header("location");
+        let (status, body) = response
+            .into_text()
+            .map_err(|e| Error::Transient(cap(format!("{action}: {e}"))))?;
         Ok(Reply {
-            status: response.status,
-            retry_after: header("retry-after").and_then(|v| v.trim().parse::<u32>().ok()),
-            async_operation: header("azure-asyncoperation"),
-            location: header("location"),
-            body: response.text(),
+            status,
+            retry_after,
+            async_operation,
+            location,
+            body,
         })
     }
 }

@@ -148,8 +148,8 @@ fn parse_settings(text: &str) -> Result<Valid, Error> {
             "name: {name:?} is not a scale set name (1-64 letters, digits, - _ .)"
         ));
     }
-    if !(s.endpoint.starts_with("https://") || s.endpoint.starts_with("http://")) {
-        problems.push("endpoint: must start with https:// or http://".to_string());
+    if let Err(why) = flotilla_plugin_http::split_url(&s.endpoint) {
+        problems.push(format!("endpoint: {why}"));
     }
     if s.credential.is_empty() {
         problems.push("credential: must name a pool credential".to_string());

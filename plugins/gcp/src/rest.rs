@@ -234,7 +234,10 @@ fn send(action: &str, request: &Request<'_>) -> Result<(u16, Option<u32>, String
             let retry_after = response
                 .header("retry-after")
                 .and_then(|v| v.trim().parse::<u32>().ok());
-            Ok((response.status, retry_after, response.text()))
+            let (status, text) = response
+                .into_text()
+                .map_err(|e| Error::Transient(format!("{action}: {e}")))?;
+            Ok((status, retry_after, text))
         }
         Err(flotilla_plugin_http::Error::Invalid(e)) => {
             Err(Error::InvalidConfig(format!("{action}: {e}")))
