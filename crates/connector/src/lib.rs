@@ -8,6 +8,7 @@
 //! Must not know: wasmtime, scaling policy, the API or config files (it receives its
 //! settings already validated).
 
+pub mod channels;
 pub mod config;
 mod docker;
 mod hostkeys;
@@ -17,6 +18,7 @@ mod readiness;
 mod ssh;
 mod tls;
 
+pub use channels::{LeaseBody, LeaseChannels, LeaseEnded};
 pub use config::{ConnectorConfig, ConnectorSettings, HostKeyConfig};
 pub use hostkeys::HostKeyPolicy;
 pub use keys::{KeyError, PoolKey};

@@ -1,12 +1,20 @@
 //! Docker Engine on a leased instance, served by the host: a job runner sends Docker API
 //! requests to the host's lease API, and each one is forwarded over the instance's SSH session
 //! to the engine's unix socket (or over TLS with the pool's client certificate, for
-//! `docker-tls` instances). The runner never holds the pool's key or certificate. Upgraded connections (`attach`, `exec` start with `Upgrade: tcp`) are spliced both
-//! ways once the engine switches protocols.
+//! `docker-tls` instances). The runner never holds the pool's key or certificate. Upgraded
+//! connections (`attach`, `exec` start with `Upgrade: tcp`) are spliced both ways once the
+//! engine switches protocols. Every channel is tied to its lease's token and cut when the
+//! lease ends (see [`crate::channels`]).
+//!
+//! The request goes on as the caller sent it: its path and query byte for byte (never
+//! decoded and encoded again), its headers without the hop-by-hop ones of RFC 9110 §7.6.1
+//! and without the caller's credentials for the host.
 
 use hyper::body::{Body, Incoming};
 use hyper_util::rt::TokioIo;
+use tokio_util::sync::CancellationToken;
 
+use crate::channels::LeaseBody;
 use crate::docker::{HOST, Route};
 
 /// Why a request could not be forwarded to the engine.
@@ -23,6 +31,12 @@ pub enum ForwardError {
         /// What failed.
         why: String,
     },
+    /// The lease ended while the request was on its way.
+    #[error("the lease ended; the request to instance {instance} was cut")]
+    LeaseEnded {
+        /// The instance.
+        instance: String,
+    },
 }
 
 /// Request headers that must not reach the instance: the caller's credentials for the host's
@@ -33,12 +47,50 @@ const STRIPPED: [http::HeaderName; 3] = [
     http::header::COOKIE,
 ];
 
-/// Sends `request` (origin-form URI) to the engine over a new stream of `route`.
+/// The hop-by-hop fields of RFC 9110 §7.6.1 (and the obsolete ones proxies still meet):
+/// they describe one connection, so a proxy never forwards them. `Upgrade` is set again
+/// for the engine when the caller asked to switch protocols, since the proxy splices the
+/// upgraded streams itself.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authenticate",
+];
+
+/// Removes the hop-by-hop fields, including every field the `Connection` header names;
+/// the `Upgrade` protocol the caller asked for, if it asked.
+pub(crate) fn strip_hop_by_hop(headers: &mut http::HeaderMap) -> Option<http::HeaderValue> {
+    let named: Vec<String> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect();
+    let upgrade = headers
+        .get(http::header::UPGRADE)
+        .filter(|_| named.iter().any(|t| t == "upgrade"))
+        .cloned();
+    for name in named.iter().map(String::as_str).chain(HOP_BY_HOP) {
+        headers.remove(name);
+    }
+    upgrade
+}
+
+/// Sends `request` (origin-form URI) to the engine over a new stream of `route`; everything
+/// it opens ends when `lease` is cancelled.
 pub(crate) async fn forward<B>(
     route: &Route,
     instance: &str,
     mut request: http::Request<B>,
-) -> Result<http::Response<Incoming>, ForwardError>
+    lease: CancellationToken,
+) -> Result<http::Response<LeaseBody<Incoming>>, ForwardError>
 where
     B: Body + Send + 'static,
     B::Data: Send,
@@ -54,39 +106,118 @@ where
     for name in STRIPPED {
         headers.remove(name);
     }
+    if let Some(protocol) = strip_hop_by_hop(headers) {
+        headers.insert(http::header::CONNECTION, http::HeaderValue::from_static("Upgrade"));
+        headers.insert(http::header::UPGRADE, protocol);
+    }
     headers.insert(http::header::HOST, http::HeaderValue::from_static(HOST));
-    let stream = route.open().await.map_err(failed)?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| failed(format!("Docker Engine: {e}")))?;
-    tokio::spawn(async move {
-        // Ends with the response body or the upgraded stream; errors reach the caller as a
-        // truncated body.
-        let _ = connection.with_upgrades().await;
-    });
-    let mut response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| failed(format!("Docker Engine: {e}")))?;
-    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-        let engine = hyper::upgrade::on(&mut response);
-        let instance = instance.to_string();
+    let exchange = async {
+        let stream = route.open().await.map_err(failed)?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| failed(format!("Docker Engine: {e}")))?;
         tokio::spawn(async move {
-            match tokio::join!(caller, engine) {
-                (Ok(caller), Ok(engine)) => {
-                    let (mut a, mut b) = (TokioIo::new(caller), TokioIo::new(engine));
-                    if let Err(e) = tokio::io::copy_bidirectional(&mut a, &mut b).await {
-                        tracing::debug!(instance, "upgraded Docker stream ended: {e}");
+            // Ends with the response body or the upgraded stream; errors reach the caller as
+            // a truncated body.
+            let _ = connection.with_upgrades().await;
+        });
+        sender
+            .send_request(request)
+            .await
+            .map_err(|e| failed(format!("Docker Engine: {e}")))
+    };
+    let mut response = tokio::select! {
+        answer = exchange => answer?,
+        () = lease.cancelled() => {
+            return Err(ForwardError::LeaseEnded { instance: instance.to_string() });
+        }
+    };
+    let switching = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+    let protocol = strip_hop_by_hop(response.headers_mut());
+    if switching {
+        if let Some(protocol) = protocol {
+            let headers = response.headers_mut();
+            headers.insert(http::header::CONNECTION, http::HeaderValue::from_static("Upgrade"));
+            headers.insert(http::header::UPGRADE, protocol);
+        }
+        let engine = hyper::upgrade::on(&mut response);
+        splice(instance.to_string(), caller, engine, lease.clone());
+    }
+    Ok(response.map(|body| LeaseBody::new(body, lease)))
+}
+
+/// Copies both ways between the caller's and the engine's upgraded connections until either
+/// closes or the lease ends.
+fn splice(
+    instance: String,
+    caller: hyper::upgrade::OnUpgrade,
+    engine: hyper::upgrade::OnUpgrade,
+    lease: CancellationToken,
+) {
+    tokio::spawn(async move {
+        let joined = tokio::select! {
+            joined = async { tokio::join!(caller, engine) } => joined,
+            () = lease.cancelled() => return,
+        };
+        match joined {
+            (Ok(caller), Ok(engine)) => {
+                let (mut a, mut b) = (TokioIo::new(caller), TokioIo::new(engine));
+                tokio::select! {
+                    copied = tokio::io::copy_bidirectional(&mut a, &mut b) => {
+                        if let Err(e) = copied {
+                            tracing::debug!(instance, "upgraded Docker stream ended: {e}");
+                        }
+                    }
+                    () = lease.cancelled() => {
+                        tracing::info!(instance, "the lease ended: its upgraded Docker stream is closed");
                     }
                 }
-                (caller, engine) => tracing::warn!(
-                    instance,
-                    caller_ok = caller.is_ok(),
-                    engine_ok = engine.is_ok(),
-                    "a Docker upgrade could not be completed"
-                ),
             }
-        });
+            (caller, engine) => tracing::warn!(
+                instance,
+                caller_ok = caller.is_ok(),
+                engine_ok = engine.is_ok(),
+                "a Docker upgrade could not be completed"
+            ),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_fields_and_the_ones_connection_names_are_dropped() {
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, X-Secret-Hop, Upgrade"),
+            ("x-secret-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("trailer", "x-t"),
+            ("proxy-connection", "keep-alive"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "tcp"),
+            ("content-type", "application/json"),
+        ] {
+            headers.append(
+                http::HeaderName::from_static(name),
+                http::HeaderValue::from_static(value),
+            );
+        }
+        let upgrade = strip_hop_by_hop(&mut headers);
+        assert_eq!(upgrade.as_ref().and_then(|v| v.to_str().ok()), Some("tcp"));
+        let left: Vec<&str> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["content-type"]);
     }
-    Ok(response)
+
+    #[test]
+    fn an_upgrade_header_without_connection_upgrade_is_not_an_upgrade() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::UPGRADE, http::HeaderValue::from_static("tcp"));
+        assert_eq!(strip_hop_by_hop(&mut headers), None);
+        assert!(headers.is_empty());
+    }
 }

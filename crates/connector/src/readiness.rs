@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use flotilla_provider::{Connection, Protocol, Provider};
 use flotilla_scaler::{NotReady, Readiness};
 
+use crate::channels::{LeaseBody, LeaseChannels};
 use crate::config::ConnectorSettings;
 use crate::docker::Route;
 use crate::hostkeys::{HostKeyPolicy, Pins};
@@ -36,6 +37,8 @@ pub struct Connector {
     /// `docker-tls` instances last reached, with their engine's address.
     tls_targets: Mutex<HashMap<String, (String, u16)>>,
     permits: tokio::sync::Semaphore,
+    /// The Docker channels lease holders opened, cut when their lease ends.
+    channels: LeaseChannels,
 }
 
 /// stderr bytes quoted in a failure message.
@@ -68,6 +71,7 @@ impl Connector {
             sessions: Mutex::new(HashMap::new()),
             tls_targets: Mutex::new(HashMap::new()),
             permits: tokio::sync::Semaphore::new(CONCURRENT_CHECKS),
+            channels: LeaseChannels::default(),
         }
     }
 
@@ -342,13 +346,15 @@ impl Connector {
         &self,
         provider: &dyn Provider,
         instance: &str,
+        lease: u64,
         request: http::Request<B>,
-    ) -> Result<http::Response<hyper::body::Incoming>, ForwardError>
+    ) -> Result<http::Response<LeaseBody<hyper::body::Incoming>>, ForwardError>
     where
         B: hyper::body::Body + Send + 'static,
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let token = self.channels.token(lease);
         let kept_tls = self.tls_targets.lock().get(instance).cloned();
         let route = match (kept_tls, self.kept_session(instance)) {
             (Some((host, port)), _) => self.tls_route(&host, port),
@@ -364,7 +370,18 @@ impl Connector {
             }
         }
         .ok_or(ForwardError::NoDocker)?;
-        crate::proxy::forward(&route, instance, request).await
+        crate::proxy::forward(&route, instance, request, token).await
+    }
+
+    /// Cuts every Docker channel opened under `lease` (its requests, streamed answers and
+    /// upgraded connections): the lease ended.
+    pub fn end_lease(&self, lease: u64) {
+        self.channels.end(lease);
+    }
+
+    /// The leases with Docker channels (possibly already closed) that have not been ended.
+    pub fn leases_with_channels(&self) -> Vec<u64> {
+        self.channels.leases()
     }
 
     /// Whether Docker requests can be forwarded to this pool's instances.

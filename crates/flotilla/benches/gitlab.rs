@@ -210,6 +210,13 @@ fn bench(c: &mut Criterion) {
         default_image: None,
         pull_policy: PullPolicy::IfNotPresent,
         acquire_timeout: Duration::from_secs(60),
+        restart_window: Duration::from_secs(60),
+        limits: flotilla_gitlab::JobLimits::default(),
+        cache: flotilla_gitlab::CacheBounds {
+            max_age: Duration::from_secs(3600),
+            max_volumes: 64,
+        },
+        job_identity_from_variables: true,
     };
     let dir = tempfile::tempdir().expect("dir");
     let script = dir.path().join("build_script");
@@ -228,14 +235,16 @@ fn bench(c: &mut Criterion) {
                             "CUSTOM_ENV_CI_JOB_ID".to_string(),
                             (1_000_000 + n + i).to_string(),
                         ),
+                        ("CUSTOM_ENV_CI_PROJECT_ID".to_string(), "1".to_string()),
                         ("CUSTOM_ENV_CI_JOB_IMAGE".to_string(), IMAGE.to_string()),
                     ]);
-                    let job = Job::from_env(&env.into_iter().collect()).expect("job");
+                    let job = Job::from_env(&env.into_iter().collect(), true).expect("job");
                     let start = Instant::now();
                     let prepared = flotilla_gitlab::prepare(&api, &job, &settings).await;
                     let ran = flotilla_gitlab::run(
                         &api,
                         &job,
+                        &settings,
                         &script,
                         "build_script",
                         std::future::pending(),
@@ -249,7 +258,7 @@ fn bench(c: &mut Criterion) {
                             flotilla_gitlab::Outcome::Success
                         )
                     );
-                    flotilla_gitlab::cleanup(&api, &job).await;
+                    flotilla_gitlab::cleanup(&api, &job, &settings).await;
                 }
                 total
             }

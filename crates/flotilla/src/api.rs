@@ -86,6 +86,8 @@ pub enum ErrorCode {
     StoreFailed,
     /// The pool has no lease TTL, so there is nothing to renew.
     NoTtl,
+    /// The lease ended while a request made under it was on its way; the request was cut.
+    LeaseEnded,
 }
 
 impl ErrorCode {
@@ -112,6 +114,7 @@ impl ErrorCode {
             ErrorCode::LabelInUse => StatusCode::CONFLICT,
             ErrorCode::StoreFailed => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::NoTtl => StatusCode::CONFLICT,
+            ErrorCode::LeaseEnded => StatusCode::GONE,
         }
     }
 }
@@ -216,6 +219,9 @@ async fn auth(
             return ApiError::new(ErrorCode::Unauthorized, "missing or invalid bearer token")
                 .into_response();
         }
+    }
+    if let Some(connection) = request.extensions().get::<crate::serve::Connection>() {
+        connection.authenticated();
     }
     next.run(request).await
 }
@@ -461,11 +467,22 @@ fn acquired_instance(p: &PoolHandle, id: u64) -> Result<String, ApiError> {
     }
 }
 
+/// The Docker API path of a request to `/v1/pools/{pool}/leases/{id}/docker/...`, exactly as
+/// the caller sent it (still percent-encoded), with its query: routing decodes path
+/// parameters, and a decoded `%3F`, `%23` or `%25` would change what the engine is asked.
+fn raw_docker_path(uri: &axum::http::Uri) -> Option<String> {
+    // "", "v1", "pools", pool, "leases", id, "docker", then the Docker path.
+    let rest = uri.path().splitn(8, '/').nth(7)?;
+    let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    Some(format!("/{rest}{query}"))
+}
+
 /// Forwards a Docker Engine API request to the instance of an acquired lease (see
-/// [`DockerHandle`]). Only while the lease is acquired; the bearer token is not forwarded.
+/// [`DockerHandle`]). Only while the lease is acquired; the bearer token is not forwarded,
+/// and every stream it opens is cut when the lease ends ([`watch_lease_channels`]).
 async fn docker(
     State(state): State<Shared>,
-    Path((name, id, path)): Path<(String, String, String)>,
+    Path((name, id, _)): Path<(String, String, String)>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     let running = running(&state, &name)?;
@@ -479,21 +496,18 @@ async fn docker(
         )
     })?;
     let (mut parts, body) = request.into_parts();
-    let query = parts
-        .uri
-        .query()
-        .map(|q| format!("?{q}"))
-        .unwrap_or_default();
-    parts.uri = format!("/{path}{query}").parse().map_err(|_| {
+    let path = raw_docker_path(&parts.uri);
+    parts.uri = path.as_deref().unwrap_or("").parse().map_err(|_| {
         ApiError::new(
             ErrorCode::NotFound,
-            format!("{path:?} is not a Docker API path"),
+            format!("{:?} is not a Docker API path", parts.uri.path()),
         )
     })?;
     let forwarded = connector
         .forward_docker(
             p.provider().as_ref(),
             &instance,
+            id,
             axum::http::Request::from_parts(parts, body),
         )
         .await
@@ -502,8 +516,46 @@ async fn docker(
             ForwardError::Unreachable { .. } => {
                 ApiError::new(ErrorCode::InstanceUnreachable, e.to_string())
             }
+            ForwardError::LeaseEnded { .. } => ApiError::new(ErrorCode::LeaseEnded, e.to_string()),
         })?;
     Ok(forwarded.map(axum::body::Body::new))
+}
+
+/// Whether lease `id` is acquired (bound, or restored and waiting to be bound again).
+fn is_acquired(p: &PoolHandle, id: u64) -> bool {
+    p.with_core(|c| {
+        c.lease(id)
+            .is_some_and(|l| matches!(l.state, LeaseState::Acquired { .. }))
+    })
+}
+
+/// How often the lease channels are checked even when the pool signals no change (a TTL or
+/// `max_job_duration` expiry is found by the pool's own timer).
+const CHANNEL_CHECK: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Cuts the Docker channels of every lease that is no longer acquired: released,
+/// unreserved, failed, expired, or released as broken. Runs for the pool's life.
+pub async fn watch_lease_channels(pool: std::sync::Weak<RunningPool>) {
+    loop {
+        let Some(running) = pool.upgrade() else {
+            return;
+        };
+        let Some(connector) = running.connector.clone() else {
+            return;
+        };
+        for lease in connector.leases_with_channels() {
+            if !is_acquired(&running.handle, lease) {
+                connector.end_lease(lease);
+                tracing::info!(pool = %running.handle.name, lease, "the lease ended: its Docker channels are closed");
+            }
+        }
+        let handle = running.handle.clone();
+        drop(running);
+        tokio::select! {
+            () = handle.changed() => {}
+            () = tokio::time::sleep(CHANNEL_CHECK) => {}
+        }
+    }
 }
 
 /// The body of a release: `{"instance_broken": "why"}` when the holder found the instance

@@ -19,7 +19,7 @@ use flotilla_plugin_runtime::loader::load_plugin;
 use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
 use flotilla_provider::Provider;
 use flotilla_scaler::{
-    AlwaysReady, Clock, LeaseJournal, Policy, PoolCore, PoolHandle, Readiness, SystemClock,
+    AlwaysReady, Clock, LeaseIds, LeaseJournal, Policy, PoolCore, PoolHandle, Readiness, SystemClock,
 };
 use flotilla_store::Store as LeaseStore;
 use tracing::Instrument;
@@ -31,7 +31,8 @@ struct StartContext {
     registry: Option<Registry>,
     state_dir: Option<PathBuf>,
     store: Option<Arc<LeaseStore>>,
-    first_lease_id: u64,
+    /// Lease ids, shared by every pool so an id names one lease of one pool.
+    lease_ids: LeaseIds,
     /// Policies reloaded (SIGHUP, file change) while a pool was not running yet, so that it
     /// starts with the current ones.
     policies: Mutex<BTreeMap<String, Vec<Policy>>>,
@@ -108,7 +109,7 @@ async fn start_pool(
         .unwrap_or_else(|| pool.policies.clone());
     let mut core = PoolCore::new(pool.scaler.clone(), policies, clock.now());
     core.set_provider_info(&info);
-    core.set_first_lease_id(ctx.first_lease_id);
+    core.share_lease_ids(ctx.lease_ids.clone());
     let journal = match &ctx.store {
         Some(store) => {
             let restored = store.load(&pool.name)?;
@@ -195,9 +196,12 @@ async fn keep_starting(ctx: Arc<StartContext>, state: Arc<AppState>, mut pool: c
         match start_pool(&ctx, &state.metrics, &pool).await {
             Ok(running) => {
                 tracing::info!(pool = %pool.name, attempt, "pool started");
-                state
-                    .pools
-                    .set(&pool.name, PoolState::Running(Arc::new(running)));
+                let running = Arc::new(running);
+                if running.connector.is_some() {
+                    let watched = Arc::downgrade(&running);
+                    tokio::spawn(crate::api::watch_lease_channels(watched));
+                }
+                state.pools.set(&pool.name, PoolState::Running(running));
                 return;
             }
             Err(e) => {
@@ -273,7 +277,11 @@ async fn build(config_path: &Path) -> anyhow::Result<Built> {
         registry,
         state_dir: cfg.state_dir.clone(),
         store,
-        first_lease_id,
+        lease_ids: {
+            let ids = LeaseIds::default();
+            ids.at_least(first_lease_id);
+            ids
+        },
         policies: Mutex::new(BTreeMap::new()),
     });
     Ok(Built { cfg, ctx, state })
@@ -286,18 +294,29 @@ fn open_store(state_dir: Option<&Path>) -> anyhow::Result<Option<Arc<LeaseStore>
         tracing::warn!("no state directory: leases are not kept across restarts");
         return Ok(None);
     };
-    flotilla_net::fs::create_private_dir(dir)
+    flotilla_net::fs::ensure_private_dir(dir)
         .with_context(|| format!("state directory {}", dir.display()))?;
-    let store = LeaseStore::open(&dir.join("leases.redb")).context(
+    let journal = dir.join("leases.redb");
+    flotilla_net::fs::ensure_private_file(&journal)
+        .with_context(|| format!("lease journal {}", journal.display()))?;
+    let store = LeaseStore::open(&journal).context(
         "the lease journal cannot be opened (is another flotilla using this state_dir?)",
     )?;
     Ok(Some(Arc::new(store)))
 }
 
-/// The API token; required unless the API listens on loopback only.
+/// The API token. The config's validation already requires one off loopback and for every
+/// pool that serves a Docker handle; a token file others can read is refused here too, since
+/// the file may have changed since the check.
 fn api_token(cfg: &Config) -> anyhow::Result<Option<flotilla_credentials::Secret>> {
     match &cfg.token {
-        Some(source) => Ok(Some(source.resolve("server.token")?)),
+        Some(source) => {
+            if let flotilla_credentials::SecretSource::File(path) = source {
+                flotilla_net::fs::check_secret_file_mode(path)
+                    .map_err(|why| anyhow::anyhow!("server.token: {why}"))?;
+            }
+            Ok(Some(source.resolve("server.token")?))
+        }
         None if cfg.listen.ip().is_loopback() => {
             tracing::warn!(
                 "no server.token configured: the lease API is open to anyone on this machine"
@@ -353,16 +372,15 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-    tracing::info!(listen = %cfg.listen, pools = cfg.pools.len(), "flotilla is listening; pools are starting");
+    let bound = listener.local_addr().unwrap_or(cfg.listen);
+    tracing::info!(listen = %bound, pools = cfg.pools.len(), "flotilla is listening; pools are starting");
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let server = {
         let shutdown = shutdown.clone();
         let app = router(state.clone());
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { shutdown.notified().await })
-                .await
-        })
+        tokio::spawn(crate::serve::serve(listener, app, cfg.limits, async move {
+            shutdown.notified().await
+        }))
     };
     // One Notify per server: notify_one keeps a permit, so a stop that comes before a server
     // polls its signal is not lost.
@@ -372,14 +390,16 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr} (server.metrics_listen)"))?;
-            tracing::info!(metrics_listen = %addr, "serving /metrics, /healthz and /readyz");
+            let bound = listener.local_addr().unwrap_or(addr);
+            tracing::info!(metrics_listen = %bound, "serving /metrics, /healthz and /readyz");
             let shutdown = metrics_shutdown.clone();
             let app = crate::api::health_router(state.clone());
-            Some(tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { shutdown.notified().await })
-                    .await
-            }))
+            Some(tokio::spawn(crate::serve::serve(
+                listener,
+                app,
+                cfg.limits,
+                async move { shutdown.notified().await },
+            )))
         }
         None => None,
     };
@@ -414,11 +434,9 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     let failed_drains = join_all(drains).await;
     shutdown.notify_one();
     metrics_shutdown.notify_one();
-    let served = server.await.context("the API server task panicked")?;
-    served.context("the API server failed")?;
+    server.await.context("the API server task panicked")?;
     if let Some(m) = metrics_server {
-        let served = m.await.context("the metrics server task panicked")?;
-        served.context("the metrics server failed")?;
+        m.await.context("the metrics server task panicked")?;
     }
     if failed_drains > 0 {
         anyhow::bail!("{failed_drains} pool(s) failed while draining; see the log above");

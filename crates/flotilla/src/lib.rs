@@ -15,5 +15,6 @@ pub mod example_cloud;
 pub mod metrics;
 pub mod migrate;
 pub mod pools;
+pub mod serve;
 pub mod signals;
 pub mod simulate;

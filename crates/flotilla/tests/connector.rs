@@ -348,7 +348,7 @@ async fn the_callers_token_is_not_forwarded_to_the_instances_engine() {
         .expect("a request");
     let machines = one_machine(&sshd);
     let response = readiness
-        .forward_docker(&machines, "m1", request)
+        .forward_docker(&machines, "m1", 1, request)
         .await
         .expect("forwarded");
     assert_eq!(response.status(), 200);
@@ -367,7 +367,7 @@ async fn the_callers_token_is_not_forwarded_to_the_instances_engine() {
         let request = http::Request::get("/info")
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .expect("a request");
-        match readiness.forward_docker(&machines, "m1", request).await {
+        match readiness.forward_docker(&machines, "m1", 1, request).await {
             Ok(r) => {
                 assert_eq!(r.status(), 200);
                 break;
@@ -408,7 +408,7 @@ async fn a_docker_tls_instance_is_ready_with_the_pools_client_certificate_and_se
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .expect("a request");
     let response = readiness
-        .forward_docker(&engines, "e1", request)
+        .forward_docker(&engines, "e1", 1, request)
         .await
         .expect("forwarded over TLS");
     assert_eq!(response.status(), 200);

@@ -216,7 +216,9 @@ impl RunnerJob {
         let response = dir.path().join("response.json");
         std::fs::write(
             &response,
-            format!(r#"{{"id": {id}, "token": "glcbt-job-token"}}"#),
+            format!(
+                r#"{{"id": {id}, "token": "glcbt-job-token", "job_info": {{"project_id": 77, "name": "build"}}, "git_info": {{"ref": "main", "protected": false}}}}"#
+            ),
         )
         .expect("response file");
         let env = BTreeMap::from([
@@ -331,7 +333,8 @@ async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them
     assert_eq!(build.code, 0, "{build:?}");
     let expected = "source\nline 1\nline 2\nline 3\nline 4\nline 5\n";
     assert!(build.stdout.contains(expected), "{build:?}");
-    assert!(build.stderr.contains("to-stderr"), "{build:?}");
+    // Both streams reach the job log, in the order the script wrote them.
+    assert!(build.stdout.contains("line 5\nto-stderr"), "{build:?}");
     let cleanup = job.stage(&["cleanup"]);
     assert_eq!(cleanup.code, 0, "{cleanup:?}");
     fleet.assert_clean().await;

@@ -7,8 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use serde::Deserialize;
 use serde_json::{Value, json};
+
+pub use flotilla_api::{ErrorCode, LeaseState};
 
 /// Why a call to the host failed.
 #[derive(Debug, thiserror::Error)]
@@ -27,39 +28,19 @@ pub enum ApiError {
         /// The request.
         what: String,
         /// The API's error code (`unknown_lease`, `acquire_timeout`, ...).
-        code: String,
+        code: ErrorCode,
         /// Its message.
         message: String,
     },
 }
 
-/// A lease as the API reports it.
+/// A lease as the driver needs it: its id and where it stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseInfo {
     /// Its id.
     pub id: u64,
-    /// `reserved`, `acquired` or `failed`.
-    pub state: String,
-    /// The instance, once acquired.
-    pub instance: Option<String>,
-    /// Why it failed.
-    pub cause: Option<String>,
-}
-
-/// The API's lease JSON: `{"id": 7, "state": {"state": "acquired", "instance": ..}}`.
-#[derive(Deserialize)]
-struct RawLease {
-    id: u64,
-    state: RawState,
-}
-
-#[derive(Deserialize)]
-struct RawState {
-    state: String,
-    #[serde(default)]
-    instance: Option<String>,
-    #[serde(default)]
-    cause: Option<String>,
+    /// Reserved, acquired (with the instance) or failed (with the cause).
+    pub state: LeaseState,
 }
 
 /// A client of one pool of a running host.
@@ -179,26 +160,23 @@ impl ApiClient {
         let (status, bytes) = tokio::time::timeout(limit, exchange)
             .await
             .map_err(|_| self.unreachable(format!("{what}: no answer within {limit:?}")))??;
-        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         if status.is_success() {
-            return Ok(value);
+            return Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null));
         }
-        let field = |name: &str| {
-            value
-                .get("error")
-                .and_then(|e| e.get(name))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
+        let (code, message) = match serde_json::from_slice::<flotilla_api::ErrorBody>(&bytes) {
+            Ok(body) => (body.error.code, body.error.message),
+            Err(_) => (
+                ErrorCode::Unknown,
+                format!(
+                    "HTTP {status}: {}",
+                    String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>()
+                ),
+            ),
         };
         Err(ApiError::Refused {
             what,
-            code: if field("code").is_empty() {
-                format!("http_{}", status.as_u16())
-            } else {
-                field("code")
-            },
-            message: field("message"),
+            code,
+            message,
         })
     }
 
@@ -207,13 +185,11 @@ impl ApiClient {
     }
 
     fn lease(value: &Value) -> Result<LeaseInfo, String> {
-        let raw: RawLease =
+        let view: flotilla_api::LeaseView =
             serde_json::from_value(value.clone()).map_err(|e| format!("unexpected lease: {e}"))?;
         Ok(LeaseInfo {
-            id: raw.id,
-            state: raw.state.state,
-            instance: raw.state.instance,
-            cause: raw.state.cause,
+            id: view.id,
+            state: view.state,
         })
     }
 

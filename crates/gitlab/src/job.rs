@@ -1,6 +1,7 @@
-//! What the runner hands each stage: the job's id (from the trusted `JOB_RESPONSE_FILE`), its
-//! image and services (`CUSTOM_ENV_*`), and the exit-code contract; plus the driver's own
-//! settings. Read from an environment map so tests can play the runner exactly.
+//! What the runner hands each stage: the job's identity (its id, project and whether its ref
+//! is protected, all from the runner-written `JOB_RESPONSE_FILE`, never from variables a job
+//! can set), its image and services (`CUSTOM_ENV_*`), and the exit-code contract; plus the
+//! driver's own settings. Read from an environment map so tests can play the runner exactly.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,9 +20,12 @@ pub enum JobError {
 /// When to pull the job's images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PullPolicy {
-    /// Pull every time (the registry decides what is current).
+    /// Pull every time: the registry checks the job's credentials for every job, so a private
+    /// image one project pulled can never run for another that has no access (GitLab
+    /// Runner's default for the same reason).
     Always,
-    /// Pull only when the instance does not have the image.
+    /// Pull only when the instance does not have the image. Faster, but any job on the
+    /// instance can then run a private image another job pulled, without credentials.
     IfNotPresent,
     /// Never pull; the image must be on the instance.
     Never,
@@ -39,6 +43,38 @@ impl PullPolicy {
             )),
         }
     }
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "always",
+            PullPolicy::IfNotPresent => "if-not-present",
+            PullPolicy::Never => "never",
+        }
+    }
+}
+
+/// Resource limits of each job container and each service container (Docker's `--memory`,
+/// `--cpus` and `--pids-limit`). `None`: the engine's default (no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobLimits {
+    /// Memory in bytes.
+    pub memory_bytes: Option<i64>,
+    /// CPUs in billionths of a CPU (`--cpus 1.5` is 1_500_000_000).
+    pub nano_cpus: Option<i64>,
+    /// Processes and threads.
+    pub pids: Option<i64>,
+}
+
+/// How much the driver keeps of project caches on each instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheBounds {
+    /// A cache volume older than this is removed (when no job uses it) and starts afresh.
+    pub max_age: Duration,
+    /// Cache volumes kept on one instance (one per project and protection); past it, the
+    /// oldest unused ones are removed first. Counting stands in for size, which the engine
+    /// computes only by walking every volume.
+    pub max_volumes: usize,
 }
 
 /// The driver's own settings (flags of `flotilla gitlab`, or `FLOTILLA_*` variables).
@@ -52,8 +88,40 @@ pub struct DriverSettings {
     pub default_image: Option<String>,
     /// When to pull.
     pub pull_policy: PullPolicy,
-    /// How long `prepare` waits for an instance.
+    /// How long `prepare` waits for an instance (and any stage for a pool that is starting).
     pub acquire_timeout: Duration,
+    /// How long any stage waits for a host that does not answer at all (a restart, an
+    /// upgrade) before it fails the job as a system failure.
+    pub restart_window: Duration,
+    /// Limits of the job's containers.
+    pub limits: JobLimits,
+    /// Bounds of the project caches on each instance.
+    pub cache: CacheBounds,
+    /// Take the job's identity from `CUSTOM_ENV_CI_JOB_ID` and friends when the runner writes
+    /// no `JOB_RESPONSE_FILE`. Unsafe: a job can set those variables and name another job.
+    pub job_identity_from_variables: bool,
+}
+
+/// `variables` of a service: a map (`CI_JOB_SERVICES` of runner 19.0+) or a list of
+/// `{key, value}` (the job response file).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceVariables(pub BTreeMap<String, String>);
+
+impl<'de> Deserialize<'de> for ServiceVariables {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Map(BTreeMap<String, String>),
+            List(Vec<Variable>),
+            Null(()),
+        }
+        Ok(ServiceVariables(match Raw::deserialize(d)? {
+            Raw::Map(map) => map,
+            Raw::List(list) => list.into_iter().map(|v| (v.key, v.value)).collect(),
+            Raw::Null(()) => BTreeMap::new(),
+        }))
+    }
 }
 
 /// One service container of the job (`CUSTOM_ENV_CI_JOB_SERVICES`).
@@ -70,6 +138,9 @@ pub struct Service {
     /// Overrides the image's command.
     #[serde(default)]
     pub command: Option<Vec<String>>,
+    /// The service's own variables (`services: [{name, variables: {...}}]`).
+    #[serde(default)]
+    pub variables: ServiceVariables,
 }
 
 impl Service {
@@ -77,13 +148,13 @@ impl Service {
     /// name without tag and with `/` as `__` and `-` (as GitLab's docker executor does).
     pub fn aliases(&self) -> Vec<String> {
         if let Some(alias) = self.alias.as_deref().filter(|a| !a.is_empty()) {
-            return alias.split_whitespace().map(str::to_string).collect();
+            return alias
+                .split(|c: char| c.is_whitespace() || c == ',')
+                .filter(|a| !a.is_empty())
+                .map(str::to_string)
+                .collect();
         }
-        let without_tag = match self.name.rsplit_once(':') {
-            Some((repo, tag)) if !tag.contains('/') => repo,
-            _ => self.name.as_str(),
-        };
-        let base = without_tag.split('@').next().unwrap_or(without_tag);
+        let base = crate::image::Reference::parse(&self.name).repository;
         let mut out = vec![base.replace('/', "__")];
         let dashed = base.replace('/', "-");
         if !out.contains(&dashed) {
@@ -98,6 +169,11 @@ impl Service {
 pub struct Job {
     /// GitLab's job id.
     pub id: String,
+    /// The job's project id, which keys its cache.
+    pub project: String,
+    /// Whether the job's ref is protected: its cache is kept apart from unprotected refs',
+    /// so a merge request cannot poison what a protected branch restores.
+    pub protected: bool,
     /// The job's image (`CUSTOM_ENV_CI_JOB_IMAGE`).
     pub image: Option<String>,
     /// Its services.
@@ -113,11 +189,68 @@ pub struct Job {
 }
 
 /// The largest services list taken from the environment.
-const MAX_SERVICES: usize = 16;
+pub(crate) const MAX_SERVICES: usize = 16;
+
+/// A variable of the job response file.
+#[derive(Debug, Clone, Deserialize)]
+struct Variable {
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+/// The parts of GitLab Runner's job response file (`JOB_RESPONSE_FILE`, runner 14.1+) the
+/// driver trusts: the runner writes it from what GitLab sent, so no job variable can change it.
+#[derive(Debug, Deserialize)]
+struct ResponseFile {
+    id: u64,
+    #[serde(default)]
+    job_info: Option<JobInfo>,
+    #[serde(default)]
+    git_info: Option<GitInfo>,
+    #[serde(default)]
+    variables: Vec<Variable>,
+    #[serde(default)]
+    services: Vec<ResponseService>,
+}
+
+#[derive(Debug, Deserialize)]
+struct JobInfo {
+    #[serde(default)]
+    project_id: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct GitInfo {
+    /// `null` or absent before GitLab 18.3 / runner 18.4.
+    #[serde(default)]
+    protected: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ResponseService {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    variables: ServiceVariables,
+}
+
+/// The job's identity: id, project, protected ref; and the services' variables the response
+/// file lists.
+struct Identity {
+    id: String,
+    project: String,
+    protected: bool,
+    service_variables: Vec<(String, ServiceVariables)>,
+}
 
 impl Job {
-    /// Reads the job from the runner's environment.
-    pub fn from_env(env: &BTreeMap<String, String>) -> Result<Job, JobError> {
+    /// Reads the job from the runner's environment. Without `JOB_RESPONSE_FILE` the job is
+    /// refused unless `identity_from_variables` (see [`DriverSettings`]).
+    pub fn from_env(
+        env: &BTreeMap<String, String>,
+        identity_from_variables: bool,
+    ) -> Result<Job, JobError> {
         let code = |name: &str, default: i32| -> Result<i32, JobError> {
             match env.get(name) {
                 None => Ok(default),
@@ -129,8 +262,8 @@ impl Job {
         };
         let build_failure = code("BUILD_FAILURE_EXIT_CODE", 1)?;
         let system_failure = code("SYSTEM_FAILURE_EXIT_CODE", 2)?;
-        let id = Job::job_id(env)?;
-        let services = match env.get("CUSTOM_ENV_CI_JOB_SERVICES").map(|s| s.trim()) {
+        let identity = Job::identity(env, identity_from_variables)?;
+        let mut services = match env.get("CUSTOM_ENV_CI_JOB_SERVICES").map(|s| s.trim()) {
             None | Some("") | Some("null") => Vec::new(),
             Some(text) => serde_json::from_str::<Vec<Service>>(text).map_err(|e| {
                 JobError::Invalid(format!(
@@ -144,9 +277,18 @@ impl Job {
                 services.len()
             )));
         }
+        // Runners before 19.0 leave `variables` out of CI_JOB_SERVICES; the response file
+        // lists them for every service, in the same order.
+        for (service, (name, variables)) in services.iter_mut().zip(identity.service_variables) {
+            if service.variables.0.is_empty() && service.name == name {
+                service.variables = variables;
+            }
+        }
         let nonempty = |name: &str| env.get(name).filter(|v| !v.trim().is_empty()).cloned();
         Ok(Job {
-            id,
+            id: identity.id,
+            project: identity.project,
+            protected: identity.protected,
             image: nonempty("CUSTOM_ENV_CI_JOB_IMAGE"),
             services,
             auth_config: nonempty("CUSTOM_ENV_DOCKER_AUTH_CONFIG"),
@@ -156,33 +298,71 @@ impl Job {
         })
     }
 
-    /// The job id: `.id` of `JOB_RESPONSE_FILE` (written by the runner, so trusted), or
-    /// `CUSTOM_ENV_CI_JOB_ID` for runners that do not write that file.
-    fn job_id(env: &BTreeMap<String, String>) -> Result<String, JobError> {
+    fn identity(
+        env: &BTreeMap<String, String>,
+        from_variables: bool,
+    ) -> Result<Identity, JobError> {
         if let Some(path) = env.get("JOB_RESPONSE_FILE") {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| JobError::Invalid(format!("JOB_RESPONSE_FILE {path}: {e}")))?;
-            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-                JobError::Invalid(format!("JOB_RESPONSE_FILE {path}: not JSON: {e}"))
-            })?;
-            return match value.get("id") {
-                Some(serde_json::Value::Number(n)) if n.is_u64() => Ok(n.to_string()),
-                _ => Err(JobError::Invalid(format!(
-                    "JOB_RESPONSE_FILE {path}: no numeric job id in .id"
-                ))),
-            };
+            return Job::identity_from_file(path);
         }
-        match env.get("CUSTOM_ENV_CI_JOB_ID") {
-            Some(id) if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) && id.len() <= 20 => {
-                Ok(id.clone())
+        if !from_variables {
+            return Err(JobError::Invalid(
+                "JOB_RESPONSE_FILE is not set: the job's identity must come from GitLab Runner (14.1 or later) itself, not from job variables a job can set; run this from the Custom executor, or pass --unsafe-job-identity-from-variables on a runner that only ever runs trusted jobs".into(),
+            ));
+        }
+        let number = |name: &str| match env.get(name) {
+            Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && v.len() <= 20 => {
+                Ok(v.clone())
             }
-            Some(id) => Err(JobError::Invalid(format!(
-                "CUSTOM_ENV_CI_JOB_ID={id:?} is not a job id"
+            Some(v) => Err(JobError::Invalid(format!("{name}={v:?} is not a number"))),
+            None => Err(JobError::Invalid(format!(
+                "neither JOB_RESPONSE_FILE nor {name} is set"
             ))),
-            None => Err(JobError::Invalid(
-                "neither JOB_RESPONSE_FILE nor CUSTOM_ENV_CI_JOB_ID is set: run this from GitLab Runner's Custom executor".into(),
-            )),
-        }
+        };
+        Ok(Identity {
+            id: number("CUSTOM_ENV_CI_JOB_ID")?,
+            project: number("CUSTOM_ENV_CI_PROJECT_ID")?,
+            protected: env
+                .get("CUSTOM_ENV_CI_COMMIT_REF_PROTECTED")
+                .is_some_and(|v| v == "true"),
+            service_variables: Vec::new(),
+        })
+    }
+
+    fn identity_from_file(path: &str) -> Result<Identity, JobError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| JobError::Invalid(format!("JOB_RESPONSE_FILE {path}: {e}")))?;
+        let file: ResponseFile = serde_json::from_str(&text).map_err(|e| {
+            JobError::Invalid(format!(
+                "JOB_RESPONSE_FILE {path}: not a job response (a numeric .id is required): {e}"
+            ))
+        })?;
+        let project = file
+            .job_info
+            .and_then(|i| i.project_id)
+            .ok_or_else(|| {
+                JobError::Invalid(format!(
+                    "JOB_RESPONSE_FILE {path}: no .job_info.project_id; the job's cache cannot be kept apart from other projects'"
+                ))
+            })?;
+        // GitLab 18.3+ sends git_info.protected; before, the first (predefined) value of
+        // CI_COMMIT_REF_PROTECTED, as GitLab Runner itself falls back to it.
+        let protected = file.git_info.and_then(|g| g.protected).unwrap_or_else(|| {
+            file.variables
+                .iter()
+                .find(|v| v.key == "CI_COMMIT_REF_PROTECTED")
+                .is_some_and(|v| v.value == "true")
+        });
+        Ok(Identity {
+            id: file.id.to_string(),
+            project: project.to_string(),
+            protected,
+            service_variables: file
+                .services
+                .into_iter()
+                .map(|s| (s.name, s.variables))
+                .collect(),
+        })
     }
 
     /// The lease label that ties the lease to the job.
@@ -209,6 +389,27 @@ impl Job {
     pub fn service_container(&self, i: usize) -> String {
         format!("flotilla-job-{}-service-{i}", self.id)
     }
+
+    /// The project's cache volume on the instance; protected refs get their own.
+    pub fn cache_volume(&self) -> String {
+        let kind = if self.protected { "-protected" } else { "" };
+        format!("flotilla-cache-project-{}{kind}", self.project)
+    }
+
+    /// A job with no more than an id, for removing what a lost job left.
+    pub(crate) fn stale(id: &str) -> Job {
+        Job {
+            id: id.to_string(),
+            project: String::new(),
+            protected: false,
+            image: None,
+            services: Vec::new(),
+            auth_config: None,
+            build_failure: 1,
+            system_failure: 2,
+            build_exit_code_file: None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -222,19 +423,93 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn the_job_id_comes_from_the_runners_response_file_not_from_job_variables() {
+    fn response(text: &str) -> (tempfile::TempDir, String) {
         let dir = tempfile::tempdir().expect("dir");
         let file = dir.path().join("response.json");
-        std::fs::write(&file, r#"{"id": 4242, "token": "glcbt-secret"}"#).expect("write");
-        let job = Job::from_env(&env(&[
-            ("JOB_RESPONSE_FILE", file.to_str().expect("utf-8")),
-            ("CUSTOM_ENV_CI_JOB_ID", "1"),
-        ]))
+        std::fs::write(&file, text).expect("write");
+        let path = file.to_str().expect("utf-8").to_string();
+        (dir, path)
+    }
+
+    #[test]
+    fn the_job_id_and_project_come_from_the_runners_response_file_not_from_job_variables() {
+        let (_dir, path) = response(
+            r#"{"id": 4242, "token": "glcbt-secret", "job_info": {"project_id": 42, "name": "x"},
+                "git_info": {"ref": "main", "protected": true}}"#,
+        );
+        let job = Job::from_env(
+            &env(&[
+                ("JOB_RESPONSE_FILE", &path),
+                ("CUSTOM_ENV_CI_JOB_ID", "1"),
+                ("CUSTOM_ENV_CI_PROJECT_ID", "666"),
+                ("CUSTOM_ENV_CI_COMMIT_REF_PROTECTED", "false"),
+            ]),
+            true,
+        )
         .expect("a job");
-        assert_eq!(job.id, "4242");
-        let bad = Job::from_env(&env(&[("CUSTOM_ENV_CI_JOB_ID", "1; rm -rf /")]));
-        assert!(bad.is_err());
+        assert_eq!((job.id.as_str(), job.project.as_str()), ("4242", "42"));
+        assert!(job.protected);
+        assert_eq!(job.cache_volume(), "flotilla-cache-project-42-protected");
+    }
+
+    #[test]
+    fn without_the_response_file_a_job_is_refused_unless_the_operator_opted_in() {
+        let vars = env(&[
+            ("CUSTOM_ENV_CI_JOB_ID", "7"),
+            ("CUSTOM_ENV_CI_PROJECT_ID", "3"),
+        ]);
+        let refused = Job::from_env(&vars, false).expect_err("refused");
+        assert!(refused.to_string().contains("JOB_RESPONSE_FILE"), "{refused}");
+        let job = Job::from_env(&vars, true).expect("opted in");
+        assert_eq!((job.id.as_str(), job.project.as_str()), ("7", "3"));
+        assert!(Job::from_env(&env(&[("CUSTOM_ENV_CI_JOB_ID", "1; rm -rf /")]), true).is_err());
+    }
+
+    #[test]
+    fn protection_falls_back_to_the_first_predefined_variable_and_projects_get_their_own_cache()
+    {
+        let (_dir, path) = response(
+            r#"{"id": 9, "job_info": {"project_id": 5}, "git_info": {"protected": null},
+                "variables": [{"key": "CI_COMMIT_REF_PROTECTED", "value": "true"},
+                              {"key": "CI_COMMIT_REF_PROTECTED", "value": "false"}]}"#,
+        );
+        let job = Job::from_env(&env(&[("JOB_RESPONSE_FILE", &path)]), false).expect("job");
+        assert!(job.protected);
+        let (_dir2, other) = response(r#"{"id": 10, "job_info": {"project_id": 6}}"#);
+        let other = Job::from_env(&env(&[("JOB_RESPONSE_FILE", &other)]), false).expect("job");
+        assert!(!other.protected);
+        assert_ne!(job.cache_volume(), other.cache_volume());
+        let (_dir3, none) = response(r#"{"id": 11}"#);
+        let refused = Job::from_env(&env(&[("JOB_RESPONSE_FILE", &none)]), false);
+        assert!(refused.is_err(), "no project id, no shared cache");
+    }
+
+    #[test]
+    fn service_variables_come_as_a_map_or_from_the_response_file() {
+        let (_dir, path) = response(
+            r#"{"id": 1, "job_info": {"project_id": 2},
+                "services": [{"name": "db:1", "variables": [{"key": "POSTGRES_DB", "value": "app", "public": true}]}]}"#,
+        );
+        let job = Job::from_env(
+            &env(&[
+                ("JOB_RESPONSE_FILE", &path),
+                (
+                    "CUSTOM_ENV_CI_JOB_SERVICES",
+                    r#"[{"name":"db:1","alias":"","entrypoint":null,"command":null},
+                        {"name":"cache:2","alias":"c","variables":{"MODE":"fast"}}]"#,
+                ),
+            ]),
+            false,
+        )
+        .expect("job");
+        assert_eq!(
+            job.services[0].variables.0.get("POSTGRES_DB").map(String::as_str),
+            Some("app")
+        );
+        assert_eq!(
+            job.services[1].variables.0.get("MODE").map(String::as_str),
+            Some("fast")
+        );
     }
 
     #[test]
@@ -244,6 +519,7 @@ mod tests {
             alias: alias.map(str::to_string),
             entrypoint: None,
             command: None,
+            variables: ServiceVariables::default(),
         };
         assert_eq!(s("postgres:16", None).aliases(), ["postgres"]);
         assert_eq!(
@@ -253,27 +529,34 @@ mod tests {
                 "registry.example.com:5000-team-db"
             ]
         );
+        assert_eq!(
+            s("postgres@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", None).aliases(),
+            ["postgres"]
+        );
         assert_eq!(s("x", Some("db cache")).aliases(), ["db", "cache"]);
+        assert_eq!(s("x", Some("db,cache")).aliases(), ["db", "cache"]);
     }
 
     #[test]
     fn exit_codes_and_services_are_read_and_checked() {
-        let job = Job::from_env(&env(&[
+        let base = [
             ("CUSTOM_ENV_CI_JOB_ID", "7"),
+            ("CUSTOM_ENV_CI_PROJECT_ID", "1"),
+        ];
+        let mut vars = env(&base);
+        vars.extend(env(&[
             ("BUILD_FAILURE_EXIT_CODE", "11"),
             ("SYSTEM_FAILURE_EXIT_CODE", "12"),
             (
                 "CUSTOM_ENV_CI_JOB_SERVICES",
                 r#"[{"name":"redis:7","alias":"cache"}]"#,
             ),
-        ]))
-        .expect("a job");
+        ]));
+        let job = Job::from_env(&vars, true).expect("a job");
         assert_eq!((job.build_failure, job.system_failure), (11, 12));
         assert_eq!(job.services[0].aliases(), ["cache"]);
-        let bad = Job::from_env(&env(&[
-            ("CUSTOM_ENV_CI_JOB_ID", "7"),
-            ("BUILD_FAILURE_EXIT_CODE", "x"),
-        ]));
-        assert!(bad.is_err());
+        let mut bad = env(&base);
+        bad.insert("BUILD_FAILURE_EXIT_CODE".into(), "x".into());
+        assert!(Job::from_env(&bad, true).is_err());
     }
 }

@@ -17,6 +17,69 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     builder.create(dir)
 }
 
+/// Creates `dir` (and its parents) and makes it owner-only (0700 on Unix) even when it
+/// existed before with a wider mode or the umask would have left it wider: a state directory
+/// holds keys and the lease journal.
+pub fn ensure_private_dir(dir: &Path) -> std::io::Result<()> {
+    create_private_dir(dir)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates `path` if it is missing and makes it owner-only (0600 on Unix) whatever the umask,
+/// before a library opens it with its own (wider) default mode.
+pub fn ensure_private_file(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true).append(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    drop(options.open(path)?);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(())
+}
+
+/// Why a file holding a secret is refused: users other than its owner and group can read
+/// or write it. The message names the file and the fix. (Group access is allowed, so a token
+/// can be shared with the runner's group.) Always `Ok` off Unix.
+pub fn check_secret_file_mode(path: &Path) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .permissions()
+            .mode();
+        if mode & 0o007 != 0 {
+            return Err(format!(
+                "{} is readable or writable by other users (mode {:o}); it holds a secret: chmod o-rwx {} (0600, or 0640 for a group that needs it)",
+                path.display(),
+                mode & 0o777,
+                path.display()
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file in `temp_dir` (which must be on the
 /// same filesystem), fsynced, then renamed over `path`. The temporary file is created 0600 on
 /// Unix, so a reader sees the old contents or the new, never a part, and never a wider mode.
@@ -58,6 +121,41 @@ mod tests {
             1,
             "no temporary file is left behind: {names:?}"
         );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_state_directory_and_file_are_made_private_whatever_they_were() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).expect("mkdir");
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        ensure_private_dir(&state).expect("private dir");
+        let file = state.join("leases.redb");
+        std::fs::write(&file, b"x").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        ensure_private_file(&file).expect("private file");
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!((mode(&state), mode(&file)), (0o700, 0o600));
+        assert_eq!(std::fs::read(&file).expect("read"), b"x", "contents kept");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_secret_file_others_can_read_is_refused_and_a_group_readable_one_is_not() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("token");
+        std::fs::write(&file, b"t").expect("write");
+        for (mode, ok) in [(0o600, true), (0o640, true), (0o644, false), (0o602, false)] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let checked = check_secret_file_mode(&file);
+            assert_eq!(checked.is_ok(), ok, "mode {mode:o}: {checked:?}");
+            if let Err(why) = checked {
+                assert!(why.contains("chmod o-rwx") && why.contains("token"), "{why}");
+            }
+        }
     }
 
     #[cfg(unix)]

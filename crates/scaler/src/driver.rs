@@ -470,6 +470,11 @@ impl PoolHandle {
         self.core().snapshot(self.clock.now())
     }
 
+    /// Resolves at the pool's next change (a lease or instance event, an action's end).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
     /// The provider, e.g. for connection details of a lease's instance.
     pub fn provider(&self) -> &Arc<dyn Provider> {
         &self.provider

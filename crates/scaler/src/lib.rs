@@ -12,6 +12,7 @@ pub mod policy;
 pub mod sim;
 
 pub use self::core::{
+    LeaseIds,
     Action, Binding, InstState, Lease, LeaseError, LeaseState, PoolCore, PoolHealth, PoolSnapshot,
 };
 pub use driver::{AlwaysReady, Clock, LeaseJournal, NotReady, PoolHandle, Readiness, SystemClock};

@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Subcommand;
 
-use flotilla_gitlab::{ApiClient, DriverSettings, Job, Outcome, PullPolicy};
+use flotilla_gitlab::{
+    ApiClient, CacheBounds, DriverSettings, Job, JobLimits, Outcome, PullPolicy,
+};
 
 /// The driver's flags, then the stage.
 #[derive(Debug, clap::Args)]
@@ -33,12 +35,40 @@ pub struct Args {
     /// The image of jobs that name none.
     #[arg(long)]
     default_image: Option<String>,
-    /// When to pull images: always, if-not-present or never.
-    #[arg(long, default_value = "if-not-present")]
+    /// When to pull images: always (the default: the registry checks every job's
+    /// credentials), if-not-present (faster, but a job can then run a private image another
+    /// job pulled, without credentials) or never.
+    #[arg(long, default_value = "always")]
     pull_policy: String,
-    /// How long `prepare` waits for an instance.
+    /// How long `prepare` waits for an instance (and any stage for a pool that is starting).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     acquire_timeout: Duration,
+    /// How long a stage waits for a flotilla that does not answer at all (a restart, an
+    /// upgrade) before it fails the job as a system failure.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    restart_window: Duration,
+    /// Memory of each job and service container, e.g. `2g` or `512m` (Docker's --memory).
+    #[arg(long, value_parser = parse_bytes)]
+    memory: Option<i64>,
+    /// CPUs of each job and service container, e.g. `1.5` (Docker's --cpus).
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<i64>,
+    /// Processes of each job and service container (Docker's --pids-limit).
+    #[arg(long)]
+    pids_limit: Option<u32>,
+    /// A project's cache volume older than this is removed (when no job uses it).
+    #[arg(long, default_value = "7days", value_parser = humantime::parse_duration)]
+    cache_max_age: Duration,
+    /// Cache volumes kept per instance (one per project, and per protected project); the
+    /// oldest unused ones go first.
+    #[arg(long, default_value_t = 64)]
+    cache_max_volumes: usize,
+    /// Take the job's identity from CUSTOM_ENV_CI_JOB_ID and CUSTOM_ENV_CI_PROJECT_ID when the
+    /// runner writes no JOB_RESPONSE_FILE (runners before 14.1). UNSAFE: a job can set those
+    /// variables and name another job's lease and containers; only for runners whose every
+    /// job is trusted.
+    #[arg(long)]
+    unsafe_job_identity_from_variables: bool,
     /// The stage GitLab Runner is at.
     #[command(subcommand)]
     stage: Stage,
@@ -74,6 +104,36 @@ fn env_or(flag: &Option<String>, name: &str) -> Option<String> {
         .or_else(|| std::env::var(name).ok().filter(|v| !v.is_empty()))
 }
 
+/// `2g`, `512m`, `64k`, `1024` (bytes; binary multiples, as Docker reads them).
+fn parse_bytes(text: &str) -> Result<i64, String> {
+    let t = text.trim().to_ascii_lowercase();
+    let t = t.strip_suffix('b').unwrap_or(&t);
+    let (digits, shift) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 10),
+        Some('m') => (&t[..t.len() - 1], 20),
+        Some('g') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let n: i64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a size such as 512m or 2g"))?;
+    n.checked_mul(1 << shift)
+        .filter(|b| *b >= 6 << 20)
+        .ok_or_else(|| format!("{text:?}: expected at least 6m (Docker's minimum)"))
+}
+
+/// `1.5` CPUs as billionths of a CPU.
+fn parse_cpus(text: &str) -> Result<i64, String> {
+    let cpus: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number of CPUs such as 1.5"))?;
+    if !(cpus.is_finite() && cpus > 0.0 && cpus <= 1024.0) {
+        return Err(format!("{text:?}: expected between 0 and 1024 CPUs"));
+    }
+    Ok((cpus * 1e9).round() as i64)
+}
+
 impl Args {
     fn api(&self) -> anyhow::Result<ApiClient> {
         let url =
@@ -85,12 +145,16 @@ impl Args {
             .clone()
             .or_else(|| std::env::var_os("FLOTILLA_TOKEN_FILE").map(PathBuf::from));
         let token = match file {
-            Some(path) => Some(
-                std::fs::read_to_string(&path)
-                    .with_context(|| format!("--token-file {}", path.display()))?
-                    .trim()
-                    .to_string(),
-            ),
+            Some(path) => {
+                flotilla_net::fs::check_secret_file_mode(&path)
+                    .map_err(|why| anyhow::anyhow!("--token-file: {why}"))?;
+                Some(
+                    std::fs::read_to_string(&path)
+                        .with_context(|| format!("--token-file {}", path.display()))?
+                        .trim()
+                        .to_string(),
+                )
+            }
             None => std::env::var("FLOTILLA_TOKEN")
                 .ok()
                 .filter(|t| !t.is_empty()),
@@ -105,6 +169,17 @@ impl Args {
             default_image: self.default_image.clone(),
             pull_policy: PullPolicy::parse(&self.pull_policy).map_err(anyhow::Error::msg)?,
             acquire_timeout: self.acquire_timeout,
+            restart_window: self.restart_window,
+            limits: JobLimits {
+                memory_bytes: self.memory,
+                nano_cpus: self.cpus,
+                pids: self.pids_limit.map(i64::from),
+            },
+            cache: CacheBounds {
+                max_age: self.cache_max_age,
+                max_volumes: self.cache_max_volumes.max(1),
+            },
+            job_identity_from_variables: self.unsafe_job_identity_from_variables,
         })
     }
 
@@ -120,7 +195,7 @@ impl Args {
             return super::print_json(&flotilla_gitlab::config(&settings, api.pool()));
         }
         let env: BTreeMap<String, String> = std::env::vars().collect();
-        let job = match Job::from_env(&env) {
+        let job = match Job::from_env(&env, settings.job_identity_from_variables) {
             Ok(job) => job,
             Err(e) => {
                 eprintln!("flotilla: {e}");
@@ -135,9 +210,9 @@ impl Args {
                 let cancel = async move {
                     stop.recv().await;
                 };
-                flotilla_gitlab::run(&api, &job, script, stage, cancel).await
+                flotilla_gitlab::run(&api, &job, &settings, script, stage, cancel).await
             }
-            Stage::Cleanup => flotilla_gitlab::cleanup(&api, &job).await,
+            Stage::Cleanup => flotilla_gitlab::cleanup(&api, &job, &settings).await,
             Stage::Config | Stage::Snippet => Outcome::Success,
         };
         if let Outcome::SystemFailure(why) = &outcome {
@@ -167,7 +242,21 @@ impl Args {
             self.pull_policy.clone(),
             "--acquire-timeout".into(),
             humantime::format_duration(self.acquire_timeout).to_string(),
+            "--restart-window".into(),
+            humantime::format_duration(self.restart_window).to_string(),
         ];
+        for (flag, value) in [
+            ("--memory", self.memory.map(|m| m.to_string())),
+            ("--cpus", self.cpus.map(|c| format!("{}", c as f64 / 1e9))),
+            ("--pids-limit", self.pids_limit.map(|p| p.to_string())),
+        ] {
+            if let Some(value) = value {
+                common.extend([flag.to_string(), value]);
+            }
+        }
+        if self.unsafe_job_identity_from_variables {
+            common.push("--unsafe-job-identity-from-variables".into());
+        }
         if let Some(f) = &self.token_file {
             common.extend(["--token-file".into(), f.display().to_string()]);
         }

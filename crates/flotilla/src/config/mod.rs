@@ -62,6 +62,27 @@ pub struct ServerConfig {
     /// How long SIGTERM waits for leases to be released.
     #[serde(default = "default_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Connections served at once per listener; more wait in the kernel's backlog.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Connections that have not yet made an authenticated request; past this the oldest is
+    /// closed, so a flood of idle connections cannot keep API clients out.
+    #[serde(default = "default_max_unauthenticated")]
+    pub max_unauthenticated_connections: usize,
+    /// How long a client may take to send a request's headers (also the idle limit of a
+    /// kept-alive connection).
+    #[serde(default = "default_header_read_timeout", with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+}
+
+fn default_max_connections() -> usize {
+    crate::serve::Limits::default().max_connections
+}
+fn default_max_unauthenticated() -> usize {
+    crate::serve::Limits::default().max_unauthenticated
+}
+fn default_header_read_timeout() -> Duration {
+    crate::serve::Limits::default().header_read_timeout
 }
 
 fn default_listen() -> SocketAddr {
@@ -78,6 +99,9 @@ impl Default for ServerConfig {
             metrics_listen: None,
             token: None,
             shutdown_grace: default_grace(),
+            max_connections: default_max_connections(),
+            max_unauthenticated_connections: default_max_unauthenticated(),
+            header_read_timeout: default_header_read_timeout(),
         }
     }
 }
@@ -95,6 +119,8 @@ pub struct Config {
     pub token: Option<SecretSource>,
     /// Drain grace period.
     pub shutdown_grace: Duration,
+    /// Connection limits of the listeners.
+    pub limits: crate::serve::Limits,
     /// Compile and OCI cache directory.
     pub cache_dir: Option<PathBuf>,
     /// State directory (pool SSH keys), when one is configured or known.
@@ -195,16 +221,15 @@ impl Validate for FileConfig {
     type Output = Config;
 
     fn validate(&self, cx: &Context, at: &KeyPath, problems: &mut Problems) -> Option<Config> {
-        let token_ok = match &self.server.token {
-            Some(token) => token.check(&at.key("server").key("token"), problems),
-            None => true,
-        };
+        let server = at.key("server");
+        let token_ok = self.validate_token(cx, &server, problems);
+        let limits = self.server.limits(&server, problems);
         let registry = self.oci.validate(cx, &at.key("oci"), problems);
         let pools = pool::validate_all(&self.pools, cx, &at.key("pool"), problems);
         let metrics_ok = match self.server.metrics_listen {
             Some(m) if m == self.server.listen => {
                 problems.add(
-                    &at.key("server").key("metrics_listen"),
+                    &server.key("metrics_listen"),
                     format!("is the same address as server.listen ({m}); leave it out to serve /metrics there"),
                 );
                 false
@@ -214,12 +239,14 @@ impl Validate for FileConfig {
         if !token_ok || !metrics_ok {
             return None;
         }
+        let limits = limits?;
         Some(Config {
             path: PathBuf::new(),
             listen: self.server.listen,
             metrics_listen: self.server.metrics_listen,
             token: self.server.token.as_ref().map(|t| t.resolved(cx)),
             shutdown_grace: self.server.shutdown_grace,
+            limits,
             cache_dir: self.cache_dir.as_deref().map(|d| cx.resolve(d)),
             state_dir: self
                 .state_dir
@@ -232,5 +259,87 @@ impl Validate for FileConfig {
             registry: registry?,
             pools: pools?,
         })
+    }
+}
+
+impl ServerConfig {
+    /// The listeners' limits, or the problems with them.
+    fn limits(&self, at: &KeyPath, problems: &mut Problems) -> Option<crate::serve::Limits> {
+        let mut ok = true;
+        if self.max_connections == 0 {
+            problems.add(&at.key("max_connections"), "must be at least 1");
+            ok = false;
+        }
+        if self.max_unauthenticated_connections == 0
+            || self.max_unauthenticated_connections > self.max_connections
+        {
+            problems.add(
+                &at.key("max_unauthenticated_connections"),
+                format!(
+                    "must be between 1 and max_connections ({})",
+                    self.max_connections
+                ),
+            );
+            ok = false;
+        }
+        if self.header_read_timeout.is_zero() {
+            problems.add(&at.key("header_read_timeout"), "must be more than 0s");
+            ok = false;
+        }
+        ok.then_some(crate::serve::Limits {
+            max_connections: self.max_connections,
+            max_unauthenticated: self.max_unauthenticated_connections,
+            header_read_timeout: self.header_read_timeout,
+        })
+    }
+}
+
+impl FileConfig {
+    /// `server.token`: required off loopback and whenever a pool serves a Docker handle (the
+    /// handle can start a privileged container on every instance, so an open API on loopback
+    /// is an open door for every local user); a token file must not be readable by others.
+    fn validate_token(&self, cx: &Context, server: &KeyPath, problems: &mut Problems) -> bool {
+        let at = server.key("token");
+        let Some(token) = &self.server.token else {
+            let docker: Vec<&str> = self
+                .pools
+                .iter()
+                .filter(|p| p.serves_docker())
+                .map(|p| p.name.as_str())
+                .collect();
+            if !self.server.listen.ip().is_loopback() {
+                problems.add(
+                    &at,
+                    format!(
+                        "is required when listening on a non-loopback address ({})",
+                        self.server.listen
+                    ),
+                );
+                return false;
+            }
+            if !docker.is_empty() {
+                problems.add(
+                    &at,
+                    format!(
+                        "is required because pool(s) {} serve a Docker handle, which can run privileged containers on their instances; set token = {{ file = \"...\" }}",
+                        docker.join(", ")
+                    ),
+                );
+                return false;
+            }
+            return true;
+        };
+        if !token.check(&at, problems) {
+            return false;
+        }
+        if let (true, SecretSource::File(path)) = (cx.check_files, token.resolved(cx)) {
+            if let Err(why) = flotilla_net::fs::check_secret_file_mode(&path) {
+                if path.exists() {
+                    problems.add(&at, why);
+                    return false;
+                }
+            }
+        }
+        true
     }
 }

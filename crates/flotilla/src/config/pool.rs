@@ -103,6 +103,15 @@ pub struct PoolConfig {
     pub connector: Option<ConnectorConfig>,
 }
 
+impl PoolConfig {
+    /// Whether the pool's connector serves a Docker handle (Docker over SSH, or docker-tls).
+    pub fn serves_docker(&self) -> bool {
+        self.connector
+            .as_ref()
+            .is_some_and(|c| c.docker || c.docker_tls.is_some())
+    }
+}
+
 fn one() -> u32 {
     1
 }

@@ -59,8 +59,7 @@ impl PoolCore {
         if self.policy(now).preemptive_mode && self.free_ready_slots() <= self.reserved {
             return Err(LeaseError::NoIdleSlot);
         }
-        let id = self.next_lease;
-        self.next_lease += 1;
+        let id = self.next_lease.take();
         self.leases.insert(
             id,
             Lease {

@@ -134,7 +134,7 @@ pub struct PoolCore {
     restoring: HashMap<u64, Lease>,
     /// Use counts restored from the journal, applied when their instance is adopted.
     restored_uses: HashMap<String, u32>,
-    next_lease: u64,
+    next_lease: LeaseIds,
     reserved: u32,
     acquired: u32,
     /// Instances requested and not yet seen: when, and how many successful updates since.
@@ -185,7 +185,7 @@ impl PoolCore {
             leases: HashMap::new(),
             restoring: HashMap::new(),
             restored_uses: HashMap::new(),
-            next_lease: 1,
+            next_lease: LeaseIds::default(),
             reserved: 0,
             acquired: 0,
             pending: VecDeque::new(),
@@ -310,5 +310,29 @@ impl PoolCore {
     /// Whether the pool is healthy enough to count as ready.
     pub fn health(&self) -> &PoolHealth {
         &self.health
+    }
+}
+
+/// Where lease ids come from: a counter that may be shared by every pool of a process, so
+/// that an id names one lease of one pool only (a client holding an id of one pool can never
+/// reach a lease of another by mistake).
+#[derive(Debug, Clone)]
+pub struct LeaseIds(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl Default for LeaseIds {
+    fn default() -> Self {
+        LeaseIds(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1)))
+    }
+}
+
+impl LeaseIds {
+    /// The next id.
+    pub fn take(&self) -> u64 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Makes every later id at least `first`.
+    pub fn at_least(&self, first: u64) {
+        self.0.fetch_max(first, std::sync::atomic::Ordering::Relaxed);
     }
 }

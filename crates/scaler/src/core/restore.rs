@@ -12,7 +12,14 @@ impl PoolCore {
     /// Lease ids start here: an epoch-derived base (`now_ms * 1024`), so ids of an earlier
     /// process never name a lease of this one, and above every restored id.
     pub fn set_first_lease_id(&mut self, first: u64) {
-        self.next_lease = self.next_lease.max(first);
+        self.next_lease.at_least(first);
+    }
+
+    /// Takes lease ids from `ids`, shared with the process's other pools, so ids are unique
+    /// across pools too; ids this core already promised to skip stay skipped.
+    pub fn share_lease_ids(&mut self, ids: super::LeaseIds) {
+        ids.at_least(self.next_lease.take());
+        self.next_lease = ids;
     }
 
     /// Restores the journal's leases and instance use counts, before the first update. With a
@@ -23,7 +30,7 @@ impl PoolCore {
             if let Some(ttl) = self.cfg.lease_ttl_ms {
                 lease.expires_at = Some(now.saturating_add(ttl));
             }
-            self.next_lease = self.next_lease.max(lease.id.saturating_add(1));
+            self.next_lease.at_least(lease.id.saturating_add(1));
             self.counters.leases_restored += 1;
             match lease.state {
                 LeaseState::Reserved => {

@@ -1,0 +1,317 @@
+//! The lease API's wire vocabulary, written once: the stable error codes with their HTTP
+//! status, the error body, the lease as the API shows it, and the request bodies. The server
+//! (`flotilla run`) and every client in this repository (the GitLab driver first) use these
+//! types, so a code or a field cannot drift between them; the docs' table of codes is checked
+//! against [`ErrorCode::ALL`] by a test.
+//!
+//! Must not know: HTTP servers or clients, the scaler, tokio. A leaf.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Milliseconds since the Unix epoch.
+pub type Millis = u64;
+
+/// The stable error codes of the API (`{"error": {"code": ...}}`); clients match on these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// No such endpoint.
+    NotFound,
+    /// Missing or wrong bearer token.
+    Unauthorized,
+    /// No pool by that name.
+    UnknownPool,
+    /// The path's lease id is not a number.
+    BadLeaseId,
+    /// No lease by that id in the pool.
+    UnknownLease,
+    /// The lease is already bound to an instance.
+    AlreadyAcquired,
+    /// The lease was never bound.
+    NotAcquired,
+    /// The lease is bound, so it cannot be unreserved.
+    Acquired,
+    /// The lease failed (its instance went away); the message says why.
+    LeaseFailed,
+    /// The pool cannot promise another slot.
+    AtCapacity,
+    /// Preemptive mode, and no idle slot now.
+    NoIdleSlot,
+    /// The process is draining.
+    ShuttingDown,
+    /// The pool stopped or failed to start.
+    PoolStopped,
+    /// The pool is still loading its plugin or running `init`.
+    PoolStarting,
+    /// No instance became ready in time; the lease is still reserved.
+    AcquireTimeout,
+    /// The pool has no `[pool.connector]` with Docker, so the host serves no Docker API.
+    NoDocker,
+    /// The lease's instance could not be reached (SSH or Docker Engine failed).
+    InstanceUnreachable,
+    /// The request body or query is malformed; the message says where.
+    BadRequest,
+    /// Another live lease already carries the label.
+    LabelInUse,
+    /// The lease journal could not be written; nothing changed, retry.
+    StoreFailed,
+    /// The pool has no lease TTL, so there is nothing to renew.
+    NoTtl,
+    /// The lease ended while a request made under it was on its way; the request was cut.
+    LeaseEnded,
+    /// A code this client does not know (a newer server); the HTTP status still applies.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ErrorCode {
+    /// Every code a server sends (not [`ErrorCode::Unknown`]).
+    pub const ALL: [ErrorCode; 22] = [
+        ErrorCode::NotFound,
+        ErrorCode::Unauthorized,
+        ErrorCode::UnknownPool,
+        ErrorCode::BadLeaseId,
+        ErrorCode::UnknownLease,
+        ErrorCode::AlreadyAcquired,
+        ErrorCode::NotAcquired,
+        ErrorCode::Acquired,
+        ErrorCode::LeaseFailed,
+        ErrorCode::AtCapacity,
+        ErrorCode::NoIdleSlot,
+        ErrorCode::ShuttingDown,
+        ErrorCode::PoolStopped,
+        ErrorCode::PoolStarting,
+        ErrorCode::AcquireTimeout,
+        ErrorCode::NoDocker,
+        ErrorCode::InstanceUnreachable,
+        ErrorCode::BadRequest,
+        ErrorCode::LabelInUse,
+        ErrorCode::StoreFailed,
+        ErrorCode::NoTtl,
+        ErrorCode::LeaseEnded,
+    ];
+
+    /// The HTTP status that goes with the code.
+    pub fn status(self) -> http::StatusCode {
+        use http::StatusCode as S;
+        match self {
+            ErrorCode::NotFound | ErrorCode::UnknownPool | ErrorCode::UnknownLease => S::NOT_FOUND,
+            ErrorCode::Unauthorized => S::UNAUTHORIZED,
+            ErrorCode::BadLeaseId | ErrorCode::BadRequest => S::BAD_REQUEST,
+            ErrorCode::AlreadyAcquired
+            | ErrorCode::NotAcquired
+            | ErrorCode::Acquired
+            | ErrorCode::NoDocker
+            | ErrorCode::LabelInUse
+            | ErrorCode::NoTtl => S::CONFLICT,
+            ErrorCode::LeaseFailed | ErrorCode::LeaseEnded => S::GONE,
+            ErrorCode::AtCapacity | ErrorCode::NoIdleSlot => S::TOO_MANY_REQUESTS,
+            ErrorCode::ShuttingDown
+            | ErrorCode::PoolStopped
+            | ErrorCode::PoolStarting
+            | ErrorCode::StoreFailed => S::SERVICE_UNAVAILABLE,
+            ErrorCode::AcquireTimeout => S::GATEWAY_TIMEOUT,
+            ErrorCode::InstanceUnreachable => S::BAD_GATEWAY,
+            ErrorCode::Unknown => S::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The code as it is written on the wire (`unknown_lease`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::UnknownPool => "unknown_pool",
+            ErrorCode::BadLeaseId => "bad_lease_id",
+            ErrorCode::UnknownLease => "unknown_lease",
+            ErrorCode::AlreadyAcquired => "already_acquired",
+            ErrorCode::NotAcquired => "not_acquired",
+            ErrorCode::Acquired => "acquired",
+            ErrorCode::LeaseFailed => "lease_failed",
+            ErrorCode::AtCapacity => "at_capacity",
+            ErrorCode::NoIdleSlot => "no_idle_slot",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::PoolStopped => "pool_stopped",
+            ErrorCode::PoolStarting => "pool_starting",
+            ErrorCode::AcquireTimeout => "acquire_timeout",
+            ErrorCode::NoDocker => "no_docker",
+            ErrorCode::InstanceUnreachable => "instance_unreachable",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::LabelInUse => "label_in_use",
+            ErrorCode::StoreFailed => "store_failed",
+            ErrorCode::NoTtl => "no_ttl",
+            ErrorCode::LeaseEnded => "lease_ended",
+            ErrorCode::Unknown => "unknown",
+        }
+    }
+
+    /// The pool is not serving now but will be: it is starting, or the process is draining
+    /// for a restart. A client waits and asks again.
+    pub fn restarting(self) -> bool {
+        matches!(self, ErrorCode::PoolStarting | ErrorCode::ShuttingDown)
+    }
+
+    /// Every slot is promised: a client may wait for one to free up.
+    pub fn pool_full(self) -> bool {
+        matches!(self, ErrorCode::AtCapacity | ErrorCode::NoIdleSlot)
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An error answer: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// The code and the words of an error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// The stable code.
+    pub code: ErrorCode,
+    /// What happened, for people.
+    pub message: String,
+}
+
+/// Where a lease stands: `{"state": "acquired", "instance": ..., "slot": ...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum LeaseState {
+    /// A slot is promised; no instance bound yet.
+    Reserved,
+    /// Bound to a slot of a ready instance.
+    Acquired {
+        /// The instance.
+        instance: String,
+        /// The slot index on it.
+        slot: u32,
+    },
+    /// Its instance failed or vanished; the cause says why.
+    Failed {
+        /// What happened.
+        cause: String,
+    },
+}
+
+/// One lease as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseView {
+    /// Its id, unique across the process's pools and restarts.
+    pub id: u64,
+    /// Where it stands.
+    pub state: LeaseState,
+    /// When it was reserved.
+    pub reserved_at: Millis,
+    /// When it was acquired.
+    pub acquired_at: Option<Millis>,
+    /// The client's labels; each pair is held by one live lease at most.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// With a lease TTL: when the lease fails unless renewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Millis>,
+}
+
+/// `GET /v1/pools/{pool}/leases[?label=k=v]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseList {
+    /// The pool.
+    pub pool: String,
+    /// Its leases (at most one with a label query).
+    pub leases: Vec<LeaseView>,
+}
+
+/// `POST /v1/pools/{pool}/leases` answers `201` with this (and `GET .../leases/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseAnswer {
+    /// The pool.
+    pub pool: String,
+    /// The lease.
+    pub lease: LeaseView,
+}
+
+/// The body of a reservation: `{"labels": {"key": "value"}}`, or nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReserveRequest {
+    /// Labels, e.g. `{"gitlab-job": "4242"}`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The body of a release: `{"instance_broken": "why"}` when the holder found the instance
+/// unusable (it is then failed and replaced), or nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// Why the instance is broken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_broken: Option<String>,
+}
+
+/// The answer to an acquire: the instance and slot, how to connect, and the Docker handle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AcquireAnswer {
+    /// The pool.
+    pub pool: String,
+    /// The lease.
+    pub lease: u64,
+    /// The instance it is bound to.
+    pub instance: String,
+    /// The slot on the instance.
+    pub slot: u32,
+    /// The plugin's connection details (no key material), when it gave them.
+    pub connection: Option<serde_json::Value>,
+    /// Why the plugin gave none.
+    pub connection_error: Option<String>,
+    /// Where the holder reaches Docker Engine on the instance, when the pool serves one.
+    pub docker: Option<DockerHandle>,
+}
+
+/// The connection handle of an acquired lease: the host forwards Docker Engine API requests
+/// under `path` (with the API's bearer token) to the instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DockerHandle {
+    /// The API path to use as Docker's base URL, e.g. `/v1/pools/p/leases/7/docker`.
+    pub path: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_is_written_as_its_name_and_read_back() {
+        for code in ErrorCode::ALL {
+            let text = serde_json::to_string(&code).expect("serialize");
+            assert_eq!(text, format!("\"{}\"", code.name()));
+            let back: ErrorCode = serde_json::from_str(&text).expect("deserialize");
+            assert_eq!(back, code);
+            assert!(code.status().is_client_error() || code.status().is_server_error());
+        }
+        let newer: ErrorCode = serde_json::from_str("\"from_the_future\"").expect("unknown");
+        assert_eq!(newer, ErrorCode::Unknown);
+    }
+
+    #[test]
+    fn a_lease_reads_as_the_server_writes_it() {
+        let text = r#"{"id":7,"state":{"state":"acquired","instance":"m1","slot":0},"reserved_at":1,"acquired_at":2,"labels":{"gitlab-job":"9"}}"#;
+        let lease: LeaseView = serde_json::from_str(text).expect("lease");
+        assert_eq!(
+            lease.state,
+            LeaseState::Acquired {
+                instance: "m1".into(),
+                slot: 0
+            }
+        );
+        assert_eq!(serde_json::to_string(&lease).expect("write"), text);
+    }
+}

@@ -1,0 +1,204 @@
+//! Serving a router on a listener with the limits a listener open to a network needs: a cap
+//! on connections, a deadline for a request's headers (which also ends idle keep-alive
+//! connections), and a bound on connections that have not yet made an authenticated request,
+//! so a flood of idle or half-sent connections can never keep an API client out.
+//!
+//! Owns: the accept loop and the connection accounting. Must not know: routes or tokens; the
+//! router marks a connection as authenticated through the [`Connection`] ticket it finds in
+//! each request's extensions.
+//!
+//! The HTTP side is hyper-util's server (`auto::Builder`, HTTP/1 only, with upgrades for
+//! Docker's exec and attach) and its `GracefulShutdown`; hyper's own `header_read_timeout`
+//! bounds header reads. The two counts are a tokio `Semaphore` (every connection) and a queue
+//! of the connections still unauthenticated, oldest first: when it is full, the oldest one is
+//! closed to make room, so a newcomer always gets a chance to authenticate.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+/// The limits of one listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once; further ones wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// Connections that have not made an authenticated request yet; past it the oldest is
+    /// closed.
+    pub max_unauthenticated: usize,
+    /// How long a client may take to send a request's headers, and how long a kept-alive
+    /// connection may sit idle.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 512,
+            max_unauthenticated: 64,
+            header_read_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How long a stop waits for open connections (long Docker streams among them) to finish.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// One served connection, as the router sees it in a request's extensions.
+#[derive(Debug, Clone)]
+pub struct Connection(Arc<Ticket>);
+
+#[derive(Debug)]
+struct Ticket {
+    id: u64,
+    authenticated: AtomicBool,
+    tracker: Arc<Unauthenticated>,
+}
+
+impl Connection {
+    /// The connection made a request that passed authentication: it no longer counts against
+    /// the unauthenticated bound and is never evicted.
+    pub fn authenticated(&self) {
+        if !self.0.authenticated.swap(true, Ordering::Relaxed) {
+            self.0.tracker.remove(self.0.id);
+        }
+    }
+}
+
+/// The connections not authenticated yet, oldest first.
+#[derive(Debug)]
+struct Unauthenticated {
+    max: usize,
+    queue: Mutex<VecDeque<(u64, CancellationToken)>>,
+}
+
+impl Unauthenticated {
+    /// Adds a connection; closes the oldest ones beyond the bound.
+    fn admit(&self, id: u64, evict: CancellationToken) {
+        let mut queue = self.queue.lock();
+        queue.push_back((id, evict));
+        while queue.len() > self.max {
+            if let Some((_, oldest)) = queue.pop_front() {
+                oldest.cancel();
+            }
+        }
+    }
+
+    fn remove(&self, id: u64) {
+        self.queue.lock().retain(|(other, _)| *other != id);
+    }
+
+}
+
+/// Serves `router` on `listener` until `stop` resolves, then lets open connections finish
+/// for a few seconds.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    limits: Limits,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let unauthenticated = Arc::new(Unauthenticated {
+        max: limits.max_unauthenticated.max(1),
+        queue: Mutex::new(VecDeque::new()),
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let builder = Arc::new(builder);
+    let graceful = GracefulShutdown::new();
+    let ids = AtomicU64::new(0);
+    tokio::pin!(stop);
+    loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot,
+            () = &mut stop => break,
+        };
+        let Ok(slot) = slot else { break };
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // EMFILE and friends: the process is out of descriptors for a moment.
+                    tracing::warn!("cannot accept a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        // Latency only: a socket that refuses TCP_NODELAY still works.
+        let _ = stream.set_nodelay(true);
+        let evict = CancellationToken::new();
+        let id = ids.fetch_add(1, Ordering::Relaxed);
+        unauthenticated.admit(id, evict.clone());
+        let ticket = Connection(Arc::new(Ticket {
+            id,
+            authenticated: AtomicBool::new(false),
+            tracker: unauthenticated.clone(),
+        }));
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |mut request| {
+            request.extensions_mut().insert(ticket.clone());
+            tower::ServiceExt::oneshot(router.clone(), request)
+        });
+        let builder = builder.clone();
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        let tracker = unauthenticated.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                // A client that hung up or broke the protocol: nothing to report.
+                _ = connection => {}
+                () = evict.cancelled() => {}
+            }
+            tracker.remove(id);
+            drop(slot);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_WAIT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::info!("connections still open after {SHUTDOWN_WAIT:?} are closed");
+    }
+}
+
+/// Connections waiting to authenticate, for tests of the accounting.
+#[cfg(test)]
+fn waiting(tracker: &Unauthenticated) -> usize {
+    tracker.queue.lock().len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_unauthenticated_connections_make_room() {
+        let tracker = Unauthenticated {
+            max: 2,
+            queue: Mutex::new(VecDeque::new()),
+        };
+        let tokens: Vec<CancellationToken> = (0..3).map(|_| CancellationToken::new()).collect();
+        for (id, token) in tokens.iter().enumerate() {
+            tracker.admit(id as u64, token.clone());
+        }
+        assert!(tokens[0].is_cancelled());
+        assert!(!tokens[1].is_cancelled() && !tokens[2].is_cancelled());
+        tracker.remove(1);
+        assert_eq!(waiting(&tracker), 1);
+    }
+}

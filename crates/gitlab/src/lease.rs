@@ -1,0 +1,230 @@
+//! The job's lease through the lease API: found by the job's label in every stage, reserved
+//! and acquired by `prepare`, given back by `cleanup`, and every call patient with a host
+//! that restarts: while the host does not answer at all, a call waits at most the restart
+//! window; while it answers that the pool is starting (or draining), up to the acquire
+//! timeout. Past either, the job fails as a system failure, which the runner may retry.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::api::{ApiClient, ApiError, LeaseInfo, LeaseState};
+use crate::job::{DriverSettings, Job};
+use crate::stages::{Outcome, say, system};
+
+/// How often the driver asks again while flotilla restarts or the pool is full.
+const POLL: Duration = Duration::from_millis(500);
+
+/// How patient one stage is with the host.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Patience {
+    /// When the stage began: the acquire timeout counts from here.
+    pub(crate) start: Instant,
+    /// Waiting for a pool that is starting or draining, at most until `start` + this.
+    pub(crate) acquire_timeout: Duration,
+    /// Waiting for a host that does not answer, at most this long in a row.
+    pub(crate) restart_window: Duration,
+}
+
+impl Patience {
+    /// A stage's patience from now, with the driver's settings.
+    pub(crate) fn new(settings: &DriverSettings) -> Patience {
+        Patience {
+            start: Instant::now(),
+            acquire_timeout: settings.acquire_timeout,
+            restart_window: settings.restart_window,
+        }
+    }
+}
+
+/// Whether the host answered that the pool is not serving now but will (a start, a drain).
+fn starting(e: &ApiError) -> bool {
+    matches!(e, ApiError::Refused { code, .. } if code.restarting())
+}
+
+/// Calls `f` until it succeeds or fails for a reason other than a restart; says once in the
+/// job log that it is waiting.
+pub(crate) async fn through_restarts<T, F, Fut>(
+    api: &ApiClient,
+    patience: Patience,
+    mut f: F,
+) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
+    let mut told = false;
+    let mut down_since: Option<Instant> = None;
+    loop {
+        let result = f().await;
+        let wait = match &result {
+            Err(ApiError::Unreachable { .. }) => {
+                let since = *down_since.get_or_insert_with(Instant::now);
+                since.elapsed() < patience.restart_window
+            }
+            Err(e) if starting(e) => {
+                down_since = None;
+                patience.start.elapsed() < patience.acquire_timeout
+            }
+            _ => false,
+        };
+        match result {
+            Err(e) if wait => {
+                if !told {
+                    say(&format!(
+                        "Flotilla is not serving pool {} right now ({e}); waiting for it...",
+                        api.pool()
+                    ));
+                    told = true;
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            Err(ApiError::Unreachable { url, why }) if down_since.is_some() => {
+                return Err(ApiError::Unreachable {
+                    url,
+                    why: format!(
+                        "{why} (no answer for the whole restart window, {:?})",
+                        patience.restart_window
+                    ),
+                });
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The job's lease, if it has one, waiting out a restart.
+pub(crate) async fn find(
+    api: &ApiClient,
+    job: &Job,
+    patience: Patience,
+) -> Result<Option<LeaseInfo>, ApiError> {
+    let (key, value) = job.label();
+    through_restarts(api, patience, || api.lease_by_label(&key, &value)).await
+}
+
+/// The job's acquired lease, for `run`: waits out a restart, and says why there is none.
+pub(crate) async fn acquired(
+    api: &ApiClient,
+    job: &Job,
+    patience: Patience,
+) -> Result<u64, Outcome> {
+    match find(api, job, patience).await.map_err(system)? {
+        Some(LeaseInfo {
+            id,
+            state: LeaseState::Acquired { .. },
+        }) => Ok(id),
+        Some(LeaseInfo {
+            state: LeaseState::Failed { cause },
+            ..
+        }) => Err(system(format!("the job's instance failed: {cause}"))),
+        _ => Err(system("the job has no acquired lease; did prepare run?")),
+    }
+}
+
+/// Reserves (or finds again) and acquires the job's lease; the lease and its instance.
+pub(crate) async fn acquire(
+    api: &ApiClient,
+    job: &Job,
+    settings: &DriverSettings,
+) -> Result<(u64, String), Outcome> {
+    let patience = Patience::new(settings);
+    let lease = match find(api, job, patience).await.map_err(system)? {
+        Some(LeaseInfo {
+            id,
+            state: LeaseState::Acquired { instance, .. },
+        }) => {
+            say(&format!(
+                "Using instance {instance} (lease {id}, already acquired)"
+            ));
+            return Ok((id, instance));
+        }
+        Some(LeaseInfo {
+            id,
+            state: LeaseState::Failed { .. },
+        }) => {
+            // The instance went away before the job started; start over on another one.
+            through_restarts(api, patience, || api.release(id, None))
+                .await
+                .map_err(system)?;
+            None
+        }
+        other => other,
+    };
+    let lease = match lease {
+        Some(l) => l,
+        None => reserve(api, job, patience).await?,
+    };
+    say(&format!(
+        "Waiting for an instance of pool {} (lease {})...",
+        api.pool(),
+        lease.id
+    ));
+    // The host gives up after the pool's instance_acquire_timeout (the lease stays reserved);
+    // the driver keeps asking until its own --acquire-timeout.
+    let instance = loop {
+        // The long poll's limit is what is left of the driver's own timeout, counted again
+        // after any wait for a restarting flotilla.
+        let asked = through_restarts(api, patience, || {
+            let left = patience.acquire_timeout.saturating_sub(patience.start.elapsed());
+            api.acquire(lease.id, left + Duration::from_secs(5))
+        });
+        match asked.await {
+            Ok(instance) => break instance,
+            Err(ApiError::Refused { code, .. })
+                if code == crate::api::ErrorCode::AcquireTimeout
+                    && patience.start.elapsed() < patience.acquire_timeout =>
+            {
+                say(&format!(
+                    "Still waiting for an instance ({:.0} s)...",
+                    patience.start.elapsed().as_secs_f64()
+                ));
+            }
+            Err(e) => return Err(system(e)),
+        }
+    };
+    say(&format!(
+        "Running on instance {instance} (waited {:.1} s)",
+        patience.start.elapsed().as_secs_f64()
+    ));
+    Ok((lease.id, instance))
+}
+
+/// Reserves a slot for the job; while every slot is promised, waits (up to the acquire
+/// timeout) for one to free up, as GitLab Runner's autoscaler does.
+async fn reserve(api: &ApiClient, job: &Job, patience: Patience) -> Result<LeaseInfo, Outcome> {
+    let (key, value) = job.label();
+    let labels = BTreeMap::from([(key, value)]);
+    let mut told = false;
+    loop {
+        match through_restarts(api, patience, || api.reserve(&labels)).await {
+            Ok(lease) => return Ok(lease),
+            // The job already has a lease: an earlier try reached the host but its answer was
+            // lost in a restart. That lease is the job's.
+            Err(ApiError::Refused { code, .. }) if code == crate::api::ErrorCode::LabelInUse => {
+                match find(api, job, patience).await {
+                    Ok(Some(l)) => return Ok(l),
+                    Ok(None) => continue, // released meanwhile: reserve again
+                    Err(e) => return Err(system(e)),
+                }
+            }
+            Err(ApiError::Refused { code, message, .. }) if code.pool_full() => {
+                if patience.start.elapsed() >= patience.acquire_timeout {
+                    return Err(system(format!(
+                        "no free slot in pool {} within {:?}: {message}",
+                        api.pool(),
+                        patience.acquire_timeout
+                    )));
+                }
+                if !told {
+                    say(&format!(
+                        "Pool {} is full ({message}); waiting for a free slot...",
+                        api.pool()
+                    ));
+                    told = true;
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            Err(e) => return Err(system(e)),
+        }
+    }
+}
