@@ -140,7 +140,7 @@ impl Fleet {
         let text = config(port, &key_file, &refs, capacity, extra)
             .replace("DOCKER_SOCKET", &docker.socket().display().to_string());
         let token_file = dir.path().join("token");
-        std::fs::write(&token_file, TOKEN).expect("token file");
+        flotilla_test_support::write_secret(&token_file, TOKEN);
         let flotilla = Flotilla::start(dir, &text).await;
         let n = machines;
         flotilla

@@ -195,3 +195,14 @@ impl ProbeLog {
         serde_json::from_str(&value).unwrap_or_else(|e| panic!("{key}: {e}: {value}"))
     }
 }
+
+/// Writes a secret file (a token) owner-only, as an operator must: flotilla refuses a secret
+/// file others can read.
+pub fn write_secret(path: &std::path::Path, contents: &str) {
+    std::fs::write(path, contents).expect("write a secret file");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+    }
+}
