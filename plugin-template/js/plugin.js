@@ -6,7 +6,7 @@
 // the host strips that header and adds the real authorisation, so this code never sees a
 // secret. Scaling policy lives in the host: this plugin only translates calls.
 
-import { emit } from 'flotilla:provider/log@0.1.2';
+import { emit } from 'flotilla:provider/log@0.1.3';
 import { HttpError, request } from './flotilla-http.js';
 import { contractError, guard } from './flotilla-contract.js';
 

@@ -95,6 +95,10 @@ async fn start_pool(
     let connector = connector(pool, state_dir)?;
     let mut sandbox = pool.sandbox.clone();
     sandbox.ssh_public_key = connector.as_ref().map(|c| Arc::from(c.public_key()));
+    if let Some(store) = &ctx.store {
+        let state = store.plugin_state(&pool.name)?;
+        sandbox.state = Some(Arc::new(state) as Arc<dyn flotilla_provider::PluginState>);
+    }
     let provider: Arc<dyn Provider> = Arc::new(plugin.provider(&pool.name, sandbox));
     let info = provider
         .init(&pool.settings)

@@ -309,7 +309,7 @@ fn oras_push(
     assert!(ok, "oras push: {out}");
 }
 
-const CNCF_CONFIG: &str = r#"{"architecture":"wasm","os":"wasip2","layerDigests":[],"component":{"exports":["flotilla:provider/instance-group@0.1.2"],"imports":["flotilla:provider/log@0.1.2"]}}"#;
+const CNCF_CONFIG: &str = r#"{"architecture":"wasm","os":"wasip2","layerDigests":[],"component":{"exports":["flotilla:provider/instance-group@0.1.3"],"imports":["flotilla:provider/log@0.1.3"]}}"#;
 const WASM_CONFIG_TYPE: &str = "application/vnd.wasm.config.v0+json";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,7 +368,7 @@ async fn every_command_works_in_all_three_auth_modes() {
         let inspect = user.oci(&["plugin", "inspect", &r, "--json"]);
         let info = inspect.ok().json();
         assert_eq!(info["digest"], digest.as_str(), "{ctx}");
-        assert_eq!(info["world"], "flotilla:provider/provider@0.1.2", "{ctx}");
+        assert_eq!(info["world"], "flotilla:provider/provider@0.1.3", "{ctx}");
         assert_eq!(
             info["annotations"]["org.opencontainers.image.description"],
             "Static host list"
@@ -384,13 +384,13 @@ async fn every_command_works_in_all_three_auth_modes() {
         assert!(info["annotations"]["org.opencontainers.image.created"].is_string());
         let exports = info["exports"].to_string();
         assert!(
-            exports.contains("flotilla:provider/instance-group@0.1.2"),
+            exports.contains("flotilla:provider/instance-group@0.1.3"),
             "{exports}"
         );
         assert!(
             info["imports"]
                 .to_string()
-                .contains("flotilla:provider/log@0.1.2")
+                .contains("flotilla:provider/log@0.1.3")
         );
         // inspect does not download the layer
         let layer_digest = info["layer_digest"]
@@ -526,7 +526,7 @@ async fn oras_and_flotilla_read_each_others_artifacts() {
         let info = user.oci(&["plugin", "inspect", &r2, "--json"]);
         assert_eq!(
             info.ok().json()["world"],
-            "flotilla:provider/provider@0.1.2"
+            "flotilla:provider/provider@0.1.3"
         );
         let loaded = user
             .load_pool(&format!("plugin = \"{r2}\""))

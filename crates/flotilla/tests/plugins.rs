@@ -1168,7 +1168,7 @@ mod load_checks {
         assert!(e.to_string().contains("instance-group@0.2.0"), "{e}");
         let log2 = wat(r#"(component (import "flotilla:provider/log@0.2.0" (instance)))"#);
         let e = load_err(&write("log2.wasm", &log2));
-        assert!(e.to_string().contains("0.1.2"), "{e}");
+        assert!(e.to_string().contains("0.1.3"), "{e}");
         let hollow = wat(
             r#"(component (instance $i) (export "flotilla:provider/instance-group@0.1.0" (instance $i)))"#,
         );
@@ -1281,7 +1281,7 @@ mod load_checks {
     }
 }
 
-/// A plugin built against the frozen 0.1.0 contract loads and runs unchanged on this 0.1.2 host.
+/// A plugin built against the frozen 0.1.0 contract loads and runs unchanged on this 0.1.3 host.
 mod contract_0_1_0 {
     use super::*;
 

@@ -20,7 +20,7 @@ use super::output::{GuestOutput, Origin};
 use super::{HostState, Sandbox};
 use flotilla_provider::{
     Arch, CallError, Connection, Function, Instance, InstanceState, Os, Protocol, Provider,
-    ProviderError, ProviderHealth, ProviderInfo,
+    MemoryState, PluginState, ProviderError, ProviderHealth, ProviderInfo,
 };
 
 /// One live plugin instance, boxed: it moves into and out of every call's future, and a
@@ -86,6 +86,9 @@ pub struct WasmProvider {
     calm: AtomicBool,
     /// The group's maximum as the last `update` reported it, until the scaler takes it.
     reported_max: Mutex<Option<Option<u32>>>,
+    /// The pool's `state` (the host's store, or memory): shared by every instance, so it
+    /// outlives a trapped one.
+    state: Arc<dyn PluginState>,
 }
 
 impl std::fmt::Debug for WasmProvider {
@@ -108,7 +111,12 @@ impl WasmProvider {
         origin: Origin,
         sandbox: Sandbox,
     ) -> Self {
+        let state = sandbox
+            .state
+            .clone()
+            .unwrap_or_else(|| Arc::new(MemoryState::default()));
         WasmProvider {
+            state,
             pre,
             origin,
             egress: EgressShared {
@@ -154,6 +162,7 @@ impl WasmProvider {
             self.origin.clone(),
             &self.sandbox.limits,
             self.sandbox.ssh_public_key.clone(),
+            self.state.clone(),
             &self.egress,
             stdout.clone(),
             stderr.clone(),

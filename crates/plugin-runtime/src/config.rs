@@ -190,6 +190,8 @@ pub fn sandbox(egress: Option<EgressPolicy>, limits: Option<Limits>) -> Option<S
         limits: limits?,
         // Set by the host from the pool's connector key, not from the config file.
         ssh_public_key: None,
+        // Set by the host from its store, for the pool.
+        state: None,
         #[cfg(feature = "test-probe")]
         probe: None,
     })

@@ -10,9 +10,9 @@ use wasmtime::component::Component;
 /// The contract this host implements.
 pub const CONTRACT_PACKAGE: &str = "flotilla:provider";
 /// Its version.
-pub const CONTRACT_VERSION: &str = "0.1.2";
+pub const CONTRACT_VERSION: &str = "0.1.3";
 /// The world every plugin targets.
-pub const WORLD: &str = "flotilla:provider/provider@0.1.2";
+pub const WORLD: &str = "flotilla:provider/provider@0.1.3";
 /// The one export every plugin must have.
 pub const REQUIRED_EXPORT: &str = "flotilla:provider/instance-group";
 
@@ -228,7 +228,7 @@ fn classify_import(name: &str) -> Result<ImportKind, String> {
     if n.package == CONTRACT_PACKAGE {
         if !matches!(
             n.interface,
-            "log" | "types" | "instance-access" | "group-limits"
+            "log" | "types" | "instance-access" | "group-limits" | "state"
         ) {
             return Err(format!(
                 "; the contract has no importable interface `{}`",

@@ -176,6 +176,9 @@ pub struct Sandbox {
     pub limits: Limits,
     /// The pool's SSH public key (one OpenSSH line), offered through `instance-access`.
     pub ssh_public_key: Option<Arc<str>>,
+    /// Where the plugin's `state` is kept (the host's store); `None`: in memory, for the
+    /// provider's life.
+    pub state: Option<Arc<dyn flotilla_provider::PluginState>>,
     /// Test-only: where `flotilla:test/probe` reports go.
     #[cfg(feature = "test-probe")]
     pub probe: Option<Probe>,
@@ -208,6 +211,8 @@ impl PluginRuntime {
             |s| s,
         )
         .map_err(host_err)?;
+        bindings::flotilla::provider::state::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(host_err)?;
         #[cfg(feature = "test-probe")]
         probe::add_to_linker(&mut linker).map_err(host_err)?;
         let cache = cache::CompileCache::new(options.cache_dir)?;
@@ -307,6 +312,7 @@ pub(crate) struct HostState {
     limiter: AggregateLimiter,
     origin: Origin,
     ssh_public_key: Option<Arc<str>>,
+    state: Arc<dyn flotilla_provider::PluginState>,
     log_lines_left: u32,
     /// Lines dropped in the current call (the first drop is logged).
     log_dropped: u64,
@@ -324,6 +330,7 @@ impl HostState {
         origin: Origin,
         limits: &Limits,
         ssh_public_key: Option<Arc<str>>,
+        state: Arc<dyn flotilla_provider::PluginState>,
         egress: &egress::EgressShared,
         stdout: GuestOutput,
         stderr: GuestOutput,
@@ -359,6 +366,7 @@ impl HostState {
             limiter: AggregateLimiter::new(limits.clone()),
             origin,
             ssh_public_key,
+            state,
             log_lines_left: limits.log_lines_per_call,
             log_dropped: 0,
             deadline: Deadline::after(std::time::Duration::ZERO),
@@ -401,6 +409,39 @@ const MAX_LOG_LINE: usize = 4096;
 impl bindings::flotilla::provider::group_limits::Host for HostState {
     fn report_max_size(&mut self, max_size: Option<u32>) {
         self.reported_max = Some(max_size);
+    }
+}
+
+impl bindings::flotilla::provider::state::Host for HostState {
+    fn get(&mut self, key: String) -> Result<Option<Vec<u8>>, wit_state::StateError> {
+        self.state.get(&key).map_err(state_error)
+    }
+
+    fn set(&mut self, key: String, value: Vec<u8>) -> Result<(), wit_state::StateError> {
+        let result = self.state.set(&key, &value).map_err(state_error);
+        if let Err(e) = &result {
+            tracing::warn!(target: "flotilla::plugin", pool = %self.origin.pool, plugin = %self.origin.plugin, "plugin state write refused: {e:?}");
+        }
+        result
+    }
+
+    fn delete(&mut self, key: String) -> Result<(), wit_state::StateError> {
+        self.state.delete(&key).map_err(state_error)
+    }
+
+    fn keys(&mut self) -> Result<Vec<String>, wit_state::StateError> {
+        self.state.keys().map_err(state_error)
+    }
+}
+
+use bindings::flotilla::provider::state as wit_state;
+
+fn state_error(e: flotilla_provider::StateError) -> wit_state::StateError {
+    match e {
+        flotilla_provider::StateError::TooLarge(m) => wit_state::StateError::TooLarge(m),
+        e @ flotilla_provider::StateError::Unavailable(_) => {
+            wit_state::StateError::Unavailable(e.to_string())
+        }
     }
 }
 

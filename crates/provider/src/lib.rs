@@ -7,6 +7,9 @@
 //! Nothing here knows about WebAssembly. The wasm adapter in `flotilla-plugin-runtime` is one
 //! implementation; tests and the simulator use in-process ones.
 
+mod state;
+pub use state::{MemoryState, PluginState, StateError, StateLimits};
+
 use std::fmt;
 use std::time::Duration;
 

@@ -1,5 +1,9 @@
-//! The host's durable state: each pool's leases and its instances' use counts, in one redb
-//! file under the state directory (`<state_dir>/leases.redb`).
+//! The host's durable state: each pool's leases, its instances' use counts and its plugin's
+//! `state` map, in one redb file under the state directory (`<state_dir>/leases.redb`).
+//!
+//! The file carries its schema version (table `meta`, key `schema`): a file of the previous
+//! release (no version: schema 1) opens and is marked as this one's; a file written by a newer
+//! release is refused with a message that says so, never misread.
 //!
 //! Owns: the file, its tables and the encoding; every write is committed with fsync before it
 //! returns, so a lease the API acknowledged survives `kill -9` and power loss (redb is
@@ -10,12 +14,13 @@
 //! builds), crash-safe by default, ACID, stable file format, actively maintained; the data is
 //! a few small key-value tables, so SQL would buy nothing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
+use flotilla_provider::{PluginState, StateError, StateLimits};
 use flotilla_scaler::Lease;
 use flotilla_scaler::driver::LeaseJournal;
 
@@ -23,6 +28,14 @@ use flotilla_scaler::driver::LeaseJournal;
 const LEASES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("leases");
 /// (pool, instance id) → jobs the instance has taken.
 const USES: TableDefinition<(&str, &str), u32> = TableDefinition::new("instance_uses");
+/// (pool, key) → a value of the pool's plugin `state` (schema 2).
+const PLUGIN_STATE: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("plugin_state");
+/// `schema` → the file's schema version.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// The schema this release writes: 1 had leases and uses; 2 adds the plugins' state and the
+/// version itself.
+pub const SCHEMA: u64 = 2;
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -56,10 +69,36 @@ impl Store {
             why,
         };
         let db = Database::create(path).map_err(|e| fail(e.to_string()))?;
-        // Create the tables, so reads of a new store see them empty.
+        let found = {
+            let txn = db.begin_read().map_err(|e| fail(e.to_string()))?;
+            match txn.open_table(META) {
+                Ok(meta) => meta
+                    .get("schema")
+                    .map_err(|e| fail(e.to_string()))?
+                    .map(|v| v.value()),
+                // No meta table: a new file, or one of schema 1.
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(fail(e.to_string())),
+            }
+        };
+        if let Some(version) = found.filter(|v| *v > SCHEMA) {
+            return Err(fail(format!(
+                "written by a newer flotilla (journal schema {version}; this one reads schemas 1 to {SCHEMA}); run that release, or move the file away to start with no leases"
+            )));
+        }
+        // Create the tables, so reads of a new store see them empty, and mark the schema.
         let txn = db.begin_write().map_err(|e| fail(e.to_string()))?;
         txn.open_table(LEASES).map_err(|e| fail(e.to_string()))?;
         txn.open_table(USES).map_err(|e| fail(e.to_string()))?;
+        txn.open_table(PLUGIN_STATE)
+            .map_err(|e| fail(e.to_string()))?;
+        if found != Some(SCHEMA) {
+            let mut meta = txn.open_table(META).map_err(|e| fail(e.to_string()))?;
+            meta.insert("schema", SCHEMA)
+                .map_err(|e| fail(e.to_string()))?;
+            drop(meta);
+            tracing::info!(path = %path.display(), from = found.unwrap_or(1), to = SCHEMA, "lease journal schema set");
+        }
         txn.commit().map_err(|e| fail(e.to_string()))?;
         Ok(Store {
             db,
@@ -134,6 +173,76 @@ impl Store {
             store: self.clone(),
             pool: pool.to_string(),
         }
+    }
+}
+
+impl Store {
+    /// A pool's plugin `state`, kept in this file, with the contract's limits.
+    pub fn plugin_state(self: &Arc<Self>, pool: &str) -> Result<PoolState, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.error(e))?;
+        let table = txn.open_table(PLUGIN_STATE).map_err(|e| self.error(e))?;
+        let mut map = BTreeMap::new();
+        for row in table.range((pool, "")..).map_err(|e| self.error(e))? {
+            let (key, value) = row.map_err(|e| self.error(e))?;
+            let (p, k) = key.value();
+            if p != pool {
+                break;
+            }
+            map.insert(k.to_string(), value.value().to_vec());
+        }
+        Ok(PoolState {
+            store: self.clone(),
+            pool: pool.to_string(),
+            map: parking_lot::Mutex::new(map),
+            limits: StateLimits::default(),
+        })
+    }
+}
+
+/// One pool's plugin `state`: read once at start, then every write goes to the file (durably)
+/// before it is applied to the copy in memory that answers reads.
+#[derive(Debug)]
+pub struct PoolState {
+    store: Arc<Store>,
+    pool: String,
+    map: parking_lot::Mutex<BTreeMap<String, Vec<u8>>>,
+    limits: StateLimits,
+}
+
+impl PluginState for PoolState {
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StateError> {
+        Ok(self.map.lock().get(key).cloned())
+    }
+
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StateError> {
+        let mut map = self.map.lock();
+        self.limits.check(&map, key, value)?;
+        let pool = self.pool.as_str();
+        self.store
+            .write(|txn| {
+                txn.open_table(PLUGIN_STATE)?.insert((pool, key), value)?;
+                Ok(())
+            })
+            .map_err(|e| StateError::Unavailable(e.to_string()))?;
+        map.insert(key.to_string(), value.to_vec());
+        Ok(())
+    }
+
+    fn delete(&self, key: &str) -> Result<(), StateError> {
+        let mut map = self.map.lock();
+        let pool = self.pool.as_str();
+        self.store
+            .write(|txn| {
+                txn.open_table(PLUGIN_STATE)?.remove((pool, key))?;
+                Ok(())
+            })
+            .map_err(|e| StateError::Unavailable(e.to_string()))?;
+        map.remove(key);
+        Ok(())
+    }
+
+    fn keys(&self) -> Result<Vec<String>, StateError> {
+        Ok(self.map.lock().keys().cloned().collect())
     }
 }
 
@@ -220,6 +329,67 @@ mod tests {
         assert_eq!(a.uses, HashMap::from([("i-1".to_string(), 3)]));
         assert_eq!(store.load("b").expect("load").leases.len(), 1);
         assert_eq!(store.max_lease_id().expect("max"), 9);
+    }
+
+    #[test]
+    fn plugin_state_survives_a_reopen_per_pool_and_respects_the_limits() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("leases.redb");
+        {
+            let store = Arc::new(Store::open(&path).expect("open"));
+            let a = store.plugin_state("a").expect("state");
+            a.set("active", b"[\"m1\"]").expect("set");
+            a.set("gone", b"x").expect("set");
+            a.delete("gone").expect("delete");
+            assert!(a.set("big", &vec![0; 1 << 20]).is_err());
+            store.plugin_state("b").expect("state").set("active", b"[]").expect("set");
+        }
+        let store = Arc::new(Store::open(&path).expect("reopen"));
+        let a = store.plugin_state("a").expect("state");
+        assert_eq!(a.keys().expect("keys"), ["active"]);
+        assert_eq!(a.get("active").expect("get"), Some(b"[\"m1\"]".to_vec()));
+        assert_eq!(store.plugin_state("b").expect("b").get("active").expect("get"), Some(b"[]".to_vec()));
+    }
+
+    /// `tests/data/journal-v1.redb` was written by the previous release (schema 1, before the
+    /// version was recorded): two leases of pool `static` and a failed one, and m1's uses.
+    #[test]
+    fn a_journal_of_the_previous_release_opens_and_keeps_its_leases() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("leases.redb");
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/journal-v1.redb"), &path)
+            .expect("fixture");
+        let store = Store::open(&path).expect("a schema-1 journal opens");
+        let restored = store.load("static").expect("load");
+        let mut ids: Vec<u64> = restored.leases.iter().map(|l| l.id).collect();
+        ids.sort();
+        assert_eq!(ids, [1_839_193_179_246_723, 1_839_193_179_246_724, 1_839_193_179_246_725]);
+        assert!(restored.leases.iter().any(|l| matches!(&l.state, LeaseState::Acquired { instance, .. } if instance == "m1")));
+        assert_eq!(restored.uses.get("m1"), Some(&3));
+        drop(store);
+        // Marked as this release's now.
+        let db = Database::create(&path).expect("db");
+        let txn = db.begin_read().expect("read");
+        let meta = txn.open_table(META).expect("meta");
+        assert_eq!(meta.get("schema").expect("get").map(|v| v.value()), Some(SCHEMA));
+    }
+
+    #[test]
+    fn a_journal_of_a_newer_release_is_refused_not_misread() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("leases.redb");
+        {
+            let db = Database::create(&path).expect("db");
+            let txn = db.begin_write().expect("write");
+            txn.open_table(META)
+                .expect("meta")
+                .insert("schema", SCHEMA + 1)
+                .expect("insert");
+            txn.commit().expect("commit");
+        }
+        let err = Store::open(&path).expect_err("refused");
+        let text = err.to_string();
+        assert!(text.contains("newer flotilla") && text.contains("leases.redb"), "{text}");
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! `increase` activates hosts from the list in order, `decrease` releases them, and
 //! `update` reports the active ones as running. It makes no HTTP calls.
 //!
-//! Activation lives in the plugin instance's memory. If the host replaces the instance
-//! (after a trap or a timeout), activation starts empty again and the host sees the hosts as
-//! released; this is safe because nothing is ever created or destroyed.
+//! Activation is the plugin's only record (no cloud keeps it), so it lives in the pool's
+//! host-owned `state` (key `active`, a JSON list of host ids), written before `increase` or
+//! `decrease` answers and read back by `init`. A trap, a restart or an upgrade of the host
+//! therefore finds the same hosts handed out, and the leases on them stay valid. A host that
+//! left the list is dropped from activation; nothing is ever created or destroyed.
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 #![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
 
@@ -23,6 +25,7 @@ wit_bindgen::generate!({
 
 use exports::flotilla::provider::instance_group::Guest;
 use flotilla::provider::log::{Level, emit};
+use flotilla::provider::state;
 use flotilla::provider::types::{
     Capabilities, Connection, Error, Instance, InstanceState, ProviderInfo,
 };
@@ -53,6 +56,63 @@ fn find<'a>(state: &'a State, id: &str) -> Option<(usize, &'a HostEntry)> {
         .find(|(_, h)| h.id() == id)
 }
 
+/// The key of the activation record in the pool's state.
+const ACTIVE_KEY: &str = "active";
+
+/// The activation the pool's state holds for these settings' hosts (hosts no longer listed
+/// are dropped); none handed out when nothing was saved.
+fn load_active(settings: &Settings) -> Result<Vec<bool>, Error> {
+    let saved = state::get(ACTIVE_KEY).map_err(state_failed)?;
+    let ids: Vec<String> = match saved {
+        None => Vec::new(),
+        Some(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(ids) => ids,
+            Err(e) => {
+                emit(
+                    Level::Warn,
+                    &format!("the saved activation is unreadable and starts empty: {e}"),
+                );
+                Vec::new()
+            }
+        },
+    };
+    if !ids.is_empty() {
+        emit(
+            Level::Info,
+            &format!("{} hosts still handed out from before", ids.len()),
+        );
+    }
+    Ok(settings
+        .hosts
+        .iter()
+        .map(|h| ids.iter().any(|id| id == h.id()))
+        .collect())
+}
+
+/// Writes `active` to the pool's state, then makes it the plugin's; on a refused write
+/// nothing changes and the call fails as transient.
+fn save_active(state: &mut State, active: Vec<bool>) -> Result<(), Error> {
+    let ids: Vec<&str> = state
+        .settings
+        .hosts
+        .iter()
+        .zip(&active)
+        .filter(|(_, a)| **a)
+        .map(|(h, _)| h.id())
+        .collect();
+    let bytes = serde_json::to_vec(&ids).map_err(|e| Error::Other(e.to_string()))?;
+    state::set(ACTIVE_KEY, &bytes).map_err(state_failed)?;
+    state.active = active;
+    Ok(())
+}
+
+fn state_failed(e: state::StateError) -> Error {
+    match e {
+        state::StateError::TooLarge(m) => Error::Other(format!("the pool's state: {m}")),
+        state::StateError::Unavailable(m) => Error::Transient(format!("the pool's state: {m}")),
+    }
+}
+
 struct StaticProvider;
 
 impl Guest for StaticProvider {
@@ -75,14 +135,12 @@ impl Guest for StaticProvider {
                 settings.hosts.len()
             ),
         );
+        let saved = load_active(&settings)?;
         STATE.with(|cell| {
-            // Re-init with the same settings keeps activation; new settings start afresh.
-            let mut slot = cell.borrow_mut();
-            let keep = matches!(slot.as_ref(), Some(old) if old.settings == settings);
-            if !keep {
-                let active = vec![false; settings.hosts.len()];
-                *slot = Some(State { settings, active });
-            }
+            *cell.borrow_mut() = Some(State {
+                settings,
+                active: saved,
+            });
         });
         Ok(info)
     }
@@ -105,32 +163,36 @@ impl Guest for StaticProvider {
 
     fn increase(delta: u32) -> Result<u32, Error> {
         with_state(|state| {
+            let mut active = state.active.clone();
             let mut granted = 0u32;
-            for active in state.active.iter_mut().filter(|a| !**a) {
+            for slot in active.iter_mut().filter(|a| !**a) {
                 if granted == delta {
                     break;
                 }
-                *active = true;
+                *slot = true;
                 granted += 1;
             }
+            save_active(state, active)?;
             Ok(granted)
         })
     }
 
     fn decrease(ids: Vec<String>) -> Result<Vec<String>, Error> {
         with_state(|state| {
+            let mut active = state.active.clone();
             let mut accepted = Vec::with_capacity(ids.len());
             for id in ids {
                 // Releasing an already released host is accepted (idempotent); unknown ids are not.
                 if let Some((index, _)) = find(state, &id) {
-                    if let Some(active) = state.active.get_mut(index) {
-                        *active = false;
+                    if let Some(slot) = active.get_mut(index) {
+                        *slot = false;
                     }
                     if !accepted.contains(&id) {
                         accepted.push(id);
                     }
                 }
             }
+            save_active(state, active)?;
             Ok(accepted)
         })
     }

@@ -1,0 +1,167 @@
+//! A plugin's durable state: a small key-value map the host keeps for each pool and offers to
+//! its plugin through the contract's `state` interface (since 0.1.3), so a plugin whose only
+//! record of its machines is its own (the static plugin's activation) keeps it across a trap,
+//! a restart or an upgrade of the host.
+//!
+//! Owns: the trait the host's stores implement, the limits every store is held to, and an
+//! in-memory store for hosts without a state directory. Must not know: files, databases,
+//! WebAssembly.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// Why a state operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    /// The write would pass one of the pool's limits; nothing was written.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The store could not be read or written; nothing was changed.
+    #[error("the plugin's state is unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The limits of one pool's state, checked before any write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateLimits {
+    /// Bytes of one key.
+    pub key_bytes: usize,
+    /// Bytes of one value.
+    pub value_bytes: usize,
+    /// Keys in all.
+    pub keys: usize,
+    /// Bytes of every key and value together.
+    pub total_bytes: usize,
+}
+
+impl Default for StateLimits {
+    fn default() -> Self {
+        StateLimits {
+            key_bytes: 256,
+            value_bytes: 64 << 10,
+            keys: 1024,
+            total_bytes: 1 << 20,
+        }
+    }
+}
+
+impl StateLimits {
+    /// Whether writing `key` = `value` into `current` keeps within the limits.
+    pub fn check(
+        &self,
+        current: &BTreeMap<String, Vec<u8>>,
+        key: &str,
+        value: &[u8],
+    ) -> Result<(), StateError> {
+        if key.is_empty() || key.len() > self.key_bytes || key.chars().any(char::is_control) {
+            return Err(StateError::TooLarge(format!(
+                "a key must be 1 to {} bytes without control characters",
+                self.key_bytes
+            )));
+        }
+        if value.len() > self.value_bytes {
+            return Err(StateError::TooLarge(format!(
+                "a value may hold at most {} bytes (this one has {})",
+                self.value_bytes,
+                value.len()
+            )));
+        }
+        let replaced = current.get(key);
+        let keys = current.len() + usize::from(replaced.is_none());
+        if keys > self.keys {
+            return Err(StateError::TooLarge(format!(
+                "the pool's state may hold at most {} keys",
+                self.keys
+            )));
+        }
+        let total: usize = current
+            .iter()
+            .filter(|(k, _)| k.as_str() != key)
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
+            + key.len()
+            + value.len();
+        if total > self.total_bytes {
+            return Err(StateError::TooLarge(format!(
+                "the pool's state may hold at most {} bytes in all",
+                self.total_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One pool's state. Every write is durable when it returns (for stores that outlive the
+/// process) and is refused whole when it would pass the limits.
+pub trait PluginState: Send + Sync + std::fmt::Debug {
+    /// The value of `key`, if any.
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StateError>;
+    /// Writes `key` = `value`.
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StateError>;
+    /// Removes `key` (absent is fine).
+    fn delete(&self, key: &str) -> Result<(), StateError>;
+    /// Every key, sorted.
+    fn keys(&self) -> Result<Vec<String>, StateError>;
+}
+
+/// State in memory: it survives the plugin's traps, not the process.
+#[derive(Debug, Default)]
+pub struct MemoryState {
+    map: Mutex<BTreeMap<String, Vec<u8>>>,
+    limits: StateLimits,
+}
+
+impl MemoryState {
+    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
+        // Every write is one insert or remove, so a poisoned map is still whole.
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl PluginState for MemoryState {
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StateError> {
+        Ok(self.map().get(key).cloned())
+    }
+
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StateError> {
+        let mut map = self.map();
+        self.limits.check(&map, key, value)?;
+        map.insert(key.to_string(), value.to_vec());
+        Ok(())
+    }
+
+    fn delete(&self, key: &str) -> Result<(), StateError> {
+        self.map().remove(key);
+        Ok(())
+    }
+
+    fn keys(&self) -> Result<Vec<String>, StateError> {
+        Ok(self.map().keys().cloned().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_past_the_limits_are_refused_whole() {
+        let state = MemoryState::default();
+        state.set("a", b"1").expect("small");
+        assert!(matches!(
+            state.set("big", &vec![0; 65 << 10]),
+            Err(StateError::TooLarge(_))
+        ));
+        assert!(matches!(state.set("", b"x"), Err(StateError::TooLarge(_))));
+        assert!(matches!(state.set(&"k".repeat(300), b"x"), Err(StateError::TooLarge(_))));
+        for i in 0..15 {
+            state.set(&format!("v{i}"), &vec![1; 64 << 10]).expect("under 1 MiB");
+        }
+        let over = state.set("v15", &vec![1; 64 << 10]);
+        assert!(matches!(over, Err(StateError::TooLarge(_))), "{over:?}");
+        // Replacing a value counts it once.
+        state.set("v0", &vec![2; 64 << 10]).expect("a replacement");
+        assert_eq!(state.get("a").expect("get"), Some(b"1".to_vec()));
+        assert_eq!(state.keys().expect("keys").len(), 16);
+    }
+}
