@@ -107,16 +107,18 @@ where
         headers.remove(name);
     }
     if let Some(protocol) = strip_hop_by_hop(headers) {
-        headers.insert(http::header::CONNECTION, http::HeaderValue::from_static("Upgrade"));
+        headers.insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("Upgrade"),
+        );
         headers.insert(http::header::UPGRADE, protocol);
     }
     headers.insert(http::header::HOST, http::HeaderValue::from_static(HOST));
     let exchange = async {
         let stream = route.open().await.map_err(failed)?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| failed(format!("Docker Engine: {e}")))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| failed(format!("Docker Engine: {e}")))?;
         tokio::spawn(async move {
             // Ends with the response body or the upgraded stream; errors reach the caller as
             // a truncated body.
@@ -138,7 +140,10 @@ where
     if switching {
         if let Some(protocol) = protocol {
             let headers = response.headers_mut();
-            headers.insert(http::header::CONNECTION, http::HeaderValue::from_static("Upgrade"));
+            headers.insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("Upgrade"),
+            );
             headers.insert(http::header::UPGRADE, protocol);
         }
         let engine = hyper::upgrade::on(&mut response);

@@ -19,7 +19,8 @@ use flotilla_plugin_runtime::loader::load_plugin;
 use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
 use flotilla_provider::Provider;
 use flotilla_scaler::{
-    AlwaysReady, Clock, LeaseIds, LeaseJournal, Policy, PoolCore, PoolHandle, Readiness, SystemClock,
+    AlwaysReady, Clock, LeaseIds, LeaseJournal, Policy, PoolCore, PoolHandle, Readiness,
+    SystemClock,
 };
 use flotilla_store::Store as LeaseStore;
 use tracing::Instrument;

@@ -93,7 +93,6 @@ impl Unauthenticated {
     fn remove(&self, id: u64) {
         self.queue.lock().retain(|(other, _)| *other != id);
     }
-
 }
 
 /// Serves `router` on `listener` until `stop` resolves, then lets open connections finish

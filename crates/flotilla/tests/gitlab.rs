@@ -13,291 +13,12 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::{Flotilla, TOKEN, free_port};
-use flotilla_connector::PoolKey;
-use flotilla_test_artifacts as guests;
-use flotilla_test_support::dockerd::{Dockerd, busybox_rootfs_tar};
-use flotilla_test_support::registry::{Mode, Registry, WRITER};
-use flotilla_test_support::sshd::Sshd;
-
-/// The fleet, the engine and the registry of one test.
-struct Fleet {
-    docker: Dockerd,
-    _machines: Vec<Sshd>,
-    flotilla: Flotilla,
-    registry: Registry,
-    image: String,
-    auth: String,
-    token_file: PathBuf,
-}
-
-fn docker_cli(docker: &Dockerd, config: &Path, args: &[&str]) -> Output {
-    Command::new("docker")
-        .arg("-H")
-        .arg(format!("unix://{}", docker.socket().display()))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .output()
-        .expect("the docker CLI (docker.io)")
-}
-
-fn config(port: u16, key: &Path, machines: &[&Sshd], capacity: u32, extra: &str) -> String {
-    let hosts: Vec<String> = machines
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            format!(
-                "{{ id = \"m{}\", address = \"127.0.0.1\", port = {}, username = \"root\" }}",
-                i + 1,
-                m.port
-            )
-        })
-        .collect();
-    format!(
-        r#"[server]
-listen = "127.0.0.1:{port}"
-token = {{ value = "{TOKEN}" }}
-shutdown_grace = "5s"
-
-[[pool]]
-name = "ci"
-plugin = "{plugin}"
-capacity_per_instance = {capacity}
-max_instances = {n}
-instance_acquire_timeout = "60s"
-update_interval = "1s"
-{extra}
-[pool.plugin_config]
-hosts = [{hosts}]
-
-[pool.connector]
-ssh_key = {{ file = "{key}" }}
-docker_socket = "DOCKER_SOCKET"
-ping_interval = "2s"
-
-[[pool.policy]]
-idle_count = {slots}
-idle_time = "1h"
-"#,
-        plugin = guests::STATIC_PLUGIN,
-        n = machines.len(),
-        slots = machines.len() as u32 * capacity,
-        hosts = hosts.join(", "),
-        key = key.display(),
-    )
-}
-
-impl Fleet {
-    async fn start(machines: usize, capacity: u32, extra: &str) -> Fleet {
-        let docker = Dockerd::start();
-        let registry = Registry::start(Mode::Basic).await;
-        let host = registry.host();
-        // The job image: a FROM-scratch busybox, pushed to the registry and then removed from
-        // the engine, so prepare really pulls it.
-        let cli_config = tempfile::tempdir().expect("docker config dir");
-        let image = format!("{}/ci/busybox:1", registry.host());
-        let rootfs = cli_config.path().join("rootfs.tar");
-        std::fs::write(&rootfs, busybox_rootfs_tar()).expect("rootfs");
-        let rootfs = rootfs.display().to_string();
-        for args in [
-            vec!["import", rootfs.as_str(), image.as_str()],
-            vec!["login", host.as_str(), "-u", WRITER.0, "-p", WRITER.1],
-            vec!["push", image.as_str()],
-            vec!["rmi", image.as_str()],
-        ] {
-            let out = docker_cli(&docker, cli_config.path(), &args);
-            assert!(
-                out.status.success(),
-                "docker {args:?}: {}{}",
-                String::from_utf8_lossy(&out.stderr),
-                docker.log()
-            );
-        }
-        use base64::Engine as _;
-        let basic =
-            base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", WRITER.0, WRITER.1));
-        let auth = format!(
-            r#"{{"auths":{{"{}":{{"auth":"{basic}"}}}}}}"#,
-            registry.host()
-        );
-
-        let dir = tempfile::tempdir().expect("dir");
-        let key = PoolKey::load_or_generate(&dir.path().join("keys"), "ci").expect("key");
-        let key_file = dir.path().join("keys/ci/id_ed25519");
-        let sshds: Vec<Sshd> = (0..machines)
-            .map(|_| Sshd::start(key.public_openssh()))
-            .collect();
-        let port = free_port();
-        let refs: Vec<&Sshd> = sshds.iter().collect();
-        let text = config(port, &key_file, &refs, capacity, extra)
-            .replace("DOCKER_SOCKET", &docker.socket().display().to_string());
-        let token_file = dir.path().join("token");
-        flotilla_test_support::write_secret(&token_file, TOKEN);
-        let flotilla = Flotilla::start(dir, &text).await;
-        let n = machines;
-        flotilla
-            .wait_for("/v1/pools/ci/instances", "ready machines", |b| {
-                b["instances"]
-                    .as_array()
-                    .is_some_and(|l| l.iter().filter(|i| i["state"] == "ready").count() == n)
-            })
-            .await;
-        Fleet {
-            docker,
-            _machines: sshds,
-            flotilla,
-            registry,
-            image,
-            auth,
-            token_file,
-        }
-    }
-
-    fn job(&self, id: u64) -> RunnerJob {
-        RunnerJob::new(self, id)
-    }
-
-    /// Nothing of any job is left on the engine, and no lease in the pool.
-    async fn assert_clean(&self) {
-        let cli = tempfile::tempdir().expect("dir");
-        for what in [
-            vec!["ps", "-aq", "--filter", "label=io.flotilla.gitlab.job"],
-            vec![
-                "network",
-                "ls",
-                "-q",
-                "--filter",
-                "label=io.flotilla.gitlab.job",
-            ],
-            vec![
-                "volume",
-                "ls",
-                "-q",
-                "--filter",
-                "label=io.flotilla.gitlab.job",
-            ],
-        ] {
-            let out = docker_cli(&self.docker, cli.path(), &what);
-            assert!(out.status.success());
-            let left = String::from_utf8_lossy(&out.stdout);
-            assert!(left.trim().is_empty(), "docker {what:?} left: {left}");
-        }
-        let (_, body) = self.flotilla.call("GET", "/v1/pools/ci/leases", None).await;
-        assert_eq!(body["leases"], Value::Array(Vec::new()), "leases left");
-    }
-}
-
-/// One job as GitLab Runner runs it: its temp dir, environment and stages.
-struct RunnerJob {
-    dir: tempfile::TempDir,
-    env: BTreeMap<String, String>,
-    args: Vec<String>,
-}
-
-/// What a stage did.
-#[derive(Debug)]
-struct StageResult {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl RunnerJob {
-    fn new(fleet: &Fleet, id: u64) -> RunnerJob {
-        let dir = tempfile::tempdir().expect("job dir");
-        let response = dir.path().join("response.json");
-        std::fs::write(
-            &response,
-            format!(
-                r#"{{"id": {id}, "token": "glcbt-job-token", "job_info": {{"project_id": 77, "name": "build"}}, "git_info": {{"ref": "main", "protected": false}}}}"#
-            ),
-        )
-        .expect("response file");
-        let env = BTreeMap::from([
-            ("BUILD_FAILURE_EXIT_CODE".to_string(), "1".to_string()),
-            ("SYSTEM_FAILURE_EXIT_CODE".to_string(), "2".to_string()),
-            (
-                "BUILD_EXIT_CODE_FILE".to_string(),
-                dir.path().join("build_exit_code").display().to_string(),
-            ),
-            (
-                "JOB_RESPONSE_FILE".to_string(),
-                response.display().to_string(),
-            ),
-            ("TMPDIR".to_string(), dir.path().display().to_string()),
-            ("CUSTOM_ENV_CI_JOB_ID".to_string(), id.to_string()),
-            ("CUSTOM_ENV_CI_JOB_IMAGE".to_string(), fleet.image.clone()),
-            (
-                "CUSTOM_ENV_DOCKER_AUTH_CONFIG".to_string(),
-                fleet.auth.clone(),
-            ),
-        ]);
-        let args = vec![
-            "gitlab".to_string(),
-            "--url".into(),
-            fleet.flotilla.base.clone(),
-            "--pool".into(),
-            "ci".into(),
-            "--token-file".into(),
-            fleet.token_file.display().to_string(),
-            "--acquire-timeout".into(),
-            "60s".into(),
-        ];
-        RunnerJob { dir, env, args }
-    }
-
-    fn command(&self, stage: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flotilla"));
-        cmd.args(&self.args)
-            .args(stage)
-            .current_dir(self.dir.path())
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs(&self.env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd
-    }
-
-    fn stage(&self, stage: &[&str]) -> StageResult {
-        let out = self.command(stage).output().expect("flotilla gitlab");
-        StageResult {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-    }
-
-    /// Writes a stage's script (0700, as the runner does) and returns its path.
-    fn script(&self, stage: &str, body: &str) -> String {
-        use std::os::unix::fs::PermissionsExt;
-        let path = self.dir.path().join(format!("script-{stage}"));
-        std::fs::write(&path, format!("#!/usr/bin/env sh\nset -e\n{body}\n")).expect("script");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-        path.display().to_string()
-    }
-
-    fn run(&self, stage: &str, body: &str) -> StageResult {
-        let script = self.script(stage, body);
-        self.stage(&["run", &script, stage])
-    }
-
-    fn build_exit_code(&self) -> Option<String> {
-        std::fs::read_to_string(self.dir.path().join("build_exit_code")).ok()
-    }
-}
-
-/// One dockerd at a time: two engines would race for the machine's cgroups.
-static DOCKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use common::fleet::{DOCKER, Fleet, RunnerJob};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them() {
@@ -740,4 +461,93 @@ fn the_snippet_is_a_runners_block_gitlab_runner_can_read() {
             .as_integer()
             .is_some_and(|t| t > 600)
     );
+}
+
+/// A tiny deterministic generator for kill points; the seed is printed so a failing round can
+/// be replayed (`FLOTILLA_CHAOS_SEED`).
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// No job lost to a crash or an upgrade of the host: 10 jobs in every stage, each printing a
+/// counter for 20 s, and flotilla killed with SIGKILL (even rounds) or stopped with SIGTERM
+/// as a rolling upgrade does (odd rounds: a 5 s drain, then exit with jobs still running) at
+/// a random moment, and started again 5 s later.
+/// Every job passes, its output is complete and in order, and nothing is left on the machines
+/// or in the pool. `FLOTILLA_CHAOS_ROUNDS` rounds (2 by default; the note's figures used 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_jobs_ride_through_a_kill_9_of_the_host() {
+    let _one = DOCKER.lock().await;
+    let mut fleet = Fleet::start(2, 5, "").await;
+    let rounds: u64 = std::env::var("FLOTILLA_CHAOS_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(2);
+    let seed = std::env::var("FLOTILLA_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(7, |d| d.as_nanos() as u64)
+        });
+    println!("chaos seed {seed}");
+    let mut rng = Lcg(seed);
+    let counter = "i=1; while [ $i -le 40 ]; do echo count $i; i=$((i+1)); sleep 0.5; done";
+    for round in 0..rounds {
+        let jobs: Vec<RunnerJob> = (0..10)
+            .map(|j| fleet.job(10_000 + round * 100 + j))
+            .collect();
+        let threads: Vec<_> = jobs
+            .into_iter()
+            .map(|job| {
+                std::thread::spawn(move || {
+                    let prepare = job.stage(&["prepare"]);
+                    let build = job.run("build_script", counter);
+                    let cleanup = job.stage(&["cleanup"]);
+                    (prepare, build, cleanup)
+                })
+            })
+            .collect();
+        // Anywhere from the jobs' prepare to their cleanup.
+        let kill_at = Duration::from_millis(500 + rng.below(24_000));
+        let upgrade = round % 2 == 1;
+        println!(
+            "round {round}: {} at {kill_at:?}",
+            if upgrade { "SIGTERM" } else { "kill -9" }
+        );
+        tokio::time::sleep(kill_at).await;
+        if upgrade {
+            tokio::task::block_in_place(|| fleet.flotilla.terminate());
+        } else {
+            fleet.flotilla.kill();
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        fleet.flotilla.start_again().await;
+        for thread in threads {
+            let (prepare, build, cleanup) = tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .expect("join")
+                .expect("a job thread");
+            assert_eq!(prepare.code, 0, "round {round}, seed {seed}: {prepare:?}");
+            assert_eq!(build.code, 0, "round {round}, seed {seed}: {build:?}");
+            assert_eq!(cleanup.code, 0, "round {round}, seed {seed}: {cleanup:?}");
+            let counted: Vec<&str> = build
+                .stdout
+                .lines()
+                .filter(|l| l.starts_with("count "))
+                .collect();
+            let expected: Vec<String> = (1..=40).map(|i| format!("count {i}")).collect();
+            assert_eq!(counted, expected, "round {round}, seed {seed}: {build:?}");
+        }
+        fleet.assert_clean().await;
+    }
 }

@@ -772,6 +772,50 @@ mod misbehave {
         );
     }
 
+    /// After a trap the next call re-instantiates the plugin and calls `init` again; an `init`
+    /// that then blocks is cut at the init deadline, counted as a timeout and fed to the
+    /// circuit, so the pool neither wedges nor hides it.
+    #[tokio::test]
+    async fn a_re_instantiation_that_blocks_is_cut_counted_and_trips_the_circuit() {
+        let p = provider("wedge", |s| {
+            s.limits.circuit_threshold = 3;
+            s.limits.circuit_cooldown = Duration::from_secs(60);
+            s.limits
+                .deadlines
+                .insert(Function::Init, Duration::from_millis(500));
+        });
+        must(p.init(r#"{"on":{"update":"trap"},"again":{"init":"sleep"}}"#)).await;
+        assert!(matches!(p.update().await, Err(CallError::Trap { .. })));
+        for round in 0..2 {
+            let start = std::time::Instant::now();
+            let r = tokio::time::timeout(Duration::from_secs(5), p.update())
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: the re-instantiation wedged the call"));
+            assert!(
+                matches!(
+                    r,
+                    Err(CallError::Timeout {
+                        function: Function::Init,
+                        ..
+                    })
+                ),
+                "round {round}: {r:?}"
+            );
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "{:?}",
+                start.elapsed()
+            );
+        }
+        let h = p.health();
+        assert_eq!((h.traps, h.timeouts), (1, 2), "{h:?}");
+        assert!(h.circuit_open, "{h:?}");
+        assert!(matches!(
+            p.update().await,
+            Err(CallError::CircuitOpen { .. })
+        ));
+    }
+
     #[tokio::test]
     async fn a_plugin_that_alternates_success_and_fault_still_trips_the_circuit() {
         let p = provider("alternating", |s| {

@@ -169,7 +169,10 @@ impl ApiClient {
                 ErrorCode::Unknown,
                 format!(
                     "HTTP {status}: {}",
-                    String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>()
+                    String::from_utf8_lossy(&bytes)
+                        .chars()
+                        .take(200)
+                        .collect::<String>()
                 ),
             ),
         };

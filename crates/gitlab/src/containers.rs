@@ -47,7 +47,9 @@ impl std::fmt::Display for StepError {
 }
 
 /// Classifies a Docker call's error with what was being done.
-pub(crate) fn step(what: impl std::fmt::Display) -> impl FnOnce(bollard::errors::Error) -> StepError {
+pub(crate) fn step(
+    what: impl std::fmt::Display,
+) -> impl FnOnce(bollard::errors::Error) -> StepError {
     move |e| {
         let message = format!("{what}: {e}");
         if host_down(&e) {
@@ -491,10 +493,16 @@ pub(crate) async fn bound_caches(docker: &Docker, bounds: CacheBounds, keep: &st
         .collect();
     volumes.sort();
     let max_age = chrono::Duration::from_std(bounds.max_age).unwrap_or(chrono::Duration::MAX);
-    let beyond = volumes.len().saturating_sub(bounds.max_volumes.saturating_sub(1));
+    let beyond = volumes
+        .len()
+        .saturating_sub(bounds.max_volumes.saturating_sub(1));
     for (i, (created, name)) in volumes.iter().enumerate() {
         if now - *created > max_age || i < beyond {
-            if docker.remove_volume(name, None::<RemoveVolumeOptions>).await.is_ok() {
+            if docker
+                .remove_volume(name, None::<RemoveVolumeOptions>)
+                .await
+                .is_ok()
+            {
                 tracing::info!(volume = %name, "removed a project cache volume past its bound");
             }
         }

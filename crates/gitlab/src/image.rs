@@ -65,7 +65,14 @@ mod tests {
     fn references_split_as_docker_splits_them() {
         let cases = [
             ("alpine", "alpine", None, None, "latest", "docker.io"),
-            ("alpine:3.20", "alpine", Some("3.20"), None, "3.20", "docker.io"),
+            (
+                "alpine:3.20",
+                "alpine",
+                Some("3.20"),
+                None,
+                "3.20",
+                "docker.io",
+            ),
             (
                 "registry.example.com:5000/team/db",
                 "registry.example.com:5000/team/db",

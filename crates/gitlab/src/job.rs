@@ -459,15 +459,17 @@ mod tests {
             ("CUSTOM_ENV_CI_PROJECT_ID", "3"),
         ]);
         let refused = Job::from_env(&vars, false).expect_err("refused");
-        assert!(refused.to_string().contains("JOB_RESPONSE_FILE"), "{refused}");
+        assert!(
+            refused.to_string().contains("JOB_RESPONSE_FILE"),
+            "{refused}"
+        );
         let job = Job::from_env(&vars, true).expect("opted in");
         assert_eq!((job.id.as_str(), job.project.as_str()), ("7", "3"));
         assert!(Job::from_env(&env(&[("CUSTOM_ENV_CI_JOB_ID", "1; rm -rf /")]), true).is_err());
     }
 
     #[test]
-    fn protection_falls_back_to_the_first_predefined_variable_and_projects_get_their_own_cache()
-    {
+    fn protection_falls_back_to_the_first_predefined_variable_and_projects_get_their_own_cache() {
         let (_dir, path) = response(
             r#"{"id": 9, "job_info": {"project_id": 5}, "git_info": {"protected": null},
                 "variables": [{"key": "CI_COMMIT_REF_PROTECTED", "value": "true"},
@@ -503,7 +505,11 @@ mod tests {
         )
         .expect("job");
         assert_eq!(
-            job.services[0].variables.0.get("POSTGRES_DB").map(String::as_str),
+            job.services[0]
+                .variables
+                .0
+                .get("POSTGRES_DB")
+                .map(String::as_str),
             Some("app")
         );
         assert_eq!(
@@ -530,7 +536,11 @@ mod tests {
             ]
         );
         assert_eq!(
-            s("postgres@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", None).aliases(),
+            s(
+                "postgres@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                None
+            )
+            .aliases(),
             ["postgres"]
         );
         assert_eq!(s("x", Some("db cache")).aliases(), ["db", "cache"]);

@@ -165,11 +165,30 @@ pub(crate) async fn acquire(
         // The long poll's limit is what is left of the driver's own timeout, counted again
         // after any wait for a restarting flotilla.
         let asked = through_restarts(api, patience, || {
-            let left = patience.acquire_timeout.saturating_sub(patience.start.elapsed());
+            let left = patience
+                .acquire_timeout
+                .saturating_sub(patience.start.elapsed());
             api.acquire(lease.id, left + Duration::from_secs(5))
         });
         match asked.await {
             Ok(instance) => break instance,
+            // An earlier try was granted but its answer was lost in a restart.
+            Err(ApiError::Refused { code, .. })
+                if code == crate::api::ErrorCode::AlreadyAcquired =>
+            {
+                match find(api, job, patience).await.map_err(system)? {
+                    Some(LeaseInfo {
+                        state: LeaseState::Acquired { instance, .. },
+                        ..
+                    }) => break instance,
+                    other => {
+                        return Err(system(format!(
+                            "lease {} was acquired, then lost: {other:?}",
+                            lease.id
+                        )));
+                    }
+                }
+            }
             Err(ApiError::Refused { code, .. })
                 if code == crate::api::ErrorCode::AcquireTimeout
                     && patience.start.elapsed() < patience.acquire_timeout =>

@@ -164,11 +164,9 @@ impl StageRun {
             .rev()
             .find_map(|l| l.trim().strip_prefix(STATUS_MARK))
         {
-            return status
-                .trim()
-                .parse()
-                .map(Ended::Exited)
-                .map_err(|_| StepError::Failed(format!("the script's status {status:?} is not a number")));
+            return status.trim().parse().map(Ended::Exited).map_err(|_| {
+                StepError::Failed(format!("the script's status {status:?} is not a number"))
+            });
         }
         if diagnostics.contains(NO_START_MARK) {
             return Err(StepError::Failed(

@@ -254,9 +254,7 @@ pub async fn cleanup(api: &ApiClient, job: &Job, settings: &DriverSettings) -> O
     };
     let id = lease.id;
     let result = match lease.state {
-        LeaseState::Reserved => {
-            lease::through_restarts(api, patience, || api.unreserve(id)).await
-        }
+        LeaseState::Reserved => lease::through_restarts(api, patience, || api.unreserve(id)).await,
         LeaseState::Acquired { .. } => {
             let broken = match remove_on_instance(api, job, id, patience).await {
                 Ok(()) => None,
@@ -293,13 +291,10 @@ async fn remove_on_instance(
 ) -> Result<(), String> {
     let docker = crate::docker::for_lease(api, lease, 60)?;
     let swept = riding_restarts(api, job, patience, || async {
-        docker
-            .ping()
-            .await
-            .map_err(containers::step(format!(
-                "Docker Engine does not answer after job {}",
-                job.id
-            )))?;
+        docker.ping().await.map_err(containers::step(format!(
+            "Docker Engine does not answer after job {}",
+            job.id
+        )))?;
         containers::remove_job_objects(&docker, job).await?;
         tokio::time::sleep(SETTLE).await;
         containers::remove_job_objects(&docker, job).await

@@ -153,7 +153,10 @@ mod tests {
             let checked = check_secret_file_mode(&file);
             assert_eq!(checked.is_ok(), ok, "mode {mode:o}: {checked:?}");
             if let Err(why) = checked {
-                assert!(why.contains("chmod o-rwx") && why.contains("token"), "{why}");
+                assert!(
+                    why.contains("chmod o-rwx") && why.contains("token"),
+                    "{why}"
+                );
             }
         }
     }

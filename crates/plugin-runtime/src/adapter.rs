@@ -19,8 +19,8 @@ use super::egress::{Budget, EgressShared, EgressStats};
 use super::output::{GuestOutput, Origin};
 use super::{HostState, Sandbox};
 use flotilla_provider::{
-    Arch, CallError, Connection, Function, Instance, InstanceState, Os, Protocol, Provider,
-    MemoryState, PluginState, ProviderError, ProviderHealth, ProviderInfo,
+    Arch, CallError, Connection, Function, Instance, InstanceState, MemoryState, Os, PluginState,
+    Protocol, Provider, ProviderError, ProviderHealth, ProviderInfo,
 };
 
 /// One live plugin instance, boxed: it moves into and out of every call's future, and a

@@ -153,9 +153,14 @@ mod tests {
             Err(StateError::TooLarge(_))
         ));
         assert!(matches!(state.set("", b"x"), Err(StateError::TooLarge(_))));
-        assert!(matches!(state.set(&"k".repeat(300), b"x"), Err(StateError::TooLarge(_))));
+        assert!(matches!(
+            state.set(&"k".repeat(300), b"x"),
+            Err(StateError::TooLarge(_))
+        ));
         for i in 0..15 {
-            state.set(&format!("v{i}"), &vec![1; 64 << 10]).expect("under 1 MiB");
+            state
+                .set(&format!("v{i}"), &vec![1; 64 << 10])
+                .expect("under 1 MiB");
         }
         let over = state.set("v15", &vec![1; 64 << 10]);
         assert!(matches!(over, Err(StateError::TooLarge(_))), "{over:?}");

@@ -12,8 +12,8 @@ pub mod policy;
 pub mod sim;
 
 pub use self::core::{
-    LeaseIds,
-    Action, Binding, InstState, Lease, LeaseError, LeaseState, PoolCore, PoolHealth, PoolSnapshot,
+    Action, Binding, InstState, Lease, LeaseError, LeaseIds, LeaseState, PoolCore, PoolHealth,
+    PoolSnapshot,
 };
 pub use driver::{AlwaysReady, Clock, LeaseJournal, NotReady, PoolHandle, Readiness, SystemClock};
 pub use observer::{PoolObserver, Probe};

@@ -342,13 +342,24 @@ mod tests {
             a.set("gone", b"x").expect("set");
             a.delete("gone").expect("delete");
             assert!(a.set("big", &vec![0; 1 << 20]).is_err());
-            store.plugin_state("b").expect("state").set("active", b"[]").expect("set");
+            store
+                .plugin_state("b")
+                .expect("state")
+                .set("active", b"[]")
+                .expect("set");
         }
         let store = Arc::new(Store::open(&path).expect("reopen"));
         let a = store.plugin_state("a").expect("state");
         assert_eq!(a.keys().expect("keys"), ["active"]);
         assert_eq!(a.get("active").expect("get"), Some(b"[\"m1\"]".to_vec()));
-        assert_eq!(store.plugin_state("b").expect("b").get("active").expect("get"), Some(b"[]".to_vec()));
+        assert_eq!(
+            store
+                .plugin_state("b")
+                .expect("b")
+                .get("active")
+                .expect("get"),
+            Some(b"[]".to_vec())
+        );
     }
 
     /// `tests/data/journal-v1.redb` was written by the previous release (schema 1, before the
@@ -357,21 +368,36 @@ mod tests {
     fn a_journal_of_the_previous_release_opens_and_keeps_its_leases() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("leases.redb");
-        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/journal-v1.redb"), &path)
-            .expect("fixture");
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/journal-v1.redb"),
+            &path,
+        )
+        .expect("fixture");
         let store = Store::open(&path).expect("a schema-1 journal opens");
         let restored = store.load("static").expect("load");
         let mut ids: Vec<u64> = restored.leases.iter().map(|l| l.id).collect();
         ids.sort();
-        assert_eq!(ids, [1_839_193_179_246_723, 1_839_193_179_246_724, 1_839_193_179_246_725]);
-        assert!(restored.leases.iter().any(|l| matches!(&l.state, LeaseState::Acquired { instance, .. } if instance == "m1")));
+        assert_eq!(
+            ids,
+            [
+                1_839_193_179_246_723,
+                1_839_193_179_246_724,
+                1_839_193_179_246_725
+            ]
+        );
+        assert!(restored.leases.iter().any(
+            |l| matches!(&l.state, LeaseState::Acquired { instance, .. } if instance == "m1")
+        ));
         assert_eq!(restored.uses.get("m1"), Some(&3));
         drop(store);
         // Marked as this release's now.
         let db = Database::create(&path).expect("db");
         let txn = db.begin_read().expect("read");
         let meta = txn.open_table(META).expect("meta");
-        assert_eq!(meta.get("schema").expect("get").map(|v| v.value()), Some(SCHEMA));
+        assert_eq!(
+            meta.get("schema").expect("get").map(|v| v.value()),
+            Some(SCHEMA)
+        );
     }
 
     #[test]
@@ -389,7 +415,10 @@ mod tests {
         }
         let err = Store::open(&path).expect_err("refused");
         let text = err.to_string();
-        assert!(text.contains("newer flotilla") && text.contains("leases.redb"), "{text}");
+        assert!(
+            text.contains("newer flotilla") && text.contains("leases.redb"),
+            "{text}"
+        );
     }
 
     #[test]

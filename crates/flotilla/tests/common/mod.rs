@@ -2,6 +2,8 @@
 //! API over HTTP, and its log.
 #![allow(dead_code)] // each test file uses a different part
 
+pub mod fleet;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -150,6 +152,26 @@ impl Flotilla {
             })
         })
         .await;
+    }
+
+    /// Kills the process with SIGKILL, as a crash or an OOM kill would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill(); // already gone is fine
+        let _ = self.child.wait();
+    }
+
+    /// Stops the process as an upgrade does (SIGTERM: drain, then exit) and waits for it.
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the process again on the same config and state (after [`Flotilla::kill`]).
+    pub async fn start_again(&mut self) {
+        self.child = Flotilla::spawn(&self.dir, None, self.json);
+        self.wait_started().await;
     }
 
     /// Kills the process (as a crash would) and starts it again on the same config.

@@ -333,6 +333,7 @@ impl LeaseIds {
 
     /// Makes every later id at least `first`.
     pub fn at_least(&self, first: u64) {
-        self.0.fetch_max(first, std::sync::atomic::Ordering::Relaxed);
+        self.0
+            .fetch_max(first, std::sync::atomic::Ordering::Relaxed);
     }
 }

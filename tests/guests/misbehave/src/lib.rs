@@ -5,6 +5,9 @@
 //! `trap`, `panic`, `loop`, `alloc`, `sleep`, `dup-ids`, `over-increase`, `foreign-ids`, and
 //! for update `huge-list`, `long-id`, `long-error`, `log-forge`, `fields-flood`,
 //! `fields-oversized`.
+//! `"again": {"init": "<fault>"}` applies a fault only to `init` of a re-instantiated plugin
+//! (after a trap or a timeout): the guest counts its inits in the pool's `state`, which
+//! outlives an instance.
 //! Without faults it behaves like a tiny in-memory group.
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 #![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
@@ -105,6 +108,25 @@ impl Guest for Misbehave {
                 .unwrap_or_default();
             s.trap_on_delta = value.get("trap_on_delta").and_then(|v| v.as_u64());
         });
+        let inits = flotilla::provider::state::get("inits")
+            .ok()
+            .flatten()
+            .and_then(|b| b.first().copied())
+            .unwrap_or(0);
+        // Counting is best effort: a refused write only means "first" again.
+        let _ = flotilla::provider::state::set("inits", &[inits.saturating_add(1)]);
+        if inits > 0
+            && let Some(again) = value
+                .get("again")
+                .and_then(|a| a.get("init"))
+                .and_then(|f| f.as_str())
+        {
+            STATE.with(|s| {
+                s.borrow_mut()
+                    .faults
+                    .insert("init".to_string(), again.to_string());
+            });
+        }
         misbehave("init");
         Ok(ProviderInfo {
             id: "test/misbehave".to_string(),

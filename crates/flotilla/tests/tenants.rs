@@ -1,0 +1,635 @@
+//! Tenants and edges, from the hostile side: a job of one project against another project's
+//! cache, images and job; a lease holder whose streams outlive its lease; a local client
+//! without a token; a flood of idle connections; an encoded path; a forged job id; a driver
+//! killed in the middle of `prepare`. Each test fails on a host without the protection.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use common::fleet::{DOCKER, Fleet, RunnerJob, docker_cli};
+use common::{Flotilla, TOKEN, cli, free_port};
+use flotilla_test_artifacts as guests;
+
+fn inspect(fleet: &Fleet, what: &[&str]) -> String {
+    let dir = tempfile::tempdir().expect("dir");
+    let out = docker_cli(&fleet.docker, dir.path(), what);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// One machine of two slots: every job lands on the same instance, as jobs of different
+/// projects do on a shared runner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_project_can_never_reach_another_projects_cache_images_or_job() {
+    let _one = DOCKER.lock().await;
+    let fleet = Fleet::start(1, 2, "").await;
+
+    // The cache is per project: what mallory/fork (project 2) writes at the path acme/app
+    // (project 1) restores is in another volume.
+    let acme = RunnerJob::of_project(&fleet, 901, 1, false);
+    assert_eq!(acme.stage(&["prepare"]).code, 0);
+    let wrote = acme.run(
+        "build_script",
+        "mkdir -p /cache/acme/app/default && echo genuine > /cache/acme/app/default/cache.zip",
+    );
+    assert_eq!(wrote.code, 0, "{wrote:?}");
+    assert_eq!(acme.stage(&["cleanup"]).code, 0);
+    let mallory = RunnerJob::of_project(&fleet, 902, 2, false);
+    assert_eq!(mallory.stage(&["prepare"]).code, 0);
+    let poison = mallory.run(
+        "build_script",
+        "ls -R /cache; test ! -e /cache/acme/app/default/cache.zip || exit 9; \
+         mkdir -p /cache/acme/app/default-protected /cache/acme/app/default && \
+         echo poison > /cache/acme/app/default-protected/cache.zip && \
+         echo poison > /cache/acme/app/default/cache.zip",
+    );
+    assert_eq!(
+        poison.code, 0,
+        "project 2 saw project 1's cache: {poison:?}"
+    );
+    assert_eq!(mallory.stage(&["cleanup"]).code, 0);
+    // acme's protected branch has a cache of its own, apart from its merge requests'.
+    let protected = RunnerJob::of_project(&fleet, 903, 1, true);
+    assert_eq!(protected.stage(&["prepare"]).code, 0);
+    let restored = protected.run(
+        "build_script",
+        "test ! -e /cache/acme/app/default-protected/cache.zip && test ! -e /cache/acme/app/default/cache.zip",
+    );
+    assert_eq!(
+        restored.code, 0,
+        "a protected ref restored an unprotected cache: {restored:?}"
+    );
+    assert_eq!(protected.stage(&["cleanup"]).code, 0);
+    // And acme's own unprotected cache is still there for acme.
+    let again = RunnerJob::of_project(&fleet, 904, 1, false);
+    assert_eq!(again.stage(&["prepare"]).code, 0);
+    let read = again.run("build_script", "cat /cache/acme/app/default/cache.zip");
+    assert_eq!(read.code, 0, "{read:?}");
+    assert!(
+        read.stdout.contains("genuine") && !read.stdout.contains("poison"),
+        "{read:?}"
+    );
+    assert_eq!(again.stage(&["cleanup"]).code, 0);
+    let volumes = inspect(
+        &fleet,
+        &[
+            "volume",
+            "ls",
+            "-q",
+            "--filter",
+            "label=io.flotilla.gitlab.cache",
+        ],
+    );
+    let mut volumes: Vec<&str> = volumes.lines().collect();
+    volumes.sort();
+    assert_eq!(
+        volumes,
+        [
+            "flotilla-cache-project-1",
+            "flotilla-cache-project-1-protected",
+            "flotilla-cache-project-2"
+        ]
+    );
+
+    // Private images are pulled for every job: the image is on the instance now, but a job
+    // without the registry's credentials cannot run it (the default pull policy is always).
+    let mut stranger = RunnerJob::of_project(&fleet, 905, 3, false);
+    stranger.env.remove("CUSTOM_ENV_DOCKER_AUTH_CONFIG");
+    let refused = stranger.stage(&["prepare"]);
+    assert_eq!(
+        refused.code, 2,
+        "a private image ran without credentials: {refused:?}"
+    );
+    assert!(refused.stderr.contains("pulling image"), "{refused:?}");
+    assert_eq!(stranger.stage(&["cleanup"]).code, 0);
+
+    // A digest-pinned image pulls and runs.
+    let digest = inspect(
+        &fleet,
+        &[
+            "image",
+            "inspect",
+            "--format",
+            "{{index .RepoDigests 0}}",
+            &fleet.image,
+        ],
+    );
+    assert!(digest.contains("@sha256:"), "{digest}");
+    let mut pinned = fleet.job(906);
+    pinned
+        .env
+        .insert("CUSTOM_ENV_CI_JOB_IMAGE".into(), digest.clone());
+    let prepared = pinned.stage(&["prepare"]);
+    assert_eq!(prepared.code, 0, "{digest}: {prepared:?}");
+    assert_eq!(pinned.run("build_script", "echo pinned").code, 0);
+    assert_eq!(pinned.stage(&["cleanup"]).code, 0);
+
+    // A job that names another job's id gets nowhere: without the runner's response file
+    // there is no job at all (and no lease is taken).
+    let victim = fleet.job(907);
+    assert_eq!(victim.stage(&["prepare"]).code, 0);
+    let mut forger = fleet.job(908);
+    forger.env.remove("JOB_RESPONSE_FILE");
+    forger
+        .env
+        .insert("CUSTOM_ENV_CI_JOB_ID".into(), "907".into());
+    let forged = forger.run("build_script", "echo in the victim's container");
+    assert_eq!(forged.code, 2, "{forged:?}");
+    assert!(forged.stderr.contains("JOB_RESPONSE_FILE"), "{forged:?}");
+    assert!(!forged.stdout.contains("victim"), "{forged:?}");
+    assert_eq!(forger.stage(&["cleanup"]).code, 2);
+    let (_, lease) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/leases?label=gitlab-job=907", None)
+        .await;
+    assert_eq!(lease["leases"][0]["state"]["state"], "acquired", "{lease}");
+    assert_eq!(victim.run("build_script", "true").code, 0);
+    assert_eq!(victim.stage(&["cleanup"]).code, 0);
+
+    // Service variables reach the service; the job reaches only its own services.
+    let mut served = fleet.job(909);
+    served.env.insert(
+        "CUSTOM_ENV_CI_JOB_SERVICES".into(),
+        format!(
+            r#"[{{"name":"{}","alias":"db","entrypoint":["/bin/sh"],"command":["-c","while true; do echo \"$GREETING\" | nc -l -p 5432; done"],"variables":{{"GREETING":"hello-from-a-variable"}}}}]"#,
+            fleet.image
+        ),
+    );
+    assert_eq!(served.stage(&["prepare"]).code, 0);
+    let heard = served.run(
+        "build_script",
+        "for i in 1 2 3 4 5 6 7 8 9 10; do nc db 5432 && exit 0; sleep 0.5; done; exit 1",
+    );
+    assert_eq!(heard.code, 0, "{heard:?}");
+    assert!(heard.stdout.contains("hello-from-a-variable"), "{heard:?}");
+    assert_eq!(served.stage(&["cleanup"]).code, 0);
+
+    // Per-job limits from the driver's command line.
+    let mut limited = fleet.job(910);
+    limited
+        .args
+        .extend(["--memory", "64m", "--cpus", "0.5", "--pids-limit", "64"].map(String::from));
+    assert_eq!(limited.stage(&["prepare"]).code, 0);
+    let host_config = inspect(
+        &fleet,
+        &[
+            "inspect",
+            "--format",
+            "{{.HostConfig.Memory}} {{.HostConfig.NanoCpus}} {{.HostConfig.PidsLimit}}",
+            "flotilla-job-910",
+        ],
+    );
+    assert_eq!(host_config, "67108864 500000000 64");
+    assert_eq!(limited.stage(&["cleanup"]).code, 0);
+    fleet.assert_clean().await;
+}
+
+/// A driver killed at any point of `prepare` (SIGKILL: no chance to tidy), then `cleanup`:
+/// nothing labelled is left, including what was being created when it died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_after_a_prepare_killed_anywhere_leaves_nothing() {
+    let _one = DOCKER.lock().await;
+    let fleet = Fleet::start(1, 2, "").await;
+    let services = format!(
+        r#"[{{"name":"{image}","alias":"one","entrypoint":["/bin/sh"],"command":["-c","sleep 600"]}},{{"name":"{image}","alias":"two","entrypoint":["/bin/sh"],"command":["-c","sleep 600"]}}]"#,
+        image = fleet.image
+    );
+    for (i, delay_ms) in [150u64, 400, 700, 1000, 1400, 1900, 2600]
+        .into_iter()
+        .enumerate()
+    {
+        let mut job = fleet.job(950 + i as u64);
+        job.env
+            .insert("CUSTOM_ENV_CI_JOB_SERVICES".into(), services.clone());
+        let mut child = job.command(&["prepare"]).spawn().expect("prepare");
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        child.kill().expect("SIGKILL prepare");
+        let _ = child.wait();
+        let cleanup = job.stage(&["cleanup"]);
+        assert_eq!(cleanup.code, 0, "killed after {delay_ms} ms: {cleanup:?}");
+        // Anything still landing has had its time.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        fleet.assert_clean().await;
+    }
+}
+
+/// A lease's Docker channels end with the lease: after `release`, an `/events` stream and an
+/// upgraded exec stream opened under it are closed within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_leases_docker_streams_are_cut_within_a_second() {
+    let _one = DOCKER.lock().await;
+    let fleet = Fleet::start(1, 2, "").await;
+    let job = fleet.job(960);
+    assert_eq!(job.stage(&["prepare"]).code, 0);
+    let (_, found) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/leases?label=gitlab-job=960", None)
+        .await;
+    let lease = found["leases"][0]["id"].as_u64().expect("the job's lease");
+    let api = flotilla_gitlab::ApiClient::new(&fleet.flotilla.base, Some(TOKEN.into()), "ci")
+        .expect("client");
+    let docker = flotilla_gitlab::docker::for_lease(&api, lease, 600).expect("handle");
+    let mut events = docker.events(None::<bollard::query_parameters::EventsOptions>);
+    let exec = docker
+        .create_exec(
+            "flotilla-job-960",
+            bollard::exec::CreateExecOptions {
+                attach_stdout: Some(true),
+                cmd: Some(vec![
+                    "sh".to_string(),
+                    "-c".to_string(),
+                    "while :; do echo tick; sleep 0.2; done".to_string(),
+                ]),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("exec");
+    let bollard::exec::StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&exec.id, None).await.expect("start")
+    else {
+        panic!("detached")
+    };
+    assert!(output.next().await.is_some(), "the exec streams");
+    let (code, body) = fleet
+        .flotilla
+        .call(
+            "POST",
+            &format!("/v1/pools/ci/leases/{lease}/release"),
+            None,
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let released = Instant::now();
+    // Whatever was already in flight may still arrive; then the stream must end.
+    let exec_end = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(Ok(_)) = output.next().await {}
+    })
+    .await;
+    assert!(exec_end.is_ok(), "the exec stream outlived its lease");
+    let events_end = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(Ok(_)) = events.next().await {}
+    })
+    .await;
+    assert!(events_end.is_ok(), "the events stream outlived its lease");
+    assert!(
+        released.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        released.elapsed()
+    );
+    // And no new request goes through under the released lease.
+    assert!(docker.ping().await.is_err());
+    let dir = tempfile::tempdir().expect("dir");
+    for args in [
+        vec!["rm", "-f", "flotilla-job-960"],
+        vec!["network", "rm", "flotilla-job-960"],
+        vec!["volume", "rm", "flotilla-job-960-builds"],
+    ] {
+        docker_cli(&fleet.docker, dir.path(), &args);
+    }
+}
+
+fn static_config(port: u16, extra_server: &str, pools: &str) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:{port}"
+token = {{ value = "{TOKEN}" }}
+shutdown_grace = "2s"
+{extra_server}
+{pools}"#
+    )
+}
+
+fn static_pool(name: &str, first_host: u8) -> String {
+    format!(
+        r#"
+[[pool]]
+name = "{name}"
+plugin = "{plugin}"
+capacity_per_instance = 2
+max_instances = 2
+update_interval = "1s"
+[pool.plugin_config]
+hosts = [{{ address = "127.0.0.{first_host}" }}, {{ address = "127.0.0.{next}" }}]
+[[pool.policy]]
+idle_count = 2
+idle_time = "1h"
+"#,
+        plugin = guests::STATIC_PLUGIN,
+        next = first_host + 1
+    )
+}
+
+/// A flood of idle and half-sent connections (more than the process may open) does not keep
+/// an API client out, and a request whose headers never end is dropped at the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_idle_connections_does_not_keep_api_clients_out() {
+    let port = free_port();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = static_config(
+        port,
+        "header_read_timeout = \"2s\"",
+        &static_pool("local", 1),
+    );
+    let f = Flotilla::serving_with_fd_limit(dir, &config, Some(1024)).await;
+    let mut flood = Vec::new();
+    for _ in 0..1100 {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(s) => flood.push(s),
+            Err(_) => break, // this process's own limit
+        }
+    }
+    assert!(flood.len() >= 700, "opened only {}", flood.len());
+    let start = Instant::now();
+    let answered = tokio::time::timeout(Duration::from_secs(5), f.call("GET", "/v1/pools", None))
+        .await
+        .expect("an authenticated client is answered under the flood");
+    assert_eq!(answered.0, 200, "{:?}", answered.1);
+    println!(
+        "answered in {:?} with {} idle connections open",
+        start.elapsed(),
+        flood.len()
+    );
+    drop(flood);
+
+    let mut half = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    half.write_all(b"GET /v1/pools HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(Duration::from_secs(5), half.read(&mut buf)).await;
+    let n = closed.expect("an unfinished request is dropped at header_read_timeout");
+    assert!(
+        matches!(n, Ok(0) | Err(_)) || buf.starts_with(b"HTTP/1.1 408"),
+        "{n:?}"
+    );
+}
+
+/// Lease ids name one lease of one pool: two pools never hand out the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_ids_are_unique_across_pools() {
+    let port = free_port();
+    let dir = tempfile::tempdir().expect("dir");
+    let pools = format!("{}{}", static_pool("a", 1), static_pool("b", 3));
+    let f = Flotilla::start(dir, &static_config(port, "", &pools)).await;
+    let mut ids = std::collections::BTreeSet::new();
+    for pool in ["a", "b", "a", "b"] {
+        let (code, body) = f
+            .call("POST", &format!("/v1/pools/{pool}/leases"), None)
+            .await;
+        assert_eq!(code, 201, "{body}");
+        assert!(
+            ids.insert(body["lease"]["id"].as_u64().expect("id")),
+            "{ids:?}"
+        );
+    }
+}
+
+/// A pool that serves a Docker handle needs a token on loopback too, and a token file others
+/// can read is refused: by `config check` and by `run` alike.
+#[test]
+fn the_docker_handle_is_never_open_without_a_token() {
+    let dir = tempfile::tempdir().expect("dir");
+    let key = dir.path().join("key");
+    std::fs::write(&key, "unused").expect("key");
+    let pool = format!(
+        "{}[pool.connector]\nssh_key = {{ file = \"{}\" }}\n",
+        static_pool("docker", 1),
+        key.display()
+    );
+    let open = dir.path().join("open.toml");
+    std::fs::write(
+        &open,
+        format!("[server]\nlisten = \"127.0.0.1:{}\"\n{pool}", free_port()),
+    )
+    .expect("config");
+    let open = open.display().to_string();
+    let (code, out, err) = cli(&["config", "check", "-c", &open]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        format!("{out}{err}").contains("server.token")
+            && format!("{out}{err}").contains("Docker handle"),
+        "{out}{err}"
+    );
+    let (code, out, err) = cli(&["run", "-c", &open]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(err.contains("server.token"), "{err}");
+
+    let token = dir.path().join("token");
+    std::fs::write(&token, TOKEN).expect("token");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let readable = dir.path().join("readable.toml");
+    std::fs::write(
+        &readable,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{}\"\ntoken = {{ file = \"{}\" }}\n{pool}",
+            free_port(),
+            token.display()
+        ),
+    )
+    .expect("config");
+    let (code, out, err) = cli(&["config", "check", "-c", &readable.display().to_string()]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(format!("{out}{err}").contains("chmod o-rwx"), "{out}{err}");
+    // Group-readable is fine (the runner's group).
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let (code, out, err) = cli(&["config", "check", "-c", &readable.display().to_string()]);
+    assert!(
+        !format!("{out}{err}").contains("chmod o-rwx"),
+        "{code} {out}{err}"
+    );
+}
+
+/// The state directory and the lease journal are private whatever the umask.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_and_state_directory_are_private_under_a_wide_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let state = dir.path().join("state");
+    let port = free_port();
+    let config = format!(
+        "state_dir = \"{}\"\n{}",
+        state.display(),
+        static_config(port, "", &static_pool("local", 1))
+    );
+    let path = dir.path().join("flotilla.toml");
+    std::fs::write(&path, config).expect("config");
+    let mut child = Command::new("sh")
+        .args(["-c", "umask 000 && exec \"$0\" run -c \"$1\""])
+        .arg(env!("CARGO_BIN_EXE_flotilla"))
+        .arg(&path)
+        .env("FLOTILLA_LOG", "warn")
+        .spawn()
+        .expect("flotilla");
+    let journal = state.join("leases.redb");
+    let start = Instant::now();
+    while !journal.exists() && start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mode =
+        |p: &std::path::Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    let modes = (mode(&state), mode(&journal));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(modes, (0o700, 0o600));
+}
+
+/// A Docker Engine stand-in on a unix socket that answers the connector's checks and records
+/// every other request's head exactly as it arrived.
+struct RecordingEngine {
+    socket: std::path::PathBuf,
+    heads: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl RecordingEngine {
+    fn start() -> RecordingEngine {
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = dir.path().join("docker.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+        let heads = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let kept = heads.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let heads = kept.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match stream.read(&mut byte).await {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let line = head.lines().next().unwrap_or_default().to_string();
+                    let body = if line.contains("/_ping") {
+                        "OK".to_string()
+                    } else if line.contains("/version") {
+                        r#"{"Version":"20.10.24","ApiVersion":"1.41","MinAPIVersion":"1.12"}"#
+                            .into()
+                    } else {
+                        heads.lock().push(head);
+                        r#"{"message":"recorded"}"#.into()
+                    };
+                    let status = if body.starts_with("{\"message") {
+                        "404 Not Found"
+                    } else {
+                        "200 OK"
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nApi-Version: 1.41\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        RecordingEngine {
+            socket,
+            heads,
+            _dir: dir,
+        }
+    }
+}
+
+/// The handle forwards the path byte for byte (no decoding of `%3F`, `%23`, `%25`) and drops
+/// hop-by-hop headers and the caller's credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docker_handle_forwards_the_path_as_sent_without_hop_by_hop_headers() {
+    let engine = RecordingEngine::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let key =
+        flotilla_connector::PoolKey::load_or_generate(&dir.path().join("keys"), "ci").expect("key");
+    let machine = flotilla_test_support::sshd::Sshd::start(key.public_openssh());
+    let port = free_port();
+    let pool = format!(
+        r#"
+[[pool]]
+name = "ci"
+plugin = "{plugin}"
+max_instances = 1
+update_interval = "1s"
+[pool.plugin_config]
+hosts = [{{ id = "m1", address = "127.0.0.1", port = {sshd}, username = "root" }}]
+[pool.connector]
+ssh_key = {{ file = "{key}" }}
+docker_socket = "{socket}"
+[[pool.policy]]
+idle_count = 1
+idle_time = "1h"
+"#,
+        plugin = guests::STATIC_PLUGIN,
+        sshd = machine.port,
+        key = dir.path().join("keys/ci/id_ed25519").display(),
+        socket = engine.socket.display(),
+    );
+    let f = Flotilla::start(dir, &static_config(port, "", &pool)).await;
+    f.wait_for("/v1/pools/ci/instances", "a ready machine", |b| {
+        b["instances"][0]["state"] == "ready"
+    })
+    .await;
+    let (code, body) = f.call("POST", "/v1/pools/ci/leases", None).await;
+    assert_eq!(code, 201, "{body}");
+    let lease = body["lease"]["id"].as_u64().expect("id");
+    let (code, body) = f
+        .call(
+            "POST",
+            &format!("/v1/pools/ci/leases/{lease}/acquire"),
+            None,
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let request = format!(
+        "GET /v1/pools/ci/leases/{lease}/docker/v1.41/containers/a%3Fb%23c%25d%2Fe/json?x=%2F1&y=2 HTTP/1.1\r\n\
+         Host: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Connection: keep-alive, X-Secret-Hop\r\nX-Secret-Hop: 1\r\nKeep-Alive: timeout=5\r\n\
+         TE: trailers\r\nProxy-Connection: keep-alive\r\nX-End-To-End: kept\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer))
+        .await
+        .expect("an answer")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.contains("recorded"), "{answer}");
+    let heads = engine.heads.lock().clone();
+    let head = heads
+        .iter()
+        .find(|h| h.contains("containers"))
+        .unwrap_or_else(|| panic!("no request reached the engine: {heads:?}"));
+    let line = head.lines().next().unwrap_or_default();
+    assert_eq!(
+        line,
+        "GET /v1.41/containers/a%3Fb%23c%25d%2Fe/json?x=%2F1&y=2 HTTP/1.1"
+    );
+    let lower = head.to_ascii_lowercase();
+    for gone in [
+        "authorization",
+        "x-secret-hop",
+        "keep-alive",
+        "te:",
+        "proxy-connection",
+        "connection:",
+    ] {
+        assert!(!lower.contains(gone), "{gone} was forwarded:\n{head}");
+    }
+    assert!(lower.contains("x-end-to-end: kept"), "{head}");
+}
