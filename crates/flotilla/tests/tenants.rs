@@ -633,3 +633,59 @@ idle_time = "1h"
     }
     assert!(lower.contains("x-end-to-end: kept"), "{head}");
 }
+
+/// Job networks are isolated from each other on an engine with its iptables on (Docker's
+/// default): a job reaches its own service, never another job's, even by address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cannot_reach_another_jobs_services() {
+    let _one = DOCKER.lock().await;
+    let fleet = Fleet::start_with_iptables(1, 2).await;
+    let local = |mut job: RunnerJob| {
+        job.args
+            .extend(["--pull-policy", "never"].map(String::from));
+        job.env.remove("CUSTOM_ENV_DOCKER_AUTH_CONFIG");
+        job.env
+            .insert("CUSTOM_ENV_CI_JOB_IMAGE".into(), fleet.image.clone());
+        job
+    };
+    let mut owner = local(fleet.job(970));
+    owner.env.insert(
+        "CUSTOM_ENV_CI_JOB_SERVICES".into(),
+        format!(
+            r#"[{{"name":"{}","alias":"db","entrypoint":["/bin/sh"],"command":["-c","while true; do echo secret-data | nc -l -p 5432; done"]}}]"#,
+            fleet.image
+        ),
+    );
+    let prepared = owner.stage(&["prepare"]);
+    assert_eq!(prepared.code, 0, "{prepared:?}");
+    let own = owner.run(
+        "build_script",
+        "for i in 1 2 3 4 5 6 7 8 9 10; do nc db 5432 && exit 0; sleep 0.5; done; exit 1",
+    );
+    assert!(
+        own.code == 0 && own.stdout.contains("secret-data"),
+        "{own:?}"
+    );
+    let address = inspect(
+        &fleet,
+        &[
+            "inspect",
+            "--format",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+            "flotilla-job-970-service-0",
+        ],
+    );
+    assert!(!address.is_empty(), "the service's address");
+    let intruder = local(fleet.job(971));
+    assert_eq!(intruder.stage(&["prepare"]).code, 0);
+    let tried = intruder.run(
+        "build_script",
+        &format!("for i in 1 2 3; do nc -w 2 {address} 5432 && exit 0; done; exit 7"),
+    );
+    assert_eq!(tried.code, 1, "{tried:?}");
+    assert!(!tried.stdout.contains("secret-data"), "{tried:?}");
+    assert_eq!(intruder.build_exit_code().as_deref(), Some("7\n"));
+    assert_eq!(owner.stage(&["cleanup"]).code, 0);
+    assert_eq!(intruder.stage(&["cleanup"]).code, 0);
+    fleet.assert_clean().await;
+}

@@ -1,6 +1,11 @@
 //! A real Docker Engine (Debian `docker.io`) for the tests, on a unix socket in its own temp
 //! directory: its own data root, exec root and pid file, the vfs storage driver, and no
 //! iptables or bridge, so it touches nothing of the host's networking. Stopped on drop.
+//!
+//! [`Dockerd::start_with_iptables`] runs one as Docker runs by default, with its iptables
+//! rules (the isolation between networks), inside a network namespace of its own (made with
+//! `ip netns`, entered with `nsenter` so the mounts stay the host's): its rules never touch the
+//! host's, and it reaches nothing on the host's loopback, so its images are imported.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -10,6 +15,8 @@ use std::time::{Duration, Instant};
 pub struct Dockerd {
     dir: tempfile::TempDir,
     child: Child,
+    /// The network namespace it runs in, removed on drop.
+    netns: Option<String>,
     /// The `--tlsverify` TCP port, when started with TLS.
     pub tls_port: Option<u16>,
 }
@@ -94,16 +101,29 @@ impl Default for DockerPki {
 impl Dockerd {
     /// Starts dockerd and waits until its socket answers.
     pub fn start() -> Dockerd {
-        Dockerd::launch(None)
+        Dockerd::launch(None, None)
+    }
+
+    /// Starts dockerd with iptables on, in a network namespace of its own.
+    pub fn start_with_iptables() -> Dockerd {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("flotilla-test-{}-{n}", std::process::id());
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .expect("ip (iproute2)");
+        assert!(ok.success(), "ip netns add {name}");
+        Dockerd::launch(None, Some(name))
     }
 
     /// Starts dockerd with its unix socket and a `--tlsverify` TCP port on 127.0.0.1 that
     /// accepts clients of `pki`'s CA.
     pub fn start_tls(pki: &DockerPki) -> Dockerd {
-        Dockerd::launch(Some(pki))
+        Dockerd::launch(Some(pki), None)
     }
 
-    fn launch(pki: Option<&DockerPki>) -> Dockerd {
+    fn launch(pki: Option<&DockerPki>, netns: Option<String>) -> Dockerd {
         let dir = tempfile::tempdir().expect("dockerd dir");
         let d = dir.path();
         let log = std::fs::File::create(d.join("dockerd.log")).expect("dockerd log");
@@ -113,7 +133,19 @@ impl Dockerd {
                 .map(|a| a.port())
                 .expect("a free port")
         });
-        let mut cmd = Command::new("dockerd");
+        let mut cmd = match &netns {
+            Some(name) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{name}")).arg("dockerd");
+                c
+            }
+            None => Command::new("dockerd"),
+        };
+        let isolation: &[&str] = if netns.is_some() {
+            &["--storage-driver=vfs", "--bridge=none"]
+        } else {
+            &["--storage-driver=vfs", "--iptables=false", "--bridge=none"]
+        };
         if let (Some(pki), Some(port)) = (pki, tls_port) {
             cmd.arg("-H")
                 .arg(format!("tcp://127.0.0.1:{port}"))
@@ -134,7 +166,7 @@ impl Dockerd {
             .arg(d.join("exec"))
             .arg("--pidfile")
             .arg(d.join("dockerd.pid"))
-            .args(["--storage-driver=vfs", "--iptables=false", "--bridge=none"])
+            .args(isolation)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -142,6 +174,7 @@ impl Dockerd {
         let dockerd = Dockerd {
             dir,
             child,
+            netns,
             tls_port,
         };
         let start = Instant::now();
@@ -164,6 +197,11 @@ impl Dockerd {
             }
         }
         dockerd
+    }
+
+    /// Whether it runs in a network namespace of its own (it cannot reach the host's loopback).
+    pub fn has_own_network(&self) -> bool {
+        self.netns.is_some()
     }
 
     /// Its API socket.
@@ -211,13 +249,20 @@ impl Drop for Dockerd {
             .arg(self.child.id().to_string())
             .status();
         let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+        let mut stopped = false;
+        while !stopped && Instant::now() < deadline {
+            stopped = matches!(self.child.try_wait(), Ok(Some(_)));
+            if !stopped {
+                std::thread::sleep(Duration::from_millis(50));
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill(); // it did not stop in time
-        let _ = self.child.wait(); // reap it
+        if !stopped {
+            let _ = self.child.kill(); // it did not stop in time
+            let _ = self.child.wait(); // reap it
+        }
+        if let Some(name) = &self.netns {
+            // Takes the engine's bridges and rules along.
+            let _ = Command::new("ip").args(["netns", "del", name]).status();
+        }
     }
 }

@@ -86,7 +86,29 @@ idle_time = "1h"
 
 impl Fleet {
     pub async fn start(machines: usize, capacity: u32, extra: &str) -> Fleet {
-        let docker = Dockerd::start();
+        Fleet::start_on(Dockerd::start(), machines, capacity, extra).await
+    }
+
+    /// A fleet whose engine runs as Docker does by default, with its iptables rules, in a
+    /// network namespace of its own. It cannot reach the registry on the host's loopback, so
+    /// its job image is imported (run it with `--pull-policy never`).
+    pub async fn start_with_iptables(machines: usize, capacity: u32) -> Fleet {
+        let mut fleet =
+            Fleet::start_on(Dockerd::start_with_iptables(), machines, capacity, "").await;
+        let dir = tempfile::tempdir().expect("dir");
+        let rootfs = dir.path().join("rootfs.tar");
+        std::fs::write(&rootfs, busybox_rootfs_tar()).expect("rootfs");
+        fleet.image = "flotilla-test/busybox:1".into();
+        let out = docker_cli(
+            &fleet.docker,
+            dir.path(),
+            &["import", &rootfs.display().to_string(), &fleet.image],
+        );
+        assert!(out.status.success(), "{out:?}");
+        fleet
+    }
+
+    async fn start_on(docker: Dockerd, machines: usize, capacity: u32, extra: &str) -> Fleet {
         let registry = Registry::start(Mode::Basic).await;
         let host = registry.host();
         // The job image: a FROM-scratch busybox, pushed to the registry and then removed from
@@ -96,12 +118,17 @@ impl Fleet {
         let rootfs = cli_config.path().join("rootfs.tar");
         std::fs::write(&rootfs, busybox_rootfs_tar()).expect("rootfs");
         let rootfs = rootfs.display().to_string();
+        // An engine in a namespace of its own cannot reach the registry: it gets no image here.
+        let reaches_registry = !docker.has_own_network();
         for args in [
             vec!["import", rootfs.as_str(), image.as_str()],
             vec!["login", host.as_str(), "-u", WRITER.0, "-p", WRITER.1],
             vec!["push", image.as_str()],
             vec!["rmi", image.as_str()],
-        ] {
+        ]
+        .into_iter()
+        .filter(|_| reaches_registry)
+        {
             let out = docker_cli(&docker, cli_config.path(), &args);
             assert!(
                 out.status.success(),
