@@ -223,6 +223,36 @@ async fn cleanup_after_a_prepare_killed_anywhere_leaves_nothing() {
     }
 }
 
+/// A container whose creation was still in flight when `prepare` died (held by the engine's
+/// socket for a second) lands after cleanup's first sweep; cleanup's second sweep removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creation_in_flight_when_prepare_dies_is_removed_by_cleanup() {
+    use flotilla_test_support::proxy::SlowCreates;
+    let _one = DOCKER.lock().await;
+    let (fleet, slow) = Fleet::start_behind(1, 2, |engine| {
+        let slow = SlowCreates::start(engine, Duration::from_millis(1000));
+        (slow.socket.clone(), slow)
+    })
+    .await;
+    let job = fleet.job(980);
+    let mut child = job.command(&["prepare"]).spawn().expect("prepare");
+    let start = Instant::now();
+    while slow.held.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "prepare never created a container"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().expect("SIGKILL prepare");
+    let _ = child.wait();
+    let cleanup = job.stage(&["cleanup"]);
+    assert_eq!(cleanup.code, 0, "{cleanup:?}");
+    // The held creation has landed by now, one way or the other.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    fleet.assert_clean().await;
+}
+
 /// A lease's Docker channels end with the lease: after `release`, an `/events` stream and an
 /// upgraded exec stream opened under it are closed within a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

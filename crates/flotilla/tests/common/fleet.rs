@@ -86,7 +86,20 @@ idle_time = "1h"
 
 impl Fleet {
     pub async fn start(machines: usize, capacity: u32, extra: &str) -> Fleet {
-        Fleet::start_on(Dockerd::start(), machines, capacity, extra).await
+        Fleet::start_on(Dockerd::start(), machines, capacity, extra, None).await
+    }
+
+    /// A fleet whose machines reach the engine through `wrap(engine's socket)`, a socket of
+    /// the test's (a proxy that misbehaves on purpose).
+    pub async fn start_behind<T>(
+        machines: usize,
+        capacity: u32,
+        wrap: impl FnOnce(std::path::PathBuf) -> (std::path::PathBuf, T),
+    ) -> (Fleet, T) {
+        let docker = Dockerd::start();
+        let (socket, kept) = wrap(docker.socket());
+        let fleet = Fleet::start_on(docker, machines, capacity, "", Some(socket)).await;
+        (fleet, kept)
     }
 
     /// A fleet whose engine runs as Docker does by default, with its iptables rules, in a
@@ -94,7 +107,7 @@ impl Fleet {
     /// its job image is imported (run it with `--pull-policy never`).
     pub async fn start_with_iptables(machines: usize, capacity: u32) -> Fleet {
         let mut fleet =
-            Fleet::start_on(Dockerd::start_with_iptables(), machines, capacity, "").await;
+            Fleet::start_on(Dockerd::start_with_iptables(), machines, capacity, "", None).await;
         let dir = tempfile::tempdir().expect("dir");
         let rootfs = dir.path().join("rootfs.tar");
         std::fs::write(&rootfs, busybox_rootfs_tar()).expect("rootfs");
@@ -108,7 +121,13 @@ impl Fleet {
         fleet
     }
 
-    async fn start_on(docker: Dockerd, machines: usize, capacity: u32, extra: &str) -> Fleet {
+    async fn start_on(
+        docker: Dockerd,
+        machines: usize,
+        capacity: u32,
+        extra: &str,
+        socket: Option<PathBuf>,
+    ) -> Fleet {
         let registry = Registry::start(Mode::Basic).await;
         let host = registry.host();
         // The job image: a FROM-scratch busybox, pushed to the registry and then removed from
@@ -153,8 +172,13 @@ impl Fleet {
             .collect();
         let port = free_port();
         let refs: Vec<&Sshd> = sshds.iter().collect();
-        let text = config(port, &key_file, &refs, capacity, extra)
-            .replace("DOCKER_SOCKET", &docker.socket().display().to_string());
+        let text = config(port, &key_file, &refs, capacity, extra).replace(
+            "DOCKER_SOCKET",
+            &socket
+                .unwrap_or_else(|| docker.socket())
+                .display()
+                .to_string(),
+        );
         let token_file = dir.path().join("token");
         flotilla_test_support::write_secret(&token_file, TOKEN);
         let flotilla = Flotilla::start(dir, &text).await;
