@@ -551,3 +551,42 @@ async fn running_jobs_ride_through_a_kill_9_of_the_host() {
         fleet.assert_clean().await;
     }
 }
+
+/// A host that does not answer at all holds a stage for the restart window only, not for the
+/// acquire timeout, and the job fails as a system failure (which the runner may retry).
+#[test]
+fn a_host_that_never_answers_fails_the_job_after_the_restart_window() {
+    let dir = tempfile::tempdir().expect("dir");
+    let response = dir.path().join("response.json");
+    std::fs::write(&response, r#"{"id": 5, "job_info": {"project_id": 1}}"#).expect("file");
+    let nobody = format!("http://127.0.0.1:{}", common::free_port());
+    for stage in ["prepare", "cleanup"] {
+        let start = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args([
+                "gitlab",
+                "--url",
+                &nobody,
+                "--pool",
+                "ci",
+                "--restart-window",
+                "2s",
+            ])
+            .args(["--acquire-timeout", "10m", stage])
+            .env_clear()
+            .env("JOB_RESPONSE_FILE", &response)
+            .env("CUSTOM_ENV_CI_JOB_IMAGE", "alpine:3")
+            .env("BUILD_FAILURE_EXIT_CODE", "1")
+            .env("SYSTEM_FAILURE_EXIT_CODE", "2")
+            .output()
+            .expect("flotilla gitlab");
+        let took = start.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stage}: {stderr}");
+        assert!(stderr.contains("restart window"), "{stage}: {stderr}");
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_secs(8),
+            "{stage} took {took:?}"
+        );
+    }
+}

@@ -140,10 +140,13 @@ async fn one_project_can_never_reach_another_projects_cache_images_or_job() {
     assert_eq!(victim.stage(&["prepare"]).code, 0);
     let mut forger = fleet.job(908);
     forger.env.remove("JOB_RESPONSE_FILE");
-    for (name, value) in [("CUSTOM_ENV_CI_JOB_ID", "907"), ("CUSTOM_ENV_CI_PROJECT_ID", "77")] {
+    for (name, value) in [
+        ("CUSTOM_ENV_CI_JOB_ID", "907"),
+        ("CUSTOM_ENV_CI_PROJECT_ID", "77"),
+    ] {
         forger.env.insert(name.into(), value.into());
     }
-    let forged = forger.run("build_script", "echo in the victim's container");
+    let forged = forger.run("build_script", "echo inside the victim container");
     assert_eq!(forged.code, 2, "{forged:?}");
     assert!(forged.stderr.contains("JOB_RESPONSE_FILE"), "{forged:?}");
     assert!(!forged.stdout.contains("victim"), "{forged:?}");
