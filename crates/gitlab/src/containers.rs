@@ -497,14 +497,13 @@ pub(crate) async fn bound_caches(docker: &Docker, bounds: CacheBounds, keep: &st
         .len()
         .saturating_sub(bounds.max_volumes.saturating_sub(1));
     for (i, (created, name)) in volumes.iter().enumerate() {
-        if now - *created > max_age || i < beyond {
-            if docker
+        if (now - *created > max_age || i < beyond)
+            && docker
                 .remove_volume(name, None::<RemoveVolumeOptions>)
                 .await
                 .is_ok()
-            {
-                tracing::info!(volume = %name, "removed a project cache volume past its bound");
-            }
+        {
+            tracing::info!(volume = %name, "removed a project cache volume past its bound");
         }
     }
 }

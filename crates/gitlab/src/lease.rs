@@ -173,22 +173,21 @@ pub(crate) async fn acquire(
         match asked.await {
             Ok(instance) => break instance,
             // An earlier try was granted but its answer was lost in a restart.
-            Err(ApiError::Refused { code, .. })
-                if code == crate::api::ErrorCode::AlreadyAcquired =>
-            {
-                match find(api, job, patience).await.map_err(system)? {
-                    Some(LeaseInfo {
-                        state: LeaseState::Acquired { instance, .. },
-                        ..
-                    }) => break instance,
-                    other => {
-                        return Err(system(format!(
-                            "lease {} was acquired, then lost: {other:?}",
-                            lease.id
-                        )));
-                    }
+            Err(ApiError::Refused {
+                code: crate::api::ErrorCode::AlreadyAcquired,
+                ..
+            }) => match find(api, job, patience).await.map_err(system)? {
+                Some(LeaseInfo {
+                    state: LeaseState::Acquired { instance, .. },
+                    ..
+                }) => break instance,
+                other => {
+                    return Err(system(format!(
+                        "lease {} was acquired, then lost: {other:?}",
+                        lease.id
+                    )));
                 }
-            }
+            },
             Err(ApiError::Refused { code, .. })
                 if code == crate::api::ErrorCode::AcquireTimeout
                     && patience.start.elapsed() < patience.acquire_timeout =>
@@ -219,7 +218,10 @@ async fn reserve(api: &ApiClient, job: &Job, patience: Patience) -> Result<Lease
             Ok(lease) => return Ok(lease),
             // The job already has a lease: an earlier try reached the host but its answer was
             // lost in a restart. That lease is the job's.
-            Err(ApiError::Refused { code, .. }) if code == crate::api::ErrorCode::LabelInUse => {
+            Err(ApiError::Refused {
+                code: crate::api::ErrorCode::LabelInUse,
+                ..
+            }) => {
                 match find(api, job, patience).await {
                     Ok(Some(l)) => return Ok(l),
                     Ok(None) => continue, // released meanwhile: reserve again

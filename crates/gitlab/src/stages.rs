@@ -256,10 +256,7 @@ pub async fn cleanup(api: &ApiClient, job: &Job, settings: &DriverSettings) -> O
     let result = match lease.state {
         LeaseState::Reserved => lease::through_restarts(api, patience, || api.unreserve(id)).await,
         LeaseState::Acquired { .. } => {
-            let broken = match remove_on_instance(api, job, id, patience).await {
-                Ok(()) => None,
-                Err(why) => Some(why),
-            };
+            let broken = remove_on_instance(api, job, id, patience).await.err();
             if let Some(why) = &broken {
                 eprintln!("flotilla: {why}; the instance is reported broken and will be replaced");
             }
@@ -274,9 +271,10 @@ pub async fn cleanup(api: &ApiClient, job: &Job, settings: &DriverSettings) -> O
     match result {
         Ok(()) => Outcome::Success,
         // Another cleanup got there first.
-        Err(ApiError::Refused { code, .. }) if code == crate::api::ErrorCode::UnknownLease => {
-            Outcome::Success
-        }
+        Err(ApiError::Refused {
+            code: crate::api::ErrorCode::UnknownLease,
+            ..
+        }) => Outcome::Success,
         Err(e) => system(e),
     }
 }

@@ -332,13 +332,12 @@ impl FileConfig {
         if !token.check(&at, problems) {
             return false;
         }
-        if let (true, SecretSource::File(path)) = (cx.check_files, token.resolved(cx)) {
-            if let Err(why) = flotilla_net::fs::check_secret_file_mode(&path) {
-                if path.exists() {
-                    problems.add(&at, why);
-                    return false;
-                }
-            }
+        if let (true, SecretSource::File(path)) = (cx.check_files, token.resolved(cx))
+            && path.exists()
+            && let Err(why) = flotilla_net::fs::check_secret_file_mode(&path)
+        {
+            problems.add(&at, why);
+            return false;
         }
         true
     }
