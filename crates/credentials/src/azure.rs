@@ -4,7 +4,7 @@
 //! Sources, first match wins:
 //! 1. `client_secret`: the client credentials grant with a secret
 //!    (<https://learn.microsoft.com/en-us/entra/identity-platform/v2-oauth2-client-creds-grant-flow>).
-//! 2. `certificate`: the same grant with a client assertion, a JWT (RS256) signed with the
+//! 2. `certificate`: the same grant with a client assertion, a JWT (PS256, as MSAL signs it) signed with the
 //!    certificate's key and naming it by `x5t#S256`
 //!    (<https://learn.microsoft.com/en-us/entra/identity-platform/certificate-credentials>).
 //! 3. Workload identity (AKS): `federated_token_file` or `AZURE_FEDERATED_TOKEN_FILE`, whose
@@ -26,7 +26,7 @@ use zeroize::Zeroizing;
 
 use super::oauth::{
     Mint, Minted, TokenHandle, Tokens, b64url, endpoint_problems, form_value, now_secs, pem_block,
-    post_form, read_answer, rs256_jws,
+    post_form, ps256_jws, read_answer,
 };
 use super::{CredentialError, SecretSource};
 
@@ -260,9 +260,21 @@ impl Tokens<AzureConfig> {
                             super::aws::without_url(&e)
                         ))
                     })?;
+                // 404 while an identity is being set up, 410 while IMDS upgrades (back within
+                // 70 s), 429 and 5xx: the SDKs retry all of them, so they are failures to try
+                // again, never a refusal that pauses the pool as unauthorized.
+                // <https://learn.microsoft.com/en-us/entra/identity/managed-identities-azure-resources/how-to-use-vm-token#error-handling>
+                let retry = matches!(response.status().as_u16(), 404 | 410 | 429 | 500..=599);
                 read_answer(response, &format!("managed identity endpoint {base}"))
                     .await
-                    .map_err(|a| Mint::answered(credential, a))?
+                    .map_err(|(refused, detail)| {
+                        let detail = if retry {
+                            format!("{detail} (the identity is being set up or IMDS is upgrading; asked again at the next call)")
+                        } else {
+                            detail
+                        };
+                        Mint::answered(credential, (refused && !retry, detail))
+                    })?
             }
         };
         Ok(Minted {
@@ -279,8 +291,12 @@ fn assertion_form(jwt: &str) -> Zeroizing<String> {
     ))
 }
 
-/// The client assertion of the certificate flow: RS256, the certificate's SHA-256 thumbprint
-/// in `x5t#S256`, the token endpoint as `aud`, the client as `iss` and `sub`, ten minutes.
+/// The client assertion of the certificate flow as MSAL makes it today for Entra ID: PS256
+/// with the certificate's SHA-256 thumbprint in `x5t#S256` (base64url), the token endpoint as
+/// `aud`, the client as `iss` and `sub`, ten minutes. (MSAL .NET 4.59.1+ `JsonWebToken.cs`,
+/// MSAL Go 1.4.2+ `accesstokens.go`, MSAL Python 1.30+ `oauth2cli/assertion.py`; RS256 with a
+/// SHA-1 `x5t` is their fallback for ADFS only. The older certificate-credentials page's RS256
+/// with `x5t#S256` is a mix no MSAL sends.)
 fn certificate_assertion(
     pem: &str,
     client_id: &str,
@@ -289,7 +305,7 @@ fn certificate_assertion(
     let cert = pem_block(pem, "CERTIFICATE")?;
     let thumbprint = ring::digest::digest(&ring::digest::SHA256, &cert);
     let header = serde_json::json!({
-        "alg": "RS256",
+        "alg": "PS256",
         "typ": "JWT",
         "x5t#S256": b64url(thumbprint.as_ref()),
     });
@@ -306,7 +322,7 @@ fn certificate_assertion(
         "iat": now,
         "exp": now + ASSERTION_LIFETIME,
     });
-    rs256_jws(&header, &claims, pem)
+    ps256_jws(&header, &claims, pem)
 }
 
 #[cfg(test)]

@@ -328,6 +328,24 @@ pub(crate) fn rs256_jws(
     claims: &serde_json::Value,
     pem: &str,
 ) -> Result<Zeroizing<String>, String> {
+    jws(header, claims, pem, &ring::signature::RSA_PKCS1_SHA256)
+}
+
+/// A compact JWS signed with RSASSA-PSS and SHA-256 (`PS256`) by the PKCS#8 key in `pem`.
+pub(crate) fn ps256_jws(
+    header: &serde_json::Value,
+    claims: &serde_json::Value,
+    pem: &str,
+) -> Result<Zeroizing<String>, String> {
+    jws(header, claims, pem, &ring::signature::RSA_PSS_SHA256)
+}
+
+fn jws(
+    header: &serde_json::Value,
+    claims: &serde_json::Value,
+    pem: &str,
+    algorithm: &'static dyn ring::signature::RsaEncoding,
+) -> Result<Zeroizing<String>, String> {
     let der = pem_block(pem, "PRIVATE KEY")?;
     let pair = ring::signature::RsaKeyPair::from_pkcs8(&der)
         .map_err(|e| format!("the private key is not an RSA PKCS#8 key: {e}"))?;
@@ -338,7 +356,7 @@ pub(crate) fn rs256_jws(
     );
     let mut signature = vec![0; pair.public().modulus_len()];
     pair.sign(
-        &ring::signature::RSA_PKCS1_SHA256,
+        algorithm,
         &ring::rand::SystemRandom::new(),
         signing_input.as_bytes(),
         &mut signature,

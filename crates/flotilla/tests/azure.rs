@@ -147,14 +147,20 @@ async fn flexible_set_grows_to_five_runs_them_and_deletes_the_two_named() {
     contract_cycle(Mode::Flexible).await;
 }
 
-async fn three_pages(mode: Mode) {
-    let (cloud, p) = started(Options {
+async fn three_pages(mode: Mode, https: bool) {
+    let options = Options {
         mode,
         running: 5,
         page_size: 2,
         ..Options::default()
-    })
-    .await;
+    };
+    let cloud = if https {
+        AzureCloud::start_https(options)
+    } else {
+        AzureCloud::start(options)
+    };
+    let p = cloud.provider();
+    must(p.init(&cloud.settings())).await;
     let list = must(p.update()).await;
     let mut ids: Vec<String> = list.iter().map(|i| i.id.clone()).collect();
     ids.sort();
@@ -173,12 +179,71 @@ async fn three_pages(mode: Mode) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uniform_update_follows_next_link_across_three_pages() {
-    three_pages(Mode::Uniform).await;
+    three_pages(Mode::Uniform, false).await;
 }
 
+/// The Flexible list asks with the quoted filter and follows `nextLink`s that carry it raw
+/// (spaces and quotes unencoded, azure-rest-api-specs #25640).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flexible_update_follows_next_link_across_three_pages() {
-    three_pages(Mode::Flexible).await;
+    three_pages(Mode::Flexible, false).await;
+}
+
+/// ARM served on 443 writes `nextLink`s as `https://host:443/...` (azure-sdk-for-go #21296):
+/// the same endpoint as `https://host`, so the list goes on past its first page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_links_that_spell_port_443_are_followed_on_https() {
+    three_pages(Mode::Uniform, true).await;
+    three_pages(Mode::Flexible, true).await;
+}
+
+/// Compute refuses a state conflict with OperationNotAllowed too: that is a conflict to wait
+/// out, not a quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operation_not_allowed_for_a_conflict_is_not_a_quota() {
+    let (cloud, p) = started(options(Mode::Uniform)).await;
+    cloud.conflict_next_scale_out();
+    let e = provider_error(p.increase(1).await);
+    assert!(
+        matches!(&e, ProviderError::Transient(m) if m.contains("marked for deletion")),
+        "{e:?}"
+    );
+    assert_eq!(must(p.increase(1)).await, 1);
+}
+
+/// IMDS answers 404 while a managed identity is being set up and 410 during a host upgrade;
+/// neither is a refusal: the call fails as transient and the next one gets its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imds_404_and_410_are_waited_out_not_taken_as_unauthorized() {
+    let cloud = AzureCloud::start(options(Mode::Uniform));
+    cloud.imds_unready(&[404, 410]);
+    let p = cloud.provider();
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    for status in ["404", "410"] {
+        let e = provider_error(p.init(&cloud.settings()).await);
+        assert!(matches!(&e, ProviderError::Transient(_)), "{status}: {e:?}");
+        assert!(logs.text().contains(status), "{}", logs.text());
+    }
+    must(p.init(&cloud.settings())).await;
+    must(p.update()).await;
+}
+
+/// A throttling window close to empty is said in the log before Compute starts refusing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nearly_spent_throttling_windows_are_reported() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let (cloud, p) = started(options(Mode::Uniform)).await;
+    must(p.update()).await;
+    assert!(!logs.text().contains("nearly spent"), "{}", logs.text());
+    cloud.remaining_calls(3);
+    must(p.update()).await;
+    let text = logs.text();
+    assert!(
+        text.contains("nearly spent") && text.contains("HighCostGet3Min: 3 left"),
+        "{text}"
+    );
 }
 
 /// Azure-AsyncOperation for the scale-out, Location only for the delete: both are followed
@@ -263,7 +328,7 @@ async fn a_quota_error_on_scale_out_is_quota_exceeded() {
     cloud.quota_on_scale_out(true);
     let e = provider_error(p.increase(3).await);
     assert!(
-        matches!(&e, ProviderError::QuotaExceeded(m) if m.contains("QuotaExceeded")),
+        matches!(&e, ProviderError::QuotaExceeded(m) if m.contains("OperationNotAllowed") && m.contains("quota")),
         "{e:?}"
     );
     assert_eq!(cloud.capacity(), 0);

@@ -2,8 +2,10 @@
 //! (no emulator exists for Entra ID or the instance metadata service):
 //! - the token endpoint of the client credentials grant
 //!   (<https://learn.microsoft.com/en-us/entra/identity-platform/v2-oauth2-client-creds-grant-flow>)
-//!   checks the secret, verifies a certificate assertion's RS256 signature with the public key
-//!   taken from the certificate and its `x5t#S256` against the certificate
+//!   checks the secret, verifies a certificate assertion's PS256 signature with the public key
+//!   taken from the certificate and its `x5t#S256` against the certificate, as MSAL sends it
+//!   today for Entra ID (MSAL .NET 4.59.1+ `JsonWebToken.cs`, MSAL Go 1.4.2+, MSAL Python
+//!   1.30+); RS256, or a SHA-1 `x5t`, is refused here, as a mix no current client sends
 //!   (<https://learn.microsoft.com/en-us/entra/identity-platform/certificate-credentials>),
 //!   and checks a federated token against the file's;
 //! - the managed identity endpoint answers only with `Metadata: true`
@@ -165,7 +167,7 @@ async fn entra(public_key: Vec<u8>, cert_der: Vec<u8>) -> Entra {
                         return Err(("invalid_client", "AADSTS50027: Invalid JWT token".into()));
                     }
                     ring::signature::UnparsedPublicKey::new(
-                        &ring::signature::RSA_PKCS1_2048_8192_SHA256,
+                        &ring::signature::RSA_PSS_2048_8192_SHA256,
                         &public_key,
                     )
                     .verify(format!("{}.{}", parts[0], parts[1]).as_bytes(), &b64d(parts[2]))
@@ -176,7 +178,8 @@ async fn entra(public_key: Vec<u8>, cert_der: Vec<u8>) -> Entra {
                         .encode(ring::digest::digest(&ring::digest::SHA256, &cert_der));
                     let (nbf, exp) = (claims["nbf"].as_u64().unwrap_or(0), claims["exp"].as_u64().unwrap_or(0));
                     for (ok, what) in [
-                        (header["alg"] == "RS256", "alg"),
+                        (header["alg"] == "PS256", "alg"),
+                        (header.get("x5t").is_none(), "x5t (SHA-1)"),
                         (header["x5t#S256"] == thumbprint.as_str(), "x5t#S256"),
                         (claims["aud"] == endpoint.as_str(), "aud"),
                         (claims["iss"] == CLIENT && claims["sub"] == CLIENT, "iss/sub"),

@@ -113,6 +113,13 @@ struct Knobs {
     fail_next_operation: Option<(String, String)>,
     location_only: bool,
     fail_delete_of: HashSet<String>,
+    /// Remaining calls Compute reports in its throttling windows.
+    remaining: Option<u32>,
+    /// Token requests IMDS answers with this status before it serves tokens (an identity
+    /// being set up answers 404, a host upgrade 410).
+    imds_unready: Vec<u16>,
+    /// The next scale-out is refused as a state conflict (OperationNotAllowed, 409).
+    conflict: bool,
 }
 
 #[derive(Debug)]
@@ -131,6 +138,10 @@ struct Cloud {
 
 pub struct AzureCloud {
     pub endpoint: String,
+    /// The managed-identity endpoint (plain HTTP, as IMDS is).
+    pub imds: String,
+    /// The CA to trust when `endpoint` is HTTPS.
+    pub ca: Option<rustls::pki_types::CertificateDer<'static>>,
     cloud: Arc<Mutex<Cloud>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -174,6 +185,17 @@ fn query(uri: &hyper::Uri) -> Vec<(String, String)> {
 impl AzureCloud {
     /// Starts the server on its own thread and runtime, so any test flavour can drive it.
     pub fn start(options: Options) -> AzureCloud {
+        AzureCloud::launch(options, false)
+    }
+
+    /// Like [`AzureCloud::start`], ARM served as the real one is: HTTPS on port 443, so the
+    /// endpoint is `https://127.0.0.N` and its `nextLink`s spell `:443` as ARM's do. IMDS
+    /// stays plain HTTP on a port of its own.
+    pub fn start_https(options: Options) -> AzureCloud {
+        AzureCloud::launch(options, true)
+    }
+
+    fn launch(options: Options, https: bool) -> AzureCloud {
         let cloud = Arc::new(Mutex::new(Cloud {
             capacity: 0,
             vms: Vec::new(),
@@ -195,17 +217,26 @@ impl AzureCloud {
                 .build()
                 .expect("a runtime for the fake cloud");
             rt.block_on(async move {
-                let addr = crate::serve::serve_http(move |req: Request<Incoming>| {
+                let handler = move |req: Request<Incoming>| {
                     let cloud = shared.clone();
                     async move { Ok::<_, Infallible>(handle(cloud, req).await) }
-                })
-                .await;
-                addr_tx.send(addr).expect("the starting test waits");
+                };
+                let addr = crate::serve::serve_http(handler.clone()).await;
+                let tls = if https {
+                    Some(crate::serve::serve_https_443(handler).await)
+                } else {
+                    None
+                };
+                addr_tx.send((addr, tls)).expect("the starting test waits");
                 let _ = stop_rx.await; // dropped sender: stop as well
             });
         });
-        let addr = addr_rx.recv().expect("the fake cloud's address");
-        let endpoint = format!("http://{addr}");
+        let (addr, tls) = addr_rx.recv().expect("the fake cloud's address");
+        let imds = format!("http://{addr}");
+        let (endpoint, ca) = match tls {
+            Some((ip, ca)) => (format!("https://{ip}"), Some(ca)),
+            None => (imds.clone(), None),
+        };
         {
             let mut c = cloud.lock().unwrap();
             c.base = endpoint.clone();
@@ -217,6 +248,8 @@ impl AzureCloud {
         }
         AzureCloud {
             endpoint,
+            imds,
+            ca,
             cloud,
             stop: Some(stop_tx),
         }
@@ -291,6 +324,21 @@ impl AzureCloud {
         self.with(|c| c.knobs.location_only = on)
     }
     /// A Delete Instances request naming `id` fails with 409.
+    /// Compute reports `left` calls remaining in its 3-minute window from now on.
+    pub fn remaining_calls(&self, left: u32) {
+        self.with(|c| c.knobs.remaining = Some(left));
+    }
+
+    /// The next token requests get these statuses from IMDS, one each, before it serves.
+    pub fn imds_unready(&self, statuses: &[u16]) {
+        self.with(|c| c.knobs.imds_unready = statuses.to_vec());
+    }
+
+    /// The next scale-out is refused as a state conflict.
+    pub fn conflict_next_scale_out(&self) {
+        self.with(|c| c.knobs.conflict = true);
+    }
+
     pub fn fail_delete_of(&self, id: &str) {
         self.with(|c| c.knobs.fail_delete_of.insert(id.to_string()));
     }
@@ -339,7 +387,7 @@ impl AzureCloud {
         Credential {
             name: "azure".into(),
             kind: CredentialKind::Azure(AzureHandle::new(AzureConfig {
-                imds_endpoint: Some(self.endpoint.clone()),
+                imds_endpoint: Some(self.imds.clone()),
                 ..AzureConfig::default()
             })),
             hosts: AllowList::parse(&[self.endpoint.as_str()]).unwrap(),
@@ -364,11 +412,41 @@ impl AzureCloud {
         sandbox.egress.allow = allow;
         sandbox.egress.allowed_ip_ranges = vec!["127.0.0.0/8".parse().unwrap()];
         sandbox.egress.credentials = vec![credential];
+        sandbox.egress.extra_roots.extend(self.ca.clone());
         sandbox
     }
 }
 
 impl Cloud {
+    /// The scheme and authority ARM writes into `nextLink`s: with the port spelled out, even
+    /// the default one (`https://management.azure.com:443/...`, azure-sdk-for-go #21296,
+    /// azure-sdk-for-java #36506).
+    fn next_link_base(&self) -> String {
+        match self.base.strip_prefix("https://") {
+            Some(host) if !host.contains(':') => format!("https://{host}:443"),
+            _ => self.base.clone(),
+        }
+    }
+
+    /// Compute's remaining-request counts on a read: the resource provider's windows and the
+    /// subscription's (request-limits-and-throttling; troubleshooting-throttling-errors).
+    fn ratelimit_headers(&self) -> Vec<(&'static str, String)> {
+        let left = self.knobs.remaining.unwrap_or(107);
+        vec![
+            (
+                "x-ms-ratelimit-remaining-resource",
+                format!(
+                    "Microsoft.Compute/HighCostGet3Min;{left},Microsoft.Compute/HighCostGet30Min;{}",
+                    left * 9 + 44
+                ),
+            ),
+            (
+                "x-ms-ratelimit-remaining-subscription-reads",
+                "11999".into(),
+            ),
+        ]
+    }
+
     fn add_vm(&mut self, created: Instant) -> String {
         let index = self.next_index;
         self.next_index += 1;
@@ -529,6 +607,22 @@ async fn imds(cloud: &Arc<Mutex<Cloud>>, req: &Request<Incoming>) -> Response<Fu
     // A mint takes a moment, as the real one does, so concurrent callers overlap.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut c = cloud.lock().unwrap();
+    // While a managed identity is being set up IMDS answers 404, during a host upgrade 410
+    // ("Identity not found" / "IMDS is updating"); the SDKs retry both for at least 70 s
+    // (how-to-use-vm-token#error-handling; azure-identity's ManagedIdentityCredential).
+    if !c.knobs.imds_unready.is_empty() {
+        let status = c.knobs.imds_unready.remove(0);
+        let description = if status == 410 {
+            "IMDS is currently upgrading; retry later."
+        } else {
+            "Identity not found"
+        };
+        return respond(
+            status,
+            &json!({"error": "invalid_request", "error_description": description}),
+            &[],
+        );
+    }
     c.mints += 1;
     let nonce = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -867,6 +961,17 @@ fn scale_set(
 /// One page of a list, with a `nextLink` carrying `$skiptoken` when more follow.
 /// <https://learn.microsoft.com/en-us/rest/api/compute/virtual-machine-scale-set-vms/list#virtualmachinescalesetvmlistresult>
 fn page(c: &Cloud, items: Vec<Value>, q: &[(String, String)], path: &str) -> Answer {
+    page_with(c, items, q, path, false)
+}
+
+/// [`page`], with the `$filter` written raw into the `nextLink` when `raw_filter`.
+fn page_with(
+    c: &Cloud,
+    items: Vec<Value>,
+    q: &[(String, String)],
+    path: &str,
+    raw_filter: bool,
+) -> Answer {
     let skip: usize = q
         .iter()
         .find(|(k, _)| k == "$skiptoken")
@@ -879,12 +984,18 @@ fn page(c: &Cloud, items: Vec<Value>, q: &[(String, String)], path: &str) -> Ans
         let mut query: Vec<String> = q
             .iter()
             .filter(|(k, _)| k != "$skiptoken")
-            .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
+            .map(|(k, v)| {
+                if raw_filter && k == "$filter" {
+                    format!("$filter={v}")
+                } else {
+                    format!("{}={}", enc(k), enc(v))
+                }
+            })
             .collect();
         query.push(format!("%24skiptoken={}", skip + size));
-        out["nextLink"] = json!(format!("{}{path}?{}", c.base, query.join("&")));
+        out["nextLink"] = json!(format!("{}{path}?{}", c.next_link_base(), query.join("&")));
     }
-    respond(200, &out, &[])
+    respond(200, &out, &c.ratelimit_headers())
 }
 
 /// The scale set as Get returns it.
@@ -928,10 +1039,21 @@ fn update(c: &mut Cloud, body: &Value) -> Answer {
         );
     };
     let target = target as u32;
+    // Compute refuses both a quota and a state conflict with the code OperationNotAllowed;
+    // only the message tells them apart (troubleshoot/azure/virtual-machines error messages).
+    if std::mem::take(&mut c.knobs.conflict) && target > c.capacity {
+        return error(
+            409,
+            "OperationNotAllowed",
+            &format!(
+                "The operation 'Microsoft.Compute/virtualMachineScaleSets/write' is not allowed on VM scale set '{SET}' since it is marked for deletion. You can only retry the Delete operation (or wait for an ongoing one to complete)."
+            ),
+        );
+    }
     if c.knobs.quota && target > c.capacity {
         return error(
             409,
-            "QuotaExceeded",
+            "OperationNotAllowed",
             "Operation could not be completed as it results in exceeding approved standardDSv3Family Cores quota. Additional details - Deployment Model: Resource Manager, Location: westeurope, Current Limit: 10, Current Usage: 8, Additional Required: 4, (Minimum) New Limit Required: 12.",
         );
     }
@@ -1173,14 +1295,17 @@ fn flexible_list(c: &Cloud, q: &[(String, String)], path: &str) -> Answer {
         .find(|(k, _)| k == "$filter")
         .map(|(_, v)| v.clone());
     let expand = q.iter().any(|(k, v)| k == "$expand" && v == "instanceView");
-    let wanted = format!("virtualMachineScaleSet/id eq '{}'", AzureCloud::set_id());
+    // The property is quoted, as the spec's example (VirtualMachines_ListAll with
+    // `'virtualMachineScaleSet/id' eq '...'`) and every caller write it (azure-cli #24609, the
+    // Compute .NET tests, CAPZ); the unquoted form is refused with BadRequest on 2024-07-01.
+    let wanted = format!("'virtualMachineScaleSet/id' eq '{}'", AzureCloud::set_id());
     let filtered = match &filter {
         Some(f) if f.eq_ignore_ascii_case(&wanted) => true,
         Some(f) => {
             return error(
                 400,
-                "InvalidParameter",
-                &format!("The value of parameter $filter is invalid: {f}"),
+                "BadRequest",
+                &format!("Invalid $filter '{f}' specified in the request."),
             );
         }
         None if expand => {
@@ -1203,7 +1328,9 @@ fn flexible_list(c: &Cloud, q: &[(String, String)], path: &str) -> Answer {
     if !filtered {
         items.push(json!({"name": "build-box", "id": format!("/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/Microsoft.Compute/virtualMachines/build-box"), "type": "Microsoft.Compute/virtualMachines", "location": LOCATION, "properties": {"provisioningState": "Succeeded"}}));
     }
-    page(c, items, q, path)
+    // The filtered list's nextLink has carried the filter unencoded, spaces and quotes
+    // included (azure-rest-api-specs #25640).
+    page_with(c, items, q, path, filtered)
 }
 
 fn ip_configuration(nic: &str, pip: &str, vm: &Vm) -> Value {

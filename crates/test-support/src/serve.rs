@@ -102,3 +102,61 @@ pub fn form(body: &[u8]) -> Vec<(String, String)> {
         .map(|(k, v)| (decode(k), decode(v)))
         .collect()
 }
+
+/// Serves `handler` over HTTPS on port 443 (the scheme's default, so URLs may leave it out or
+/// spell it) of a loopback address of its own, `127.0.0.N`, with a certificate for that
+/// address from a fresh CA. Returns the address and the CA certificate to trust.
+pub async fn serve_https_443<S, F, B>(
+    handler: S,
+) -> (
+    std::net::Ipv4Addr,
+    rustls::pki_types::CertificateDer<'static>,
+)
+where
+    S: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut bound = None;
+    for n in 20..=250u8 {
+        let ip = std::net::Ipv4Addr::new(127, 0, 0, n);
+        if let Ok(listener) = tokio::net::TcpListener::bind((ip, 443)).await {
+            bound = Some((ip, listener));
+            break;
+        }
+    }
+    let (ip, listener) = bound.expect("a loopback address with port 443 free (tests run as root)");
+    let ca_key = rcgen::KeyPair::generate().expect("a CA key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).expect("a CA");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let cert = rcgen::CertificateParams::new(vec![ip.to_string()])
+        .expect("params")
+        .signed_by(&key, &issuer)
+        .expect("a certificate");
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .expect("a TLS config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(stream).await {
+                    serve_connection(tls, handler);
+                }
+            });
+        }
+    });
+    (ip, ca_cert.der().clone())
+}

@@ -81,6 +81,69 @@ pub fn encode(value: &str) -> String {
     out
 }
 
+/// Scheme, host (lowercased) and port (the scheme's default when absent) of `url`, and what
+/// follows the authority; `None` when it is not an `http(s)` URL with a plain host.
+fn origin(url: &str) -> Option<((String, String, u16), &str)> {
+    let (scheme, after) = url.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default = match scheme.as_str() {
+        "https" => 443,
+        "http" => 80,
+        _ => return None,
+    };
+    let end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    let (authority, rest) = after.split_at(end);
+    if authority.contains('@') || authority.is_empty() {
+        return None;
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        // An IPv6 literal's colons are inside its brackets.
+        Some((host, port)) if !port.contains(']') => (host, port.parse::<u16>().ok()?),
+        _ => (authority, default),
+    };
+    Some(((scheme, host.to_ascii_lowercase(), port), rest))
+}
+
+/// `text` with every byte a URI may not hold raw percent-encoded (spaces, quotes, `<>\^`{|}`,
+/// controls, non-ASCII); what is already encoded, and the URI's own delimiters, stay.
+fn encode_raw(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        let allowed = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b':'
+                    | b'/'
+                    | b'?'
+                    | b'#'
+                    | b'['
+                    | b']'
+                    | b'@'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b'%'
+            );
+        if allowed {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// An ARM error (`{"error": {"code", "message"}}`), classified by status and code.
 /// <https://learn.microsoft.com/en-us/azure/azure-resource-manager/management/common-deployment-errors>
 /// <https://learn.microsoft.com/en-us/azure/azure-resource-manager/management/request-limits-and-throttling>
@@ -120,6 +183,10 @@ fn classify_code(
         // The host refreshes tokens well before they expire; one that expired on the way is
         // replaced by the next request's.
         "ExpiredAuthenticationToken" => Error::Transient(what),
+        // Compute also says OperationNotAllowed for a state conflict ("... is not allowed since
+        // the Virtual Machine Scale Set is being deleted"); only its quota message is a quota.
+        // <https://learn.microsoft.com/en-us/troubleshoot/azure/virtual-machines/windows/error-messages>
+        "OperationNotAllowed" if !mentions_quota(message) => Error::Transient(what),
         "QuotaExceeded"
         | "OperationNotAllowed"
         | "AllocationFailed"
@@ -136,6 +203,44 @@ fn classify_code(
     }
 }
 
+/// Whether an `OperationNotAllowed` message is about quota ("Operation could not be completed
+/// as it results in exceeding approved standardDSv3Family Cores quota").
+fn mentions_quota(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("quota") || lower.contains("exceeding approved")
+}
+
+/// ARM's remaining-request counts (`x-ms-ratelimit-remaining-resource:
+/// Microsoft.Compute/HighCostGet3Min;107,Microsoft.Compute/HighCostGet30Min;1007`, and
+/// `x-ms-ratelimit-remaining-subscription-reads: 11999`): the windows close to empty.
+/// <https://learn.microsoft.com/en-us/azure/azure-resource-manager/management/request-limits-and-throttling>
+/// <https://learn.microsoft.com/en-us/troubleshoot/azure/virtual-machines/windows/troubleshooting-throttling-errors>
+fn low_windows(resource: Option<&str>, reads: Option<&str>, writes: Option<&str>) -> Vec<String> {
+    let mut low = Vec::new();
+    for entry in resource.unwrap_or_default().split(',') {
+        if let Some((policy, left)) = entry.trim().rsplit_once(';')
+            && let Ok(left) = left.trim().parse::<u32>()
+            && left < LOW_REMAINING
+        {
+            low.push(format!("{policy}: {left} left"));
+        }
+    }
+    for (name, value) in [
+        ("subscription reads", reads),
+        ("subscription writes", writes),
+    ] {
+        if let Some(left) = value.and_then(|v| v.trim().parse::<u32>().ok())
+            && left < LOW_REMAINING
+        {
+            low.push(format!("{name}: {left} left"));
+        }
+    }
+    low
+}
+
+/// Fewer remaining requests than this in a throttling window is reported.
+const LOW_REMAINING: u32 = 10;
+
 impl Arm {
     /// `endpoint` + `path` + `?api-version=…` + the query pairs (values encoded here).
     pub fn url(&self, path: &str, api_version: &str, query: &[(&str, &str)]) -> String {
@@ -149,18 +254,26 @@ impl Arm {
         url
     }
 
-    /// A URL the cloud handed back (`nextLink`, `Azure-AsyncOperation`, `Location`): followed
-    /// only on the configured endpoint, so the credential never travels elsewhere.
-    fn own(&self, action: &str, url: &str) -> Result<(), Error> {
-        let rest = url.strip_prefix(self.endpoint.as_str());
-        if rest.is_some_and(|r| r.starts_with('/')) {
-            Ok(())
-        } else {
-            Err(Error::Other(cap(format!(
+    /// A URL the cloud handed back (`nextLink`, `Azure-AsyncOperation`, `Location`), to follow:
+    /// only on the configured endpoint (scheme, host and port compared as parsed, the scheme's
+    /// default port implied), so the credential never travels elsewhere; spelled as the
+    /// endpoint is (ARM writes `https://management.azure.com:443/...`: azure-sdk-for-go
+    /// #21296, azure-sdk-for-java #36506), and with the characters a URI may not hold raw
+    /// (the filtered VM list has returned spaces and quotes: azure-rest-api-specs #25640)
+    /// percent-encoded.
+    fn own(&self, action: &str, url: &str) -> Result<String, Error> {
+        let outside = || {
+            Error::Other(cap(format!(
                 "{action}: the answer points at {url}, outside {}",
                 self.endpoint
-            ))))
+            )))
+        };
+        let (theirs, rest) = origin(url).ok_or_else(outside)?;
+        let (ours, _) = origin(&self.endpoint).ok_or_else(outside)?;
+        if theirs != ours || !(rest.is_empty() || rest.starts_with('/') || rest.starts_with('?')) {
+            return Err(outside());
         }
+        Ok(format!("{}{}", self.endpoint, encode_raw(rest)))
     }
 
     /// GETs one resource: its JSON.
@@ -190,15 +303,19 @@ impl Arm {
                     "{action}: more than {MAX_PAGES} pages"
                 )));
             }
-            let mut page = self.get(action, &url)?;
+            // A link the cloud wrote that the client still cannot send is the cloud's fault,
+            // not the operator's: never `invalid-config`, which would pause the pool.
+            let mut page = match self.get(action, &url) {
+                Err(Error::InvalidConfig(why)) if pages > 1 => return Err(Error::Other(why)),
+                other => other?,
+            };
             if let Some(Value::Array(items)) = page.get_mut("value").map(Value::take) {
                 out.extend(items);
             }
             if let Some(link) = page.get("nextLink").and_then(Value::as_str)
                 && !link.is_empty()
             {
-                self.own(action, link)?;
-                next = Some(link.to_string());
+                next = Some(self.own(action, link)?);
             }
         }
         Ok(out)
@@ -235,7 +352,7 @@ impl Arm {
             (None, Some(url)) if first.status == 202 => (url.clone(), false),
             _ => return Ok(Outcome::Done),
         };
-        self.own(action, &url)?;
+        let url = self.own(action, &url)?;
         let mut retry_after = first.retry_after;
         loop {
             let delay = retry_after.map_or(DEFAULT_POLL_DELAY, |s| {
@@ -299,6 +416,20 @@ impl Arm {
         };
         let header = |name: &str| response.header(name).map(str::to_string);
         let retry_after = header("retry-after").and_then(|v| v.trim().parse::<u32>().ok());
+        let low = low_windows(
+            response.header("x-ms-ratelimit-remaining-resource"),
+            response.header("x-ms-ratelimit-remaining-subscription-reads"),
+            response.header("x-ms-ratelimit-remaining-subscription-writes"),
+        );
+        if !low.is_empty() {
+            crate::flotilla::provider::log::emit(
+                crate::flotilla::provider::log::Level::Warn,
+                &cap(format!(
+                    "{action}: ARM throttling windows nearly spent ({}); calls will be refused with 429 soon",
+                    low.join(", ")
+                )),
+            );
+        }
         let async_operation = header("azure-asyncoperation");
         let location = header("location");
         let (status, body) = response

@@ -202,7 +202,10 @@ impl ScaleSet {
             }
             // <https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/list>
             Mode::Flexible => {
-                let filter = format!("virtualMachineScaleSet/id eq '{}'", self.id);
+                // The property is quoted, as the spec's examples and every caller write it
+                // (azure-cli #24609, the Compute .NET tests, CAPZ); the unquoted form is
+                // refused with BadRequest on 2024-07-01.
+                let filter = format!("'virtualMachineScaleSet/id' eq '{}'", self.id);
                 let url = self.arm.url(
                     &format!(
                         "{}/providers/Microsoft.Compute/virtualMachines",
