@@ -195,11 +195,17 @@ async fn lists_page_and_operations_are_followed_to_done() {
         3,
         "three polls until DONE"
     );
+    // PAGELESS, the groups' default: one answer, whatever maxResults says.
     cloud.with(|s| {
         s.operation_polls = 0;
         s.page_size = 2;
     });
     let ids = until_running(&p, 5).await;
+    let before = calls(&cloud, "/listManagedInstances");
+    assert_eq!(must(p.update()).await.len(), 5);
+    assert_eq!(calls(&cloud, "/listManagedInstances") - before, 1);
+    // PAGINATED: every page.
+    cloud.with(|s| s.list_results = "PAGINATED");
     let before = calls(&cloud, "/listManagedInstances");
     let list = must(p.update()).await;
     assert_eq!(calls(&cloud, "/listManagedInstances") - before, 3);
@@ -224,8 +230,8 @@ async fn lists_page_and_operations_are_followed_to_done() {
     );
 }
 
-/// 429 with `Retry-After` is `throttled` with those seconds, and a missing permission is
-/// `unauthorized` naming it.
+/// Compute's rate quota (403 `rateLimitExceeded`, no `Retry-After`) is `throttled` for the
+/// minute Google says to wait, and a missing permission is `unauthorized` naming it.
 #[tokio::test(flavor = "current_thread")]
 async fn throttling_and_permission_errors_are_typed() {
     let cloud = GcpCloud::start(true).await;
@@ -236,7 +242,7 @@ async fn throttling_and_permission_errors_are_typed() {
     let ProviderError::Throttled { retry_after, .. } = e else {
         panic!("{e:?}")
     };
-    assert_eq!(retry_after, Duration::from_secs(7));
+    assert_eq!(retry_after, Duration::from_secs(60));
 
     cloud.with(|s| {
         s.denied
@@ -328,9 +334,9 @@ async fn bad_settings_an_autoscaler_and_a_missing_group_are_refused_at_init() {
     assert!(matches!(e, ProviderError::NotFound(_)), "{e:?}");
 }
 
-/// Under the real scaler: after a 429 with `Retry-After: 2` nothing reaches the API for 2 s
-/// (updates run every 300 ms otherwise); a missing permission pauses scale-up with the
-/// permission named, while updates go on.
+/// Under the real scaler: after a rate-quota refusal no update reaches the API (they run every
+/// 300 ms otherwise); a missing permission pauses scale-up with the permission named, while
+/// updates go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scaler_waits_out_retry_after_and_pauses_on_a_missing_permission() {
     let cloud = GcpCloud::start(false).await;
@@ -367,8 +373,13 @@ async fn the_scaler_waits_out_retry_after_and_pauses_on_a_missing_permission() {
         "updates go on while scale-up is paused"
     );
 
-    // Throttled: the next request after the 429 comes no sooner than Retry-After.
-    cloud.with(|s| s.throttle_next = Some(2));
+    // The permission is granted again: the pool scales up without a restart.
+    cloud.with(|s| s.denied.clear());
+    wait_until(&pool, || cloud.target_size() > 0).await;
+
+    // Throttled by the rate quota (403, no Retry-After): no update for the minute Google says
+    // to wait; here, none within 2.5 s, where updates came every 300 ms.
+    cloud.with(|s| s.throttle_next = Some(0));
     let start = Instant::now();
     let throttled_at = loop {
         let at = cloud.with(|s| s.throttled_at);
@@ -379,22 +390,13 @@ async fn the_scaler_waits_out_retry_after_and_pauses_on_a_missing_permission() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let next = cloud
+    let updates_since = cloud
         .seen()
         .iter()
-        .filter(|s| s.path.starts_with("/compute/") && s.at > throttled_at)
-        .map(|s| s.at)
-        .min()
-        .expect("calls resume after Retry-After");
-    assert!(
-        next.duration_since(throttled_at) >= Duration::from_millis(1_950),
-        "the next call came {:?} after the 429",
-        next.duration_since(throttled_at)
-    );
+        .filter(|s| s.path.ends_with("/listManagedInstances") && s.at > throttled_at)
+        .count();
+    assert_eq!(updates_since, 0, "updates waited out the rate quota");
 
-    // The permission is granted again: the pool scales up without a restart.
-    cloud.with(|s| s.denied.clear());
-    wait_until(&pool, || cloud.target_size() > 0).await;
     pool.shutdown(Duration::from_secs(1), false).await;
 }
 
@@ -524,4 +526,112 @@ async fn the_conformance_kit_passes_with_provisioning() {
             report.render()
         );
     }
+}
+
+/// A resize is DONE once scheduled; when Compute cannot create the instances (a quota, a
+/// zone out of capacity) the errors show only per instance, in `lastAttempt`, while the group
+/// retries for ever. Those instances are reported failed (not awaited), and scale-up answers
+/// `quota-exceeded` so the scaler backs off.
+#[tokio::test(flavor = "current_thread")]
+async fn instances_compute_cannot_create_are_failed_and_scale_up_backs_off() {
+    for (code, message) in [
+        (
+            "QUOTA_EXCEEDED",
+            "Instance '{instance}' creation failed: Quota 'N2D_CPUS' exceeded. Limit: 500.0 in region us-central1.",
+        ),
+        (
+            "ZONE_RESOURCE_POOL_EXHAUSTED",
+            "Instance '{instance}' creation failed: The zone 'projects/ci-project-1/zones/us-central1-a' does not have enough resources available to fulfill the request.  Try a different zone, or try again later.",
+        ),
+    ] {
+        let cloud = GcpCloud::start(false).await;
+        let p = cloud.provider(cloud.credential());
+        must(p.init(&cloud.settings(8))).await;
+        cloud.with(|s| s.creation_error = Some((code.into(), message.into())));
+        assert_eq!(
+            must(p.increase(2)).await,
+            2,
+            "the resize itself is accepted"
+        );
+        let list = must(p.update()).await;
+        assert_eq!(list.len(), 2, "{list:?}");
+        for i in &list {
+            assert!(
+                matches!(&i.state, InstanceState::Failed(why) if why.contains(code)),
+                "{code}: {i:?}"
+            );
+        }
+        let e = provider_error(p.increase(1).await);
+        assert!(
+            matches!(&e, ProviderError::QuotaExceeded(m) if m.contains(code)),
+            "{code}: {e:?}"
+        );
+        assert_eq!(
+            cloud.target_size(),
+            2,
+            "no resize while the group cannot create"
+        );
+    }
+}
+
+/// REFRESHING applies configuration without stopping the instance: a busy VM is not failed.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refreshing_instance_keeps_running() {
+    let cloud = GcpCloud::start(false).await;
+    let p = cloud.provider(cloud.credential());
+    must(p.init(&cloud.settings(4))).await;
+    assert_eq!(must(p.increase(2)).await, 2);
+    let ids = until_running(&p, 2).await;
+    cloud.refresh(&ids[0]);
+    let list = must(p.update()).await;
+    let refreshed = list.iter().find(|i| i.id == ids[0]).expect("listed");
+    assert_eq!(refreshed.state, InstanceState::Running, "{list:?}");
+}
+
+/// An autoscaler in mode OFF stays attached and no longer sizes the group: `init` accepts it,
+/// as its refusal of an active one says to do. A zonal group holds at most 1,000 VMs.
+#[tokio::test(flavor = "current_thread")]
+async fn an_autoscaler_in_mode_off_is_accepted_and_zonal_groups_stop_at_1000() {
+    let cloud = GcpCloud::start(false).await;
+    let p = cloud.provider(cloud.credential());
+    cloud.with(|s| {
+        s.autoscaler = Some(format!(
+            "https://www.googleapis.com/compute/v1/projects/ci-project-1/zones/{ZONE}/autoscalers/ci-runners-as"
+        ));
+        s.autoscaler_mode = "ON".into();
+    });
+    let e = provider_error(p.init(&cloud.settings(4)).await);
+    assert!(
+        matches!(&e, ProviderError::InvalidConfig(m) if m.contains("mode ON") && m.contains("set its mode to OFF")),
+        "{e:?}"
+    );
+    cloud.with(|s| s.autoscaler_mode = "OFF".into());
+    must(p.init(&cloud.settings(4))).await;
+    let e = provider_error(p.init(&cloud.settings(1500)).await);
+    assert!(
+        matches!(&e, ProviderError::InvalidConfig(m) if m.contains("1-1000")),
+        "{e:?}"
+    );
+    let regional = GcpCloud::start(true).await;
+    let p = regional.provider(regional.credential());
+    must(p.init(&regional.settings(1500))).await;
+}
+
+/// An operation refused for too many operations on one resource is throttled, not `other`.
+#[tokio::test(flavor = "current_thread")]
+async fn a_resource_operation_rate_refusal_is_throttled() {
+    let cloud = GcpCloud::start(false).await;
+    let p = cloud.provider(cloud.credential());
+    must(p.init(&cloud.settings(4))).await;
+    cloud.with(|s| {
+        s.fail_next_operation = Some((
+            "RESOURCE_OPERATION_RATE_EXCEEDED".into(),
+            "Operation rate exceeded for resource 'projects/ci-project-1/zones/us-central1-a/instanceGroupManagers/ci-runners'. Too frequent operations from the source resource.".into(),
+        ))
+    });
+    let e = provider_error(p.increase(1).await);
+    assert!(
+        matches!(e, ProviderError::Throttled { retry_after, .. } if retry_after >= Duration::from_secs(30)),
+        "{e:?}"
+    );
 }

@@ -68,9 +68,18 @@ pub struct State {
     pub regional: bool,
     pub target_size: u32,
     pub autoscaler: Option<String>,
+    /// The attached autoscaler's `autoscalingPolicy.mode` (`ON`, `ONLY_SCALE_OUT`, `OFF`).
+    pub autoscaler_mode: String,
     pub instances: Vec<FakeInstance>,
+    /// `listManagedInstancesResults`: `PAGELESS` (the default: `maxResults` and `pageToken`
+    /// ignored, every instance in one answer) or `PAGINATED`.
+    pub list_results: &'static str,
+    /// New instances cannot be created: they stay CREATING with this `(code, message)` in
+    /// `lastAttempt.errors`, while the group retries for ever and the resize was DONE.
+    pub creation_error: Option<(String, String)>,
     next_instance: u64,
-    /// `listManagedInstances` pages at most this many, whatever the caller asks.
+    /// In PAGINATED mode, `listManagedInstances` pages at most this many, whatever the
+    /// caller asks.
     pub page_size: usize,
     /// How long a new instance stays CREATING, and a deleted one DELETING.
     pub settle: Duration,
@@ -80,9 +89,10 @@ pub struct State {
     next_operation: u64,
     /// The next operation ends DONE with this `(code, message)` error.
     pub fail_next_operation: Option<(String, String)>,
-    /// The next Compute call answers 429 with this `Retry-After`.
+    /// The next Compute call is refused by the per-minute rate quota (403
+    /// `rateLimitExceeded`, no `Retry-After`) when `Some`; the number is ignored.
     pub throttle_next: Option<u32>,
-    /// When the last 429 was sent.
+    /// When the last rate-limit refusal was sent.
     pub throttled_at: Option<Instant>,
     /// IAM permissions the caller lacks.
     pub denied: HashSet<String>,
@@ -108,7 +118,10 @@ impl GcpCloud {
             regional,
             target_size: 0,
             autoscaler: None,
+            autoscaler_mode: "ON".into(),
             instances: Vec::new(),
+            list_results: "PAGELESS",
+            creation_error: None,
             next_instance: 0,
             page_size: 500,
             settle: Duration::from_millis(300),
@@ -135,6 +148,17 @@ impl GcpCloud {
 
     pub fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         f(&mut self.state.lock().unwrap())
+    }
+
+    /// The group starts refreshing instance `id` (applying configuration without stopping it,
+    /// e.g. a target pool change): `currentAction` REFRESHING for a while.
+    pub fn refresh(&self, id: &str) {
+        self.with(|s| {
+            if let Some(i) = s.instances.iter_mut().find(|i| i.id() == id) {
+                i.action = "REFRESHING".into();
+                i.since = Instant::now();
+            }
+        });
     }
 
     /// The plugin settings for this fake's group.
@@ -307,22 +331,22 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Answ
             ),
         ));
     }
-    if let Some(seconds) = s.throttle_next.take() {
+    if s.throttle_next.take().is_some() {
         s.throttled_at = Some(now);
-        // <https://cloud.google.com/compute/api-quota#rate_limits>
-        let mut a = answer(
-            429,
+        // Compute's rate quotas refuse with 403 and the reason rateLimitExceeded, and send no
+        // Retry-After: "wait a minute then try your request again"
+        // (<https://cloud.google.com/compute/docs/api-rate-limits>; the body as recorded in
+        // hail-is/hail#10613).
+        return Ok(answer(
+            403,
             &error(
-                429,
-                "RESOURCE_EXHAUSTED",
+                403,
+                "PERMISSION_DENIED",
                 "rateLimitExceeded",
                 "usageLimits",
-                "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service 'compute.googleapis.com'",
+                "Quota exceeded for quota group 'default' and limit 'Queries per user per 100 seconds' of service 'compute.googleapis.com' for consumer 'project_number:123456789012'.",
             ),
-        );
-        a.headers_mut()
-            .insert("retry-after", seconds.to_string().parse().unwrap());
-        return Ok(a);
+        ));
     }
     s.reconcile(now);
     let Some(rest) = path.strip_prefix(&format!("/compute/v1/projects/{PROJECT}/")) else {
@@ -460,29 +484,70 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Answ
             if let Some(d) = needs(&s, "compute.instanceGroupManagers.get", &group) {
                 return Ok(d);
             }
+            // PAGELESS, the default, ignores maxResults and pageToken and answers every
+            // instance at once (discovery doc, `listManagedInstancesResults`).
+            let paginated = s.list_results == "PAGINATED";
             let asked = query
                 .iter()
                 .find(|(k, _)| k == "maxResults")
                 .and_then(|(_, v)| v.parse::<usize>().ok())
                 .unwrap_or(500);
-            let size = asked.min(s.page_size).max(1);
+            let size = if paginated {
+                asked.min(s.page_size).max(1)
+            } else {
+                s.instances.len().max(1)
+            };
             let from = query
                 .iter()
                 .find(|(k, _)| k == "pageToken")
+                .filter(|_| paginated)
                 .and_then(|(_, v)| v.strip_prefix("page-token-")?.parse::<usize>().ok())
                 .unwrap_or(0);
+            let failing = s.creation_error.clone();
             let items: Vec<Value> = s
                 .instances
                 .iter()
                 .skip(from)
                 .take(size)
-                .map(managed_instance)
+                .map(|i| managed_instance(i, failing.as_ref()))
                 .collect();
             let mut page = json!({ "managedInstances": items });
             if from + size < s.instances.len() {
                 page["nextPageToken"] = json!(format!("page-token-{}", from + size));
             }
             Ok(answer(200, &page))
+        }
+        // <https://cloud.google.com/compute/docs/reference/rest/v1/autoscalers/get>
+        ("GET", [kind, loc, "autoscalers", name]) if format!("{kind}/{loc}") == location => {
+            let resource = format!("projects/{PROJECT}/{location}/autoscalers/{name}");
+            let permission = if s.regional {
+                "compute.regionAutoscalers.get"
+            } else {
+                "compute.autoscalers.get"
+            };
+            if let Some(d) = needs(&s, permission, &resource) {
+                return Ok(d);
+            }
+            match &s.autoscaler {
+                Some(url) if url.ends_with(&format!("/autoscalers/{name}")) => Ok(answer(
+                    200,
+                    &json!({
+                        "kind": "compute#autoscaler",
+                        "name": name,
+                        "target": format!("{LINKS}/projects/{PROJECT}/{location}/instanceGroupManagers/{GROUP}"),
+                        "autoscalingPolicy": {
+                            "minNumReplicas": 0,
+                            "maxNumReplicas": 10,
+                            "mode": s.autoscaler_mode,
+                        },
+                        "status": "ACTIVE",
+                        "statusDetails": if s.autoscaler_mode == "OFF" {
+                            json!([{"type": "MODE_OFF", "message": "Autoscaling is turned off. The number of instances in the group won't change automatically. The autoscaling configuration is preserved."}])
+                        } else { json!([]) },
+                    }),
+                )),
+                _ => Ok(not_found(&resource)),
+            }
         }
         // <https://cloud.google.com/compute/docs/reference/rest/v1/zoneOperations/get>,
         // <https://cloud.google.com/compute/docs/reference/rest/v1/regionOperations/get>
@@ -561,8 +626,9 @@ fn mint(s: &mut State, flavor: Option<&str>, query: &[(String, String)]) -> Answ
     )
 }
 
-/// A managed instance as `listManagedInstances` reports it.
-fn managed_instance(i: &FakeInstance) -> Value {
+/// A managed instance as `listManagedInstances` reports it; one Compute cannot create
+/// carries the last attempt's error (a quota or a stockout shows only there).
+fn managed_instance(i: &FakeInstance, creation_error: Option<&(String, String)>) -> Value {
     let mut m = json!({
         "instance": format!("{LINKS}/projects/{PROJECT}/zones/{}/instances/{}", i.zone, i.name),
         "id": i.numeric_id.to_string(),
@@ -572,6 +638,12 @@ fn managed_instance(i: &FakeInstance) -> Value {
     });
     if !i.status.is_empty() {
         m["instanceStatus"] = json!(i.status);
+    }
+    if let (Some((code, message)), "CREATING") = (creation_error, i.action.as_str()) {
+        m["lastAttempt"] = json!({"errors": {"errors": [{
+            "code": code,
+            "message": message.replace("{instance}", &i.name),
+        }]}});
     }
     m
 }
@@ -615,7 +687,16 @@ impl State {
         let settle = self.settle;
         self.instances
             .retain(|i| !(i.action == "DELETING" && now.duration_since(i.since) >= settle));
+        let blocked = self.creation_error.is_some();
         for i in &mut self.instances {
+            // The group retries the creation for ever; the instance never gets a status.
+            if blocked && i.action == "CREATING" {
+                continue;
+            }
+            // REFRESHING applies configuration without stopping the instance, and ends.
+            if i.action == "REFRESHING" && now.duration_since(i.since) >= settle {
+                i.action = "NONE".into();
+            }
             if i.action == "CREATING" && now.duration_since(i.since) >= settle / 2 {
                 i.status = "STAGING".into();
             }
@@ -681,6 +762,7 @@ impl State {
             "versionTarget": {"isReached": true},
             "stateful": {"hasStatefulConfig": false},
         });
+        // Attached whatever its mode: OFF keeps the autoscaler and its configuration.
         if let Some(a) = &self.autoscaler {
             status["autoscaler"] = json!(a);
         }
@@ -693,6 +775,7 @@ impl State {
             "instanceTemplate": format!("{LINKS}/projects/{PROJECT}/global/instanceTemplates/ci-runner"),
             "instanceGroup": format!("{LINKS}/projects/{PROJECT}/{location}/instanceGroups/{GROUP}"),
             "targetSize": self.target_size,
+            "listManagedInstancesResults": self.list_results,
             "updatePolicy": {
                 "type": "OPPORTUNISTIC",
                 "minimalAction": "REPLACE",

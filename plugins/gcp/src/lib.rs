@@ -64,9 +64,17 @@ fn default_user() -> String {
     "flotilla".to_string()
 }
 
-/// The largest `max_size` accepted: Compute's own limit on a MIG's size.
-/// <https://cloud.google.com/compute/docs/instance-groups#managed_instance_groups>
-const MAX_SIZE_LIMIT: u32 = 2000;
+/// The largest `max_size` accepted for a zonal group: Compute's limit on its size ("you can
+/// create up to 1,000 VMs in a zonal MIG").
+/// <https://cloud.google.com/compute/docs/instance-groups/creating-groups-of-managed-instances#limitations>
+const ZONAL_MAX_SIZE: u32 = 1000;
+/// The same for a regional group ("up to 2,000 instances, twice as many as zonal MIGs").
+/// <https://cloud.google.com/compute/docs/instance-groups/regional-migs>
+const REGIONAL_MAX_SIZE: u32 = 2000;
+
+/// How long `increase` answers `quota-exceeded` after instances were seen that Compute cannot
+/// create for lack of quota or capacity, so the scaler backs off instead of asking again.
+const QUOTA_HOLD: Duration = Duration::from_secs(300);
 
 /// How long `increase` and `decrease` follow their operation before returning with it
 /// accepted but still running (the host's default deadline per call is 30 s).
@@ -110,6 +118,22 @@ impl State {
 
 thread_local! {
     static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    /// When instances that Compute cannot create were last seen, and why.
+    static QUOTA: RefCell<Option<(std::time::Instant, String)>> = const { RefCell::new(None) };
+}
+
+/// Whether a creation error of `lastAttempt` is a quota or a capacity shortage: retrying
+/// cannot help until the operator raises the quota or the zone has capacity again. (The
+/// codes as cluster-autoscaler's GCE provider classifies them, `autoscaling_gce_client.go`.)
+fn out_of_quota(code: &str) -> bool {
+    code.contains("QUOTA")
+        || matches!(
+            code,
+            "RESOURCE_POOL_EXHAUSTED"
+                | "ZONE_RESOURCE_POOL_EXHAUSTED"
+                | "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"
+                | "IP_SPACE_EXHAUSTED"
+        )
 }
 
 fn with<T>(f: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, Error> {
@@ -196,8 +220,15 @@ fn parse_settings(text: &str) -> Result<Settings, Error> {
             capped(&s.name)
         ));
     }
-    if s.max_size == 0 || s.max_size > MAX_SIZE_LIMIT {
-        problems.push(format!("max_size: must be 1-{MAX_SIZE_LIMIT}"));
+    let (limit, kind) = if s.region.is_some() {
+        (REGIONAL_MAX_SIZE, "regional")
+    } else {
+        (ZONAL_MAX_SIZE, "zonal")
+    };
+    if s.max_size == 0 || s.max_size > limit {
+        problems.push(format!(
+            "max_size: must be 1-{limit} (Compute's limit on a {kind} group's size)"
+        ));
     }
     if let Some(e) = &s.endpoint
         && let Err(why) = flotilla_plugin_http::split_url(e)
@@ -247,6 +278,8 @@ struct Managed {
     state: InstanceState,
     /// The last creation attempt's error, when Compute keeps retrying it.
     creation_error: Option<String>,
+    /// That error is a quota or a capacity shortage.
+    out_of_quota: bool,
 }
 
 /// The instance's id for the host: `ZONE/NAME`, parsed from its URL
@@ -272,10 +305,18 @@ fn split_id(id: &str) -> Option<(&str, &str)> {
 fn map_state(status: &str, action: &str) -> InstanceState {
     match action {
         "DELETING" | "ABANDONING" => return InstanceState::Deleting,
-        "CREATING" | "CREATING_WITHOUT_RETRIES" | "VERIFYING" => return InstanceState::Creating,
+        "CREATING"
+        | "CREATING_WITHOUT_RETRIES"
+        | "CREATING_ATOMICALLY"
+        | "QUEUING"
+        | "VERIFYING" => return InstanceState::Creating,
         // The group is replacing or restarting it: whatever runs there is lost.
-        "RECREATING" | "RESTARTING" | "REFRESHING" | "STOPPING" | "SUSPENDING" | "STARTING"
-        | "RESUMING" => return InstanceState::Failed(format!("the group is {action} it")),
+        "RECREATING" | "RESTARTING" | "STOPPING" | "SUSPENDING" | "STARTING" | "RESUMING" => {
+            return InstanceState::Failed(format!("the group is {action} it"));
+        }
+        // REFRESHING "is applying configuration changes to the instance without stopping it"
+        // (discovery doc, ManagedInstance.currentAction): a busy VM keeps its job, and its
+        // status decides, like NONE.
         _ => {}
     }
     match status {
@@ -349,23 +390,71 @@ fn list_managed(state: &State) -> Result<Vec<Managed>, Error> {
                 // An instance not created yet has no URL; it shows once it has one.
                 continue;
             };
-            let creation_error = m
+            let first = m
                 .last_attempt
-                .and_then(|a| a.errors.errors.into_iter().next())
-                .map(|e| format!("{}: {}", e.code, capped(&e.message)));
+                .and_then(|a| a.errors.errors.into_iter().next());
+            let out_of_quota = first.as_ref().is_some_and(|e| out_of_quota(&e.code));
+            let creation_error = first.map(|e| format!("{}: {}", e.code, capped(&e.message)));
+            let mut state = map_state(
+                m.instance_status.as_deref().unwrap_or_default(),
+                m.current_action.as_deref().unwrap_or_default(),
+            );
+            // A resize is DONE once scheduled; a quota or a stockout shows only here, while
+            // the group retries for ever (`resize` in the discovery doc). Such an instance is
+            // not coming: it is failed, so the host removes it and stops waiting for it.
+            if let (true, InstanceState::Creating, Some(why)) =
+                (out_of_quota, &state, &creation_error)
+            {
+                state = InstanceState::Failed(format!("Compute cannot create it: {why}"));
+            }
             out.push(Managed {
                 id,
-                state: map_state(
-                    m.instance_status.as_deref().unwrap_or_default(),
-                    m.current_action.as_deref().unwrap_or_default(),
-                ),
+                state,
                 creation_error,
+                out_of_quota,
             });
         }
         token = page.next_page_token.filter(|t| !t.is_empty());
         if token.is_none() {
             return Ok(out);
         }
+    }
+}
+
+/// `Ok` when the autoscaler at `url` (`.../projects/P/zones/Z/autoscalers/N`) is in mode OFF;
+/// `invalid-config` that says what to do otherwise.
+/// <https://cloud.google.com/compute/docs/reference/rest/v1/autoscalers/get>
+fn autoscaler_is_off(state: &State, group: &str, url: &str) -> Result<(), Error> {
+    let refuse = |why: String| {
+        Error::InvalidConfig(format!(
+            "group {group}: an autoscaler is attached ({}){why}; Flotilla sizes the group itself, so remove it or set its mode to OFF",
+            capped(url)
+        ))
+    };
+    let name = url.rsplit('/').next().unwrap_or_default();
+    let kind = url.rsplit('/').nth(1).unwrap_or_default();
+    if kind != "autoscalers" || !valid_name(name) {
+        return Err(refuse(String::new()));
+    }
+    let path = format!("{}/autoscalers/{name}", state.location);
+    let autoscaler = match state.api.call("autoscalers.get", Method::Get, &path, None) {
+        Ok(a) => a,
+        Err(Error::Unauthorized(m)) => {
+            return Err(refuse(format!(
+                " and its mode cannot be read ({m}; grant compute.autoscalers.get)"
+            )));
+        }
+        Err(e) => return Err(e),
+    };
+    match field(&autoscaler, "/autoscalingPolicy/mode").as_str() {
+        Some("OFF") => {
+            emit(
+                Level::Info,
+                &format!("group {group}: its autoscaler is attached in mode OFF and left alone"),
+            );
+            Ok(())
+        }
+        mode => Err(refuse(format!(" in mode {}", mode.unwrap_or("ON")))),
     }
 }
 
@@ -407,16 +496,14 @@ impl Guest for Gcp {
             username: s.username.clone(),
         };
         let manager = get_manager(&state)?;
-        // An autoscaler attached to the group resizes it on its own and fights the host.
+        // An autoscaler attached to the group resizes it on its own and fights the host,
+        // unless its mode is OFF ("disables the autoscaler but maintains its configuration";
+        // `status.autoscaler` still names it then).
         if let Some(autoscaler) = field(&manager, "/status/autoscaler")
             .as_str()
             .filter(|a| !a.is_empty())
         {
-            return Err(Error::InvalidConfig(format!(
-                "group {}: an autoscaler is attached ({}); Flotilla sizes the group itself, so remove it or set its mode to OFF",
-                s.name,
-                capped(autoscaler)
-            )));
+            autoscaler_is_off(&state, &s.name, autoscaler)?;
         }
         // Both of these let Compute delete or recreate an instance while a job runs on it.
         // <https://cloud.google.com/compute/docs/instance-groups/regional-mig-distribution-shape#proactive-instance-redistribution>
@@ -468,6 +555,10 @@ impl Guest for Gcp {
     fn update() -> Result<Vec<Instance>, Error> {
         with(|state| {
             let managed = list_managed(state)?;
+            if let Some(m) = managed.iter().find(|m| m.out_of_quota) {
+                let why = m.creation_error.clone().unwrap_or_default();
+                QUOTA.with(|q| *q.borrow_mut() = Some((std::time::Instant::now(), why)));
+            }
             for m in &managed {
                 if let Some(e) = &m.creation_error
                     && matches!(m.state, InstanceState::Creating)
@@ -489,6 +580,17 @@ impl Guest for Gcp {
     }
 
     fn increase(delta: u32) -> Result<u32, Error> {
+        let held = QUOTA.with(|q| {
+            q.borrow()
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < QUOTA_HOLD)
+                .map(|(_, why)| why.clone())
+        });
+        if let Some(why) = held {
+            return Err(Error::QuotaExceeded(format!(
+                "the group cannot create instances: {why}"
+            )));
+        }
         with(|state| {
             let manager = get_manager(state)?;
             let current = target_size(&manager);

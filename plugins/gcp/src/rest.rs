@@ -33,6 +33,9 @@ pub fn capped(text: &str) -> String {
     out
 }
 
+/// Seconds to wait after a rate-quota refusal that names no `Retry-After`.
+const RATE_QUOTA_WAIT: u32 = 60;
+
 /// Classifies an error answer of a Google API.
 ///
 /// The body is the documented error shape:
@@ -55,9 +58,12 @@ pub fn classify(action: &str, status: u16, retry_after: Option<u32>, body: &str)
     let grpc = field(error, "/status").as_str().unwrap_or_default();
     let has = |r: &str| reasons.contains(&r);
     let what = format!("{action}: HTTP {status} {grpc}: {message}");
+    // Compute's rate quotas answer 403 `rateLimitExceeded` without `Retry-After`; Google says
+    // to "wait a minute then try your request again" (the quota refills on the minute).
+    // <https://cloud.google.com/compute/docs/api-rate-limits>
     if status == 429 || has("rateLimitExceeded") || has("userRateLimitExceeded") {
         return Error::Throttled(Throttle {
-            retry_after_seconds: retry_after.unwrap_or(0),
+            retry_after_seconds: retry_after.unwrap_or(RATE_QUOTA_WAIT),
             message: what,
         });
     }
@@ -110,8 +116,10 @@ fn operation_error(action: &str, op: &Value) -> Option<Error> {
         "QUOTA_EXCEEDED"
         | "ZONE_RESOURCE_POOL_EXHAUSTED"
         | "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS" => Error::QuotaExceeded(what),
-        "RATE_LIMIT_EXCEEDED" => Error::Throttled(Throttle {
-            retry_after_seconds: 0,
+        // Too many operations on one resource in a short time: wait for the rate's window.
+        // (kubernetes-sigs/gcp-compute-persistent-disk-csi-driver#1847)
+        "RATE_LIMIT_EXCEEDED" | "RESOURCE_OPERATION_RATE_EXCEEDED" => Error::Throttled(Throttle {
+            retry_after_seconds: RATE_QUOTA_WAIT,
             message: what,
         }),
         "PERMISSIONS_ERROR" | "FORBIDDEN" => Error::Unauthorized(what),
