@@ -9,8 +9,8 @@
 )] // test code: a failed assumption is a failed test
 
 use flotilla_test_support as common;
-use flotilla_test_support::must;
 use flotilla_test_support::pool::{Counting, spawn_pool};
+use flotilla_test_support::{must, provider_error};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -281,6 +281,21 @@ async fn instance_connect_pushes_the_pools_public_key_before_each_connection() {
     );
     let (_, secret) = moto.key("plugin");
     assert!(!logs.text().contains(&secret));
+
+    // A terminated instance is gone, not "not ready yet": no key is pushed to it, and the
+    // host is told it does not exist.
+    moto.terminate(&id);
+    let e = provider_error(p.connect_info(&id).await);
+    assert!(
+        matches!(&e, ProviderError::NotFound(m) if m.contains("terminated")),
+        "{e:?}"
+    );
+    let pushes_after = moto
+        .requests()
+        .into_iter()
+        .filter(|r| r["headers"]["X-Amz-Target"] == "AWSEC2InstanceConnectService.SendSSHPublicKey")
+        .count();
+    assert_eq!(pushes_after, 2, "no push to a terminated instance");
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -213,6 +213,12 @@ impl Moto {
         python(&[&self.endpoint, "--delete-group", &k, &s, "ci-runners"]);
     }
 
+    /// An instance is terminated in EC2 (spot reclaim, an operator), behind the group's back.
+    pub fn terminate(&self, instance: &str) {
+        let (k, s) = self.key("admin");
+        python(&[&self.endpoint, "--terminate", &k, &s, instance]);
+    }
+
     /// An operator creates the group again under the same name, empty.
     pub fn create_group(&self, max_size: u32) {
         let (k, s) = self.key("admin");

@@ -382,6 +382,20 @@ impl Guest for Aws {
                     n.has_tag_name("item") && child(*n, "instanceId") == Some(id.as_str())
                 });
                 if let Some(item) = found {
+                    // A terminated or stopped instance cannot be connected to, and Instance
+                    // Connect refuses it with the same code as one still booting
+                    // (EC2InstanceStateInvalidException): it is gone, not coming.
+                    let instance_state = child_node(item, "instanceState")
+                        .and_then(|s| child(s, "name"))
+                        .unwrap_or_default();
+                    if matches!(
+                        instance_state,
+                        "shutting-down" | "terminated" | "stopping" | "stopped"
+                    ) {
+                        return Err(Error::NotFound(format!(
+                            "instance {id} is {instance_state}"
+                        )));
+                    }
                     let windows = child(item, "platform") == Some("windows");
                     let arch = match child(item, "architecture") {
                         Some("arm64") => Arch::Arm64,

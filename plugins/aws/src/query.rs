@@ -76,6 +76,10 @@ fn classify(action: &str, status: u16, body: &str) -> Error {
             Error::InvalidConfig(what)
         }
         "LimitExceeded" | "ServiceLinkedRoleFailure" => Error::QuotaExceeded(what),
+        // Auto Scaling refuses a change while a scaling activity runs, and a change that
+        // races another (`ScalingActivityInProgress`, `ResourceContention`): try again soon.
+        // <https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_TerminateInstanceInAutoScalingGroup.html#API_TerminateInstanceInAutoScalingGroup_Errors>
+        "ScalingActivityInProgress" | "ResourceContention" => Error::Transient(what),
         "InvalidInstanceID.NotFound" | "InvalidInstanceID.Malformed" => Error::NotFound(what),
         _ if status >= 500 => Error::Transient(what),
         _ if status == 401 || status == 403 => Error::Unauthorized(what),
