@@ -77,13 +77,22 @@ pub struct AwsChain {
     /// Configuration.
     pub config: AwsChainConfig,
     cache: Mutex<Option<(AwsKeys, SystemTime)>>,
+    /// The shared files as they were when the cached keys were read.
+    stamp: Mutex<FileStamp>,
 }
+
+/// Modification time and size of the shared credentials and config files.
+type FileStamp = [Option<(Option<SystemTime>, u64)>; 2];
+
+/// The chain link of keys read from the shared files.
+const SHARED_FILES: &str = "shared files";
 
 impl Clone for AwsChain {
     fn clone(&self) -> Self {
         AwsChain {
             config: self.config.clone(),
             cache: Mutex::new(None),
+            stamp: Mutex::new([None, None]),
         }
     }
 }
@@ -158,6 +167,7 @@ impl AwsChain {
         AwsChain {
             config,
             cache: Mutex::new(None),
+            stamp: Mutex::new([None, None]),
         }
     }
 
@@ -169,16 +179,23 @@ impl AwsChain {
         let now = SystemTime::now();
         let cached = self.cache.lock().clone();
         if let Some((k, fetched)) = &cached {
-            let fresh = match k.expires {
-                Some(e) => now + REFRESH_BEFORE < e,
-                None => now
-                    .duration_since(*fetched)
-                    .is_ok_and(|d| d < STATIC_REFRESH),
-            };
+            // Keys from the shared files are read again as soon as either file changes (its
+            // time or size), as the SDKs do: a rotation that deletes the old key at once must
+            // not leave the pool signing with it for the refresh period.
+            let files_changed =
+                k.source == SHARED_FILES && self.shared_stamp() != *self.stamp.lock();
+            let fresh = !files_changed
+                && match k.expires {
+                    Some(e) => now + REFRESH_BEFORE < e,
+                    None => now
+                        .duration_since(*fetched)
+                        .is_ok_and(|d| d < STATIC_REFRESH),
+                };
             if fresh {
                 return Ok(k.clone());
             }
         }
+        let stamp = self.shared_stamp();
         let keys = match self.resolve(name, region).await {
             Ok(keys) => keys,
             Err(e) => match cached {
@@ -199,7 +216,30 @@ impl AwsChain {
             "AWS credentials resolved"
         );
         *self.cache.lock() = Some((keys.clone(), now));
+        *self.stamp.lock() = stamp;
         Ok(keys)
+    }
+
+    /// The two shared files' paths, for the profile in force.
+    fn shared_paths(&self) -> (PathBuf, PathBuf) {
+        let creds_file = env("AWS_SHARED_CREDENTIALS_FILE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home().join(".aws/credentials"));
+        let config_file = env("AWS_CONFIG_FILE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home().join(".aws/config"));
+        (creds_file, config_file)
+    }
+
+    /// When and how large the shared files are now (`None` for a missing one).
+    fn shared_stamp(&self) -> FileStamp {
+        let (creds, config) = self.shared_paths();
+        let stat = |p: &PathBuf| {
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| (m.modified().ok(), m.len()))
+        };
+        [stat(&creds), stat(&config)]
     }
 
     async fn resolve(&self, name: &str, region: Option<&str>) -> Result<AwsKeys, CredentialError> {
@@ -263,12 +303,7 @@ impl AwsChain {
             .clone()
             .or_else(|| env("AWS_PROFILE"))
             .unwrap_or_else(|| "default".into());
-        let creds_file = env("AWS_SHARED_CREDENTIALS_FILE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home().join(".aws/credentials"));
-        let config_file = env("AWS_CONFIG_FILE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home().join(".aws/config"));
+        let (creds_file, config_file) = self.shared_paths();
         let config_section = if profile == "default" {
             profile.clone()
         } else {
@@ -295,7 +330,7 @@ impl AwsChain {
                     secret_access_key: Secret::new(secret),
                     session_token: get("aws_session_token").map(Secret::new),
                     expires: None,
-                    source: "shared files",
+                    source: SHARED_FILES,
                 });
             }
         }
