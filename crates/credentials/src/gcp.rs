@@ -19,6 +19,7 @@
 //! when they live less than ten minutes). Errors name the source and what the token endpoint
 //! said, never the key, the assertion or a token.
 
+use crate::gcp_subject::{CredentialSource, Federation};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -135,7 +136,7 @@ impl Tokens<GcpConfig> {
                 let config: ExternalAccount =
                     serde_json::from_str(json.expose()).map_err(|e| {
                         unavailable(format!(
-                            "the external_account configuration lacks audience, subject_token_type, token_url or credential_source.file (line {}, column {})",
+                            "the external_account configuration lacks audience, subject_token_type, token_url or credential_source (line {}, column {})",
                             e.line(),
                             e.column()
                         ))
@@ -228,7 +229,8 @@ fn json_type(text: &str) -> Option<String> {
 }
 
 /// An `external_account` configuration of workload identity federation
-/// (<https://google.aip.dev/auth/4117>), with a file as the credential source.
+/// (<https://google.aip.dev/auth/4117>); its credential source is a file, a URL, an
+/// executable or AWS (`gcp_subject.rs`).
 #[derive(Deserialize)]
 struct ExternalAccount {
     audience: String,
@@ -237,22 +239,6 @@ struct ExternalAccount {
     #[serde(default)]
     service_account_impersonation_url: Option<String>,
     credential_source: CredentialSource,
-}
-
-#[derive(Deserialize)]
-struct CredentialSource {
-    file: std::path::PathBuf,
-    #[serde(default)]
-    format: Option<SourceFormat>,
-}
-
-/// `{"type": "text"}` (the default) or `{"type": "json", "subject_token_field_name": "..."}`.
-#[derive(Deserialize)]
-struct SourceFormat {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    subject_token_field_name: Option<String>,
 }
 
 /// What `generateAccessToken` answers
@@ -275,30 +261,21 @@ impl Tokens<GcpConfig> {
         config: &ExternalAccount,
     ) -> Result<Minted, Mint> {
         let unavailable = |detail: String| Mint::failed(credential, detail);
-        let raw = SecretSource::File(config.credential_source.file.clone())
-            .resolve(credential)
-            .map_err(Mint::Failed)?;
-        let subject = match &config.credential_source.format {
-            Some(f) if f.kind == "json" => {
-                let field = f
-                    .subject_token_field_name
-                    .as_deref()
-                    .unwrap_or("access_token");
-                let doc: serde_json::Value = serde_json::from_str(raw.expose()).map_err(|_| {
-                    unavailable(format!(
-                        "the subject token file {} is not JSON",
-                        config.credential_source.file.display()
-                    ))
-                })?;
-                Secret::new(doc.get(field).and_then(|v| v.as_str()).ok_or_else(|| {
-                    unavailable(format!(
-                        "the subject token file {} has no {field:?}",
-                        config.credential_source.file.display()
-                    ))
-                })?)
-            }
-            _ => raw,
+        // The service account's email, which an executable source is told of.
+        let impersonated = config
+            .service_account_impersonation_url
+            .as_deref()
+            .and_then(|u| u.rsplit('/').next())
+            .and_then(|last| last.strip_suffix(":generateAccessToken"));
+        let federation = Federation {
+            audience: &config.audience,
+            subject_token_type: &config.subject_token_type,
+            impersonated,
         };
+        let subject = config
+            .credential_source
+            .subject_token(credential, client, &federation)
+            .await?;
         let scope = if config.service_account_impersonation_url.is_some() {
             CLOUD_PLATFORM.to_string()
         } else {

@@ -20,6 +20,7 @@ pub mod aws;
 pub mod azure;
 pub mod config;
 pub mod gcp;
+mod gcp_subject;
 pub mod oauth;
 
 /// A shared handle on an AWS chain, so its cache of temporary keys outlives request clones.

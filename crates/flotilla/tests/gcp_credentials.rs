@@ -248,6 +248,55 @@ async fn metadata_server(fetches: Arc<AtomicUsize>) -> String {
 const AUDIENCE: &str =
     "//iam.googleapis.com/projects/123456/locations/global/workloadIdentityPools/ci/providers/aws";
 const SUBJECT: &str = "eyJhbGciOiJSUzI1NiJ9.subject-token-from-the-platform.sig";
+const AWS_TOKEN_TYPE: &str = "urn:ietf:params:aws:token-type:aws4_request";
+const AWS_KEY_ID: &str = "AKIAIOSFODNN7FEDERAT";
+
+/// What Google's STS checks of an AWS subject token before it forwards the request to AWS
+/// (google-auth-library-python `aws.py`; <https://google.aip.dev/auth/4117>): the URL-quoted
+/// JSON of a signed `POST` to the regional `GetCallerIdentity`, its headers sorted by key and
+/// naming the audience in `x-goog-cloud-target-resource`, signed with SigV4 for `sts` in the
+/// request's region.
+fn aws_subject_is_valid(token: &str) -> bool {
+    let decoded = flotilla_test_support::serve::form(format!("t={token}").as_bytes());
+    let Some((_, json)) = decoded.first() else {
+        return false;
+    };
+    let Ok(request) = serde_json::from_str::<serde_json::Value>(json) else {
+        return false;
+    };
+    let headers: Vec<(String, String)> = request["headers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| {
+            Some((
+                h["key"].as_str()?.to_string(),
+                h["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    let header = |k: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(k))
+            .map(|(_, v)| v.as_str())
+    };
+    let mut sorted = headers.clone();
+    sorted.sort();
+    request["method"] == "POST"
+        && request["url"]
+            == "https://sts.us-east-1.amazonaws.com?Action=GetCallerIdentity&Version=2011-06-15"
+        && sorted == headers
+        && header("x-goog-cloud-target-resource") == Some(AUDIENCE)
+        && header("host") == Some("sts.us-east-1.amazonaws.com")
+        && header("x-amz-date").is_some()
+        && header("authorization").is_some_and(|a| {
+            a.starts_with("AWS4-HMAC-SHA256 Credential=")
+                && a.contains(&format!("{AWS_KEY_ID}/"))
+                && a.contains("/us-east-1/sts/aws4_request")
+                && a.contains("x-goog-cloud-target-resource")
+        })
+}
 
 /// An STS token exchange and IAM's generateAccessToken: the STS checks the subject token the
 /// file holds; impersonation needs the federated token.
@@ -274,13 +323,17 @@ async fn federation(exchanges: Arc<AtomicUsize>) -> String {
                         && field("audience").as_deref() == Some(AUDIENCE)
                         && field("requested_token_type").as_deref()
                             == Some("urn:ietf:params:oauth:token-type:access_token")
-                        && field("subject_token_type").as_deref()
-                            == Some("urn:ietf:params:oauth:token-type:jwt")
+                        && matches!(
+                            field("subject_token_type").as_deref(),
+                            Some("urn:ietf:params:oauth:token-type:jwt" | AWS_TOKEN_TYPE)
+                        )
                         && field("scope").as_deref()
                             == Some("https://www.googleapis.com/auth/cloud-platform");
                     if !ok {
                         (400, serde_json::json!({"error": "invalid_request", "error_description": "bad token exchange"}))
-                    } else if field("subject_token").as_deref() != Some(SUBJECT) {
+                    } else if field("subject_token").as_deref() != Some(SUBJECT)
+                        && !aws_subject_is_valid(&field("subject_token").unwrap_or_default())
+                    {
                         (400, serde_json::json!({"error": "invalid_grant", "error_description": "The ID Token is invalid."}))
                     } else {
                         let n = exchanges.fetch_add(1, Ordering::SeqCst) + 1;
@@ -583,4 +636,113 @@ async fn gcp_tokens_from_a_service_account_key_and_the_metadata_server() {
         "{e}"
     );
     assert!(!e.contains("not-the-platform-token"), "{e}");
+
+    // A URL source (Azure's IMDS, a metadata server), with the headers it requires.
+    std::fs::write(&subject_file, format!("{SUBJECT}\n")).unwrap();
+    let source = flotilla_test_support::serve::serve_http(
+        |req: hyper::Request<hyper::body::Incoming>| async move {
+            let ok = req.headers().get("metadata").is_some_and(|v| v == "true");
+            Ok::<_, Infallible>(
+                hyper::Response::builder()
+                    .status(if ok { 200 } else { 400 })
+                    .body(Full::new(Bytes::from(if ok { SUBJECT } else { "no" })))
+                    .unwrap(),
+            )
+        },
+    )
+    .await;
+    let with_source = |name: &str, source: serde_json::Value, token_type: &str| {
+        let config = serde_json::json!({
+            "type": "external_account",
+            "audience": AUDIENCE,
+            "subject_token_type": token_type,
+            "token_url": format!("{sts}/v1/token"),
+            "credential_source": source,
+        });
+        let path = dir.path().join(format!("external-{name}.json"));
+        std::fs::write(&path, config.to_string()).unwrap();
+        federated(path)
+    };
+    let from_url = with_source(
+        "url",
+        serde_json::json!({"url": format!("http://{source}/token"), "headers": {"Metadata": "true"}}),
+        "urn:ietf:params:oauth:token-type:jwt",
+    );
+    assert!(
+        authorize(&from_url)
+            .await
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("Bearer ya29.federated-")
+    );
+
+    // An executable source: only when allowed, told the audience, its answer's token.
+    let script = dir.path().join("token-source.sh");
+    let expires = chrono::Utc::now().timestamp() + 3600;
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n[ \"$GOOGLE_EXTERNAL_ACCOUNT_AUDIENCE\" = '{AUDIENCE}' ] || exit 3\n\
+             echo '{{\"version\": 1, \"success\": true, \"token_type\": \"urn:ietf:params:oauth:token-type:jwt\", \"id_token\": \"{SUBJECT}\", \"expiration_time\": {expires}}}'\n"
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let from_executable = with_source(
+        "executable",
+        serde_json::json!({"executable": {"command": script.display().to_string(), "timeout_millis": 5000}}),
+        "urn:ietf:params:oauth:token-type:jwt",
+    );
+    let refused = authorize(&from_executable).await.unwrap_err();
+    assert!(
+        refused.contains("GOOGLE_EXTERNAL_ACCOUNT_ALLOW_EXECUTABLES"),
+        "{refused}"
+    );
+    set("GOOGLE_EXTERNAL_ACCOUNT_ALLOW_EXECUTABLES", "1");
+    let from_executable = with_source(
+        "executable2",
+        serde_json::json!({"executable": {"command": script.display().to_string(), "timeout_millis": 5000}}),
+        "urn:ietf:params:oauth:token-type:jwt",
+    );
+    assert!(
+        authorize(&from_executable)
+            .await
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("Bearer ya29.federated-")
+    );
+    unset("GOOGLE_EXTERNAL_ACCOUNT_ALLOW_EXECUTABLES");
+
+    // The AWS form: a GetCallerIdentity request signed with the host's AWS keys.
+    set("AWS_ACCESS_KEY_ID", AWS_KEY_ID);
+    set(
+        "AWS_SECRET_ACCESS_KEY",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYFEDERATED",
+    );
+    set("AWS_REGION", "us-east-1");
+    let from_aws = with_source(
+        "aws",
+        serde_json::json!({
+            "environment_id": "aws1",
+            "region_url": "http://169.254.169.254/latest/meta-data/placement/availability-zone",
+            "url": "http://169.254.169.254/latest/meta-data/iam/security-credentials",
+            "regional_cred_verification_url": "https://sts.{region}.amazonaws.com?Action=GetCallerIdentity&Version=2011-06-15",
+        }),
+        AWS_TOKEN_TYPE,
+    );
+    let header = authorize(&from_aws)
+        .await
+        .unwrap_or_else(|e| panic!("aws: {e}"));
+    assert!(
+        header
+            .to_str()
+            .unwrap()
+            .starts_with("Bearer ya29.federated-")
+    );
+    for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"] {
+        unset(var);
+    }
 }
