@@ -105,6 +105,9 @@ def secrets_root(flotilla, tmp):
     root = pathlib.Path(tmp) / "secrets"
     (root / "api-token").mkdir(parents=True)
     (root / "api-token" / "token").write_text("check-token\n")
+    # The manifests mount the token Secret with defaultMode 0400: flotilla refuses a token
+    # file other users can read.
+    (root / "api-token" / "token").chmod(0o400)
     (root / "cosign").mkdir()
     subprocess.run(
         [flotilla, "plugin", "generate-key", str(root / "cosign" / "cosign")],
