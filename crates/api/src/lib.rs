@@ -315,3 +315,20 @@ mod tests {
         assert_eq!(serde_json::to_string(&lease).expect("write"), text);
     }
 }
+
+#[cfg(test)]
+mod docs {
+    use super::ErrorCode;
+
+    /// The README's list of error codes is the API's: every code is there, by its name.
+    #[test]
+    fn the_readme_names_every_error_code() {
+        let readme = include_str!("../../../README.md");
+        let missing: Vec<&str> = ErrorCode::ALL
+            .iter()
+            .map(|c| c.name())
+            .filter(|name| !readme.contains(&format!("`{name}`")))
+            .collect();
+        assert!(missing.is_empty(), "README.md lacks the codes {missing:?}");
+    }
+}
