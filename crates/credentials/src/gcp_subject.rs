@@ -426,19 +426,10 @@ fn run_bounded(mut command: std::process::Command, timeout: Duration) -> Result<
 
 /// IMDSv2's session token (PUT with a TTL).
 async fn imds_session(client: &reqwest::Client, url: &str) -> Result<String, String> {
-    let response = client
+    let request = client
         .put(url)
-        .header("X-aws-ec2-metadata-token-ttl-seconds", "300")
-        .send()
-        .await
-        .map_err(|e| format!("{url}: {}", super::aws::without_url(&e)))?;
-    if !response.status().is_success() {
-        return Err(format!("{url} answered {}", response.status()));
-    }
-    response
-        .text()
-        .await
-        .map_err(|e| format!("{url}: {}", super::aws::without_url(&e)))
+        .header("X-aws-ec2-metadata-token-ttl-seconds", "300");
+    text_of(request, url).await
 }
 
 /// A GET of the metadata server, with the session token when there is one.
@@ -451,6 +442,11 @@ async fn imds_get(
     if let Some(token) = token {
         request = request.header("X-aws-ec2-metadata-token", token);
     }
+    text_of(request, url).await
+}
+
+/// The text of a 2xx answer to `request` (sent to `url`).
+async fn text_of(request: reqwest::RequestBuilder, url: &str) -> Result<String, String> {
     let response = request
         .send()
         .await
