@@ -39,7 +39,8 @@ rows = ["scaler/acquire_release_10k_x4", "scaler/reconcile_tick_10k", "scaler/re
         "connector/ready_one", "connector/ready_twenty_concurrently",
         "connector/acquire_release_ssh_ready", "connector/acquire_release_always_ready",
         "connector/ping_one_kept_session", "connector/ping_twenty_kept_sessions_concurrently",
-        "gitlab/lifecycle_direct", "gitlab/lifecycle_through_handle", "gitlab/prepare_to_first_output"]
+        "gitlab/lifecycle_direct", "gitlab/lifecycle_through_handle", "gitlab/prepare_to_first_output",
+        "gitlab/stage_attached_exec", "gitlab/stage_detached_followed"]
 print("\nmedians:")
 for r in rows: print(f"  {r:<38} {fmt(median(r))}")
 try: print(f"  {'rss_per_instance':<38} {open(os.path.join(out,'rss_per_instance_kib')).read()} KiB")
@@ -72,6 +73,8 @@ r, n = median("connector/acquire_release_ssh_ready"), median("connector/acquire_
 if r and n: print(f"  acquire on a ready instance, SSH - none {fmt(r-n)}")
 d, h = median("gitlab/lifecycle_direct"), median("gitlab/lifecycle_through_handle")
 if d and h: print(f"  container lifecycle via handle / direct {h/d:.2f}x")
+a, f = median("gitlab/stage_attached_exec"), median("gitlab/stage_detached_followed")
+if a and f: print(f"  run stage detached+followed / attached  {f/a:.2f}x")
 a = median("scaler/acquire_release_10k_x4")
 if a: print(f"  acquire+release per second (one core)  {1e9/a:,.0f}")
 PY

@@ -1,8 +1,10 @@
 //! The GitLab driver's cost, against a real dockerd behind a real sshd machine and the host's
 //! real API: one container lifecycle (create, start, exec a trivial script, remove) with
 //! bollard straight on the engine's socket and through the lease's Docker handle (HTTP to the
-//! API, then the SSH channel), interleaved; and a job's `prepare` + first `run` on an idle,
-//! ready instance, up to the script's first output.
+//! API, then the SSH channel), interleaved; a job's `prepare` + first `run` on an idle,
+//! ready instance, up to the script's first output; and one `run` stage as the driver runs it
+//! (detached, its log followed, so it rides through a host restart) against the attached exec
+//! it used before, interleaved in the same run.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -160,7 +162,12 @@ fn bench(c: &mut Criterion) {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        tokio::spawn(flotilla::serve::serve(
+            listener,
+            router(state),
+            flotilla::serve::Limits::default(),
+            std::future::pending(),
+        ));
         let engine = direct(docker.socket());
         let tar = busybox_rootfs_tar();
         let mut import = engine.create_image(
@@ -264,7 +271,141 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
+
+    // One stage on a prepared job: the driver's detached run against the attached exec of
+    // the same script (upload, exec streamed to its end, exit code), alternating.
+    let job = Job::from_env(
+        &HashMap::from([
+            ("CUSTOM_ENV_CI_JOB_ID".to_string(), "999999".to_string()),
+            ("CUSTOM_ENV_CI_PROJECT_ID".to_string(), "1".to_string()),
+            ("CUSTOM_ENV_CI_JOB_IMAGE".to_string(), IMAGE.to_string()),
+        ])
+        .into_iter()
+        .collect(),
+        true,
+    )
+    .expect("job");
+    let prepared = rt.block_on(flotilla_gitlab::prepare(&api, &job, &settings));
+    assert_eq!(prepared, flotilla_gitlab::Outcome::Success);
+    let stage_lease = rt
+        .block_on(api.lease_by_label("gitlab-job", "999999"))
+        .expect("lookup")
+        .expect("the job's lease")
+        .id;
+    let stage_handle = flotilla_gitlab::docker::for_lease(&api, stage_lease, 120).expect("handle");
+    let text = std::fs::read(&script).expect("script");
+    for (name, detached) in [
+        ("stage_attached_exec", false),
+        ("stage_detached_followed", true),
+    ] {
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| async {
+                if detached {
+                    let ran = flotilla_gitlab::run(
+                        &api,
+                        &job,
+                        &settings,
+                        &script,
+                        "build_script",
+                        std::future::pending(),
+                    )
+                    .await;
+                    assert_eq!(ran, flotilla_gitlab::Outcome::Success);
+                } else {
+                    attached_stage(&stage_handle, &job.container(), &text).await;
+                }
+            })
+        });
+    }
+    // The same two, interleaved one by one (the machine's noise falls on both alike).
+    let (mut attached, mut followed) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        for _ in 0..30 {
+            let start = Instant::now();
+            attached_stage(&stage_handle, &job.container(), &text).await;
+            attached.push(start.elapsed());
+            let start = Instant::now();
+            let ran = flotilla_gitlab::run(
+                &api,
+                &job,
+                &settings,
+                &script,
+                "build_script",
+                std::future::pending(),
+            )
+            .await;
+            assert_eq!(ran, flotilla_gitlab::Outcome::Success);
+            followed.push(start.elapsed());
+        }
+    });
+    attached.sort();
+    followed.sort();
+    let (a, f) = (attached[15], followed[15]);
+    eprintln!(
+        "gitlab/stage interleaved x30: attached exec {a:?}, detached and followed {f:?}, ratio {:.2}x",
+        f.as_secs_f64() / a.as_secs_f64()
+    );
+    rt.block_on(flotilla_gitlab::cleanup(&api, &job, &settings));
     group.finish();
+}
+
+/// The stage as the driver ran it before it rode through restarts: the script uploaded, then
+/// one exec attached to its end, then its exit code.
+async fn attached_stage(docker: &Docker, container: &str, text: &[u8]) {
+    use std::io::Write;
+    let mut tar = Vec::new();
+    {
+        let mut header = [0u8; 512];
+        let name = b"flotilla-bench.sh";
+        header[..name.len()].copy_from_slice(name);
+        header[100..107].copy_from_slice(b"0000700");
+        for field in [108..115, 116..123] {
+            header[field].copy_from_slice(b"0000000");
+        }
+        let size = format!("{:011o}", text.len());
+        header[124..135].copy_from_slice(size.as_bytes());
+        header[136..147].copy_from_slice(b"00000000000");
+        header[156] = b'0';
+        header[257..262].copy_from_slice(b"ustar");
+        header[148..156].copy_from_slice(b"        ");
+        let sum: u32 = header.iter().map(|b| u32::from(*b)).sum();
+        header[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        tar.write_all(&header).expect("tar");
+        tar.write_all(text).expect("tar");
+        tar.resize(512 + text.len().div_ceil(512) * 512 + 1024, 0);
+    }
+    docker
+        .upload_to_container(
+            container,
+            Some(bollard::query_parameters::UploadToContainerOptions {
+                path: "/tmp".into(),
+                ..Default::default()
+            }),
+            bollard::body_full(tar.into()),
+        )
+        .await
+        .expect("upload");
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                cmd: Some(vec!["sh", "/tmp/flotilla-bench.sh"]),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("exec");
+    if let StartExecResults::Attached { mut output, .. } = docker
+        .start_exec(&exec.id, Some(StartExecOptions::default()))
+        .await
+        .expect("start exec")
+    {
+        while output.next().await.is_some() {}
+    }
+    let done = docker.inspect_exec(&exec.id).await.expect("inspect");
+    assert_eq!(done.exit_code, Some(0));
 }
 
 criterion_group!(benches, bench);

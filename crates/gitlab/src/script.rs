@@ -109,15 +109,19 @@ impl StageRun {
     ) -> Result<Ended, StepError> {
         let dir = &self.dir;
         let from = printed.load(Ordering::Relaxed);
+        // Polls the log: every 50 ms while output flows and for the first 2 s, every 250 ms
+        // after a second without any (one `wc` a poll). A `sleep` without fractions (a
+        // busybox built without them) falls back to whole seconds rather than spinning.
         let command = format!(
-            "N={from}; i=0; \
-             while [ ! -e {dir}/log ]; do i=$((i+1)); if [ $i -gt 150 ]; then echo {NO_START_MARK} >&2; exit 3; fi; sleep 0.2; done; \
+            "N={from}; i=0; q=0; \
+             nap() {{ sleep $1 2>/dev/null || sleep 1; }}; \
+             while [ ! -e {dir}/log ]; do i=$((i+1)); if [ $i -gt 600 ]; then echo {NO_START_MARK} >&2; exit 3; fi; nap 0.05; done; \
              while :; do \
                if [ -e {dir}/status ]; then d=1; else d=0; fi; \
                s=$(($(wc -c < {dir}/log))); \
-               if [ $s -gt $N ]; then tail -c +$((N+1)) {dir}/log | head -c $((s-N)); N=$s; fi; \
+               if [ $s -gt $N ]; then tail -c +$((N+1)) {dir}/log | head -c $((s-N)); N=$s; q=0; else q=$((q+1)); fi; \
                if [ $d = 1 ]; then echo >&2; echo {STATUS_MARK}$(cat {dir}/status) >&2; exit 0; fi; \
-               sleep 0.2; \
+               i=$((i+1)); if [ $q -lt 20 ] || [ $i -lt 40 ]; then nap 0.05; else nap 0.25; fi; \
              done"
         );
         let exec = docker
