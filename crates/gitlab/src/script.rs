@@ -1,7 +1,7 @@
 //! One stage's script in the job container, run so that it never depends on the host's
-//! connection: the script is started detached (its output to a log file in the container, its
-//! exit status to a file when it ends), and the driver follows the log from the byte it has
-//! printed so far. A host restart only breaks the follower: the driver waits for the host and
+//! connection: the first follower exec starts the script in the background (its output to a
+//! log file in the container, its exit status to a file when it ends), and follows the log from
+//! the byte the driver has printed so far. A host restart only breaks the follower: the driver waits for the host and
 //! follows again from the same byte, so output is neither lost nor repeated, and the exit
 //! status is read from the file.
 //!
@@ -74,8 +74,8 @@ impl StageRun {
         }
     }
 
-    /// Uploads the script and starts it detached, unless this run already started it.
-    pub(crate) async fn start(&self, docker: &Docker, text: &[u8]) -> Result<(), StepError> {
+    /// Uploads the script (the first [`StageRun::follow`] starts it).
+    pub(crate) async fn upload(&self, docker: &Docker, text: &[u8]) -> Result<(), StepError> {
         docker
             .upload_to_container(
                 &self.container,
@@ -87,21 +87,13 @@ impl StageRun {
             )
             .await
             .map_err(step("copying the script into the job container"))?;
-        // `mkdir` is the start's lock: only the first start of this run gets past it. The
-        // runner's scripts are written for bash when it is there; `sh` otherwise. The pid is
-        // kept so a cancellation can stop the script's processes.
-        let (dir, script) = (&self.dir, &self.script);
-        let command = format!(
-            "mkdir {dir} 2>/dev/null || exit 0; \
-             sh -c 'echo $$ > {dir}/pid; if command -v bash >/dev/null 2>&1; then exec bash {script}; else exec sh {script}; fi' \
-               > {dir}/log 2>&1 < /dev/null; \
-             echo $? > {dir}/status.tmp; mv {dir}/status.tmp {dir}/status"
-        );
-        self.exec_detached(docker, command).await
+        Ok(())
     }
 
-    /// Prints the log from byte `printed` on (counting what it prints) until the script's
-    /// status appears or the stream is cut.
+    /// Starts the script in the background unless this run already did, then prints its log
+    /// from byte `printed` on (counting what it prints) until the script's status appears or
+    /// the stream is cut. The script is not tied to this exec: its output goes to the log and
+    /// no signal reaches it when the exec's connection dies.
     pub(crate) async fn follow(
         &self,
         docker: &Docker,
@@ -109,19 +101,29 @@ impl StageRun {
     ) -> Result<Ended, StepError> {
         let dir = &self.dir;
         let from = printed.load(Ordering::Relaxed);
-        // Polls the log: every 50 ms while output flows and for the first 2 s, every 250 ms
-        // after a second without any (one `wc` a poll). A `sleep` without fractions (a
-        // busybox built without them) falls back to whole seconds rather than spinning.
+        let script = &self.script;
+        // `mkdir` is the start's lock: only the first start of this run gets past it. The
+        // runner's scripts are written for bash when it is there; `sh` otherwise. The pid is
+        // kept so a cancellation can stop the script's processes.
+        // Then the log is polled: every 10 ms for the first 100 ms (short scripts end there),
+        // every 50 ms while output flows and for the first 2 s, every 250 ms after a second
+        // without any (one `wc` a poll). A `sleep` without fractions (a busybox built without
+        // them) falls back to whole seconds rather than spinning.
         let command = format!(
-            "N={from}; i=0; q=0; \
+            "if mkdir {dir} 2>/dev/null; then \
+               ( sh -c 'echo $$ > {dir}/pid; if command -v bash >/dev/null 2>&1; then exec bash {script}; else exec sh {script}; fi' \
+                   > {dir}/log 2>&1 < /dev/null; \
+                 echo $? > {dir}/status.tmp; mv {dir}/status.tmp {dir}/status ) > /dev/null 2>&1 < /dev/null & \
+             fi; \
+             N={from}; i=0; q=0; \
              nap() {{ sleep $1 2>/dev/null || sleep 1; }}; \
-             while [ ! -e {dir}/log ]; do i=$((i+1)); if [ $i -gt 600 ]; then echo {NO_START_MARK} >&2; exit 3; fi; nap 0.05; done; \
+             while [ ! -e {dir}/log ]; do i=$((i+1)); if [ $i -gt 3000 ]; then echo {NO_START_MARK} >&2; exit 3; fi; nap 0.01; done; i=0; \
              while :; do \
                if [ -e {dir}/status ]; then d=1; else d=0; fi; \
                s=$(($(wc -c < {dir}/log))); \
                if [ $s -gt $N ]; then tail -c +$((N+1)) {dir}/log | head -c $((s-N)); N=$s; q=0; else q=$((q+1)); fi; \
                if [ $d = 1 ]; then echo >&2; echo {STATUS_MARK}$(cat {dir}/status) >&2; exit 0; fi; \
-               i=$((i+1)); if [ $q -lt 20 ] || [ $i -lt 40 ]; then nap 0.05; else nap 0.25; fi; \
+               i=$((i+1)); if [ $i -lt 10 ]; then nap 0.01; elif [ $q -lt 20 ] || [ $i -lt 50 ]; then nap 0.05; else nap 0.25; fi; \
              done"
         );
         let exec = docker

@@ -198,7 +198,7 @@ async fn run_inner(
     let lease = lease::acquired(api, job, patience).await?;
     let docker = crate::docker::for_lease(api, lease, 3600).map_err(system)?;
     let run = StageRun::new(job.container(), stage, &run_id());
-    riding_restarts(api, job, patience, || run.start(&docker, &text)).await?;
+    riding_restarts(api, job, patience, || run.upload(&docker, &text)).await?;
     // Bytes of the log printed so far: a follow after a cut starts there.
     let printed = AtomicU64::new(0);
     let follow = riding_restarts(api, job, patience, || async {
