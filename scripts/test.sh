@@ -24,7 +24,10 @@ rustup component list --installed | grep -q '^rustfmt' || rustup component add r
 #   nodejs, npm     componentize-js builds the JavaScript plugin template (scripts/templates.sh);
 #                   componentize-py, for the Python one, comes from PyPI into a venv
 #   musl-tools, ca-certificates
-#                   the static binary of the container image (deploy/image.sh) and its CA roots.
+#                   the static binary of the container image (deploy/image.sh) and its CA roots;
+#   iproute2        `ip netns`: a dockerd with its iptables rules on, in a network namespace of
+#                   its own (job network isolation), entered with util-linux's nsenter.
+# Some tests need root: that dockerd, and stand-ins served on port 443 of 127.0.0.N.
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v docker-registry >/dev/null || need+=(docker-registry)
@@ -39,6 +42,7 @@ command -v musl-gcc >/dev/null || need+=(musl-tools)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+command -v ip >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
