@@ -142,29 +142,13 @@ impl CredentialSource {
         client: &reqwest::Client,
         url: &str,
     ) -> Result<Secret, Mint> {
-        let failed = |detail: String| Mint::failed(credential, detail);
         let mut request = client.get(url);
         for (name, value) in &self.headers {
             request = request.header(name, value);
         }
-        let response = request.send().await.map_err(|e| {
-            failed(format!(
-                "the subject token URL {url}: {}",
-                super::aws::without_url(&e)
-            ))
-        })?;
-        let status = response.status();
-        let body = response.text().await.map_err(|e| {
-            failed(format!(
-                "the subject token URL {url}: {}",
-                super::aws::without_url(&e)
-            ))
-        })?;
-        if !status.is_success() {
-            return Err(failed(format!(
-                "the subject token URL {url} answered {status}"
-            )));
-        }
+        let body = text_of(request, url)
+            .await
+            .map_err(|e| Mint::failed(credential, format!("the subject token URL: {e}")))?;
         Ok(Secret::new(body.trim()))
     }
 

@@ -104,24 +104,7 @@ async fn lifecycle(docker: &Docker, n: u64) {
         )
         .await
         .expect("start");
-    let exec = docker
-        .create_exec(
-            &name,
-            CreateExecOptions {
-                attach_stdout: Some(true),
-                cmd: Some(vec!["true"]),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("exec");
-    if let StartExecResults::Attached { mut output, .. } = docker
-        .start_exec(&exec.id, Some(StartExecOptions::default()))
-        .await
-        .expect("start exec")
-    {
-        while output.next().await.is_some() {}
-    }
+    assert_eq!(exec_to_end(docker, &name, vec!["true"]).await, Some(0));
     docker
         .remove_container(
             &name,
@@ -349,49 +332,15 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-/// The stage as the driver ran it before it rode through restarts: the script uploaded, then
-/// one exec attached to its end, then its exit code.
-async fn attached_stage(docker: &Docker, container: &str, text: &[u8]) {
-    use std::io::Write;
-    let mut tar = Vec::new();
-    {
-        let mut header = [0u8; 512];
-        let name = b"flotilla-bench.sh";
-        header[..name.len()].copy_from_slice(name);
-        header[100..107].copy_from_slice(b"0000700");
-        for field in [108..115, 116..123] {
-            header[field].copy_from_slice(b"0000000");
-        }
-        let size = format!("{:011o}", text.len());
-        header[124..135].copy_from_slice(size.as_bytes());
-        header[136..147].copy_from_slice(b"00000000000");
-        header[156] = b'0';
-        header[257..262].copy_from_slice(b"ustar");
-        header[148..156].copy_from_slice(b"        ");
-        let sum: u32 = header.iter().map(|b| u32::from(*b)).sum();
-        header[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        tar.write_all(&header).expect("tar");
-        tar.write_all(text).expect("tar");
-        tar.resize(512 + text.len().div_ceil(512) * 512 + 1024, 0);
-    }
-    docker
-        .upload_to_container(
-            container,
-            Some(bollard::query_parameters::UploadToContainerOptions {
-                path: "/tmp".into(),
-                ..Default::default()
-            }),
-            bollard::body_full(tar.into()),
-        )
-        .await
-        .expect("upload");
+/// Runs `cmd` in `container`, attached to its end; its exit code.
+async fn exec_to_end(docker: &Docker, container: &str, cmd: Vec<&str>) -> Option<i64> {
     let exec = docker
         .create_exec(
             container,
             CreateExecOptions {
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
-                cmd: Some(vec!["sh", "/tmp/flotilla-bench.sh"]),
+                cmd: Some(cmd),
                 ..Default::default()
             },
         )
@@ -404,8 +353,33 @@ async fn attached_stage(docker: &Docker, container: &str, text: &[u8]) {
     {
         while output.next().await.is_some() {}
     }
-    let done = docker.inspect_exec(&exec.id).await.expect("inspect");
-    assert_eq!(done.exit_code, Some(0));
+    docker
+        .inspect_exec(&exec.id)
+        .await
+        .expect("inspect")
+        .exit_code
+}
+
+/// The stage as the driver ran it before it rode through restarts: the script uploaded, then
+/// one exec attached to its end, then its exit code.
+async fn attached_stage(docker: &Docker, container: &str, text: &[u8]) {
+    docker
+        .upload_to_container(
+            container,
+            Some(bollard::query_parameters::UploadToContainerOptions {
+                path: "/tmp".into(),
+                ..Default::default()
+            }),
+            bollard::body_full(
+                flotilla_gitlab::tar::one_file("flotilla-bench.sh", 0o700, text).into(),
+            ),
+        )
+        .await
+        .expect("upload");
+    assert_eq!(
+        exec_to_end(docker, container, vec!["sh", "/tmp/flotilla-bench.sh"]).await,
+        Some(0)
+    );
 }
 
 criterion_group!(benches, bench);

@@ -772,6 +772,23 @@ mod misbehave {
         );
     }
 
+    /// A plugin that writes its state in a loop is refused after the per-call budget, and the
+    /// next call gets a fresh one: each write is a durable commit to the file the lease
+    /// journal shares.
+    #[tokio::test]
+    async fn state_writes_are_bounded_per_call() {
+        let p = provider("flood", |_| {});
+        must(p.init(r#"{"on":{"update":"state-flood"}}"#)).await;
+        for _ in 0..2 {
+            let e = p.update().await;
+            assert!(
+                matches!(&e, Err(CallError::Provider { error: ProviderError::Transient(m), .. })
+                    if m.contains("refused after 64 writes") && m.contains("per call")),
+                "{e:?}"
+            );
+        }
+    }
+
     /// After a trap the next call re-instantiates the plugin and calls `init` again; an `init`
     /// that then blocks is cut at the init deadline, counted as a timeout and fed to the
     /// circuit, so the pool neither wedges nor hides it.

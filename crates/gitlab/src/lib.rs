@@ -17,7 +17,7 @@ pub mod job;
 mod lease;
 mod script;
 pub mod stages;
-mod tar;
+pub mod tar;
 
 pub use api::{ApiClient, ApiError, LeaseInfo};
 pub use containers::{CACHE_LABEL, JOB_LABEL};

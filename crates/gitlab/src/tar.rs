@@ -1,7 +1,7 @@
 //! A tar archive of one regular file, for `PUT /containers/{id}/archive` (ustar format).
 
 /// The archive holding `name` (a plain file name, no directories) with `mode` and `data`.
-pub(crate) fn one_file(name: &str, mode: u32, data: &[u8]) -> Vec<u8> {
+pub fn one_file(name: &str, mode: u32, data: &[u8]) -> Vec<u8> {
     let mut header = [0u8; 512];
     let put = |header: &mut [u8; 512], at: usize, field: &[u8]| {
         for (slot, byte) in header.iter_mut().skip(at).zip(field) {

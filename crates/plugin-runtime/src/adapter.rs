@@ -210,6 +210,8 @@ impl WasmProvider {
         arm_deadline(&mut slot.store, deadline);
         slot.store.data_mut().log_lines_left = self.sandbox.limits.log_lines_per_call;
         slot.store.data_mut().log_dropped = 0;
+        slot.store.data_mut().state_writes_left =
+            flotilla_provider::StateLimits::default().writes_per_call;
         slot.store.data_mut().hooks.requests_this_call = 0;
         slot.store.data_mut().reported_max = None;
         match within(deadline, call(slot)).await {

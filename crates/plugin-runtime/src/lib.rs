@@ -313,6 +313,8 @@ pub(crate) struct HostState {
     origin: Origin,
     ssh_public_key: Option<Arc<str>>,
     state: Arc<dyn flotilla_provider::PluginState>,
+    /// `state` writes the running call may still make.
+    state_writes_left: u32,
     log_lines_left: u32,
     /// Lines dropped in the current call (the first drop is logged).
     log_dropped: u64,
@@ -367,6 +369,7 @@ impl HostState {
             origin,
             ssh_public_key,
             state,
+            state_writes_left: flotilla_provider::StateLimits::default().writes_per_call,
             log_lines_left: limits.log_lines_per_call,
             log_dropped: 0,
             deadline: Deadline::after(std::time::Duration::ZERO),
@@ -418,6 +421,7 @@ impl bindings::flotilla::provider::state::Host for HostState {
     }
 
     fn set(&mut self, key: String, value: Vec<u8>) -> Result<(), wit_state::StateError> {
+        self.state_write()?;
         let result = self.state.set(&key, &value).map_err(state_error);
         if let Err(e) = &result {
             tracing::warn!(target: "flotilla::plugin", pool = %self.origin.pool, plugin = %self.origin.plugin, "plugin state write refused: {e:?}");
@@ -426,6 +430,7 @@ impl bindings::flotilla::provider::state::Host for HostState {
     }
 
     fn delete(&mut self, key: String) -> Result<(), wit_state::StateError> {
+        self.state_write()?;
         self.state.delete(&key).map_err(state_error)
     }
 
@@ -435,6 +440,20 @@ impl bindings::flotilla::provider::state::Host for HostState {
 }
 
 use bindings::flotilla::provider::state as wit_state;
+
+impl HostState {
+    /// Takes one of the running call's state writes, or refuses the write.
+    fn state_write(&mut self) -> Result<(), wit_state::StateError> {
+        if self.state_writes_left == 0 {
+            return Err(wit_state::StateError::TooLarge(format!(
+                "at most {} state writes per call",
+                flotilla_provider::StateLimits::default().writes_per_call
+            )));
+        }
+        self.state_writes_left -= 1;
+        Ok(())
+    }
+}
 
 fn state_error(e: flotilla_provider::StateError) -> wit_state::StateError {
     match e {

@@ -32,6 +32,9 @@ pub struct StateLimits {
     pub keys: usize,
     /// Bytes of every key and value together.
     pub total_bytes: usize,
+    /// Writes (`set`, `delete`) in one export call: each is a durable commit to the file the
+    /// lease journal shares, so a plugin that writes in a loop must not hold it.
+    pub writes_per_call: u32,
 }
 
 impl Default for StateLimits {
@@ -41,6 +44,7 @@ impl Default for StateLimits {
             value_bytes: 64 << 10,
             keys: 1024,
             total_bytes: 1 << 20,
+            writes_per_call: 64,
         }
     }
 }

@@ -1295,9 +1295,12 @@ fn flexible_list(c: &Cloud, q: &[(String, String)], path: &str) -> Answer {
         .find(|(k, _)| k == "$filter")
         .map(|(_, v)| v.clone());
     let expand = q.iter().any(|(k, v)| k == "$expand" && v == "instanceView");
-    // The property is quoted, as the spec's example (VirtualMachines_ListAll with
-    // `'virtualMachineScaleSet/id' eq '...'`) and every caller write it (azure-cli #24609, the
-    // Compute .NET tests, CAPZ); the unquoted form is refused with BadRequest on 2024-07-01.
+    // The property is quoted, as the spec's parameter text (virtualMachine.json,
+    // VirtualMachines_List: "Allowed value is 'virtualMachineScaleSet/id' eq ...") and every
+    // caller write it (azure-cli #24609, azure-sdk-for-java VirtualMachinesImpl, the Go and
+    // Java SDK issues #21291 and #36506). The unquoted form's refusal with BadRequest on
+    // 2024-07-01 is a field report (issue #31 of this project); no public record of it was
+    // found, and the message below is this stand-in's own wording.
     let wanted = format!("'virtualMachineScaleSet/id' eq '{}'", AzureCloud::set_id());
     let filtered = match &filter {
         Some(f) if f.eq_ignore_ascii_case(&wanted) => true,

@@ -762,7 +762,11 @@ impl State {
             "versionTarget": {"isReached": true},
             "stateful": {"hasStatefulConfig": false},
         });
-        // Attached whatever its mode: OFF keeps the autoscaler and its configuration.
+        // Attached whatever its mode: OFF "disables the autoscaler but maintains its
+        // configuration" (discovery doc, AutoscalingPolicy.mode) and the Autoscaler keeps its
+        // `target`. That `status.autoscaler` still names it in mode OFF is inferred, not
+        // documented: gcloud (`managed_instance_groups_utils.ResolveAutoscalingStatusForMig`)
+        // reports any attached autoscaler as autoscaling, whatever its mode.
         if let Some(a) = &self.autoscaler {
             status["autoscaler"] = json!(a);
         }

@@ -4,7 +4,7 @@
 //! init, update, increase, decrease, connect-info, heartbeat, shutdown and fault is one of
 //! `trap`, `panic`, `loop`, `alloc`, `sleep`, `dup-ids`, `over-increase`, `foreign-ids`, and
 //! for update `huge-list`, `long-id`, `long-error`, `log-forge`, `fields-flood`,
-//! `fields-oversized`.
+//! `fields-oversized`, `state-flood`.
 //! `"again": {"init": "<fault>"}` applies a fault only to `init` of a re-instantiated plugin
 //! (after a trap or a timeout): the guest counts its inits in the pool's `state`, which
 //! outlives an instance.
@@ -160,6 +160,20 @@ impl Guest for Misbehave {
             // Host-side memory through wasi:http: as many 16 KiB header sets as the host
             // will hold, all kept.
             Some("fields-flood") => return fields_flood(),
+            // Writes to the pool's state until the host refuses, and says how far it got.
+            Some("state-flood") => {
+                let mut written = 0u32;
+                loop {
+                    match flotilla::provider::state::set("flood", &written.to_le_bytes()) {
+                        Ok(()) => written += 1,
+                        Err(e) => {
+                            return Err(Error::Transient(format!(
+                                "refused after {written} writes: {e:?}"
+                            )));
+                        }
+                    }
+                }
+            }
             // One header set of 256 KiB.
             Some("fields-oversized") => {
                 let big = wasi::http::types::Fields::from_list(&[(
