@@ -5,11 +5,11 @@
 # sends SIGTERM while the lease is held (the container must keep draining and refuse new
 # work), releases the lease, and expects exit 0 well inside the grace period. A second run on
 # the same volumes must load the plugin from the compile cache.
-# Needs docker.io (dockerd), musl-tools, and the guests built by scripts/test.sh.
+# Needs docker.io (dockerd) and musl-tools. With FLOTILLA_DIST set, the image is also saved
+# there as flotilla-image.tar (tagged flotilla:<version>) for scripts/release.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
-guests="$CARGO_TARGET_DIR/wasm-guests/wasm32-wasip2/guest"
 work=$(mktemp -d)
 chmod 755 "$work"
 fail() { echo "container: $*" >&2; docker logs flotilla-under-test 2>&1 | tail -20 >&2 || true; exit 1; }
@@ -37,6 +37,13 @@ docker version > /dev/null 2>&1 || { cat "$work/docker/dockerd.log"; exit 1; }
 tag=flotilla:under-test
 ./deploy/image.sh "$tag"
 size=$(docker image inspect --format '{{.Size}}' "$tag")
+# The release's image artifact (scripts/release.sh collects it).
+if [ -n "${FLOTILLA_DIST:-}" ]; then
+  mkdir -p "$FLOTILLA_DIST"
+  version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+  docker tag "$tag" "flotilla:$version"
+  docker save "flotilla:$version" -o "$FLOTILLA_DIST/flotilla-image.tar"
+fi
 echo "== container: image size $size bytes ($((size / 1024 / 1024)) MiB)"
 
 # The image's promises: a non-root user, no shell, CA roots inside.
@@ -49,8 +56,7 @@ grep -q "BEGIN CERTIFICATE" "$work/roots.crt" || fail "no CA roots in the image"
 
 # The quick-start config, listening on all interfaces inside the container, with the
 # metrics-and-health listener on its own port.
-mkdir -p "$work/etc/plugins"
-cp "$guests/flotilla_plugin_static.wasm" "$work/etc/plugins/static.wasm"
+mkdir -p "$work/etc"
 sed -e 's/127.0.0.1:8080/0.0.0.0:8080/' \
   -e 's/^shutdown_grace = .*/shutdown_grace = "20s"\nmetrics_listen = "0.0.0.0:9090"/' \
   examples/quickstart.toml > "$work/etc/config.toml"

@@ -104,4 +104,10 @@ echo "== deploy/: Helm chart (lint --strict, schema, package), kustomize (kubern
 PATH="$FLOTILLA_VENV/bin:$PATH" "$FLOTILLA_VENV/bin/python" deploy/check.py "$CARGO_TARGET_DIR/release/flotilla"
 
 echo "== the container image (static musl binary on scratch) under a real Docker Engine"
-./scripts/container.sh
+dist="$CARGO_TARGET_DIR/dist"
+rm -rf "$dist"
+FLOTILLA_DIST="$dist" ./scripts/container.sh
+
+echo "== release artifacts, and installing from them without Rust"
+./scripts/release.sh "$dist"
+./scripts/install-check.sh "$dist"

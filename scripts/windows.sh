@@ -31,9 +31,10 @@ for p in flotilla_plugin_static flotilla_plugin_aws; do
   grep -q "OK: a valid Flotilla provider plugin" "$work/check.txt"
 done
 
+flotilla plugin check builtin:static | tee "$work/check.txt"
+grep -q "OK: a valid Flotilla provider plugin" "$work/check.txt"
+
 echo "== windows: config check"
-mkdir -p "$work/plugins"
-cp "$guests/flotilla_plugin_static.wasm" "$work/plugins/static.wasm"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 sed "s/127.0.0.1:8080/127.0.0.1:$port/" examples/quickstart.toml > "$work/quickstart.toml"
 flotilla config check -c "$work/quickstart.toml"

@@ -247,15 +247,25 @@ struct Built {
     state: Arc<AppState>,
 }
 
+/// The plugin runtime, with the configuration's compile cache (or the user's).
+pub fn plugin_runtime(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginRuntime> {
+    let cache_dir = cache_dir.or_else(flotilla_plugin_runtime::default_cache_dir);
+    Ok(PluginRuntime::new(RuntimeOptions { cache_dir })?)
+}
+
 /// Loads the config, the runtime, the registry client and the lease store. Pools start
 /// later, each on its own task (see [`keep_starting`]).
 async fn build(config_path: &Path) -> anyhow::Result<Built> {
     let cfg: Config = config::load(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let cache_dir = cfg
-        .cache_dir
-        .clone()
-        .or_else(flotilla_plugin_runtime::default_cache_dir);
-    let runtime = PluginRuntime::new(RuntimeOptions { cache_dir })?;
+    let runtime = plugin_runtime(cfg.cache_dir.clone())?;
+    // The same checks `config check` makes: nothing starts on a config it would refuse.
+    let found = crate::preflight::check(&config::Checkable::of(&cfg), &runtime).await;
+    for note in &found.skipped {
+        tracing::info!("{note}");
+    }
+    if !found.problems.is_empty() {
+        anyhow::bail!("{}", config::ConfigErrors(found.problems));
+    }
     let metrics = Metrics::new()?;
     let token = api_token(&cfg)?;
     let needs_registry = cfg

@@ -63,6 +63,17 @@ pub fn read_settings(path: &Path) -> Result<String, String> {
     Ok(text)
 }
 
+/// A `builtin:NAME` argument: the embedded plugin, or why there is none; `None` for a path.
+pub fn builtin(arg: &Path) -> Option<Result<&'static flotilla_builtin::Builtin, String>> {
+    let name = arg.to_str()?.strip_prefix(flotilla_builtin::PREFIX)?;
+    Some(flotilla_builtin::find(name).ok_or_else(|| {
+        format!(
+            "no built-in plugin {name:?}; built in: {}",
+            flotilla_builtin::names()
+        )
+    }))
+}
+
 /// Runs the check; never panics, every failure lands in `error`.
 pub async fn check(options: &CheckOptions) -> CheckReport {
     let mut report = CheckReport {
@@ -91,7 +102,15 @@ pub async fn check(options: &CheckOptions) -> CheckReport {
             return report;
         }
     };
-    let plugin = match runtime.load_file(&options.file) {
+    let loaded = match builtin(&options.file) {
+        Some(Ok(b)) => runtime.load_bytes(&report.file, b.bytes),
+        Some(Err(e)) => {
+            report.error = Some(e);
+            return report;
+        }
+        None => runtime.load_file(&options.file),
+    };
+    let plugin = match loaded {
         Ok(p) => p,
         Err(e) => {
             report.error = Some(e.to_string());

@@ -15,6 +15,7 @@ pub mod example_cloud;
 pub mod metrics;
 pub mod migrate;
 pub mod pools;
+pub mod preflight;
 pub mod serve;
 pub mod signals;
 pub mod simulate;

@@ -9,7 +9,8 @@ use flotilla::cli::gitlab::ExitWith;
 use flotilla::cli::{Cli, Command, Reported};
 
 fn init_logging(json: bool, quiet: bool) {
-    // The GitLab driver's stderr is the job's log: only warnings unless asked.
+    // The GitLab driver's stderr is the job's log, and `config check` prints its verdict: only
+    // warnings unless asked.
     let default = if quiet { "warn" } else { "info" };
     let spec = std::env::var("FLOTILLA_LOG").unwrap_or_else(|_| default.to_string());
     // rustls' platform verifier logs each rejected certificate itself; flotilla reports it once.
@@ -42,7 +43,10 @@ fn init_logging(json: bool, quiet: bool) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_json, matches!(cli.command, Command::Gitlab(_)));
+    init_logging(
+        cli.log_json,
+        matches!(cli.command, Command::Gitlab(_) | Command::Config(_)),
+    );
     match cli.command.run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<ExitWith>().is_some() => {

@@ -491,7 +491,7 @@ fn config_check_locates_connector_mistakes() {
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains(&format!(
-            "{}:7: pool[0].connector.ready_comand: unknown key (known here: username,",
+            "{}:7: pool[0].connector.ready_comand: unknown key; did you mean `ready_command`? (known here: username,",
             unknown.display()
         )),
         "{out}"

@@ -22,7 +22,8 @@ use crate::{EgressPolicy, Limits, Sandbox};
 /// `plugin`, `pull_policy` and `verify` of one pool.
 #[derive(Debug, Clone, Copy)]
 pub struct SourceConfig<'a> {
-    /// A path to a `.wasm` component (relative to the config file), or `oci://...`.
+    /// A path to a `.wasm` component (relative to the config file), `builtin:NAME`, or
+    /// `oci://...`.
     pub plugin: &'a str,
     /// For `oci://` plugins only.
     pub pull_policy: Option<PullPolicy>,
@@ -53,9 +54,25 @@ impl Validate for SourceConfig<'_> {
                 verify_key: verify_key?,
             });
         }
+        let builtin = match self.plugin.strip_prefix(flotilla_builtin::PREFIX) {
+            Some(name) => match flotilla_builtin::find(name) {
+                Some(builtin) => Some(builtin),
+                None => {
+                    problems.add(
+                        &at.key("plugin"),
+                        format!(
+                            "no built-in plugin {name:?}; built in: {}",
+                            flotilla_builtin::names()
+                        ),
+                    );
+                    return None;
+                }
+            },
+            None => None,
+        };
         let path = cx.resolve(std::path::Path::new(self.plugin));
         let mut ok = true;
-        if cx.check_files && !path.is_file() {
+        if builtin.is_none() && cx.check_files && !path.is_file() {
             problems.add(
                 &at.key("plugin"),
                 format!("{} does not exist or is not a file", path.display()),
@@ -73,7 +90,10 @@ impl Validate for SourceConfig<'_> {
             );
             ok = false;
         }
-        ok.then_some(PluginSource::File(path))
+        ok.then_some(match builtin {
+            Some(builtin) => PluginSource::Builtin(builtin),
+            None => PluginSource::File(path),
+        })
     }
 }
 

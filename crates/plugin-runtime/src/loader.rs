@@ -1,4 +1,4 @@
-//! Where a plugin's bytes come from: a file, or an OCI artifact pulled (or found in the cache)
+//! Where a plugin's bytes come from: a file, the binary (`builtin:NAME`), or an OCI artifact pulled (or found in the cache)
 //! by `flotilla-oci`. The registry is handed a validation closure, so it never learns what a
 //! component is; this module is the only place the two meet.
 
@@ -13,6 +13,8 @@ use crate::{LoadError, LoadedPlugin, PluginRuntime};
 pub enum PluginSource {
     /// A local `.wasm` file.
     File(PathBuf),
+    /// An official plugin embedded in the binary (`builtin:NAME`).
+    Builtin(&'static flotilla_builtin::Builtin),
     /// A registry artifact.
     Oci {
         /// The reference.
@@ -28,6 +30,7 @@ impl std::fmt::Display for PluginSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PluginSource::File(p) => write!(f, "{}", p.display()),
+            PluginSource::Builtin(b) => write!(f, "{}{}", flotilla_builtin::PREFIX, b.name),
             PluginSource::Oci { reference, .. } => write!(f, "{reference}"),
         }
     }
@@ -81,6 +84,9 @@ pub async fn load_plugin(
 ) -> Result<LoadedPlugin, LoaderError> {
     match source {
         PluginSource::File(path) => Ok(runtime.load_file(path)?),
+        PluginSource::Builtin(builtin) => {
+            Ok(runtime.load_bytes(&source.to_string(), builtin.bytes)?)
+        }
         PluginSource::Oci {
             reference,
             pull_policy,

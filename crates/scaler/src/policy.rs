@@ -151,13 +151,133 @@ impl Policy {
 }
 
 fn parse_cron(p: &str) -> Result<Cron, String> {
-    let fields = p.split_whitespace().count();
-    if fields != 5 {
+    let fields: Vec<&str> = p.split_whitespace().collect();
+    if fields.len() != 5 {
         return Err(format!(
-            "{p:?} has {fields} fields; expected 5 (minute hour day month weekday)"
+            "{p:?} has {} fields; expected 5 (minute hour day month weekday)",
+            fields.len()
         ));
     }
-    Cron::from_str(p).map_err(|e| format!("{p:?}: {e}"))
+    for (field, (name, range)) in fields.iter().zip(&CRON_FIELDS) {
+        check_cron_field(field, name, range).map_err(|why| format!("{p:?}: {why}"))?;
+    }
+    // croner's own words name its internals ("Component error: ..."); ours name the field.
+    Cron::from_str(p).map_err(|_| {
+        format!("{p:?} is not a cron expression (minute hour day month weekday, e.g. \"* 8-18 * * MON-FRI\")")
+    })
+}
+
+/// The five fields: their names and ranges, with the names a value may take instead.
+const CRON_FIELDS: [(&str, CronRange); 5] = [
+    (
+        "minute",
+        CronRange {
+            min: 0,
+            max: 59,
+            names: &[],
+        },
+    ),
+    (
+        "hour",
+        CronRange {
+            min: 0,
+            max: 23,
+            names: &[],
+        },
+    ),
+    (
+        "day of month",
+        CronRange {
+            min: 1,
+            max: 31,
+            names: &[],
+        },
+    ),
+    (
+        "month",
+        CronRange {
+            min: 1,
+            max: 12,
+            names: &[
+                "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+            ],
+        },
+    ),
+    (
+        "weekday",
+        CronRange {
+            min: 0,
+            max: 7,
+            names: &["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"],
+        },
+    ),
+];
+
+struct CronRange {
+    min: u32,
+    max: u32,
+    names: &'static [&'static str],
+}
+
+impl CronRange {
+    fn describe(&self) -> String {
+        match (self.names.first(), self.names.last()) {
+            (Some(first), Some(last)) => {
+                format!("{}-{} or {first}-{last}", self.min, self.max)
+            }
+            _ => format!("{}-{}", self.min, self.max),
+        }
+    }
+
+    /// One value of the field: a number in range or a name.
+    fn value(&self, text: &str, name: &str) -> Result<(), String> {
+        if let Ok(n) = text.parse::<u32>() {
+            return if (self.min..=self.max).contains(&n) {
+                Ok(())
+            } else {
+                Err(format!("{name} {n} is out of range ({})", self.describe()))
+            };
+        }
+        if self.names.iter().any(|n| n.eq_ignore_ascii_case(text)) {
+            return Ok(());
+        }
+        Err(format!(
+            "{name} {text:?} is not a value ({})",
+            self.describe()
+        ))
+    }
+}
+
+/// One field: `*`, values, ranges and steps, comma-separated. Day-of-month and weekday
+/// modifiers (`L`, `W`, `#`) are left to the parser.
+fn check_cron_field(field: &str, name: &str, range: &CronRange) -> Result<(), String> {
+    for part in field.split(',') {
+        if part.contains(['L', 'W', '#', '?']) && name != "month" {
+            continue;
+        }
+        let (span, step) = match part.split_once('/') {
+            Some((span, step)) => (span, Some(step)),
+            None => (part, None),
+        };
+        if let Some(step) = step
+            && !step.parse::<u32>().is_ok_and(|s| s >= 1)
+        {
+            return Err(format!(
+                "{name} step {step:?} must be a whole number of at least 1"
+            ));
+        }
+        if span == "*" {
+            continue;
+        }
+        match span.split_once('-') {
+            Some((from, to)) => {
+                range.value(from, name)?;
+                range.value(to, name)?;
+            }
+            None => range.value(span, name)?,
+        }
+    }
+    Ok(())
 }
 
 /// The policy in force at `now`: the last matching one wins.
@@ -227,6 +347,36 @@ mod tests {
             false,
         )
         .unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    #[test]
+    fn a_bad_cron_field_is_named_in_our_words() {
+        for (cron, want) in [
+            ("* * * 99 *", "month 99 is out of range (1-12 or JAN-DEC)"),
+            ("61 * * * *", "minute 61 is out of range (0-59)"),
+            ("* 8-25 * * *", "hour 25 is out of range (0-23)"),
+            (
+                "* * * * FUN",
+                "weekday \"FUN\" is not a value (0-7 or SUN-SAT)",
+            ),
+            (
+                "*/0 * * * *",
+                "minute step \"0\" must be a whole number of at least 1",
+            ),
+            ("* * 0 * *", "day of month 0 is out of range (1-31)"),
+        ] {
+            let e = parse_cron(cron).err().unwrap_or_default();
+            assert!(e.contains(want), "{cron}: {e}");
+            assert!(!e.contains("Component"), "{cron}: {e}");
+        }
+        for good in [
+            "* 8-18 * * MON-FRI",
+            "*/15 * * * *",
+            "0 0 1,15 jan-jun 0",
+            "0 0 L * *",
+        ] {
+            assert!(parse_cron(good).is_ok(), "{good}");
+        }
     }
 
     #[test]

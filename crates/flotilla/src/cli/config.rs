@@ -22,28 +22,48 @@ pub enum ConfigCommand {
 }
 
 impl ConfigCommand {
-    /// Runs the command.
-    pub fn run(self) -> anyhow::Result<()> {
+    /// Runs the command: the file's validation, then the checks `run` makes before it starts
+    /// (token, connector files, each plugin's verdict on its `plugin_config`), every problem in
+    /// one list sorted by line.
+    pub async fn run(self) -> anyhow::Result<()> {
         let ConfigCommand::Check { config, json } = self;
-        match crate::config::load(&config) {
-            Ok(cfg) => {
-                if json {
-                    let pools: Vec<&str> = cfg.pools.iter().map(|p| p.name.as_str()).collect();
-                    print_json(&json!({ "ok": true, "pools": pools }))?;
-                } else {
-                    println!("{}: OK ({} pools)", config.display(), cfg.pools.len());
+        let (loaded, checkable) = crate::config::load_checkable(&config);
+        let runtime = crate::app::plugin_runtime(checkable.cache_dir.clone())?;
+        let found = crate::preflight::check(&checkable, &runtime).await;
+        let (mut problems, pools) = match loaded {
+            Ok(cfg) => (
+                Vec::new(),
+                cfg.pools.iter().map(|p| p.name.clone()).collect(),
+            ),
+            Err(e) => (e.0, Vec::new()),
+        };
+        problems.extend(found.problems);
+        crate::config::sort_problems(&mut problems);
+        let skipped = found.skipped;
+        if problems.is_empty() {
+            if json {
+                print_json(&json!({ "ok": true, "pools": pools, "skipped": skipped }))?;
+            } else {
+                for note in &skipped {
+                    println!("note: {note}");
                 }
-                Ok(())
+                println!("{}: OK ({} pools)", config.display(), pools.len());
             }
-            Err(e) => {
-                if json {
-                    print_json(&json!({ "ok": false, "problems": e.0 }))?;
-                } else {
-                    eprintln!("{e}");
-                    eprintln!("{} problem(s) found", e.0.len());
-                }
-                Err(Reported(format!("{} problem(s) in {}", e.0.len(), config.display())).into())
-            }
+            return Ok(());
         }
+        if json {
+            print_json(&json!({ "ok": false, "problems": problems }))?;
+        } else {
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            eprintln!("{} problem(s) found", problems.len());
+        }
+        Err(Reported(format!(
+            "{} problem(s) in {}",
+            problems.len(),
+            config.display()
+        ))
+        .into())
     }
 }

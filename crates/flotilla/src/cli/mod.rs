@@ -53,7 +53,7 @@ impl Command {
         match self {
             Command::Plugin(c) => c.run().await,
             Command::Run(a) => a.run().await,
-            Command::Config(c) => c.run(),
+            Command::Config(c) => c.run().await,
             Command::Simulate(a) => a.run(),
             Command::Gitlab(a) => a.run().await,
             Command::Migrate(c) => c.run(),

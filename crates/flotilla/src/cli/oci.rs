@@ -232,42 +232,63 @@ pub fn ls(args: &RegistryArgs, json_out: bool) -> Result<String, OciError> {
             (e, present)
         })
         .collect();
-    let value = json!(
-        entries
-            .iter()
-            .map(|(e, present)| json!({
-                "reference": e.reference,
-                "digest": e.digest,
-                "size": e.size,
-                "resolved_at": e.resolved_at,
-                "signature_verified": e.signature_verified,
-                "cached": present,
-            }))
-            .collect::<Vec<_>>()
+    // The built-in plugins first: always present, pinned by the binary itself.
+    let builtins = flotilla_builtin::ALL.iter().map(|b| {
+        (
+            format!("{}{}", flotilla_builtin::PREFIX, b.name),
+            format!("sha256:{}", flotilla_net::sha256_hex(b.bytes)),
+            b.bytes.len(),
+        )
+    });
+    let mut listed: Vec<serde_json::Value> = builtins
+        .clone()
+        .map(|(reference, digest, size)| {
+            json!({
+                "reference": reference,
+                "source": "builtin",
+                "digest": digest,
+                "size": size,
+                "cached": true,
+            })
+        })
+        .collect();
+    listed.extend(entries.iter().map(|(e, present)| {
+        json!({
+            "reference": e.reference,
+            "source": "cache",
+            "digest": e.digest,
+            "size": e.size,
+            "resolved_at": e.resolved_at,
+            "signature_verified": e.signature_verified,
+            "cached": present,
+        })
+    }));
+    let mut text = format!(
+        "{:<60} {:<71} {:>10} SIGNED\n",
+        "REFERENCE", "DIGEST", "SIZE"
     );
-    let mut text = String::new();
+    for (reference, digest, size) in builtins {
+        text.push_str(&format!(
+            "{reference:<60} {digest:<71} {size:>10} built in\n"
+        ));
+    }
+    for (e, present) in &entries {
+        text.push_str(&format!(
+            "{:<60} {:<71} {:>10} {}{}\n",
+            e.reference,
+            e.digest,
+            e.size,
+            if e.signature_verified { "yes" } else { "no" },
+            if *present { "" } else { " (blob missing)" }
+        ));
+    }
     if entries.is_empty() {
         text.push_str(&format!(
-            "no cached plugins in {}\n",
+            "(no pulled plugins cached in {})\n",
             store.root().display()
         ));
-    } else {
-        text.push_str(&format!(
-            "{:<60} {:<20} {:>10} {}\n",
-            "REFERENCE", "DIGEST", "SIZE", "SIGNED"
-        ));
-        for (e, present) in &entries {
-            text.push_str(&format!(
-                "{:<60} {:<20} {:>10} {}{}\n",
-                e.reference,
-                e.digest.get(..19).unwrap_or(&e.digest),
-                e.size,
-                if e.signature_verified { "yes" } else { "no" },
-                if *present { "" } else { " (blob missing)" }
-            ));
-        }
     }
-    Ok(render(json_out, value, text))
+    Ok(render(json_out, serde_json::Value::Array(listed), text))
 }
 
 fn key_password() -> Zeroizing<Vec<u8>> {

@@ -13,7 +13,7 @@ use crate::check::{CheckOptions, check};
 pub enum PluginCommand {
     /// Load and validate a plugin; with --settings also call init.
     Check {
-        /// The plugin component (.wasm).
+        /// The plugin component (.wasm), or `builtin:NAME` for one embedded in this binary.
         file: PathBuf,
         /// Print a JSON report.
         #[arg(long)]
@@ -101,7 +101,15 @@ pub enum PluginCommand {
         /// Registry host[:port].
         registry_host: String,
     },
-    /// List cached plugin artifacts.
+    /// Write a built-in plugin out as a .wasm file (to push to a registry and pin by digest).
+    Export {
+        /// `builtin:NAME` (`flotilla plugin ls` lists them).
+        name: String,
+        /// The file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// List the built-in plugins and the cached plugin artifacts, with their digests.
     Ls {
         /// Print JSON.
         #[arg(long)]
@@ -215,6 +223,7 @@ impl PluginCommand {
             }
             PluginCommand::Logout { registry_host } => oci_cli::logout(&registry_host),
             PluginCommand::Ls { json, registry } => oci_cli::ls(&registry, json),
+            PluginCommand::Export { name, output } => return export(&name, &output),
             PluginCommand::Sign {
                 reference,
                 key,
@@ -225,4 +234,25 @@ impl PluginCommand {
         print!("{out}");
         Ok(())
     }
+}
+
+/// `plugin export builtin:NAME -o FILE`: the embedded bytes, written atomically; prints the
+/// digest to pin.
+fn export(name: &str, output: &std::path::Path) -> anyhow::Result<()> {
+    let builtin = match crate::check::builtin(std::path::Path::new(name)) {
+        Some(found) => found.map_err(anyhow::Error::msg)?,
+        None => anyhow::bail!(
+            "{name:?} is not a built-in plugin: name one as builtin:NAME ({})",
+            flotilla_builtin::names()
+        ),
+    };
+    flotilla_net::fs::write_atomic(output, builtin.bytes)
+        .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", output.display()))?;
+    println!(
+        "{}: {name} ({} bytes, sha256:{})",
+        output.display(),
+        builtin.bytes.len(),
+        flotilla_net::sha256_hex(builtin.bytes)
+    );
+    Ok(())
 }

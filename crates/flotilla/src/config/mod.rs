@@ -19,7 +19,7 @@ use flotilla_oci::config::OciConfig;
 use flotilla_validate::{Context, KeyPath, Problems, Validate};
 
 pub use flotilla_plugin_runtime::loader::PluginSource;
-pub use pool::{Pool, PoolConfig};
+pub use pool::{PluginParts, Pool, PoolConfig};
 
 use locate::Locator;
 
@@ -163,6 +163,83 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     load_with(path, true)
 }
 
+/// What the checks after the file's validation look at (`preflight`): the token, the cache,
+/// and each pool whose plugin, settings and sandbox validated, even if the file as a whole
+/// did not.
+#[derive(Debug, Clone, Default)]
+pub struct Checkable {
+    /// The file.
+    pub path: PathBuf,
+    /// Compile and OCI cache directory.
+    pub cache_dir: Option<PathBuf>,
+    /// The API token's source, when it validated.
+    pub token: Option<SecretSource>,
+    /// The pools that can be checked.
+    pub pools: Vec<PluginParts>,
+}
+
+/// Reads and validates a configuration file like [`load`], and also returns what the later
+/// checks can look at, whether or not the file validated.
+pub fn load_checkable(path: &Path) -> (Result<Config, ConfigErrors>, Checkable) {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(_) => return (load(path), Checkable::default()),
+    };
+    let result = parse(path, &text, true);
+    let found = serde_errors::deserialize_all::<FileConfig>(&text);
+    let cx = Context {
+        base_dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+        check_files: true,
+    };
+    let mut checkable = Checkable {
+        path: path.to_path_buf(),
+        ..Checkable::default()
+    };
+    if let Some(raw) = &found.value {
+        checkable.cache_dir = raw.cache_dir.as_deref().map(|d| cx.resolve(d));
+        let mut scratch = Problems::default();
+        checkable.token = raw.server.token.as_ref().and_then(|t| {
+            t.check(&KeyPath::root().key("server").key("token"), &mut scratch)
+                .then(|| t.resolved(&cx))
+        });
+        checkable.pools = raw
+            .pools
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let here = KeyPath::root().key("pool").index(i);
+                let written = KeyPath::from(found.pruned.original(here.segments()));
+                p.plugin_parts(&cx, written)
+            })
+            .collect();
+    }
+    (result, checkable)
+}
+
+impl Checkable {
+    /// The checkable parts of a valid configuration.
+    pub fn of(cfg: &Config) -> Self {
+        Checkable {
+            path: cfg.path.clone(),
+            cache_dir: cfg.cache_dir.clone(),
+            token: cfg.token.clone(),
+            pools: cfg
+                .pools
+                .iter()
+                .enumerate()
+                .map(|(i, p)| PluginParts {
+                    at: KeyPath::root().key("pool").index(i),
+                    name: p.name.clone(),
+                    plugin: p.plugin.clone(),
+                    settings: p.settings.clone(),
+                    sandbox: p.sandbox.clone(),
+                    connector: p.connector.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Like [`load`]; `check_files = false` skips checks that named files exist (for `simulate`).
 pub fn load_with(path: &Path, check_files: bool) -> Result<Config, ConfigErrors> {
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -174,6 +251,34 @@ pub fn load_with(path: &Path, check_files: bool) -> Result<Config, ConfigErrors>
         }])
     })?;
     parse(path, &text, check_files)
+}
+
+/// A problem at `key` of the configuration file `path`, with its line when the file can be
+/// read (for the checks made after [`load`], which name keys but hold no text).
+pub fn locate(path: &Path, key: &KeyPath, message: String) -> Problem {
+    let line = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| Locator::new(&text).line(key.segments()));
+    Problem {
+        file: path.display().to_string(),
+        line,
+        key: key.to_string(),
+        message,
+    }
+}
+
+/// Sorts problems as an editor lists them: by file and line (unlocated ones last), then key;
+/// and drops repeats.
+pub fn sort_problems(problems: &mut Vec<Problem>) {
+    problems.sort_by(|a, b| {
+        (&a.file, a.line.is_none(), a.line, &a.key).cmp(&(
+            &b.file,
+            b.line.is_none(),
+            b.line,
+            &b.key,
+        ))
+    });
+    problems.dedup();
 }
 
 /// Validates configuration text that came from `path`.
@@ -188,32 +293,50 @@ pub fn parse(path: &Path, text: &str, check_files: bool) -> Result<Config, Confi
         key: path.to_string(),
         message,
     };
-    let raw: FileConfig = serde_errors::deserialize_all(text).map_err(|found| {
-        ConfigErrors(
-            found
-                .into_iter()
-                .map(|p| located(&p.path, p.offset, p.message))
-                .collect(),
-        )
-    })?;
+    // One pass: serde's problems (unknown keys, types, missing keys), then the values of what
+    // serde could read, validated; sorted by line, as an editor shows them.
+    let found = serde_errors::deserialize_all::<FileConfig>(text);
+    let mut all: Vec<Problem> = found
+        .problems
+        .iter()
+        .map(|p| located(&p.path, p.offset, p.message.clone()))
+        .collect();
     let cx = Context {
         base_dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
         check_files,
     };
     let mut problems = Problems::default();
-    let config = raw.validate(&cx, &KeyPath::root(), &mut problems);
+    let config = found
+        .value
+        .as_ref()
+        .and_then(|raw| raw.validate(&cx, &KeyPath::root(), &mut problems));
+    for p in problems.into_vec() {
+        let written = found.pruned.original(p.path.segments());
+        // A value serde refused was removed before validation: a problem about it (or under
+        // it) would be an echo, and so would "no [[pool]]" after every pool was refused.
+        let echo = found
+            .problems
+            .iter()
+            .any(|s| written.starts_with(s.path.segments()))
+            || found.pruned.lost_elements(&written);
+        if !echo {
+            all.push(located(&KeyPath::from(written), None, p.message));
+        }
+    }
+    sort_problems(&mut all);
     match config {
-        Some(mut config) if problems.is_empty() => {
+        Some(mut config) if all.is_empty() => {
             config.path = path.to_path_buf();
             Ok(config)
         }
-        _ => Err(ConfigErrors(
-            problems
-                .into_vec()
-                .into_iter()
-                .map(|p| located(&p.path, None, p.message))
-                .collect(),
-        )),
+        _ if all.is_empty() => Err(ConfigErrors(vec![Problem {
+            file: file.clone(),
+            line: None,
+            key: "(file)".to_string(),
+            message: "the configuration is not valid, but no single key was found at fault"
+                .to_string(),
+        }])),
+        _ => Err(ConfigErrors(all)),
     }
 }
 

@@ -176,7 +176,52 @@ pub(super) fn validate_all(
     (out.len() == pools.len()).then_some(out)
 }
 
+/// What the checks after the file's validation need of one pool (see `preflight`): its plugin,
+/// the settings and sandbox it is given, and its connector's files. Built even when the pool's
+/// other keys have problems, so one run reports those and the plugin's verdict together.
+#[derive(Debug, Clone)]
+pub struct PluginParts {
+    /// Where the pool sits in the file, as written (`pool[2]`).
+    pub at: KeyPath,
+    /// Its name.
+    pub name: String,
+    /// Where the plugin comes from.
+    pub plugin: PluginSource,
+    /// `plugin_config` as JSON text.
+    pub settings: String,
+    /// The pool's sandbox.
+    pub sandbox: Sandbox,
+    /// Its connector, when that validated.
+    pub connector: Option<ConnectorSettings>,
+}
+
 impl PoolConfig {
+    /// The parts of this pool the later checks need, when they validate on their own (their
+    /// problems are reported by the pool's own validation, not here).
+    pub(super) fn plugin_parts(&self, cx: &Context, at: KeyPath) -> Option<PluginParts> {
+        let mut scratch = Problems::default();
+        let plugin = SourceConfig {
+            plugin: &self.plugin,
+            pull_policy: self.pull_policy,
+            verify: self.verify.as_ref(),
+        }
+        .validate(cx, &at, &mut scratch)?;
+        let sandbox = self.sandbox(cx, &at, &mut scratch)?;
+        let settings = serde_json::to_string(&self.plugin_config).ok()?;
+        let connector = self
+            .connector
+            .as_ref()
+            .and_then(|c| c.validate(cx, &at.key("connector"), &mut scratch));
+        Some(PluginParts {
+            at,
+            name: self.name.clone(),
+            plugin,
+            settings,
+            sandbox,
+            connector,
+        })
+    }
+
     fn knobs(&self) -> KnobsConfig {
         KnobsConfig {
             capacity_per_instance: self.capacity_per_instance,

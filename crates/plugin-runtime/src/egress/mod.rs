@@ -60,6 +60,9 @@ pub struct EgressPolicy {
     /// Extra CA certificates (DER) trusted for HTTPS, on top of the Web PKI roots; for
     /// private endpoints and emulators.
     pub extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+    /// A settings check (`config check`, and `run` before it starts): every request is
+    /// expected to be refused, so refusals are logged at debug, not as warnings.
+    pub quiet_denials: bool,
 }
 
 impl Default for EgressPolicy {
@@ -76,6 +79,7 @@ impl Default for EgressPolicy {
             max_requests_per_call: 100,
             credentials: Vec::new(),
             extra_roots: Vec::new(),
+            quiet_denials: false,
         }
     }
 }
@@ -177,6 +181,7 @@ fn deny(
     stats: &EgressStats,
     request: &http::Request<WasiBody>,
     reason: &str,
+    quiet: bool,
 ) -> HttpError {
     stats.denied.fetch_add(1, Ordering::Relaxed);
     *stats.last_denial.lock() = Some(format!(
@@ -184,15 +189,19 @@ fn deny(
         request.method(),
         redact_query(request.uri())
     ));
-    tracing::warn!(
-        target: "flotilla::egress",
-        pool = %origin.pool,
-        plugin = %origin.plugin,
-        method = %request.method(),
-        target_uri = %redact_query(request.uri()),
-        reason = %reason,
-        "denied plugin request"
-    );
+    if quiet {
+        tracing::debug!(target: "flotilla::egress", pool = %origin.pool, plugin = %origin.plugin, method = %request.method(), target_uri = %redact_query(request.uri()), reason = %reason, "denied plugin request (settings check)");
+    } else {
+        tracing::warn!(
+            target: "flotilla::egress",
+            pool = %origin.pool,
+            plugin = %origin.plugin,
+            method = %request.method(),
+            target_uri = %redact_query(request.uri()),
+            reason = %reason,
+            "denied plugin request"
+        );
+    }
     HttpError::HttpRequestDenied
 }
 
@@ -229,6 +238,7 @@ impl WasiHttpHooks for EgressHooks {
             &self.stats,
             &request,
             "sent through wasmtime-wasi-http's handler, not the host's",
+            self.policy.quiet_denials,
         );
         Box::new(async move { Err(e) })
     }
@@ -249,7 +259,13 @@ impl EgressHooks {
         let ((credential, hints), permit) = match admitted {
             Ok(admitted) => admitted,
             Err(reason) => {
-                let e = deny(&self.origin, &self.stats, &request, &reason);
+                let e = deny(
+                    &self.origin,
+                    &self.stats,
+                    &request,
+                    &reason,
+                    self.policy.quiet_denials,
+                );
                 return Box::pin(async move { Err(e) });
             }
         };
@@ -372,7 +388,13 @@ impl Forward {
             Ok(addrs) => addrs,
             Err(Refused::Http(e)) => return Err(e),
             Err(Refused::Address(reason)) => {
-                return Err(deny(&self.origin, &self.stats, &request, &reason));
+                return Err(deny(
+                    &self.origin,
+                    &self.stats,
+                    &request,
+                    &reason,
+                    self.policy.quiet_denials,
+                ));
             }
         };
         if let Some(credential) = credential {
@@ -387,7 +409,15 @@ impl Forward {
                     tracing::warn!(target: "flotilla::egress", pool = %self.origin.pool, host = %host, "{e}; the plugin gets 401");
                     return Ok(refused_response(&e));
                 }
-                Err(e) => return Err(deny(&self.origin, &self.stats, &request, &e.to_string())),
+                Err(e) => {
+                    return Err(deny(
+                        &self.origin,
+                        &self.stats,
+                        &request,
+                        &e.to_string(),
+                        self.policy.quiet_denials,
+                    ));
+                }
             }
             *request.body_mut() = Full::new(bytes)
                 .map_err(|never| match never {})

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The release artifacts, into DIR (default dist/):
+#   flotilla-x86_64-unknown-linux-musl   static Linux binary (symbols stripped), at most 50 MiB
+#   flotilla-x86_64-pc-windows-gnu.exe   the Windows host
+#   flotilla-image.tar                   the container image (`docker load -i`), when a Docker
+#                                        Engine is reachable or scripts/container.sh left one
+#   SHA256SUMS                           what scripts/install.sh --from checks
+# The official plugins are inside the binaries (`flotilla plugin export builtin:NAME`).
+# Needs what deploy/image.sh and scripts/windows.sh need (musl-tools, gcc-mingw-w64-x86-64).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+. scripts/toolchain.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
+dist="${1:-dist}"
+mkdir -p "$dist"
+max_bytes=$((50 * 1024 * 1024))
+
+musl=x86_64-unknown-linux-musl
+win=x86_64-pc-windows-gnu
+for t in wasm32-wasip2 $musl $win; do
+  rustup target list --installed | grep -qx "$t" || rustup target add "$t"
+done
+CC_x86_64_unknown_linux_musl=musl-gcc \
+  cargo build --locked --release --target $musl -p flotilla --bin flotilla
+cargo build --locked --release --target $win -p flotilla --bin flotilla
+strip -o "$dist/flotilla-$musl" "$CARGO_TARGET_DIR/$musl/release/flotilla"
+x86_64-w64-mingw32-strip -o "$dist/flotilla-$win.exe" "$CARGO_TARGET_DIR/$win/release/flotilla.exe"
+
+size=$(stat -c %s "$dist/flotilla-$musl")
+echo "release: flotilla-$musl is $size bytes, $((size / 1024 / 1024)) MiB (limit 50 MiB)"
+[ "$size" -le "$max_bytes" ] || { echo "release: the Linux binary is over $max_bytes bytes" >&2; exit 1; }
+# Static: no interpreter, nothing to resolve at load time.
+if readelf -l "$dist/flotilla-$musl" | grep -q 'program interpreter'; then
+  echo "release: flotilla-$musl is not static" >&2; exit 1
+fi
+
+if [ ! -f "$dist/flotilla-image.tar" ] && docker version >/dev/null 2>&1; then
+  ./deploy/image.sh flotilla:release
+  docker save flotilla:release -o "$dist/flotilla-image.tar"
+fi
+(cd "$dist" && sha256sum flotilla-* > SHA256SUMS)
+cat "$dist/SHA256SUMS"
