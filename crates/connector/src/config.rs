@@ -15,6 +15,9 @@ pub struct ConnectorConfig {
     /// Overrides the login user the plugin reports.
     #[serde(default)]
     pub username: Option<String>,
+    /// Overrides the SSH port the plugin reports (Docker Machine's `*-ssh-port`).
+    #[serde(default)]
+    pub port: Option<u16>,
     /// Connect to the external address instead of the internal one.
     #[serde(default)]
     pub use_external_address: bool,
@@ -129,6 +132,8 @@ fn default_keepalive() -> Duration {
 pub struct ConnectorSettings {
     /// Login user override.
     pub username: Option<String>,
+    /// SSH port override.
+    pub port: Option<u16>,
     /// Use the external address.
     pub use_external_address: bool,
     /// The operator's key file, when given.
@@ -222,8 +227,13 @@ impl Validate for ConnectorConfig {
                 Some(existing(at.key("host_key").key("known_hosts"), known_hosts))
             }
         };
+        if self.port == Some(0) {
+            problems.add(&at.key("port"), "must be 1-65535");
+            ok = false;
+        }
         ok.then(|| ConnectorSettings {
             username: self.username.clone(),
+            port: self.port,
             use_external_address: self.use_external_address,
             ssh_key,
             ready_command: self.ready_command.clone(),

@@ -127,7 +127,11 @@ impl Connector {
         Ok(Target {
             instance: instance.to_string(),
             host: host.to_string(),
-            port: if c.port == 0 { 22 } else { c.port },
+            port: match (self.settings.port, c.port) {
+                (Some(port), _) => port,
+                (None, 0) => 22,
+                (None, port) => port,
+            },
             user,
         })
     }

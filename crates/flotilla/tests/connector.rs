@@ -22,6 +22,7 @@ use flotilla_test_support::sshd::Sshd;
 fn settings(ready_command: Option<String>, ready_timeout: Duration) -> ConnectorSettings {
     ConnectorSettings {
         username: None,
+        port: None,
         use_external_address: false,
         ssh_key: None,
         ready_command,

@@ -83,7 +83,7 @@ check_interval = 0
   limit = 5
   [runners.machine]
     MachineDriver = "google"
-    MachineOptions = ["google-project=p", "google-zone=europe-west1-b"]
+    MachineOptions = ["google-project=ci-runners-4711", "google-zone=europe-west1-b"]
 
 [[runners]]
   name = "shell"
@@ -114,22 +114,30 @@ fn docker_machine_runners_become_pools_that_pass_config_check() {
     let d = dir();
     let input = write(d.path(), "config.toml", &runner_config());
     let out = d.path().join("flotilla.toml").display().to_string();
-    let plugin = format!("aws={}", guests::AWS_PLUGIN);
-    let (code, stdout, stderr) = migrate(&input, &["-o", &out, "--json", "--plugin", &plugin]);
-    // No plugin was given for the GCP runner: the exit code says so, the others are written.
-    assert_eq!(code, 1, "{stderr}");
+    // The plugin given for AWS, relative to the current directory; GCP's is the built-in one.
+    let cwd = std::env::current_dir().expect("cwd");
+    let relative = pathdiff(Path::new(guests::AWS_PLUGIN), &cwd);
+    let plugin = format!("aws={relative}");
+    let token = token_file(d.path());
+    let (code, stdout, stderr) = migrate(
+        &input,
+        &[
+            "-o",
+            &out,
+            "--json",
+            "--plugin",
+            &plugin,
+            "--token-file",
+            &token,
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
     let report: Value = serde_json::from_str(&stdout).expect("json");
     let runners = report["runners"].as_array().expect("runners");
     assert_eq!(runners.len(), 3, "{report:#}");
     assert_eq!(runners[0]["pool"], "aws-docker-machine", "{report:#}");
     assert_eq!(runners[1]["pool"], "aws-unbounded", "{report:#}");
-    assert_eq!(runners[2]["pool"], Value::Null);
-    assert!(
-        runners[2]["refused"][0]["reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("no plugin for gcp: pass --plugin gcp=")),
-        "{report:#}"
-    );
+    assert_eq!(runners[2]["pool"], "gcp", "{report:#}");
     assert_eq!(report["other_runners"], serde_json::json!(["shell"]));
     // Nothing dropped silently: each key that could not be carried over is named, with its line.
     let unmapped: Vec<String> = runners[0]["unmapped"]
@@ -163,6 +171,46 @@ fn docker_machine_runners_become_pools_that_pass_config_check() {
     assert!(!stdout.contains(SECRET) && !stderr.contains(SECRET));
     let written = std::fs::read_to_string(&out).expect("written");
     assert!(!written.contains(SECRET) && !written.contains("glrt-"));
+    // The paths are right from where the config is: absolute, whatever -o was.
+    assert!(
+        written.contains(&format!("plugin = \"{}\"", guests::AWS_PLUGIN)),
+        "{written}"
+    );
+    assert!(written.contains("plugin = \"builtin:gcp\""), "{written}");
+    // The server the runner blocks call, and the connector jobs run through.
+    assert!(written.contains("listen = \"127.0.0.1:8080\""), "{written}");
+    assert!(
+        written.contains(&format!("token = {{ file = \"{token}\" }}")),
+        "{written}"
+    );
+    assert!(
+        written.contains("[pool.connector]\nusername = \"ubuntu\"\ndocker = true"),
+        "{written}"
+    );
+    // The runner blocks: printed without the token, written with it for the operator only.
+    let blocks = report["runners_toml"].as_str().expect("runners_toml");
+    assert!(blocks.contains("executor = \"custom\""), "{blocks}");
+    assert!(
+        blocks.contains("\"--pool\",\"aws-docker-machine\""),
+        "{blocks}"
+    );
+    assert!(
+        blocks.contains("\"--default-image\",\"alpine:3.20\""),
+        "{blocks}"
+    );
+    assert!(!blocks.contains("glrt-not-copied"), "{blocks}");
+    let with_tokens = d.path().join("flotilla.runners.toml");
+    let text = std::fs::read_to_string(&with_tokens).expect("runner blocks");
+    assert!(text.contains("token = \"glrt-not-copied\""), "{text}");
+    #[cfg(unix)]
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&with_tokens).expect("meta").permissions()
+        ) & 0o777,
+        0o600
+    );
+    let parsed: toml::Table = toml::from_str(&text).expect("the blocks are TOML");
+    assert_eq!(parsed["runners"].as_array().map(Vec::len), Some(3));
     // The mapping, as a user would read it.
     for line in [
         "max_instances = 20",
@@ -200,7 +248,7 @@ fn docker_machine_runners_become_pools_that_pass_config_check() {
     // The output is a configuration Flotilla accepts.
     let (code, stdout, stderr) = flotilla(&["config", "check", "-c", &out]);
     assert_eq!(code, 0, "{stdout}{stderr}\n{written}");
-    assert!(stdout.contains("OK (2 pools)"), "{stdout}");
+    assert!(stdout.contains("OK (3 pools)"), "{stdout}");
     // An existing file is never replaced.
     let (code, _, stderr) = migrate(&input, &["-o", &out, "--plugin", &plugin]);
     assert_ne!(code, 0);
@@ -236,6 +284,9 @@ fn a_period_that_cron_cannot_express_refuses_the_runner_with_the_period_named() 
         "{stderr}"
     );
     assert!(!stdout.contains("[[pool]]"), "{stdout}");
+    // A refused runner gets no pool, so nothing to create and no runner block either.
+    assert!(!stderr.contains("create the aws group"), "{stderr}");
+    assert!(!stderr.contains("[runners.custom]"), "{stderr}");
 }
 
 /// Input that is not TOML gets the file and line, and writes nothing.
@@ -257,20 +308,65 @@ fn a_broken_runner_config_is_reported_with_its_line() {
     assert!(!out.exists());
 }
 
-/// Migrates a fixture with `--plugin CLOUD=PLUGIN`: exit code, the JSON report and the
-/// written configuration, which `flotilla config check` must accept.
-fn migrate_fixture(fixture: &str, cloud: &str, plugin: &str) -> (i32, Value, String) {
+/// A token file for the written `[server]`, readable by its owner only.
+fn token_file(dir: &Path) -> String {
+    let path = dir.join("token");
+    std::fs::write(&path, "migrated-token-0123456789abcdef").expect("token");
+    #[cfg(unix)]
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    path.display().to_string()
+}
+
+/// `path` relative to `base` (both absolute), with `..` as needed.
+fn pathdiff(path: &Path, base: &Path) -> String {
+    let p: Vec<_> = path.components().collect();
+    let b: Vec<_> = base.components().collect();
+    let common = p.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut out = std::path::PathBuf::new();
+    for _ in common..b.len() {
+        out.push("..");
+    }
+    for c in &p[common..] {
+        out.push(c);
+    }
+    out.display().to_string()
+}
+
+/// Migrates a fixture with `--plugin CLOUD=PLUGIN`: exit code, the JSON report, the written
+/// configuration, and what `flotilla config check` said of it (its exit code and problems).
+fn migrate_fixture(
+    fixture: &str,
+    cloud: &str,
+    plugin: &str,
+) -> (i32, Value, String, (i32, String)) {
     let d = dir();
     let input = format!("{}/tests/data/{fixture}", env!("CARGO_MANIFEST_DIR"));
     let out = d.path().join("flotilla.toml").display().to_string();
     let plugin = format!("{cloud}={plugin}");
-    let (code, stdout, stderr) = migrate(&input, &["-o", &out, "--json", "--plugin", &plugin]);
+    let token = token_file(d.path());
+    let (code, stdout, stderr) = migrate(
+        &input,
+        &[
+            "-o",
+            &out,
+            "--json",
+            "--plugin",
+            &plugin,
+            "--token-file",
+            &token,
+        ],
+    );
     let report: Value =
         serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
     let written = std::fs::read_to_string(&out).unwrap_or_default();
     let (check, check_out, check_err) = flotilla(&["config", "check", "-c", &out]);
-    assert_eq!(check, 0, "{check_out}{check_err}\n{written}");
-    (code, report, written)
+    (
+        code,
+        report,
+        written,
+        (check, format!("{check_out}{check_err}")),
+    )
 }
 
 /// The keys of one report list of the first runner.
@@ -287,9 +383,18 @@ fn keys(report: &Value, list: &str) -> Vec<String> {
 /// managed instance group; the docs' placeholders and the keys that cannot map are named.
 #[test]
 fn the_gitlab_docs_google_example_becomes_a_gcp_pool() {
-    let (code, report, written) =
+    let (code, report, written, (check, problems)) =
         migrate_fixture("gitlab-autoscale-google.toml", "gcp", guests::GCP_PLUGIN);
     assert_eq!(code, 0, "{report:#}");
+    // The docs' placeholder project survives the migration (reported as changed), and the
+    // plugin itself refuses it when the config is checked: one problem, located.
+    assert_eq!(check, 1, "{problems}\n{written}");
+    assert!(
+        problems
+            .contains("pool[0].plugin_config: the plugin refused it: project: \"<project-id>\"")
+            && problems.contains("1 problem(s) found"),
+        "{problems}"
+    );
     for line in [
         "max_instances = 10",
         "max_use_count = 100",
@@ -350,9 +455,10 @@ fn the_gitlab_docs_google_example_becomes_a_gcp_pool() {
 /// scale; the client secret is named and never copied.
 #[test]
 fn an_azure_driver_runner_becomes_an_azure_pool() {
-    let (code, report, written) =
+    let (code, report, written, (check, problems)) =
         migrate_fixture("docker-machine-azure.toml", "azure", guests::AZURE_PLUGIN);
     assert_eq!(code, 0, "{report:#}");
+    assert_eq!(check, 0, "{problems}\n{written}");
     for line in [
         "max_instances = 8",
         "max_use_count = 20",

@@ -15,6 +15,7 @@ use flotilla_test_support::machines::Machines;
 pub fn settings(docker: &Dockerd) -> ConnectorSettings {
     ConnectorSettings {
         username: None,
+        port: None,
         use_external_address: false,
         ssh_key: None,
         ready_command: Some("true".into()),

@@ -30,9 +30,18 @@ pub struct Args {
     /// Print the configuration and the report as one JSON document.
     #[arg(long)]
     json: bool,
-    /// The plugin for a cloud, `CLOUD=PATH` or `CLOUD=oci://...` (e.g. `aws=plugins/aws.wasm`).
+    /// The plugin for a cloud, `CLOUD=PATH`, `CLOUD=oci://...` or `CLOUD=builtin:NAME`
+    /// (default: the official plugin built into this binary, `builtin:aws`, ...). A relative
+    /// path is taken from the current directory and written absolute.
     #[arg(long = "plugin", value_parser = plugin_arg)]
     plugins: Vec<(String, String)>,
+    /// The lease API's address, written as `server.listen` and as the runners' `--url`.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: std::net::SocketAddr,
+    /// The API token file, written as `server.token` and as the runners' `--token-file`
+    /// (created by you, readable by flotilla and gitlab-runner only).
+    #[arg(long, default_value = "/etc/flotilla/token")]
+    token_file: PathBuf,
     /// The zone for autoscaling sections whose `Timezone` is empty (the runner host's zone).
     #[arg(long, default_value = "UTC")]
     timezone: String,
@@ -59,10 +68,30 @@ impl MigrateCommand {
         let file = a.runner_config.display().to_string();
         let text = std::fs::read_to_string(&a.runner_config)
             .with_context(|| format!("{file}: cannot read"))?;
+        let cwd = std::env::current_dir().context("the current directory")?;
+        let absolute = |p: &str| -> String {
+            if p.starts_with("oci://") || p.starts_with(flotilla_builtin::PREFIX) {
+                p.to_string()
+            } else {
+                let joined = cwd.join(p);
+                joined
+                    .canonicalize()
+                    .unwrap_or(joined)
+                    .display()
+                    .to_string()
+            }
+        };
         let options = Options {
-            plugins: a.plugins.into_iter().collect::<BTreeMap<_, _>>(),
+            plugins: a
+                .plugins
+                .iter()
+                .map(|(cloud, p)| (cloud.clone(), absolute(p)))
+                .collect::<BTreeMap<_, _>>(),
             timezone: a.timezone,
             max_instances: a.max_instances,
+            token_file: absolute(&a.token_file.display().to_string()),
+            listen: a.listen,
+            exe: crate::cli::gitlab::driver_exe(),
         };
         let m = migrate::migrate(&file, &text, &options)?;
         if let Some(out) = &a.output {
@@ -78,6 +107,10 @@ impl MigrateCommand {
                 })?;
             f.write_all(m.config.as_bytes())
                 .with_context(|| format!("{}: cannot write", out.display()))?;
+            if !m.runners_toml_with_tokens.is_empty() {
+                let blocks = runners_file(out);
+                write_private_new(&blocks, m.runners_toml_with_tokens.as_bytes())?;
+            }
         }
         if a.json {
             print_json(&m)?;
@@ -85,7 +118,7 @@ impl MigrateCommand {
             if a.output.is_none() {
                 print!("{}", m.config);
             }
-            eprint!("{}", report(&m));
+            eprint!("{}", report(&m, a.output.as_deref()));
         }
         let refused = m.runners.iter().filter(|r| r.pool.is_none()).count();
         if refused > 0 {
@@ -95,8 +128,33 @@ impl MigrateCommand {
     }
 }
 
+/// Where the runner blocks with their tokens go: beside the config, `NAME.runners.toml`.
+fn runners_file(config: &std::path::Path) -> PathBuf {
+    let stem = config
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "flotilla".into());
+    config.with_file_name(format!("{stem}.runners.toml"))
+}
+
+/// Creates `path` (never over an existing file) readable by its owner only, with `bytes`.
+fn write_private_new(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut f = options.open(path).with_context(|| {
+        format!(
+            "{}: cannot create (an existing file is never replaced)",
+            path.display()
+        )
+    })?;
+    f.write_all(bytes)
+        .with_context(|| format!("{}: cannot write", path.display()))
+}
+
 /// The report as text.
-fn report(m: &Migration) -> String {
+fn report(m: &Migration, output: Option<&std::path::Path>) -> String {
     let mut s = String::new();
     let list = |s: &mut String, title: &str, items: &[Item]| {
         if items.is_empty() {
@@ -116,7 +174,8 @@ fn report(m: &Migration) -> String {
         list(&mut s, "refused", &r.refused);
         list(&mut s, "changed meaning (check)", &r.changed);
         list(&mut s, "not carried over", &r.unmapped);
-        if let Some(g) = &r.group {
+        // A refused runner gets no pool, so nothing to create for it either.
+        if let (Some(g), Some(_)) = (&r.group, &r.pool) {
             s.push_str(&format!("  create the {} group once:\n", g.cloud));
             for c in &g.commands {
                 s.push_str(&format!("    {c}\n"));
@@ -129,6 +188,17 @@ fn report(m: &Migration) -> String {
     }
     for o in &m.other_runners {
         s.push_str(&format!("runner {o:?}: not docker+machine, left alone\n"));
+    }
+    if !m.runners_toml.is_empty() {
+        s.push_str("\nIn GitLab Runner's config.toml, replace each migrated runner's [[runners]] block with:\n\n");
+        s.push_str(&m.runners_toml);
+        match output {
+            Some(out) => s.push_str(&format!(
+                "(the same blocks with the runners' tokens are in {}, readable by you only)\n",
+                runners_file(out).display()
+            )),
+            None => s.push_str("(write the configuration with -o FILE to also get these blocks with the runners' tokens)\n"),
+        }
     }
     s
 }

@@ -120,6 +120,8 @@ impl Runner<'_> {
                     data.insert("UserData".into(), serde_json::Value::from(format!("<base64 of {value}>")));
                 }
                 "ssh-user" => notes.push(format!("username = {}\n", quote(value))),
+                // Carried by [pool.connector] port.
+                "ssh-port" => {}
                 "access-key" | "secret-key" | "session-token" => self.unmapped(
                     &at,
                     "credentials are not copied: the pool signs with the AWS credential chain (instance role, IRSA, environment or shared files), with the policy printed below",

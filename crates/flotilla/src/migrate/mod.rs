@@ -33,6 +33,12 @@ pub struct Options {
     pub timezone: String,
     /// `max_instances` where a runner's `limit` is 0 (unlimited) and `concurrent` is unset.
     pub max_instances: Option<u32>,
+    /// The API token file, written as `server.token` and the driver's `--token-file`.
+    pub token_file: String,
+    /// The lease API's address: `server.listen`, and the driver's `--url`.
+    pub listen: std::net::SocketAddr,
+    /// The `flotilla` the runner runs for each stage.
+    pub exe: String,
 }
 
 /// The whole result: the Flotilla configuration and the report.
@@ -44,6 +50,13 @@ pub struct Migration {
     pub runners: Vec<RunnerReport>,
     /// Runners with another executor, left alone.
     pub other_runners: Vec<String>,
+    /// The `[[runners]]` blocks that replace the migrated runners in GitLab Runner's
+    /// `config.toml` (Custom executor through `flotilla gitlab`), with each runner's token
+    /// replaced by a placeholder: this text is printed.
+    pub runners_toml: String,
+    /// The same blocks with the tokens, for a file only the operator can read.
+    #[serde(skip)]
+    pub runners_toml_with_tokens: String,
 }
 
 /// What became of one runner.
@@ -116,6 +129,8 @@ pub fn migrate(file: &str, text: &str, options: &Options) -> Result<Migration, M
         config: String::new(),
         runners: Vec::new(),
         other_runners: Vec::new(),
+        runners_toml: String::new(),
+        runners_toml_with_tokens: String::new(),
     };
     let mut pools = String::new();
     let mut names = Vec::<String>::new();
@@ -143,18 +158,118 @@ pub fn migrate(file: &str, text: &str, options: &Options) -> Result<Migration, M
         };
         let pool_name = unique(pool_name(&name), &names);
         if let Some(text) = r.pool(runner, &pool_name, concurrent, options) {
+            match runner_block(runner, &pool_name, options) {
+                Ok((shown, real)) => {
+                    out.runners_toml.push_str(&shown);
+                    out.runners_toml_with_tokens.push_str(&real);
+                }
+                Err(e) => r.refuse(&at, format!("cannot write its [[runners]] block: {e}")),
+            }
             names.push(pool_name.clone());
             r.report.pool = Some(pool_name);
             pools.push_str(&text);
         }
         out.runners.push(r.report);
     }
-    out.config = header(file, &out) + &pools;
+    out.config = header(file, &out, options) + &pools;
     Ok(out)
 }
 
-/// The top of the written file: where it came from, and the API server.
-fn header(file: &str, m: &Migration) -> String {
+/// The runner's new `[[runners]]` block: its own keys (name, url, token, limit, cache, ...),
+/// the Custom executor through `flotilla gitlab` on the migrated pool, and `[runners.docker]`
+/// `image` as the driver's default image. Returns it with the token replaced by a placeholder,
+/// and with the token.
+fn runner_block(
+    runner: &toml::Value,
+    pool: &str,
+    options: &Options,
+) -> anyhow::Result<(String, String)> {
+    let mut table = runner.as_table().cloned().unwrap_or_default();
+    let image = table
+        .get("docker")
+        .and_then(|d| d.get("image"))
+        .and_then(toml::Value::as_str)
+        .map(str::to_string);
+    for key in [
+        "executor",
+        "machine",
+        "docker",
+        "builds_dir",
+        "cache_dir",
+        "custom",
+    ] {
+        table.remove(key);
+    }
+    table.insert("executor".into(), "custom".into());
+    table.insert("builds_dir".into(), "/builds".into());
+    table.insert("cache_dir".into(), "/cache".into());
+    let mut args: Vec<String> = [
+        "gitlab",
+        "--url",
+        &format!("http://{}", options.listen),
+        "--pool",
+        pool,
+        "--token-file",
+        &options.token_file,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some(image) = image {
+        args.extend(["--default-image".to_string(), image]);
+    }
+    let custom = crate::cli::gitlab::custom_section(
+        &options.exe,
+        &args,
+        std::time::Duration::from_secs(600),
+    )?;
+    let render = |table: &toml::Table| -> anyhow::Result<String> {
+        let mut doc = toml::Table::new();
+        doc.insert(
+            "runners".into(),
+            toml::Value::Array(vec![toml::Value::Table(table.clone())]),
+        );
+        Ok(format!("{}{custom}\n", toml::to_string(&doc)?))
+    };
+    let real = render(&table)?;
+    let name = table
+        .get("name")
+        .and_then(toml::Value::as_str)
+        .unwrap_or(pool)
+        .to_string();
+    redact(&mut table, &name, "runners");
+    Ok((render(&table)?, real))
+}
+
+/// Replaces every secret-looking string (tokens, secret and access keys, passwords) in a runner
+/// block with a placeholder naming where the real one is, for the text that is printed.
+fn redact(table: &mut toml::Table, runner: &str, at: &str) {
+    for (key, value) in table.iter_mut() {
+        let lower = key.to_ascii_lowercase();
+        let secret = [
+            "token",
+            "secret",
+            "password",
+            "accesskey",
+            "access_key",
+            "credentials",
+        ]
+        .iter()
+        .any(|s| lower.contains(s));
+        match value {
+            toml::Value::Table(inner) => redact(inner, runner, &format!("{at}.{key}")),
+            toml::Value::String(_) if secret => {
+                *value =
+                    format!("<{at}.{key} of runner {runner} in the original config.toml>").into();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The top of the written file: where it came from, and the API server the runner blocks
+/// call.
+fn header(file: &str, m: &Migration, options: &Options) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -167,7 +282,13 @@ fn header(file: &str, m: &Migration) -> String {
     if m.runners.iter().all(|r| r.pool.is_none()) {
         let _ = writeln!(s, "# No runner could be migrated.");
     }
-    s.push_str("\n[server]\nlisten = \"127.0.0.1:8642\"\ntoken = { env = \"FLOTILLA_TOKEN\" }\n");
+    let _ = write!(
+        s,
+        "\n[server]\n# The [[runners]] blocks this migration printed call this address with this token.\n# Create the token once: head -c 32 /dev/urandom | base64 > {token} && chmod 600 {token}\nlisten = {}\ntoken = {{ file = {} }}\n",
+        quote(&options.listen.to_string()),
+        quote(&options.token_file),
+        token = options.token_file,
+    );
     s
 }
 
@@ -281,16 +402,16 @@ impl Runner<'_> {
         out
     }
 
-    /// The plugin reference given for `cloud` with `--plugin`, or a refusal saying how to give it.
+    /// The plugin for `cloud`: the one given with `--plugin`, or the official one built into
+    /// the binary.
     fn plugin_for(&mut self, cloud: &str, options: &Options) -> Option<String> {
-        let plugin = options.plugins.get(cloud).cloned();
-        if plugin.is_none() {
-            self.refuse(
-                &KeyPath::root().key("--plugin"),
-                format!("no plugin for {cloud}: pass --plugin {cloud}=PATH or {cloud}=oci://REGISTRY/REPOSITORY:TAG"),
-            );
-        }
-        plugin
+        Some(
+            options
+                .plugins
+                .get(cloud)
+                .cloned()
+                .unwrap_or_else(|| format!("builtin:{cloud}")),
+        )
     }
 
     /// The pool's TOML, or `None` with the reasons in `refused`.
@@ -332,7 +453,7 @@ impl Runner<'_> {
             if runner.get(key).is_some() {
                 self.unmapped(
                     &self.at.key(key),
-                    "stays with GitLab Runner: switch the runner to the Custom executor with `flotilla gitlab` (README, \"Jobs on the fleet\")",
+                    "stays with GitLab Runner: the [[runners]] block this migration prints runs jobs through `flotilla gitlab` (docs/gitlab.md); [runners.docker] image becomes --default-image, its other keys are not carried over",
                 );
             }
         }
@@ -613,7 +734,30 @@ impl Runner<'_> {
                 None => self.refuse(&o_at, "must be a string"),
             }
         }
-        match driver {
+        let (user_option, default_user, port_option) = match driver {
+            "amazonec2" => ("amazonec2-ssh-user", "ubuntu", Some("amazonec2-ssh-port")),
+            "google" => ("google-username", "docker-user", None),
+            _ => ("azure-ssh-user", "docker-user", None),
+        };
+        let user = option(&opts, "", user_option).unwrap_or_else(|| default_user.to_string());
+        let port = port_option.and_then(|o| option(&opts, "", o));
+        let port = match port.as_deref().map(str::parse::<u16>) {
+            Some(Ok(p)) if p > 0 => Some(p),
+            Some(_) => {
+                self.refuse(
+                    &with_option(&at.key("MachineOptions"), port_option.unwrap_or_default()),
+                    "must be a port, 1-65535",
+                );
+                None
+            }
+            None => None,
+        };
+        let connector = format!(
+            "\n# Readiness over SSH, and the Docker handle GitLab jobs run through: the user and port\n# Docker Machine logged in with. Install the pool's public key on the image (the log\n# prints it at start), or let the plugin do it.\n[pool.connector]\nusername = {}\n{}docker = true\n",
+            quote(&user),
+            port.map(|p| format!("port = {p}\n")).unwrap_or_default()
+        );
+        let found = match driver {
             "amazonec2" => self.aws(&opts, &at.key("MachineOptions"), pool, max, options),
             "google" => self.gcp(&opts, &at.key("MachineOptions"), pool, max, options),
             "azure" => self.azure(&opts, &at.key("MachineOptions"), pool, max, options),
@@ -628,7 +772,8 @@ impl Runner<'_> {
                 );
                 None
             }
-        }
+        };
+        found.map(|(sandbox, settings, plugin)| (sandbox + &connector, settings, plugin))
     }
 }
 
