@@ -590,3 +590,107 @@ fn a_host_that_never_answers_fails_the_job_after_the_restart_window() {
         );
     }
 }
+
+/// A Docker Machine runner, migrated, runs a job: `flotilla migrate docker-machine` writes the
+/// `[server]`, the pool with its `[pool.connector]` (the machine's SSH user and port from
+/// MachineOptions), and the runner's new `[[runners]]` block; the job runs through that block's
+/// arguments against that server. Only the cloud is swapped: the aws plugin's group becomes the
+/// static plugin's loopback machine (the AWS plugin itself is tested against moto), and the
+/// machine's engine socket is the test's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrated_docker_machine_runner_runs_a_job() {
+    let _one = DOCKER.lock().await;
+    let work = tempfile::tempdir().expect("dir");
+    let out = work.path().join("flotilla.toml");
+    let fleet = Fleet::start_with(1, |port, key, token, sshds| {
+        let runner = work.path().join("config.toml");
+        std::fs::write(
+            &runner,
+            format!(
+                r#"concurrent = 4
+[[runners]]
+  name = "ci"
+  url = "https://gitlab.example.com"
+  token = "glrt-migrated"
+  executor = "docker+machine"
+  limit = 1
+  [runners.docker]
+    image = "alpine:3.20"
+  [runners.machine]
+    IdleCount = 1
+    IdleTime = 1800
+    MachineDriver = "amazonec2"
+    MachineOptions = ["amazonec2-region=eu-west-1", "amazonec2-ami=ami-1", "amazonec2-subnet-id=subnet-1", "amazonec2-ssh-user=root", "amazonec2-ssh-port={}"]
+"#,
+                sshds[0].port
+            ),
+        )
+        .expect("runner config");
+        let migrated = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["migrate", "docker-machine", "--runner-config"])
+            .arg(&runner)
+            .arg("-o")
+            .arg(&out)
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--token-file"])
+            .arg(token)
+            .output()
+            .expect("migrate");
+        assert!(migrated.status.success(), "{migrated:?}");
+        let text = std::fs::read_to_string(&out).expect("migrated config");
+        assert!(
+            text.contains(&format!("[pool.connector]\nusername = \"root\"\nport = {}\ndocker = true\n", sshds[0].port)),
+            "{text}"
+        );
+        // The cloud swapped for the loopback machine; everything else as migrated.
+        let mut kept = Vec::new();
+        let mut skipping = false;
+        for line in text.lines() {
+            if line.starts_with('[') {
+                skipping = line == "[[pool.credentials]]" || line == "[pool.plugin_config]";
+            }
+            if skipping || line.starts_with("allowed_outbound_hosts") {
+                continue;
+            }
+            kept.push(match line {
+                "plugin = \"builtin:aws\"" => format!(
+                    "plugin = \"{}\"\nupdate_interval = \"1s\"\ninstance_acquire_timeout = \"60s\"",
+                    flotilla_test_artifacts::STATIC_PLUGIN
+                ),
+                "docker = true" => format!(
+                    "docker = true\nssh_key = {{ file = \"{}\" }}\ndocker_socket = \"DOCKER_SOCKET\"\n\n[pool.plugin_config]\nhosts = [{{ id = \"m1\", address = \"127.0.0.1\" }}]",
+                    key.display()
+                ),
+                other => other.to_string(),
+            });
+        }
+        kept.join("\n") + "\n"
+    })
+    .await;
+
+    // The runner's new block, as the operator pastes it: its stage arguments, as written.
+    let blocks =
+        std::fs::read_to_string(work.path().join("flotilla.runners.toml")).expect("blocks");
+    let parsed: toml::Table = toml::from_str(&blocks).expect("TOML");
+    let runner = &parsed["runners"][0];
+    assert_eq!(runner["executor"].as_str(), Some("custom"));
+    assert_eq!(runner["token"].as_str(), Some("glrt-migrated"));
+    let mut args: Vec<String> = runner["custom"]["prepare_args"]
+        .as_array()
+        .expect("prepare_args")
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect();
+    assert_eq!(args.pop().as_deref(), Some("prepare"));
+    assert!(args.contains(&fleet.flotilla.base), "{args:?}");
+
+    let mut job = fleet.job(900);
+    job.args = args;
+    assert_eq!(job.stage(&["config"]).code, 0);
+    let prepare = job.stage(&["prepare"]);
+    assert_eq!(prepare.code, 0, "{prepare:?}\n{}", fleet.flotilla.log());
+    let build = job.run("build_script", "echo migrated-job-ran; uname -s");
+    assert_eq!(build.code, 0, "{build:?}");
+    assert!(build.stdout.contains("migrated-job-ran"), "{build:?}");
+    assert_eq!(job.stage(&["cleanup"]).code, 0);
+    fleet.assert_clean().await;
+}

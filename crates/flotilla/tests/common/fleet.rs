@@ -128,6 +128,27 @@ impl Fleet {
         extra: &str,
         socket: Option<PathBuf>,
     ) -> Fleet {
+        Fleet::start_made(docker, machines, socket, |port, key, _, sshds| {
+            config(port, key, sshds, capacity, extra)
+        })
+        .await
+    }
+
+    /// A fleet whose configuration `make(port, pool key file, API token file, machines)`
+    /// writes (with `DOCKER_SOCKET` standing for the engine's socket).
+    pub async fn start_with(
+        machines: usize,
+        make: impl FnOnce(u16, &Path, &Path, &[&Sshd]) -> String,
+    ) -> Fleet {
+        Fleet::start_made(Dockerd::start(), machines, None, make).await
+    }
+
+    async fn start_made(
+        docker: Dockerd,
+        machines: usize,
+        socket: Option<PathBuf>,
+        make: impl FnOnce(u16, &Path, &Path, &[&Sshd]) -> String,
+    ) -> Fleet {
         let registry = Registry::start(Mode::Basic).await;
         let host = registry.host();
         // The job image: a FROM-scratch busybox, pushed to the registry and then removed from
@@ -172,15 +193,15 @@ impl Fleet {
             .collect();
         let port = free_port();
         let refs: Vec<&Sshd> = sshds.iter().collect();
-        let text = config(port, &key_file, &refs, capacity, extra).replace(
+        let token_file = dir.path().join("token");
+        flotilla_test_support::write_secret(&token_file, TOKEN);
+        let text = make(port, &key_file, &token_file, &refs).replace(
             "DOCKER_SOCKET",
             &socket
                 .unwrap_or_else(|| docker.socket())
                 .display()
                 .to_string(),
         );
-        let token_file = dir.path().join("token");
-        flotilla_test_support::write_secret(&token_file, TOKEN);
         let flotilla = Flotilla::start(dir, &text).await;
         let n = machines;
         flotilla
