@@ -21,6 +21,13 @@ kustomize:
 - the config.toml in each rendered ConfigMap passes `flotilla config check` (the base has no
   pool, so that must be its only problem).
 
+The Kubernetes guide (docs/deployment.md), followed literally: each `kubectl create
+namespace|secret` and `kubectl apply -k` line of its ```sh blocks is run as written in a scratch
+copy of the repository (creations with --dry-run=client, apply as `kubectl kustomize`, the
+guide's own `cp` and `sed` as they are), every object is validated, and the rendered workloads
+may only name namespaces and Secrets (and Secret keys) the guide created. Lines that need a
+cluster or a registry (docker, helm install, plugin push, get, label) are listed as not run.
+
 Usage: check.py FLOTILLA_BINARY
 """
 import asyncio
@@ -182,6 +189,97 @@ def check_kustomize(flotilla, root, tmp):
     return failed
 
 
+GUIDE = DEPLOY.parent / "docs" / "deployment.md"
+
+
+def guide_commands():
+    """The lines of the guide's ```sh blocks, continuation lines joined."""
+    lines, inside, pending = [], False, ""
+    for line in GUIDE.read_text().splitlines():
+        if line.startswith("```"):
+            inside = line.strip() == "```sh"
+            continue
+        if not inside or not line.strip() or line.lstrip().startswith("#"):
+            continue
+        pending += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            lines.append(pending.strip())
+            pending = ""
+    return lines
+
+
+def check_guide(tmp):
+    """Follows the Kubernetes guide as written; returns the problems."""
+    work = pathlib.Path(tmp) / "guide"
+    shutil.copytree(DEPLOY, work / "deploy")
+    (work / "cosign.pub").write_text("-----BEGIN PUBLIC KEY-----\nstand-in\n-----END PUBLIC KEY-----\n")
+    objects, skipped, failed = [], [], []
+    for command in guide_commands():
+        words = command.split()
+        run = None
+        if words[:1] in (["cp"], ["sed"]) or words[:2] == ["mkdir", "-p"]:
+            run = command
+        elif "kubectl" in words[:1] and "create" in words:
+            run = command + " --dry-run=client -o yaml"
+        elif words[:1] == ["kubectl"] and "apply" in words and "-k" in words:
+            run = "kubectl kustomize " + words[words.index("-k") + 1]
+        elif words[:2] == ["kubectl", "kustomize"]:
+            run = command
+        if run is None:
+            skipped.append(command)
+            continue
+        out = subprocess.run(["sh", "-c", run], cwd=work, capture_output=True, text=True)
+        if out.returncode != 0:
+            failed.append(f"guide: `{command}` failed: {out.stderr.strip()}")
+            continue
+        if run.startswith("kubectl"):
+            objects += [d for d in yaml.safe_load_all(out.stdout) if d]
+    print(f"guide: ran {len(guide_commands()) - len(skipped)} commands, not run (cluster or registry): {skipped}")
+    namespaces = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
+    secrets = {}
+    for o in objects:
+        if o["kind"] == "Secret":
+            secrets.setdefault(o["metadata"]["name"], set()).update((o.get("data") or {}).keys())
+    if not namespaces:
+        failed.append("guide: no namespace is created")
+    for o in objects:
+        ns = o["metadata"].get("namespace")
+        if ns and ns not in namespaces:
+            failed.append(f"guide: {o['kind']}/{o['metadata']['name']} goes to namespace {ns}, which the guide does not create")
+        if o["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        pod = o["spec"]["template"]["spec"]
+        for v in pod.get("volumes", []):
+            name = (v.get("secret") or {}).get("secretName")
+            if name and name not in secrets and not v["secret"].get("optional"):
+                failed.append(f"guide: volume {v['name']} mounts Secret {name}, which the guide does not create")
+            for item in (v.get("secret") or {}).get("items", []):
+                if name in secrets and item["key"] not in secrets[name]:
+                    failed.append(f"guide: Secret {name} has no key {item['key']}")
+        for c in pod.get("containers", []):
+            for e in c.get("env", []):
+                ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+                if ref and not ref.get("optional"):
+                    if ref["name"] not in secrets:
+                        failed.append(f"guide: env {e['name']} reads Secret {ref['name']}, which the guide does not create")
+                    elif ref["key"] not in secrets[ref["name"]]:
+                        failed.append(f"guide: Secret {ref['name']} has no key {ref['key']}")
+    path = pathlib.Path(tmp) / "guide.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    for version in KUBERNETES:
+        out = subprocess.run(
+            ["kubernetes-validate", "--strict", "--quiet", "-k", version, str(path)],
+            capture_output=True, text=True,
+        )
+        refused = [l for l in (out.stdout + out.stderr).splitlines()
+                   if l.strip() and "Couldn't find schema for kind ServiceMonitor" not in l]
+        if out.returncode != 0 or refused:
+            failed.append(f"guide on {version}: {refused}")
+    print(f"guide: {len(objects)} objects, namespaces {sorted(namespaces)}, secrets {sorted(secrets)}: "
+          f"{'ok' if not failed else failed}")
+    return failed
+
+
 def deployment_problems(d, docs):
     spec, pod = d["spec"], d["spec"]["template"]["spec"]
     c = pod["containers"][0]
@@ -249,6 +347,7 @@ def main():
             if err:
                 failed.append(f"{name}: config check: {err}")
         failed += check_kustomize(flotilla, root, tmp)
+        failed += check_guide(tmp)
     if failed:
         print("\nFAILED:\n" + "\n".join(failed), file=sys.stderr)
         sys.exit(1)
