@@ -101,11 +101,27 @@ async fn start_pool(
         sandbox.state = Some(Arc::new(state) as Arc<dyn flotilla_provider::PluginState>);
     }
     let provider: Arc<dyn Provider> = Arc::new(plugin.provider(&pool.name, sandbox));
-    let info = provider
-        .init(&pool.settings)
-        .instrument(span.clone())
-        .await
-        .with_context(|| format!("pool {}", pool.name))?;
+    let info = match provider.init(&pool.settings).instrument(span.clone()).await {
+        Ok(info) => info,
+        // The plugin refused its settings: say where they are, in the words `config check`
+        // uses for the same problem, so the operator sees the line to fix.
+        Err(flotilla_provider::CallError::Provider {
+            error: flotilla_provider::ProviderError::InvalidConfig(why),
+            ..
+        }) => {
+            let at = flotilla_validate::KeyPath::root()
+                .key("pool")
+                .index(pool.index)
+                .key("plugin_config");
+            let problem = config::locate(
+                &ctx.config_path,
+                &at,
+                format!("the plugin refused it: {why}"),
+            );
+            anyhow::bail!("pool {}: {problem}", pool.name);
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("pool {}", pool.name))),
+    };
     tracing::info!(pool = %pool.name, id = %info.id, version = %info.version, max_size = info.max_size, "plugin initialised");
     let clock = Arc::new(SystemClock);
     let policies = lock(&ctx.policies)
@@ -258,14 +274,6 @@ pub fn plugin_runtime(cache_dir: Option<PathBuf>) -> anyhow::Result<PluginRuntim
 async fn build(config_path: &Path) -> anyhow::Result<Built> {
     let cfg: Config = config::load(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let runtime = plugin_runtime(cfg.cache_dir.clone())?;
-    // The same checks `config check` makes: nothing starts on a config it would refuse.
-    let found = crate::preflight::check(&config::Checkable::of(&cfg), &runtime).await;
-    for note in &found.skipped {
-        tracing::info!("{note}");
-    }
-    if !found.problems.is_empty() {
-        anyhow::bail!("{}", config::ConfigErrors(found.problems));
-    }
     let metrics = Metrics::new()?;
     let token = api_token(&cfg)?;
     let needs_registry = cfg

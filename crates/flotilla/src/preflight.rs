@@ -1,6 +1,8 @@
-//! The checks that need more than the file's text, made the same way by `config check` and by
-//! `run` before it starts anything: the API token can be read; each connector's SSH key and
-//! Docker TLS files load; and each pool's `plugin_config` is accepted by the plugin itself.
+//! The checks of `config check` that need more than the file's text: the API token can be read;
+//! each connector's SSH key and Docker TLS files load; and each pool's `plugin_config` is
+//! accepted by the plugin itself. `run` makes the same checks as it starts each part (the token
+//! and keys at start-up, the settings at each pool's `init`, reported at the same line), but a
+//! pool that fails does not stop the others.
 //!
 //! The plugin is asked in a sandbox that reaches nothing: its own `init` runs with the pool's
 //! limits and credentials but an empty allow-list and throwaway state, so the check never

@@ -452,11 +452,13 @@ idle_count = 100
         format!("{file}:3: server.colour: unknown key"),
         format!("{file}:9: pool[0].max_instance: unknown key"),
         format!("{file}:12: pool[0].policy[0].idle_cont: unknown key"),
+        // The plugin's own verdict on its (absent) settings, in the same pass.
+        format!("{file}:5: pool[0].plugin_config: the plugin refused it: hosts: missing"),
     ] {
         assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
     }
     assert!(
-        out.contains("3 problem(s) found"),
+        out.contains("4 problem(s) found"),
         "every unknown key at once: {out}"
     );
 }

@@ -216,30 +216,6 @@ pub fn load_checkable(path: &Path) -> (Result<Config, ConfigErrors>, Checkable) 
     (result, checkable)
 }
 
-impl Checkable {
-    /// The checkable parts of a valid configuration.
-    pub fn of(cfg: &Config) -> Self {
-        Checkable {
-            path: cfg.path.clone(),
-            cache_dir: cfg.cache_dir.clone(),
-            token: cfg.token.clone(),
-            pools: cfg
-                .pools
-                .iter()
-                .enumerate()
-                .map(|(i, p)| PluginParts {
-                    at: KeyPath::root().key("pool").index(i),
-                    name: p.name.clone(),
-                    plugin: p.plugin.clone(),
-                    settings: p.settings.clone(),
-                    sandbox: p.sandbox.clone(),
-                    connector: p.connector.clone(),
-                })
-                .collect(),
-        }
-    }
-}
-
 /// Like [`load`]; `check_files = false` skips checks that named files exist (for `simulate`).
 pub fn load_with(path: &Path, check_files: bool) -> Result<Config, ConfigErrors> {
     let text = std::fs::read_to_string(path).map_err(|e| {

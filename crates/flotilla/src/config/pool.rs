@@ -133,6 +133,8 @@ fn two_minutes() -> Duration {
 pub struct Pool {
     /// Its name.
     pub name: String,
+    /// Its place among the file's `[[pool]]` tables (for located messages).
+    pub index: usize,
     /// Where the plugin comes from.
     pub plugin: PluginSource,
     /// `plugin_config` as JSON text.
@@ -169,7 +171,8 @@ pub(super) fn validate_all(
                 format!("duplicate pool name {:?}", p.name),
             );
         }
-        if let Some(pool) = p.validate(cx, &here, problems) {
+        if let Some(mut pool) = p.validate(cx, &here, problems) {
+            pool.index = i;
             out.push(pool);
         }
     }
@@ -317,6 +320,7 @@ impl Validate for PoolConfig {
         }
         Some(Pool {
             name: self.name.clone(),
+            index: 0,
             plugin: plugin?,
             settings: settings?,
             scaler: scaler?,

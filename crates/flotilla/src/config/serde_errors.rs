@@ -135,17 +135,22 @@ pub(super) fn deserialize_all<T: DeserializeOwned>(text: &str) -> Found<T> {
         {
             let mut at = here.clone();
             at.push(Seg::Key(key.to_string()));
-            if set_key(doc.as_table_mut(), &here, key, STAND_INS[0]) {
+            if set_key(
+                doc.as_table_mut(),
+                &here,
+                key,
+                STAND_INS.first().copied().unwrap_or("1"),
+            ) {
                 stand_ins.push((at, 0));
                 continue;
             }
         }
         if let Some(slot) = stand_ins.iter_mut().find(|(at, _)| *at == here)
-            && slot.1 + 1 < STAND_INS.len()
+            && let Some(next) = STAND_INS.get(slot.1 + 1).copied()
         {
             slot.1 += 1;
             if let Some((Seg::Key(key), table)) = here.split_last()
-                && set_key(doc.as_table_mut(), table, key, STAND_INS[slot.1])
+                && set_key(doc.as_table_mut(), table, key, next)
             {
                 continue;
             }
