@@ -27,6 +27,27 @@ fn flotilla(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `flotilla run -c config`, killed when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run(config: &std::path::Path) -> Killed {
+    Killed(
+        Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["run", "-c"])
+            .arg(config)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("flotilla-operator-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -182,20 +203,7 @@ hots = []
     assert_eq!(code, 1, "{err}");
     assert!(err.contains(&want), "{err}");
 
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _child = Killed(
-        Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(["run", "-c", &path])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _child = run(std::path::Path::new(&path));
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -405,21 +413,7 @@ idle_count = 1
         ),
     )
     .unwrap();
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _child = Killed(
-        Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(["run", "-c"])
-            .arg(&file)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _child = run(&file);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}/v1/pools/lab/leases");
