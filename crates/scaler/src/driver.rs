@@ -13,6 +13,7 @@ use super::{Millis, Policy};
 use flotilla_provider::{Function, Provider};
 
 use crate::observer::{PoolObserver, Probe};
+use crate::waiters::{Grant, Waiters};
 
 /// The source of time, so tests and the simulator can use virtual time.
 pub trait Clock: Send + Sync {
@@ -126,6 +127,8 @@ pub struct PoolHandle {
     readiness: Arc<dyn Readiness>,
     observer: Option<Arc<dyn PoolObserver>>,
     journal: Option<Arc<dyn LeaseJournal>>,
+    /// Acquires waiting for a slot, served in order by `grant`.
+    waiters: Mutex<Waiters>,
     wake: Notify,
     changed: Notify,
     stop: Notify,
@@ -174,6 +177,7 @@ impl PoolHandle {
             readiness,
             observer,
             journal,
+            waiters: Mutex::new(Waiters::default()),
             wake: Notify::new(),
             changed: Notify::new(),
             stop: Notify::new(),
@@ -190,9 +194,69 @@ impl PoolHandle {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn waiters(&self) -> MutexGuard<'_, Waiters> {
+        // Every change to the queue is one call on it, so a poisoned lock is still consistent.
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Something changed: free slots go to the waiting acquires, the driver plans again, and
+    /// `changed()` resolves.
     fn kick(&self) {
+        self.grant();
         self.wake.notify_one();
         self.changed.notify_waiters();
+    }
+
+    /// Binds waiting acquires to free slots, oldest first, until the slots or the waiters run
+    /// out. Each step is O(log n) in the number waiting; a change wakes only those it serves.
+    /// Lock order: the core, then the queue.
+    fn grant(&self) {
+        let mut core = self.core();
+        let mut waiters = self.waiters();
+        let now = self.clock.now();
+        while let Some(front) = waiters.front() {
+            if front.get().gone() {
+                front.remove();
+                continue;
+            }
+            let lease = front.get().lease;
+            let grant: Grant = match self.bind(&mut core, now, lease) {
+                Ok(None) => break,
+                Ok(Some(binding)) => Ok(binding),
+                Err(e) => Err(e),
+            };
+            if let Err(Ok(_)) = front.remove().answer(grant) {
+                // The caller left between the check and the answer: its lease waits again.
+                self.unbind(&mut core, now, lease);
+            }
+        }
+    }
+
+    /// Binds one reserved lease and journals it; `Ok(None)`: no free slot.
+    fn bind(
+        &self,
+        core: &mut PoolCore,
+        now: Millis,
+        id: u64,
+    ) -> Result<Option<Binding>, LeaseError> {
+        let Some(binding) = core.acquire(now, id)? else {
+            return Ok(None);
+        };
+        let uses = core.uses_of(&binding.instance).unwrap_or(0);
+        let saved = self.journal_save(core.lease(id).cloned(), Some((&binding.instance, uses)));
+        if let Err(e) = saved {
+            core.unacquire(now, id);
+            return Err(LeaseError::NotDurable(e));
+        }
+        Ok(Some(binding))
+    }
+
+    /// Undoes a binding nobody received: the lease is reserved again, in memory and journal.
+    fn unbind(&self, core: &mut PoolCore, now: Millis, id: u64) {
+        core.unacquire(now, id);
+        if let Err(e) = self.journal_save(core.lease(id).cloned(), None) {
+            tracing::warn!(pool = %self.name, lease = id, "lease journal: {e}");
+        }
     }
 
     async fn run(self: Arc<Self>) {
@@ -387,43 +451,51 @@ impl PoolHandle {
         r
     }
 
-    /// Binds a reserved lease to a ready instance, waiting up to `instance_acquire_timeout`.
+    /// Binds a reserved lease to a ready instance, waiting up to `instance_acquire_timeout`
+    /// behind the acquires that came first. Dropping the future gives up the place in the
+    /// queue; a slot handed over at that moment goes back to the pool.
     pub async fn acquire(&self, id: u64) -> Result<Binding, AcquireError> {
         let timeout = Duration::from_millis(self.core().config().instance_acquire_timeout_ms);
         let start = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let bound = {
-                let mut core = self.core();
-                let now = self.clock.now();
-                match core.acquire(now, id)? {
-                    Some(binding) => {
-                        let uses = core.uses_of(&binding.instance).unwrap_or(0);
-                        let saved = self
-                            .journal_save(core.lease(id).cloned(), Some((&binding.instance, uses)));
-                        if let Err(e) = saved {
-                            core.unacquire(now, id);
-                            return Err(LeaseError::NotDurable(e).into());
-                        }
-                        Some(binding)
-                    }
-                    None => None,
+        let (ticket, rx) = {
+            // A lease that can never be bound is refused at once, not after the queue.
+            let core = self.core();
+            core.acquirable(id)?;
+            self.waiters().push(id)
+        };
+        let mut place = Place {
+            handle: self,
+            ticket,
+            lease: id,
+            rx,
+            settled: false,
+        };
+        self.grant();
+        let grant = match tokio::time::timeout_at(deadline, &mut place.rx).await {
+            Ok(Ok(grant)) => grant,
+            // The queue never drops a waiter whose caller is still here.
+            Ok(Err(_)) => Err(LeaseError::UnknownLease(id)),
+            Err(_) => match place.leave() {
+                Some(grant) => grant,
+                None => {
+                    place.settled = true;
+                    return Err(AcquireError::Timeout(timeout));
                 }
-            };
-            if let Some(binding) = bound {
-                if let Some(m) = &self.observer {
-                    m.lease_wait(start.elapsed());
-                }
-                self.kick();
-                return Ok(binding);
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return Err(AcquireError::Timeout(timeout));
-            }
+            },
+        };
+        place.settled = true;
+        let binding = grant?;
+        if let Some(m) = &self.observer {
+            m.lease_wait(start.elapsed());
         }
+        self.kick();
+        Ok(binding)
+    }
+
+    /// How many acquires wait for a slot.
+    pub fn waiting(&self) -> usize {
+        self.waiters().len()
     }
 
     /// Frees a slot.
@@ -524,5 +596,46 @@ impl PoolHandle {
             tracing::warn!(pool = %self.name, "provider shutdown failed: {e}");
         }
         self.stop.notify_one();
+    }
+}
+
+/// An acquire's place in the queue; leaving it unanswered (a dropped future) hands back any
+/// slot granted meanwhile.
+struct Place<'a> {
+    handle: &'a PoolHandle,
+    ticket: u64,
+    lease: u64,
+    rx: tokio::sync::oneshot::Receiver<Grant>,
+    /// The answer was taken (or the timeout reported): nothing to undo.
+    settled: bool,
+}
+
+impl Place<'_> {
+    /// Leaves the queue; the answer when one was already given.
+    fn leave(&mut self) -> Option<Grant> {
+        let _core = self.handle.core();
+        if self.handle.waiters().cancel(self.ticket) {
+            return None;
+        }
+        // Answered under the queue's lock, so the answer is already in the channel.
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let handle = self.handle;
+        let mut core = handle.core();
+        if handle.waiters().cancel(self.ticket) {
+            return;
+        }
+        if let Ok(Ok(_)) = self.rx.try_recv() {
+            handle.unbind(&mut core, handle.clock.now(), self.lease);
+            drop(core);
+            handle.kick();
+        }
     }
 }

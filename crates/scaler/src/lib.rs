@@ -10,6 +10,7 @@ pub mod driver;
 mod observer;
 pub mod policy;
 pub mod sim;
+mod waiters;
 
 pub use self::core::{
     Action, Binding, InstState, Lease, LeaseError, LeaseIds, LeaseState, PoolCore, PoolHealth,

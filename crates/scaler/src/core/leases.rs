@@ -27,8 +27,9 @@ impl PoolCore {
 
     /// The live lease carrying the label `key=value`, if any.
     pub fn lease_by_label(&self, key: &str, value: &str) -> Option<&Lease> {
-        self.leases()
-            .find(|l| l.labels.get(key).is_some_and(|v| v == value))
+        self.leases
+            .by_label(key, value)
+            .or_else(|| self.restoring.by_label(key, value))
     }
 
     /// Promises a slot for a client that tags it with `labels`; a label already on a live
@@ -60,34 +61,21 @@ impl PoolCore {
             return Err(LeaseError::NoIdleSlot);
         }
         let id = self.next_lease.take();
-        self.leases.insert(
+        self.leases.insert(Lease {
             id,
-            Lease {
-                id,
-                state: LeaseState::Reserved,
-                reserved_at: now,
-                acquired_at: None,
-                labels,
-                expires_at: self.cfg.lease_ttl_ms.map(|ttl| now.saturating_add(ttl)),
-            },
-        );
+            state: LeaseState::Reserved,
+            reserved_at: now,
+            acquired_at: None,
+            labels,
+            expires_at: self.cfg.lease_ttl_ms.map(|ttl| now.saturating_add(ttl)),
+        });
         self.reserved += 1;
         Ok(id)
     }
 
     /// Binds a reserved lease to a ready slot; `Ok(None)` means "wait and try again".
     pub fn acquire(&mut self, now: Millis, id: u64) -> Result<Option<Binding>, LeaseError> {
-        match self.leases.get(&id).map(|l| &l.state) {
-            None => return Err(LeaseError::UnknownLease(id)),
-            Some(LeaseState::Acquired { .. }) => return Err(LeaseError::AlreadyAcquired(id)),
-            Some(LeaseState::Failed { cause }) => {
-                return Err(LeaseError::Failed {
-                    id,
-                    cause: cause.clone(),
-                });
-            }
-            Some(LeaseState::Reserved) => {}
-        }
+        self.acquirable(id)?;
         let Some(&(_, key)) = self.index.available.iter().next() else {
             return Ok(None);
         };
@@ -115,32 +103,45 @@ impl PoolCore {
             // Max use count reached: no new jobs; deleted once its leases are released.
             self.with_inst(key, |inst| inst.state = InstState::Draining);
         }
-        if let Some(lease) = self.leases.get_mut(&id) {
+        self.leases.update(id, |lease| {
             lease.state = LeaseState::Acquired {
                 instance: instance.clone(),
                 slot,
             };
             lease.acquired_at = Some(now);
-        }
+        });
         self.reserved -= 1;
         self.acquired += 1;
         Ok(Some(Binding { instance, slot }))
     }
 
+    /// Whether `acquire` could bind this lease once a slot is free (it is reserved).
+    pub fn acquirable(&self, id: u64) -> Result<(), LeaseError> {
+        match self.leases.get(id).map(|l| &l.state) {
+            None => Err(LeaseError::UnknownLease(id)),
+            Some(LeaseState::Acquired { .. }) => Err(LeaseError::AlreadyAcquired(id)),
+            Some(LeaseState::Failed { cause }) => Err(LeaseError::Failed {
+                id,
+                cause: cause.clone(),
+            }),
+            Some(LeaseState::Reserved) => Ok(()),
+        }
+    }
+
     /// Drops a reservation that got no job.
     pub fn unreserve(&mut self, id: u64) -> Result<(), LeaseError> {
-        if self.restoring.contains_key(&id) {
+        if self.restoring.contains(id) {
             return Err(LeaseError::Acquired(id));
         }
-        match self.leases.get(&id).map(|l| l.state.clone()) {
+        match self.leases.get(id).map(|l| l.state.clone()) {
             None => Err(LeaseError::UnknownLease(id)),
             Some(LeaseState::Acquired { .. }) => Err(LeaseError::Acquired(id)),
             Some(LeaseState::Failed { .. }) => {
-                self.leases.remove(&id);
+                self.leases.remove(id);
                 Ok(())
             }
             Some(LeaseState::Reserved) => {
-                self.leases.remove(&id);
+                self.leases.remove(id);
                 self.reserved -= 1;
                 Ok(())
             }
@@ -149,22 +150,22 @@ impl PoolCore {
 
     /// Frees an acquired slot (a failed lease is acknowledged and forgotten).
     pub fn release(&mut self, now: Millis, id: u64) -> Result<(), LeaseError> {
-        if self.restoring.remove(&id).is_some() {
+        if self.restoring.remove(id).is_some() {
             // Restored, not yet bound again (the first update has not come back).
             return Ok(());
         }
-        let state = match self.leases.get(&id) {
+        let state = match self.leases.get(id) {
             None => return Err(LeaseError::UnknownLease(id)),
             Some(l) => l.state.clone(),
         };
         match state {
             LeaseState::Reserved => Err(LeaseError::NotAcquired(id)),
             LeaseState::Failed { .. } => {
-                self.leases.remove(&id);
+                self.leases.remove(id);
                 Ok(())
             }
             LeaseState::Acquired { instance, slot } => {
-                self.leases.remove(&id);
+                self.leases.remove(id);
                 self.acquired -= 1;
                 if let Some(&key) = self.by_id.get(&instance) {
                     self.with_inst(key, |inst| {
@@ -186,7 +187,7 @@ impl PoolCore {
     /// Docker unreachable): the instance is failed with `cause`, so no other lease gets it and
     /// it is replaced.
     pub fn release_broken(&mut self, now: Millis, id: u64, cause: &str) -> Result<(), LeaseError> {
-        let instance = match self.leases.get(&id).map(|l| &l.state) {
+        let instance = match self.leases.get(id).map(|l| &l.state) {
             Some(LeaseState::Acquired { instance, .. }) => Some(instance.clone()),
             _ => None,
         };
@@ -207,7 +208,7 @@ impl PoolCore {
     /// and use are given back.
     pub fn unacquire(&mut self, now: Millis, id: u64) {
         let Some(LeaseState::Acquired { instance, slot }) =
-            self.leases.get(&id).map(|l| l.state.clone())
+            self.leases.get(id).map(|l| l.state.clone())
         else {
             return;
         };
@@ -226,17 +227,17 @@ impl PoolCore {
                 }
             });
         }
-        if let Some(lease) = self.leases.get_mut(&id) {
+        self.leases.update(id, |lease| {
             lease.state = LeaseState::Reserved;
             lease.acquired_at = None;
-        }
+        });
         self.acquired -= 1;
         self.reserved += 1;
     }
 
     /// A lease by id.
     pub fn lease(&self, id: u64) -> Option<&Lease> {
-        self.leases.get(&id).or_else(|| self.restoring.get(&id))
+        self.leases.get(id).or_else(|| self.restoring.get(id))
     }
 
     /// Every lease.
@@ -246,7 +247,7 @@ impl PoolCore {
 
     /// Connection lookups need the instance id of an acquired lease.
     pub fn instance_of(&self, id: u64) -> Option<&str> {
-        match &self.leases.get(&id)?.state {
+        match &self.leases.get(id)?.state {
             LeaseState::Acquired { instance, .. } => Some(instance),
             _ => None,
         }
@@ -258,12 +259,16 @@ impl PoolCore {
         };
         let ids: Vec<u64> = inst.slots.iter().flatten().copied().collect();
         for id in ids {
-            if let Some(lease) = self.leases.get_mut(&id)
-                && matches!(lease.state, LeaseState::Acquired { .. })
-            {
-                lease.state = LeaseState::Failed {
-                    cause: cause.to_string(),
-                };
+            let failed = self.leases.update(id, |lease| {
+                let acquired = matches!(lease.state, LeaseState::Acquired { .. });
+                if acquired {
+                    lease.state = LeaseState::Failed {
+                        cause: cause.to_string(),
+                    };
+                }
+                acquired
+            });
+            if failed == Some(true) {
                 self.acquired -= 1;
                 self.counters.leases_failed += 1;
             }

@@ -11,6 +11,7 @@
 
 mod backoff;
 mod index;
+mod lease_table;
 mod leases;
 mod observe;
 mod plan;
@@ -24,6 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use self::backoff::Backoff;
 pub use self::backoff::Pause;
 use self::index::{Index, Indexed, Inst, PolicyCache};
+use self::lease_table::LeaseTable;
 pub use self::types::{
     Action, Binding, Counters, InstState, InstanceView, Lease, LeaseError, LeaseState, PoolHealth,
     PoolSnapshot, RestartView, SlotCounts,
@@ -129,9 +131,9 @@ pub struct PoolCore {
     index: Index,
     /// The active policy and the span it holds for.
     active_policy: Cell<PolicyCache>,
-    leases: HashMap<u64, Lease>,
+    leases: LeaseTable,
     /// Acquired leases restored from the journal, bound again at the first update.
-    restoring: HashMap<u64, Lease>,
+    restoring: LeaseTable,
     /// Use counts restored from the journal, applied when their instance is adopted.
     restored_uses: HashMap<String, u32>,
     next_lease: LeaseIds,
@@ -170,6 +172,7 @@ impl PoolCore {
     /// A new pool at `now`.
     pub fn new(cfg: ScalerConfig, policies: Vec<Policy>, now: Millis) -> PoolCore {
         let tokens = f64::from(cfg.throttle_burst);
+        let max_job_ms = cfg.max_job_duration_ms;
         PoolCore {
             cfg,
             policies,
@@ -182,8 +185,8 @@ impl PoolCore {
             next_key: 1,
             index: Index::default(),
             active_policy: Cell::new(PolicyCache(None)),
-            leases: HashMap::new(),
-            restoring: HashMap::new(),
+            leases: LeaseTable::new(max_job_ms),
+            restoring: LeaseTable::new(max_job_ms),
             restored_uses: HashMap::new(),
             next_lease: LeaseIds::default(),
             reserved: 0,

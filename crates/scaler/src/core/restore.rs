@@ -35,14 +35,14 @@ impl PoolCore {
             match lease.state {
                 LeaseState::Reserved => {
                     self.reserved += 1;
-                    self.leases.insert(lease.id, lease);
+                    self.leases.insert(lease);
                 }
                 LeaseState::Acquired { .. } => {
-                    self.restoring.insert(lease.id, lease);
+                    self.restoring.insert(lease);
                 }
                 // A failed lease was acknowledged as failed; nothing holds a slot for it.
                 LeaseState::Failed { .. } => {
-                    self.leases.insert(lease.id, lease);
+                    self.leases.insert(lease);
                 }
             }
         }
@@ -53,7 +53,7 @@ impl PoolCore {
     /// instance is serving a job, so it is ready), or fails it when the instance is gone.
     pub(super) fn rebind_restored(&mut self, now: Millis) {
         self.restored_uses.clear();
-        let restoring: Vec<Lease> = self.restoring.drain().map(|(_, l)| l).collect();
+        let restoring: Vec<Lease> = self.restoring.drain();
         for mut lease in restoring {
             let LeaseState::Acquired { instance, slot } = lease.state.clone() else {
                 continue;
@@ -95,52 +95,36 @@ impl PoolCore {
                     self.counters.leases_failed += 1;
                 }
             }
-            self.leases.insert(lease.id, lease);
+            self.leases.insert(lease);
         }
     }
 
     /// Renews a lease's TTL; `false` when there is no such live lease.
     pub fn renew(&mut self, now: Millis, id: u64) -> Option<Millis> {
         let ttl = self.cfg.lease_ttl_ms?;
-        let lease = self
+        let live = self
             .leases
-            .get_mut(&id)
-            .filter(|l| !matches!(l.state, LeaseState::Failed { .. }))?;
+            .get(id)
+            .is_some_and(|l| !matches!(l.state, LeaseState::Failed { .. }));
+        if !live {
+            return None;
+        }
         let until = now.saturating_add(ttl);
-        lease.expires_at = Some(until);
+        self.leases
+            .update(id, |lease| lease.expires_at = Some(until));
         Some(until)
     }
 
     /// When the next lease expires or runs past the maximum job duration.
     pub(super) fn next_lease_deadline(&self) -> Option<Millis> {
-        if self.cfg.lease_ttl_ms.is_none() && self.cfg.max_job_duration_ms.is_none() {
-            return None;
-        }
-        self.leases.values().filter_map(|l| self.deadline(l)).min()
-    }
-
-    fn deadline(&self, lease: &Lease) -> Option<Millis> {
-        let job = match (
-            &lease.state,
-            lease.acquired_at,
-            self.cfg.max_job_duration_ms,
-        ) {
-            (LeaseState::Acquired { .. }, Some(at), Some(max)) => Some(at.saturating_add(max)),
-            _ => None,
-        };
-        match (&lease.state, lease.expires_at, job) {
-            (LeaseState::Failed { .. }, _, _) => None,
-            (_, Some(a), Some(b)) => Some(a.min(b)),
-            (_, a, b) => a.or(b),
-        }
+        self.leases.next_deadline()
     }
 
     /// Fails the leases past their TTL or the maximum job duration, freeing their slots.
     pub(super) fn expire_leases(&mut self, now: Millis) {
         let due: Vec<(u64, String)> = self
             .leases
-            .values()
-            .filter(|l| self.deadline(l).is_some_and(|d| now >= d))
+            .due(now)
             .map(|l| {
                 let ran_too_long = l.expires_at.is_none_or(|e| now < e);
                 let cause = if ran_too_long {
@@ -160,7 +144,7 @@ impl PoolCore {
 
     /// Fails one lease, freeing its slot or reservation.
     fn fail_lease(&mut self, now: Millis, id: u64, cause: &str) {
-        let Some(state) = self.leases.get(&id).map(|l| l.state.clone()) else {
+        let Some(state) = self.leases.get(id).map(|l| l.state.clone()) else {
             return;
         };
         match state {
@@ -181,11 +165,11 @@ impl PoolCore {
             }
             LeaseState::Failed { .. } => return,
         }
-        if let Some(lease) = self.leases.get_mut(&id) {
+        self.leases.update(id, |lease| {
             lease.state = LeaseState::Failed {
                 cause: cause.to_string(),
             };
-        }
+        });
         self.counters.leases_failed += 1;
     }
 }

@@ -118,6 +118,8 @@ impl PoolCore {
                 LeaseState::Failed { .. } => {}
             }
         }
+        self.leases.check()?;
+        self.restoring.check()?;
         if reserved != self.reserved || acquired != self.acquired {
             return Err(format!(
                 "counters {}/{} vs {reserved}/{acquired}",

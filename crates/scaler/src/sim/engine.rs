@@ -13,7 +13,8 @@ use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderEr
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
-    Wake,
+    /// The core asked to be woken (`next_wakeup`); the number tells a superseded request apart.
+    Wake(u64),
     /// A job arrives; the event time is its submit time.
     Submit(Waiting),
     /// The job holding this lease is done.
@@ -100,10 +101,23 @@ pub(super) struct Sim<'a> {
     leases_failed_seen: u64,
     waits: Vec<Millis>,
     report: SimReport,
-    wake_at: Option<Millis>,
+    /// The wake-up the loop waits for: (time, generation). An earlier request supersedes a
+    /// later one, whose heap entry is then skipped when it comes up, so the heap holds at most
+    /// one live wake-up and stale ones cost one pop each (not a settle each, nor a re-arm).
+    wake: Option<(Millis, u64)>,
     submitted: usize,
     samples: Vec<Sample>,
     meter: Meter,
+    work: Work,
+}
+
+/// What the loop did, for the tests of its cost.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Work {
+    /// Events handled (each followed by a settle).
+    pub(super) events: u64,
+    /// The most entries the event heap held at once.
+    pub(super) peak_heap: usize,
 }
 
 /// Running totals for cost, utilisation and the timeline.
@@ -158,19 +172,27 @@ impl<'a> Sim<'a> {
                 jobs: jobs.len() as u64,
                 ..SimReport::default()
             },
-            wake_at: None,
+            wake: None,
             submitted: 0,
             samples: Vec::new(),
             meter: Meter::default(),
+            work: Work::default(),
         }
     }
 
     fn push(&mut self, at: Millis, ev: Ev) {
         self.seq += 1;
         self.heap.push(Reverse((at, self.seq, ev)));
+        self.work.peak_heap = self.work.peak_heap.max(self.heap.len());
     }
 
-    pub(super) fn run(mut self) -> (SimReport, Vec<Sample>) {
+    pub(super) fn run(self) -> (SimReport, Vec<Sample>) {
+        let (report, samples, _) = self.run_counted();
+        (report, samples)
+    }
+
+    /// Runs the trace; also says how much work the loop did.
+    pub(super) fn run_counted(mut self) -> (SimReport, Vec<Sample>, Work) {
         let start = self.opts.start_at;
         self.arrivals = self
             .jobs
@@ -182,7 +204,8 @@ impl<'a> Sim<'a> {
             .collect();
         // Stable: arrivals at the same time keep the trace's order.
         self.arrivals.sort_by_key(|w| w.submit_at);
-        self.push(start, Ev::Wake);
+        self.wake = Some((start, 0));
+        self.push(start, Ev::Wake(0));
         let end_of_trace = start + self.jobs.iter().map(|j| j.submit_at).max().unwrap_or(0);
         self.meter.sample_every = match self.opts.samples {
             0 => Millis::MAX,
@@ -199,7 +222,14 @@ impl<'a> Sim<'a> {
         self.meter.next_sample = start;
         let mut now = start;
         while let Some((at, ev)) = self.next_event() {
+            if let Ev::Wake(generation) = ev {
+                if self.wake.is_none_or(|(_, live)| live != generation) {
+                    continue;
+                }
+                self.wake = None;
+            }
             now = at;
+            self.work.events += 1;
             self.account(now);
             self.handle(now, ev);
             self.settle(now);
@@ -218,7 +248,9 @@ impl<'a> Sim<'a> {
                 break;
             }
         }
-        self.finish(now)
+        let work = self.work;
+        let (report, samples) = self.finish(now);
+        (report, samples, work)
     }
 
     /// Integrates cost and utilisation over `[last, now)` and takes the samples due.
@@ -304,7 +336,7 @@ impl<'a> Sim<'a> {
 
     fn handle(&mut self, now: Millis, ev: Ev) {
         match ev {
-            Ev::Wake => self.wake_at = None,
+            Ev::Wake(_) => {}
             Ev::Submit(job) => {
                 self.submitted += 1;
                 self.to_reserve.push_back(job);
@@ -334,7 +366,6 @@ impl<'a> Sim<'a> {
                     inst.state = InstanceState::Failed("simulated hardware failure".into());
                 }
                 // The core's next scheduled `update()` reports the failure.
-                self.push(now, Ev::Wake);
             }
             Ev::Done(call) => self.finish_call(now, call),
         }
@@ -538,9 +569,65 @@ impl<'a> Sim<'a> {
 
     fn schedule_wake(&mut self, now: Millis) {
         let wake = self.core.next_wakeup(now);
-        if self.wake_at.is_none_or(|w| wake < w) {
-            self.wake_at = Some(wake);
-            self.push(wake, Ev::Wake);
+        if self.wake.is_none_or(|(at, _)| wake < at) {
+            self.seq += 1;
+            let generation = self.seq;
+            self.wake = Some((wake, generation));
+            self.push(wake, Ev::Wake(generation));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An overloaded trace: a job every 12 s, each 100-900 s long, for 8 slots.
+    fn overload(n: u64) -> Vec<Job> {
+        (0..n)
+            .map(|i| Job {
+                submit_at: i * 12_000,
+                duration: 100_000 + (i * 7_919 % 800) * 1_000,
+                tag: None,
+            })
+            .collect()
+    }
+
+    fn work(jobs: &[Job]) -> (SimReport, Work) {
+        let cfg = ScalerConfig {
+            capacity_per_instance: 2,
+            max_instances: 4,
+            instance_acquire_timeout_ms: 30_000,
+            update_interval_ms: 30_000,
+            ..ScalerConfig::default()
+        };
+        let policy = Policy::new(vec!["* * * * *".into()], "UTC", 2, 300_000, 0.0, 0, false)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let cloud = SimCloud::default();
+        let opts = SimOptions::default();
+        let (report, _, work) = Sim::new(&cfg, &[policy], &cloud, jobs, &opts).run_counted();
+        (report, work)
+    }
+
+    #[test]
+    fn under_overload_the_work_per_job_does_not_grow_with_the_trace() {
+        let (small_report, small) = work(&overload(2_000));
+        let (large_report, large) = work(&overload(20_000));
+        assert!(
+            large_report.timed_out > large_report.jobs / 2,
+            "{large_report:?}"
+        );
+        assert!(
+            small_report.timed_out > small_report.jobs / 2,
+            "{small_report:?}"
+        );
+        // The heap holds the work in progress (running jobs, instances coming up, calls in
+        // flight) and one wake-up, whatever the trace's length.
+        assert!(small.peak_heap <= 32, "{small:?}");
+        assert_eq!(small.peak_heap, large.peak_heap, "{small:?} vs {large:?}");
+        // Events per job stay flat: ten times the jobs, about ten times the events.
+        let per_job = |w: Work, n: u64| w.events as f64 / n as f64;
+        let (a, b) = (per_job(small, 2_000), per_job(large, 20_000));
+        assert!(b < a * 1.1, "events per job grew from {a:.2} to {b:.2}");
     }
 }

@@ -1,0 +1,212 @@
+//! The async driver's acquire queue: a freed slot goes to the oldest waiting acquire (not to
+//! a newcomer, not to everyone at once), a caller that leaves gives its place and any slot
+//! handed to it back, and a timeout leaves the lease reserved.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flotilla_provider::{
+    Arch, CallError, Connection, Instance, InstanceState, Os, Protocol, Provider, ProviderHealth,
+    ProviderInfo,
+};
+use flotilla_scaler::driver::AcquireError;
+use flotilla_scaler::{
+    AlwaysReady, Clock, LeaseState, Policy, PoolCore, PoolHandle, ScalerConfig, SystemClock,
+};
+
+/// A cloud of `n` machines that are always there and never grow (an increase grants nothing).
+struct Fixed(u32);
+
+#[async_trait]
+impl Provider for Fixed {
+    async fn init(&self, _: &str) -> Result<ProviderInfo, CallError> {
+        Ok(ProviderInfo {
+            id: "test/fixed".into(),
+            version: "0".into(),
+            // No group maximum: the pool may hold more reservations than there are slots.
+            max_size: 0,
+            heartbeat: false,
+            expiring_connect_info: false,
+        })
+    }
+    async fn update(&self) -> Result<Vec<Instance>, CallError> {
+        Ok((0..self.0)
+            .map(|i| Instance {
+                id: format!("m-{i}"),
+                state: InstanceState::Running,
+            })
+            .collect())
+    }
+    async fn increase(&self, _: u32) -> Result<u32, CallError> {
+        Ok(0)
+    }
+    async fn decrease(&self, _: &[String]) -> Result<Vec<String>, CallError> {
+        Ok(Vec::new())
+    }
+    async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
+        Ok(Connection {
+            id: id.into(),
+            os: Os::Linux,
+            arch: Arch::Amd64,
+            protocol: Protocol::Ssh,
+            internal_address: None,
+            external_address: None,
+            port: 22,
+            username: String::new(),
+            expires: None,
+        })
+    }
+    async fn heartbeat(&self, _: &str) -> Result<(), CallError> {
+        Ok(())
+    }
+    async fn shutdown(&self) -> Result<(), CallError> {
+        Ok(())
+    }
+    fn health(&self) -> ProviderHealth {
+        ProviderHealth::default()
+    }
+}
+
+/// A pool of one machine with one slot, its acquires waiting at most `timeout_ms`; returned
+/// once the slot is ready.
+async fn one_slot(timeout_ms: u64) -> Arc<PoolHandle> {
+    let cfg = ScalerConfig {
+        capacity_per_instance: 1,
+        // Reservations may exceed the one slot; the cloud grants no second machine.
+        max_instances: 8,
+        instance_acquire_timeout_ms: timeout_ms,
+        ..ScalerConfig::default()
+    };
+    let policy = Policy::new(vec!["* * * * *".into()], "UTC", 0, 3_600_000, 0.0, 0, false)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let clock = Arc::new(SystemClock);
+    let mut core = PoolCore::new(cfg, vec![policy], clock.now());
+    let provider = Fixed(1);
+    core.set_provider_info(&provider.init("").await.unwrap());
+    let pool = PoolHandle::spawn(
+        "p".into(),
+        core,
+        Arc::new(provider),
+        clock,
+        Arc::new(AlwaysReady),
+        None,
+    );
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let changed = pool.changed();
+            if pool.snapshot().slots.idle == 1 {
+                return;
+            }
+            changed.await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the machine never became ready: {:?}", pool.snapshot()));
+    pool
+}
+
+/// Waits until `n` acquires are queued.
+async fn until_waiting(pool: &PoolHandle, n: usize) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while pool.waiting() != n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} waiting, not {n}", pool.waiting()));
+}
+
+fn state(pool: &PoolHandle, lease: u64) -> Option<LeaseState> {
+    pool.with_core(|core| core.lease(lease).map(|l| l.state.clone()))
+}
+
+#[tokio::test]
+async fn a_freed_slot_goes_to_the_oldest_waiter_not_to_a_newcomer() {
+    let pool = one_slot(60_000).await;
+    let holder = pool.reserve().unwrap();
+    pool.acquire(holder).await.unwrap();
+    let first = pool.reserve().unwrap();
+    let second = pool.reserve().unwrap();
+    let p = pool.clone();
+    let first_wait = tokio::spawn(async move { p.acquire(first).await });
+    until_waiting(&pool, 1).await;
+    let p = pool.clone();
+    let second_wait = tokio::spawn(async move { p.acquire(second).await });
+    until_waiting(&pool, 2).await;
+
+    // The release and a newcomer's acquire happen before any waiter runs again: the slot
+    // must already belong to the oldest waiter.
+    pool.release(holder).unwrap();
+    let newcomer = pool.reserve().unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(200), pool.acquire(newcomer)).await;
+    assert!(early.is_err(), "a newcomer took the freed slot: {early:?}");
+    let bound = first_wait.await.unwrap().unwrap();
+    assert_eq!(bound.instance, "m-0");
+    assert!(matches!(state(&pool, second), Some(LeaseState::Reserved)));
+    assert_eq!(pool.waiting(), 1, "the second waiter is still queued");
+
+    // Next in line is the second waiter; the newcomer left the queue when its future was
+    // dropped.
+    pool.release(first).unwrap();
+    second_wait.await.unwrap().unwrap();
+    assert_eq!(pool.waiting(), 0);
+    assert!(matches!(state(&pool, newcomer), Some(LeaseState::Reserved)));
+}
+
+#[tokio::test]
+async fn a_caller_that_leaves_gives_back_the_slot_handed_to_it() {
+    let pool = one_slot(60_000).await;
+    let holder = pool.reserve().unwrap();
+    pool.acquire(holder).await.unwrap();
+    let leaver = pool.reserve().unwrap();
+    // Boxed, so `drop` below drops the future itself.
+    let mut wait = Box::pin(pool.acquire(leaver));
+    // Queued, not answered.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut wait)
+            .await
+            .is_err()
+    );
+    assert_eq!(pool.waiting(), 1);
+    // The slot is handed over while the caller is not looking, then the caller leaves.
+    pool.release(holder).unwrap();
+    assert!(matches!(
+        state(&pool, leaver),
+        Some(LeaseState::Acquired { .. })
+    ));
+    drop(wait);
+    assert!(
+        matches!(state(&pool, leaver), Some(LeaseState::Reserved)),
+        "a binding nobody received must go back: {:?}",
+        state(&pool, leaver)
+    );
+    assert_eq!(pool.snapshot().slots.acquired, 0);
+    // The slot is free for whoever asks next, the leaver included.
+    pool.acquire(leaver).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_timed_out_acquire_leaves_the_queue_and_its_lease_reserved() {
+    let pool = one_slot(300).await;
+    let holder = pool.reserve().unwrap();
+    pool.acquire(holder).await.unwrap();
+    let late = pool.reserve().unwrap();
+    match pool.acquire(late).await {
+        Err(AcquireError::Timeout(t)) => assert_eq!(t, Duration::from_millis(300)),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(pool.waiting(), 0);
+    assert!(matches!(state(&pool, late), Some(LeaseState::Reserved)));
+    // An unknown lease is refused at once, not after the timeout.
+    match pool.acquire(999_999).await {
+        Err(AcquireError::Lease(e)) => assert!(e.to_string().contains("999999"), "{e}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
