@@ -77,8 +77,8 @@ pub fn read_trace(path: &Path) -> Result<Vec<Job>, TraceError> {
         };
         match (num(0, "submit_at_s"), num(1, "duration_s")) {
             (Ok(at), Ok(d)) => jobs.push(Job {
-                submit_at: (at * 1000.0) as u64,
-                duration: ((d * 1000.0) as u64).max(1),
+                submit_at: (at * 1000.0).round() as u64,
+                duration: ((d * 1000.0).round() as u64).max(1),
                 tag: record.get(2).filter(|t| !t.is_empty()).map(str::to_string),
             }),
             (a, b) => bad.extend([a.err(), b.err()].into_iter().flatten()),
@@ -98,6 +98,9 @@ pub fn read_trace(path: &Path) -> Result<Vec<Job>, TraceError> {
     Ok(jobs)
 }
 
+/// Where a trace's time 0 is unless `--start` says: 2026-01-01T00:00:00Z.
+pub const DEFAULT_START_MS: u64 = 1_767_225_600_000;
+
 /// One configuration's result.
 #[derive(Debug, Serialize)]
 pub struct Run {
@@ -116,6 +119,7 @@ pub fn run_all(
     jobs: &[Job],
     cloud: &SimCloud,
     samples: usize,
+    start_at: Option<u64>,
 ) -> Result<Vec<Run>, String> {
     let mut runs = Vec::new();
     for path in configs {
@@ -124,7 +128,7 @@ pub fn run_all(
             let opts = SimOptions {
                 check_invariants: false,
                 samples,
-                start_at: 1_767_225_600_000,
+                start_at: start_at.unwrap_or(DEFAULT_START_MS),
             };
             let (report, samples) = simulate(&pool.scaler, &pool.policies, cloud, jobs, &opts);
             let stem = path

@@ -96,6 +96,9 @@ pub trait LeaseJournal: Send + Sync {
     fn remove(&self, id: u64) -> Result<(), String>;
     /// Forgets an instance that is gone (its use count).
     fn forget_instance(&self, instance: &str) -> Result<(), String>;
+    /// A lease ended (released, or unreserved without a job), as it was before it ended: for
+    /// the lease history `tune` reads. Best effort; nothing waits for it.
+    fn finished(&self, _lease: &Lease, _released_at: Millis) {}
 }
 
 /// The check before a release: only an acquired (or failed) lease can be released.
@@ -445,10 +448,20 @@ impl PoolHandle {
     pub fn release_broken(&self, id: u64, cause: &str) -> Result<(), LeaseError> {
         let mut core = self.core();
         self.journal_remove(&core, id, releasable(id))?;
-        let r = core.release_broken(self.clock.now(), id, cause);
+        let lease = core.lease(id).cloned();
+        let now = self.clock.now();
+        let r = core.release_broken(now, id, cause);
         drop(core);
+        self.ended(&r, lease, now);
         self.kick();
         r
+    }
+
+    /// Records a lease that ended in the history.
+    fn ended(&self, result: &Result<(), LeaseError>, lease: Option<Lease>, now: Millis) {
+        if let (Ok(()), Some(journal), Some(lease)) = (result, &self.journal, lease) {
+            journal.finished(&lease, now);
+        }
     }
 
     /// Binds a reserved lease to a ready instance, waiting up to `instance_acquire_timeout`
@@ -502,8 +515,11 @@ impl PoolHandle {
     pub fn release(&self, id: u64) -> Result<(), LeaseError> {
         let mut core = self.core();
         self.journal_remove(&core, id, releasable(id))?;
-        let r = core.release(self.clock.now(), id);
+        let lease = core.lease(id).cloned();
+        let now = self.clock.now();
+        let r = core.release(now, id);
         drop(core);
+        self.ended(&r, lease, now);
         self.kick();
         r
     }
@@ -515,8 +531,10 @@ impl PoolHandle {
             LeaseState::Acquired { .. } => Err(LeaseError::Acquired(id)),
             _ => Ok(()),
         })?;
+        let lease = core.lease(id).cloned();
         let r = core.unreserve(id);
         drop(core);
+        self.ended(&r, lease, self.clock.now());
         self.kick();
         r
     }

@@ -18,6 +18,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod history;
+
+pub use history::HistoryLog;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use flotilla_provider::{PluginState, StateError, StateLimits};
@@ -50,6 +53,8 @@ pub struct StoreError {
 pub struct Store {
     db: Database,
     path: PathBuf,
+    /// One line per finished lease, beside the journal.
+    history: HistoryLog,
 }
 
 /// What a pool had when the process stopped.
@@ -103,6 +108,7 @@ impl Store {
         Ok(Store {
             db,
             path: path.to_path_buf(),
+            history: HistoryLog::beside(path),
         })
     }
 
@@ -277,6 +283,10 @@ impl LeaseJournal for PoolJournal {
                 Ok(())
             })
             .map_err(|e| e.to_string())
+    }
+
+    fn finished(&self, lease: &Lease, released_at: flotilla_scaler::Millis) {
+        self.store.history.append(&self.pool, lease, released_at);
     }
 
     fn forget_instance(&self, instance: &str) -> Result<(), String> {

@@ -14,6 +14,7 @@ pub mod plugin_templates;
 pub mod plugin_test;
 pub mod run;
 pub mod simulate;
+pub mod tune;
 
 /// CI fleet autoscaler with sandboxed WebAssembly provider plugins.
 #[derive(Debug, Parser)]
@@ -45,6 +46,11 @@ pub enum Command {
     /// Move to Flotilla from another autoscaler (Docker Machine).
     #[command(subcommand)]
     Migrate(migrate::MigrateCommand),
+    /// Recommend the cheapest policy that meets a waiting-time goal, from a fleet's job history.
+    Tune(tune::Args),
+    /// Job histories for `tune`: generate a synthetic month, or check a file.
+    #[command(subcommand)]
+    History(tune::HistoryCommand),
 }
 
 impl Command {
@@ -57,6 +63,8 @@ impl Command {
             Command::Simulate(a) => a.run(),
             Command::Gitlab(a) => a.run().await,
             Command::Migrate(c) => c.run(),
+            Command::Tune(a) => a.run(),
+            Command::History(c) => c.run(),
         }
     }
 }

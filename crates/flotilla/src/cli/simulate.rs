@@ -65,6 +65,19 @@ pub struct Args {
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// When the trace's time 0 is (RFC 3339), so cron periods see those days and hours
+    /// (default 2026-01-01T00:00:00Z, a Thursday).
+    #[arg(long, value_parser = start_time)]
+    pub start: Option<u64>,
+}
+
+fn start_time(s: &str) -> Result<u64, String> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .and_then(|t| u64::try_from(t.timestamp_millis()).ok())
+        .ok_or(format!(
+            "{s:?}: expected an RFC 3339 time, e.g. 2026-11-02T00:00:00Z"
+        ))
 }
 
 impl Args {
@@ -79,8 +92,8 @@ impl Args {
             ..Default::default()
         };
         let samples = if self.svg.is_some() { 1000 } else { 0 };
-        let runs =
-            simulate::run_all(&self.config, &jobs, &cloud, samples).map_err(anyhow::Error::msg)?;
+        let runs = simulate::run_all(&self.config, &jobs, &cloud, samples, self.start)
+            .map_err(anyhow::Error::msg)?;
         if let Some(path) = &self.svg {
             simulate::svg(&runs, path)
                 .map_err(anyhow::Error::msg)

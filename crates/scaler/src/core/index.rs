@@ -36,6 +36,9 @@ pub(super) struct Inst {
     pub(super) next_check: Millis,
     /// Failed readiness checks in a row, counted or not (drives the backoff).
     pub(super) failed_checks: u32,
+    /// The last `update` that listed it (a count of updates), to find the vanished ones
+    /// without a set of ids.
+    pub(super) listed_in: u64,
 }
 
 impl Inst {
@@ -60,6 +63,7 @@ impl Inst {
             last_error: None,
             next_check: 0,
             failed_checks: 0,
+            listed_in: 0,
         }
     }
 }

@@ -96,26 +96,35 @@ impl PoolCore {
 
     /// Learns the result of `update()`.
     pub fn on_update(&mut self, now: Millis, result: Result<Vec<Instance>, CallError>) {
+        match result {
+            Ok(list) => self.on_listed(now, &list),
+            Err(e) => {
+                self.update = self.update.finished();
+                self.last_update = Some(now);
+                self.provider_failed(now, &e);
+            }
+        }
+    }
+
+    /// Learns a successful `update()`'s listing, borrowed (the simulator lists its cloud
+    /// without copying it).
+    pub fn on_listed<'a>(&mut self, now: Millis, list: impl IntoIterator<Item = &'a Instance>) {
         self.update = self.update.finished();
         self.last_update = Some(now);
-        let list = match result {
-            Ok(list) => list,
-            Err(e) => {
-                self.provider_failed(now, &e);
-                return;
-            }
-        };
-        let mut seen = HashSet::with_capacity(list.len());
+        self.updates_seen += 1;
+        let listing = self.updates_seen;
         for reported in list {
-            seen.insert(reported.id.clone());
-            if let Some(key) = self.known_or_adopted(now, &reported) {
-                self.apply_reported(now, key, reported.state);
+            if let Some(key) = self.known_or_adopted(now, reported) {
+                if let Some(inst) = self.insts.get_mut(&key) {
+                    inst.listed_in = listing;
+                }
+                self.apply_reported(now, key, &reported.state);
             }
         }
         let vanished: Vec<u64> = self
             .insts
             .iter()
-            .filter(|(_, i)| !seen.contains(&i.id))
+            .filter(|(_, i)| i.listed_in != listing)
             .map(|(&k, _)| k)
             .collect();
         for key in vanished {
@@ -162,15 +171,18 @@ impl PoolCore {
     }
 
     /// Applies what the cloud says about one known instance.
-    fn apply_reported(&mut self, now: Millis, key: u64, state: InstanceState) {
+    fn apply_reported(&mut self, now: Millis, key: u64, state: &InstanceState) {
         match state {
             InstanceState::Creating => {}
             InstanceState::Running => {
-                self.with_inst(key, |i| {
-                    if i.state == InstState::Creating {
-                        i.state = InstState::Running;
-                    }
-                });
+                // Most listings change nothing; only a change goes through the indexes.
+                let creating = self
+                    .insts
+                    .get(&key)
+                    .is_some_and(|i| i.state == InstState::Creating);
+                if creating {
+                    self.with_inst(key, |i| i.state = InstState::Running);
+                }
             }
             InstanceState::Deleting => {
                 self.mark_gone(now, key, "the cloud is deleting it", false);

@@ -33,11 +33,6 @@ struct Waiting {
     duration: Millis,
 }
 
-#[derive(Debug)]
-struct CloudInst {
-    state: InstanceState,
-}
-
 /// splitmix64: small, deterministic, good enough for simulation draws.
 #[derive(Debug, Clone)]
 struct Rng(u64);
@@ -85,7 +80,8 @@ pub(super) struct Sim<'a> {
     seq: u64,
     /// The cloud's instances by number (`i-{n}`), in creation order, so `update()` lists them
     /// the same way on every run.
-    cloud: BTreeMap<u64, CloudInst>,
+    /// Each is kept as `update()` lists it (`i-{n}`), so a listing lends them without a copy.
+    cloud: BTreeMap<u64, Instance>,
     next_inst: u64,
     calls: HashMap<u64, Pending>,
     next_call: u64,
@@ -376,20 +372,10 @@ impl<'a> Sim<'a> {
             return;
         };
         match pending {
-            Pending::Update => {
-                let result = match self.fail(Function::Update) {
-                    Some(e) => Err(e),
-                    None => Ok(self
-                        .cloud
-                        .iter()
-                        .map(|(n, i)| Instance {
-                            id: format!("i-{n}"),
-                            state: i.state.clone(),
-                        })
-                        .collect()),
-                };
-                self.core.on_update(now, result);
-            }
+            Pending::Update => match self.fail(Function::Update) {
+                Some(e) => self.core.on_update(now, Err(e)),
+                None => self.core.on_listed(now, self.cloud.values()),
+            },
             Pending::Increase(n) => {
                 let result = match self.fail(Function::Increase) {
                     Some(e) => Err(e),
@@ -403,7 +389,8 @@ impl<'a> Sim<'a> {
                             self.next_inst += 1;
                             self.cloud.insert(
                                 k,
-                                CloudInst {
+                                Instance {
+                                    id: format!("i-{k}"),
                                     state: InstanceState::Creating,
                                 },
                             );

@@ -1,0 +1,307 @@
+//! `flotilla tune -c pool.toml --history jobs.json --wait-p95 60s [--cost-per-hour 0.096]`:
+//! the cheapest policy that meets a waiting-time goal on the fleet's own history, with the
+//! frontier, held-out figures and sensitivity; and `flotilla history` to generate and check
+//! histories.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use super::print_json;
+use super::simulate::SecondsRange;
+use crate::config;
+use flotilla_tune::history::{self, Filter, History};
+use flotilla_tune::search::{self, Goal, Input, PolicySpec};
+use flotilla_tune::{render, synth};
+
+/// Recommend the cheapest policy that meets a waiting-time goal, from a fleet's job history.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The configuration holding the pool.
+    #[arg(short, long)]
+    pub config: PathBuf,
+    /// The pool to tune (needed when the file has several).
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Job history: GitLab jobs API JSON (pages may be concatenated), CSV, or Flotilla's lease
+    /// history (`GET /v1/history`).
+    #[arg(long)]
+    pub history: PathBuf,
+    /// The goal: 95% of jobs wait at most this long for a slot (e.g. 60s, 2m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub wait_p95: Duration,
+    /// Price of one instance-hour, to print money beside instance-hours.
+    #[arg(long)]
+    pub cost_per_hour: Option<f64>,
+    /// Keep the last part of the history out of the fit and report on it separately
+    /// (default: the last 7 days, or the last quarter of a history shorter than 3 weeks;
+    /// 0s: none).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub holdout: Option<Duration>,
+    /// Only jobs with this tag (GitLab `tag_list`, CSV `tags`).
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// Only jobs of this runner (GitLab runner id or description).
+    #[arg(long)]
+    pub runner: Option<String>,
+    /// Capacities per instance the search may choose from, e.g. 1,2,4 (default: the pool's).
+    #[arg(long, value_delimiter = ',')]
+    pub capacity: Vec<u32>,
+    /// Provisioning delay range in seconds, e.g. 30..90.
+    #[arg(long, default_value = "30..90")]
+    pub provisioning_delay: SecondsRange,
+    /// Random seed of the simulated cloud.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Timezone of business hours and of the recommended periods (default: the pool's
+    /// first policy's).
+    #[arg(long)]
+    pub timezone: Option<String>,
+    /// Draw the cost/waiting frontier.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Write the fitted part as a `simulate` trace, to reproduce the figures.
+    #[arg(long)]
+    pub export_trace: Option<PathBuf>,
+    /// Worker threads (default: the machine's cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const DAY_MS: i64 = 86_400_000;
+
+impl Args {
+    /// Reads the pool and the history, searches, prints.
+    pub fn run(self) -> anyhow::Result<()> {
+        let cfg = config::load_with(&self.config, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let pool = match (&self.pool, cfg.pools.as_slice()) {
+            (Some(name), pools) => pools.iter().find(|p| p.name == *name).with_context(|| {
+                let names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+                format!(
+                    "no pool {name:?} in {} (it has: {})",
+                    self.config.display(),
+                    names.join(", ")
+                )
+            })?,
+            (None, [only]) => only,
+            (None, pools) => {
+                let names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+                bail!(
+                    "{} has {} pools; name one with --pool ({})",
+                    self.config.display(),
+                    pools.len(),
+                    names.join(", ")
+                )
+            }
+        };
+        let filter = Filter {
+            tag: self.tag.clone(),
+            runner: self.runner.clone(),
+            pool: Some(pool.name.clone()),
+        };
+        let history = history::read(&self.history, &filter)?;
+        summarize(&history, &self.history);
+        let (Some(first), Some(last)) = (history.jobs.first(), history.jobs.last()) else {
+            bail!("{}: no jobs to tune on", self.history.display());
+        };
+        let span = last.submit_ms - first.submit_ms;
+        let holdout_ms = match self.holdout {
+            Some(d) => d.as_millis() as i64,
+            None if span >= 21 * DAY_MS => 7 * DAY_MS,
+            None => span / 4,
+        };
+        if holdout_ms >= span && holdout_ms > 0 {
+            bail!(
+                "--holdout {} is the whole history ({:.1} days); hold out less",
+                humantime::format_duration(Duration::from_millis(holdout_ms as u64)),
+                span as f64 / DAY_MS as f64
+            );
+        }
+        let tz_name = self
+            .timezone
+            .clone()
+            .or_else(|| pool.policies.first().map(|p| p.timezone.name().to_string()))
+            .unwrap_or_else(|| "UTC".into());
+        let timezone: chrono_tz::Tz = tz_name
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--timezone {tz_name:?} is not an IANA timezone"))?;
+        if let Some(c) = self.capacity.iter().find(|&&c| c == 0) {
+            bail!("--capacity {c}: a capacity must be at least 1");
+        }
+        let delay = self.provisioning_delay;
+        let input = Input {
+            scaler: pool.scaler.clone(),
+            current: pool.policies.iter().map(PolicySpec::of).collect(),
+            cloud: flotilla_scaler::sim::SimCloud {
+                provisioning_delay_ms: ((delay.min * 1000.0) as u64, (delay.max * 1000.0) as u64),
+                seed: self.seed,
+                ..Default::default()
+            },
+            timezone,
+            holdout_from_ms: last.submit_ms - holdout_ms + 1,
+            threads: self
+                .threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            capacities: self.capacity.clone(),
+        };
+        let goal = Goal {
+            wait_p95_s: self.wait_p95.as_secs_f64(),
+            cost_per_hour: self.cost_per_hour,
+        };
+        let outcome = search::search(&input, &goal, &history.jobs)?;
+        if let Some(path) = &self.export_trace {
+            let start = chrono::DateTime::parse_from_rfc3339(&outcome.fit_start)
+                .map(|t| t.timestamp_millis())
+                .unwrap_or(0);
+            let fit = history.jobs.get(..outcome.fit_jobs).unwrap_or_default();
+            write_trace(path, &search::sim_jobs(fit, start))?;
+        }
+        if let Some(path) = &self.svg {
+            render::svg(&outcome, path)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| path.display().to_string())?;
+        }
+        if self.json {
+            print_json(&outcome)?;
+        } else {
+            print!("{}", render::text(&outcome));
+            if let Some(path) = &self.export_trace {
+                println!(
+                    "\nReproduce the fitted figures: flotilla simulate -c CONFIG --trace {} --start {} --provisioning-delay {}..{} --seed {}",
+                    path.display(),
+                    outcome.fit_start,
+                    delay.min,
+                    delay.max,
+                    self.seed
+                );
+            }
+        }
+        match &outcome.unreachable {
+            Some(why) => Err(super::Reported(why.clone()).into()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Says on standard error what was read and what was set aside.
+fn summarize(history: &History, path: &std::path::Path) {
+    eprintln!(
+        "{}: {} jobs ({})",
+        path.display(),
+        history.jobs.len(),
+        history.format
+    );
+    for (why, n) in &history.set_aside {
+        eprintln!("  set aside: {n} {why}");
+    }
+}
+
+/// Writes jobs as a `simulate` trace (whole milliseconds, so it reads back exactly).
+fn write_trace(path: &std::path::Path, jobs: &[flotilla_scaler::sim::Job]) -> anyhow::Result<()> {
+    let mut out = String::from("submit_at_s,duration_s\n");
+    for j in jobs {
+        out.push_str(&format!(
+            "{}.{:03},{}.{:03}\n",
+            j.submit_at / 1000,
+            j.submit_at % 1000,
+            j.duration / 1000,
+            j.duration % 1000
+        ));
+    }
+    std::fs::write(path, out).with_context(|| path.display().to_string())
+}
+
+/// Job histories: generate a synthetic month, or check a file.
+#[derive(Debug, clap::Subcommand)]
+pub enum HistoryCommand {
+    /// Write a synthetic history from the documented model (daily and weekly cycle, merge
+    /// hours, long-tailed durations) as CSV with absolute times.
+    Synth(SynthArgs),
+    /// Read a history and say what it holds, or every record it refuses.
+    Check(CheckArgs),
+}
+
+/// `flotilla history synth`.
+#[derive(Debug, clap::Args)]
+pub struct SynthArgs {
+    /// Where to write the CSV.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Days to generate (starting Monday 2026-11-02).
+    #[arg(long, default_value_t = 30)]
+    pub days: u32,
+    /// Expected jobs on a weekday.
+    #[arg(long, default_value_t = 1000.0)]
+    pub jobs_per_weekday: f64,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// `flotilla history check`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The history file.
+    pub file: PathBuf,
+    /// Only jobs with this tag.
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// Only jobs of this runner.
+    #[arg(long)]
+    pub runner: Option<String>,
+}
+
+impl HistoryCommand {
+    /// Runs the subcommand.
+    pub fn run(self) -> anyhow::Result<()> {
+        match self {
+            HistoryCommand::Synth(a) => {
+                if !(a.jobs_per_weekday.is_finite() && a.jobs_per_weekday > 0.0) || a.days == 0 {
+                    bail!("--days and --jobs-per-weekday must be positive");
+                }
+                let jobs = synth::generate(&synth::Model {
+                    days: a.days,
+                    jobs_per_weekday: a.jobs_per_weekday,
+                    seed: a.seed,
+                    ..synth::Model::default()
+                });
+                std::fs::write(&a.output, synth::to_csv(&jobs))
+                    .with_context(|| a.output.display().to_string())?;
+                println!("wrote {} jobs to {}", jobs.len(), a.output.display());
+                Ok(())
+            }
+            HistoryCommand::Check(a) => {
+                let filter = Filter {
+                    tag: a.tag,
+                    runner: a.runner,
+                    pool: None,
+                };
+                let history = history::read(&a.file, &filter)?;
+                let (Some(first), Some(last)) = (history.jobs.first(), history.jobs.last()) else {
+                    bail!("{}: no jobs", a.file.display());
+                };
+                let rfc = |ms: i64| {
+                    chrono::DateTime::from_timestamp_millis(ms)
+                        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                        .unwrap_or_default()
+                };
+                println!(
+                    "{}: {} jobs ({}), {} to {}",
+                    a.file.display(),
+                    history.jobs.len(),
+                    history.format,
+                    rfc(first.submit_ms),
+                    rfc(last.submit_ms)
+                );
+                for (why, n) in &history.set_aside {
+                    println!("set aside: {n} {why}");
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The screening model: a slot-level queue that ranks hundreds of candidate policies on
+//! millions of jobs in seconds. It is not the scaler; it only decides which candidates the real
+//! scaler (the simulator) is asked about, and every figure `tune` prints comes from the real
+//! one. It owns its approximations, which are:
+//!
+//! - slots, not instances: an instance is `capacity` slots that boot together and are removed
+//!   together once `capacity` slots have been idle past `idle_time`;
+//! - a job takes the most recently freed slot (the scaler packs jobs onto busy instances, so
+//!   the slots idle longest are the ones that expire);
+//! - an instance is seen ready at the first `update` after it boots (the scaler learns of a
+//!   running instance from `update`, every `update_interval`);
+//! - no provider failures, throttling or `max_use_count` re-provisioning.
+//!
+//! It must not know about config files or output.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+/// The pool's fixed parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Pool {
+    /// Slots per instance.
+    pub capacity: u32,
+    /// Most instances.
+    pub max_instances: u32,
+    /// A job gives up after waiting this long (ms).
+    pub acquire_timeout_ms: u64,
+    /// How often the scaler asks the cloud what exists (ms).
+    pub update_interval_ms: u64,
+    /// Provisioning delay range (ms).
+    pub delay_ms: (u64, u64),
+}
+
+/// One period's knobs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Knobs {
+    /// Idle slots to keep.
+    pub idle_count: u32,
+    /// How long an idle instance is kept beyond the target (ms).
+    pub idle_time_ms: u64,
+    /// Extra idle slots as a share of slots in use.
+    pub scale_factor: f64,
+}
+
+impl Knobs {
+    fn idle_target(&self, in_use: u32) -> u32 {
+        let extra = (f64::from(in_use) * self.scale_factor).ceil() as u32;
+        self.idle_count.max(extra)
+    }
+}
+
+/// Which period is active, minute by minute.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    /// The first minute's start (ms).
+    pub start_ms: i64,
+    /// The period of each minute (an index into a candidate's knobs).
+    pub minutes: Vec<u8>,
+}
+
+impl Schedule {
+    fn period(&self, t: i64) -> usize {
+        let m = (t - self.start_ms).div_euclid(60_000);
+        usize::try_from(m)
+            .ok()
+            .and_then(|m| self.minutes.get(m))
+            .map_or(0, |&p| usize::from(p))
+    }
+
+    /// The next time after `t` the period changes.
+    fn next_change(&self, t: i64) -> i64 {
+        let m = (t - self.start_ms).div_euclid(60_000).max(0) as usize;
+        let now = self.minutes.get(m).copied();
+        let rest = self.minutes.get(m + 1..).unwrap_or_default();
+        match rest.iter().position(|&p| Some(p) != now) {
+            Some(k) => self.start_ms + ((m + 1 + k) as i64) * 60_000,
+            None => i64::MAX,
+        }
+    }
+}
+
+/// What the screening found for one candidate.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Figures {
+    /// Instance-hours.
+    pub instance_hours: f64,
+    /// Wait p50, p95, max over the jobs that started (s).
+    pub wait_p50_s: f64,
+    /// 95th percentile.
+    pub wait_p95_s: f64,
+    /// Maximum.
+    pub wait_max_s: f64,
+    /// Jobs that gave up.
+    pub timed_out: u64,
+}
+
+/// splitmix64, for provisioning delays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Runs the jobs (`(submit_ms, duration_ms)`, ordered) under `knobs` per period.
+pub fn run(pool: &Pool, schedule: &Schedule, knobs: &[Knobs], jobs: &[(i64, u64)]) -> Figures {
+    let c = pool.capacity.max(1);
+    let max_slots = pool.max_instances.saturating_mul(c);
+    let mut rng = Rng(0x5eed);
+    let mut finishes: BinaryHeap<Reverse<i64>> = BinaryHeap::new();
+    let mut booting: BinaryHeap<Reverse<i64>> = BinaryHeap::new();
+    // Idle slots by when they became idle: oldest at the front.
+    let mut idle: VecDeque<i64> = VecDeque::new();
+    let mut waiting: VecDeque<(i64, u64)> = VecDeque::new();
+    let mut ready_instances: u32 = 0;
+    let mut busy: u32 = 0;
+    let mut waits: Vec<u32> = Vec::new();
+    let mut zero_waits: u64 = 0;
+    let mut timed_out = 0u64;
+    let mut instance_ms: f64 = 0.0;
+    let Some(&(first, _)) = jobs.first() else {
+        return Figures::default();
+    };
+    let mut now = first;
+    let mut next_job = 0usize;
+    let mut change = schedule.next_change(now);
+    let update = pool.update_interval_ms.max(1) as i64;
+    let (lo, hi) = pool.delay_ms;
+    let knobs_at = |t: i64| {
+        knobs
+            .get(schedule.period(t))
+            .or(knobs.first())
+            .copied()
+            .unwrap_or(Knobs {
+                idle_count: 0,
+                idle_time_ms: 0,
+                scale_factor: 0.0,
+            })
+    };
+    let mut k = knobs_at(now);
+    loop {
+        // The next event: an arrival, a finish, an instance ready, a period change, the
+        // oldest idle slot's expiry, or the oldest waiter's timeout.
+        let mut next = i64::MAX;
+        if let Some(&(t, _)) = jobs.get(next_job) {
+            next = next.min(t);
+        }
+        if let Some(&Reverse(t)) = finishes.peek() {
+            next = next.min(t);
+        }
+        if let Some(&Reverse(t)) = booting.peek() {
+            next = next.min(t);
+        }
+        // The oldest idle slot's expiry, if still ahead: one already past it is kept for the
+        // idle target, and only another event can change that.
+        if let Some(&t) = idle.front()
+            && t + k.idle_time_ms as i64 > now
+        {
+            next = next.min(t + k.idle_time_ms as i64);
+        }
+        if let Some(&(t, _)) = waiting.front() {
+            next = next.min(t + pool.acquire_timeout_ms as i64);
+        }
+        if next == i64::MAX {
+            break;
+        }
+        if change <= next && change < i64::MAX {
+            next = change;
+        }
+        let live = ready_instances + booting.len() as u32;
+        instance_ms += (next.saturating_sub(now)) as f64 * f64::from(live);
+        now = next;
+        if now >= change {
+            k = knobs_at(now);
+            change = schedule.next_change(now);
+        }
+        while let Some(&Reverse(t)) = finishes.peek() {
+            if t > now {
+                break;
+            }
+            finishes.pop();
+            busy -= 1;
+            idle.push_back(t);
+        }
+        while let Some(&Reverse(t)) = booting.peek() {
+            if t > now {
+                break;
+            }
+            booting.pop();
+            ready_instances += 1;
+            for _ in 0..c {
+                idle.push_back(t);
+            }
+        }
+        while let Some(&(t, d)) = jobs.get(next_job) {
+            if t > now {
+                break;
+            }
+            next_job += 1;
+            waiting.push_back((t, d));
+        }
+        // Timeouts, then serve in order.
+        while let Some(&(t, _)) = waiting.front() {
+            if now - t < pool.acquire_timeout_ms as i64 {
+                break;
+            }
+            waiting.pop_front();
+            timed_out += 1;
+        }
+        while !waiting.is_empty() && !idle.is_empty() {
+            let Some((submitted, duration)) = waiting.pop_front() else {
+                break;
+            };
+            idle.pop_back();
+            busy += 1;
+            let wait = (now - submitted).max(0) as u64;
+            if wait == 0 {
+                zero_waits += 1;
+            } else {
+                waits.push(u32::try_from(wait).unwrap_or(u32::MAX));
+            }
+            finishes.push(Reverse(now + duration as i64));
+        }
+        // Scale: up to the target, or down past idle_time.
+        let in_use = (busy + waiting.len() as u32).min(max_slots);
+        let want = in_use
+            .saturating_add(k.idle_target(in_use))
+            .div_ceil(c)
+            .min(pool.max_instances);
+        let live = ready_instances + booting.len() as u32;
+        if want > live {
+            for _ in live..want {
+                let delay = if hi <= lo {
+                    lo
+                } else {
+                    lo + rng.next() % (hi - lo + 1)
+                };
+                let up = now + delay as i64;
+                // Seen at the next update after it is up.
+                let seen = (up + update - 1).div_euclid(update) * update;
+                booting.push(Reverse(seen.max(up)));
+            }
+        } else {
+            let mut surplus = live - want;
+            while surplus > 0 && idle.len() >= c as usize && ready_instances > 0 {
+                let Some(&oldest) = idle.front() else { break };
+                if now < oldest + k.idle_time_ms as i64 {
+                    break;
+                }
+                for _ in 0..c {
+                    idle.pop_front();
+                }
+                ready_instances -= 1;
+                surplus -= 1;
+            }
+        }
+        let done = next_job >= jobs.len() && finishes.is_empty() && waiting.is_empty();
+        if done {
+            break;
+        }
+    }
+    figures(waits, zero_waits, timed_out, instance_ms)
+}
+
+fn figures(mut waits: Vec<u32>, zero: u64, timed_out: u64, instance_ms: f64) -> Figures {
+    let n = waits.len() as u64 + zero;
+    let pct = |waits: &mut Vec<u32>, p: f64| -> f64 {
+        if n == 0 {
+            return 0.0;
+        }
+        let rank = ((n - 1) as f64 * p).round() as u64;
+        if rank < zero {
+            return 0.0;
+        }
+        let i = (rank - zero) as usize;
+        if i >= waits.len() {
+            return 0.0;
+        }
+        let (_, v, _) = waits.select_nth_unstable(i);
+        f64::from(*v) / 1000.0
+    };
+    let max = waits.iter().max().map_or(0.0, |&w| f64::from(w) / 1000.0);
+    Figures {
+        instance_hours: instance_ms / 3_600_000.0,
+        wait_p50_s: pct(&mut waits, 0.5),
+        wait_p95_s: pct(&mut waits, 0.95),
+        wait_max_s: max,
+        timed_out,
+    }
+}

@@ -1,0 +1,957 @@
+//! The policy search: candidates over idle counts, idle times and scale factors for a
+//! business-hours period and the rest of the week; screened in parallel with the screening
+//! model (sweeping idle counts upward and stopping where more idle capacity cannot shorten
+//! waits); the frontier and the recommendation verified on the real scaler (the simulator);
+//! the recommendation and the current policy replayed on held-out days; and the sensitivity
+//! (the next-cheaper policy, and +50% load).
+//!
+//! It owns the search; it must not know about files or how results are printed.
+
+use chrono::{Datelike, TimeZone, Timelike};
+use serde::Serialize;
+
+use flotilla_scaler::sim::{Job as SimJob, SimCloud, SimOptions, SimReport, simulate};
+use flotilla_scaler::{Policy, ScalerConfig};
+
+use crate::history::Job;
+use crate::screen::{self, Figures, Knobs, Schedule};
+
+/// What to tune for.
+#[derive(Debug, Clone)]
+pub struct Goal {
+    /// Wait p95 to meet (s).
+    pub wait_p95_s: f64,
+    /// Price of an instance-hour, to print money beside instance-hours.
+    pub cost_per_hour: Option<f64>,
+}
+
+/// The pool as configured, and the search's inputs.
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// The pool's scaler settings (capacity, maximum, timeouts).
+    pub scaler: ScalerConfig,
+    /// The pool's current policies, as `[[pool.policy]]` knobs.
+    pub current: Vec<PolicySpec>,
+    /// The simulated cloud (provisioning delay, seed).
+    pub cloud: SimCloud,
+    /// The timezone business hours are read in.
+    pub timezone: chrono_tz::Tz,
+    /// Held out: the jobs from this time on are kept for evaluation (ms).
+    pub holdout_from_ms: i64,
+    /// Worker threads.
+    pub threads: usize,
+    /// Capacities per instance the operator allows (empty: the configured one only).
+    pub capacities: Vec<u32>,
+}
+
+/// One `[[pool.policy]]` block.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PolicySpec {
+    /// Cron periods.
+    pub periods: Vec<String>,
+    /// Timezone name.
+    pub timezone: String,
+    /// Idle slots.
+    pub idle_count: u32,
+    /// Idle time (ms).
+    pub idle_time_ms: u64,
+    /// Scale factor.
+    pub scale_factor: f64,
+    /// Cap on the scale factor's extra slots (0: none).
+    pub scale_factor_limit: u32,
+    /// Reserve only when an idle ready slot exists.
+    pub preemptive_mode: bool,
+}
+
+impl PolicySpec {
+    /// The knobs of a configured policy.
+    pub fn of(p: &Policy) -> PolicySpec {
+        PolicySpec {
+            periods: p.periods.clone(),
+            timezone: p.timezone.name().to_string(),
+            idle_count: p.idle_count,
+            idle_time_ms: p.idle_time_ms,
+            scale_factor: p.scale_factor,
+            scale_factor_limit: p.scale_factor_limit,
+            preemptive_mode: p.preemptive_mode,
+        }
+    }
+
+    fn policy(&self) -> Result<Policy, String> {
+        Policy::new(
+            self.periods.clone(),
+            &self.timezone,
+            self.idle_count,
+            self.idle_time_ms,
+            self.scale_factor,
+            self.scale_factor_limit,
+            self.preemptive_mode,
+        )
+        .map_err(|problems| {
+            problems
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+}
+
+/// A candidate: its policy blocks and capacity.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    /// The blocks, in order (a later matching block wins).
+    pub policies: Vec<PolicySpec>,
+    /// Slots per instance.
+    pub capacity: u32,
+    /// A short label (`day 8/30m, night 1/30m, x0.2`).
+    pub label: String,
+}
+
+/// Figures from the real scaler.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Verified {
+    /// Instance-hours.
+    pub instance_hours: f64,
+    /// Money, with a price.
+    pub cost: Option<f64>,
+    /// Wait p50 (s).
+    pub wait_p50_s: f64,
+    /// Wait p95 (s).
+    pub wait_p95_s: f64,
+    /// Wait max (s).
+    pub wait_max_s: f64,
+    /// Jobs that gave up waiting.
+    pub timed_out: u64,
+    /// Jobs.
+    pub jobs: u64,
+    /// Peak instances.
+    pub peak_instances: u32,
+}
+
+impl Verified {
+    fn of(r: &SimReport, price: Option<f64>) -> Verified {
+        let hours = r.instance_seconds / 3600.0;
+        Verified {
+            instance_hours: hours,
+            cost: price.map(|p| hours * p),
+            wait_p50_s: r.wait_p50_s,
+            wait_p95_s: r.wait_p95_s,
+            wait_max_s: r.wait_max_s,
+            timed_out: r.timed_out,
+            jobs: r.jobs,
+            peak_instances: r.peak_instances,
+        }
+    }
+
+    /// Whether it meets the goal: no job gives up, and p95 within it. A goal of 0 s is never
+    /// met: every real job waits for its reservation and acquisition, which the simulation
+    /// counts as no time at all.
+    pub fn meets(&self, goal: &Goal) -> bool {
+        self.timed_out == 0 && goal.wait_p95_s > 0.0 && self.wait_p95_s <= goal.wait_p95_s
+    }
+}
+
+/// A point of the frontier.
+#[derive(Debug, Clone, Serialize)]
+pub struct Point {
+    /// The candidate.
+    pub candidate: Candidate,
+    /// Its figures on the fitted part, from the real scaler.
+    pub fit: Verified,
+}
+
+/// What the search found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// The goal.
+    pub goal_wait_p95_s: f64,
+    /// Jobs fitted on, and held out.
+    pub fit_jobs: usize,
+    /// Held-out jobs.
+    pub holdout_jobs: usize,
+    /// Where the fitted part starts (RFC 3339), as `simulate --start` takes it.
+    pub fit_start: String,
+    /// Where the held-out part starts (RFC 3339).
+    pub holdout_start: String,
+    /// The business hours found (local), e.g. `8-17` (`[8, 18)`).
+    pub business_hours: Option<(u32, u32)>,
+    /// Candidates screened, and skipped as dominated.
+    pub screened: usize,
+    /// Skipped by pruning.
+    pub pruned: usize,
+    /// The current policy: fitted and held-out figures.
+    pub current: Point,
+    /// Current on the held-out part.
+    pub current_holdout: Option<Verified>,
+    /// The recommendation, when the goal is reachable.
+    pub recommended: Option<Point>,
+    /// The recommendation on the held-out part.
+    pub recommended_holdout: Option<Verified>,
+    /// The next-cheaper verified policy (it misses the goal): what saving more would cost.
+    pub next_cheaper: Option<Point>,
+    /// The recommendation under +50% load.
+    pub plus_half_load: Option<Verified>,
+    /// The cost/waiting frontier, cheapest first, verified on the real scaler.
+    pub frontier: Vec<Point>,
+    /// The rest of the screening frontier, not verified: the screening model's estimates.
+    pub estimates: Vec<Estimate>,
+    /// When the goal is out of reach: the best p95 any verified policy reached without
+    /// timeouts, and why.
+    pub unreachable: Option<String>,
+    /// Which part +50% load was applied to ("held-out" or "fitted").
+    pub plus_half_on: &'static str,
+    /// Where the time went.
+    pub timings: Timings,
+}
+
+/// A frontier point only the screening model has figures for (not the real scaler).
+#[derive(Debug, Clone, Serialize)]
+pub struct Estimate {
+    /// The candidate's label.
+    pub label: String,
+    /// Estimated instance-hours.
+    pub instance_hours: f64,
+    /// Estimated wait p50 (s).
+    pub wait_p50_s: f64,
+    /// Estimated wait p95 (s).
+    pub wait_p95_s: f64,
+    /// Estimated wait max (s).
+    pub wait_max_s: f64,
+}
+
+/// Seconds spent per stage.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Timings {
+    /// Screening every candidate.
+    pub screen_s: f64,
+    /// The real scaler on the fitted part.
+    pub verify_s: f64,
+    /// Held-out and +50% load runs.
+    pub holdout_s: f64,
+}
+
+/// Real-scaler runs on the fitted part are budgeted in jobs simulated: this many, divided by
+/// the fitted jobs, is how many frontier points are verified (at least 2, at most 12).
+const VERIFY_BUDGET_JOBS: usize = 8_000_000;
+
+/// Why the search could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    /// Not enough history on one side of the split.
+    #[error("{0}")]
+    Split(String),
+    /// A candidate's policy did not build (a bug, reported rather than hidden).
+    #[error("policy: {0}")]
+    Policy(String),
+}
+
+/// The trace start: midnight UTC of the first job's day.
+fn day_start(ms: i64) -> i64 {
+    ms.div_euclid(86_400_000) * 86_400_000
+}
+
+/// Jobs relative to `start`, as the simulator takes them (ms, whole).
+pub fn sim_jobs(jobs: &[Job], start: i64) -> Vec<SimJob> {
+    jobs.iter()
+        .map(|j| SimJob {
+            submit_at: (j.submit_ms - start).max(0) as u64,
+            duration: j.duration_ms.max(1),
+            tag: None,
+        })
+        .collect()
+}
+
+/// The real scaler on `jobs` (absolute), starting at `start`.
+fn verify(
+    input: &Input,
+    goal: &Goal,
+    candidate: &Candidate,
+    jobs: &[SimJob],
+    start: i64,
+) -> Result<Verified, SearchError> {
+    let policies = candidate
+        .policies
+        .iter()
+        .map(PolicySpec::policy)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(SearchError::Policy)?;
+    let scaler = ScalerConfig {
+        capacity_per_instance: candidate.capacity,
+        ..input.scaler.clone()
+    };
+    let opts = SimOptions {
+        check_invariants: false,
+        samples: 0,
+        start_at: start as u64,
+    };
+    let (report, _) = simulate(&scaler, &policies, &input.cloud, jobs, &opts);
+    Ok(Verified::of(&report, goal.cost_per_hour))
+}
+
+/// Weekday business hours from the history: the local hours whose mean weekday arrivals are at
+/// least a quarter of the busiest hour's, as one span `[from, to)`.
+fn business_hours(jobs: &[Job], tz: chrono_tz::Tz) -> Option<(u32, u32)> {
+    let mut per_hour = [0u64; 24];
+    for j in jobs {
+        let Some(t) = tz.timestamp_millis_opt(j.submit_ms).single() else {
+            continue;
+        };
+        if t.weekday().num_days_from_monday() < 5
+            && let Some(n) = per_hour.get_mut(t.hour() as usize)
+        {
+            *n += 1;
+        }
+    }
+    let peak = per_hour.iter().copied().max()?;
+    if peak == 0 {
+        return None;
+    }
+    let busy: Vec<u32> = (0..24u32)
+        .filter(|&h| per_hour.get(h as usize).is_some_and(|&n| n * 4 >= peak))
+        .collect();
+    let (from, to) = (*busy.first()?, *busy.last()? + 1);
+    // A fleet busy around the clock has no business hours to tell apart.
+    (to - from < 20).then_some((from, to))
+}
+
+/// The period of each minute from `start` to `end`: 1 in business hours, 0 otherwise.
+fn schedule(start: i64, end: i64, hours: Option<(u32, u32)>, tz: chrono_tz::Tz) -> Schedule {
+    let n = ((end - start).div_euclid(60_000) + 2).max(1) as usize;
+    let minutes = (0..n)
+        .map(|m| {
+            let t = start + m as i64 * 60_000;
+            match (hours, tz.timestamp_millis_opt(t).single()) {
+                (Some((from, to)), Some(local)) => {
+                    let weekday = local.weekday().num_days_from_monday() < 5;
+                    u8::from(weekday && (from..to).contains(&local.hour()))
+                }
+                _ => 0,
+            }
+        })
+        .collect();
+    Schedule {
+        start_ms: start,
+        minutes,
+    }
+}
+
+const MIN: u64 = 60_000;
+
+/// Idle counts to try: 0, 1, 2, 3, 4, then about +40% per step, up to `max`.
+fn counts(max: u32) -> Vec<u32> {
+    let mut out = vec![0u32];
+    let mut v = 1u32;
+    while v <= max {
+        out.push(v);
+        v = if v < 4 { v + 1 } else { (v * 7).div_ceil(5) };
+    }
+    if out.last().is_some_and(|&l| l < max) {
+        out.push(max);
+    }
+    out
+}
+
+/// Most jobs running at once if every job started on arrival.
+fn peak_concurrency(jobs: &[Job]) -> u32 {
+    let mut ends: std::collections::BinaryHeap<std::cmp::Reverse<i64>> =
+        std::collections::BinaryHeap::new();
+    let mut peak = 0usize;
+    for j in jobs {
+        while ends.peek().is_some_and(|e| e.0 <= j.submit_ms) {
+            ends.pop();
+        }
+        ends.push(std::cmp::Reverse(j.submit_ms + j.duration_ms as i64));
+        peak = peak.max(ends.len());
+    }
+    peak as u32
+}
+
+fn fmt_minutes(ms: u64) -> String {
+    if ms.is_multiple_of(60 * MIN) {
+        format!("{}h", ms / (60 * MIN))
+    } else {
+        format!("{}m", ms / MIN)
+    }
+}
+
+/// Builds a candidate from its knobs.
+fn candidate(
+    hours: Option<(u32, u32)>,
+    tz: &str,
+    night: Knobs,
+    day: Knobs,
+    capacity: u32,
+) -> Candidate {
+    let spec = |periods: Vec<String>, k: Knobs| PolicySpec {
+        periods,
+        timezone: tz.to_string(),
+        idle_count: k.idle_count,
+        idle_time_ms: k.idle_time_ms,
+        scale_factor: k.scale_factor,
+        scale_factor_limit: 0,
+        preemptive_mode: false,
+    };
+    let mut policies = vec![spec(vec!["* * * * *".into()], night)];
+    let mut label = format!(
+        "idle {}/{}",
+        night.idle_count,
+        fmt_minutes(night.idle_time_ms)
+    );
+    // The same knobs in and out of business hours are one policy.
+    let hours = hours.filter(|_| day != night);
+    if let Some((from, to)) = hours {
+        policies.push(spec(vec![format!("* {from}-{} * * MON-FRI", to - 1)], day));
+        label = format!(
+            "weekdays {from}-{to}h: {}/{}; else {}/{}",
+            day.idle_count,
+            fmt_minutes(day.idle_time_ms),
+            night.idle_count,
+            fmt_minutes(night.idle_time_ms)
+        );
+    }
+    if night.scale_factor > 0.0 {
+        label.push_str(&format!(", +{:.0}%", night.scale_factor * 100.0));
+    }
+    if capacity > 1 {
+        label.push_str(&format!(", {capacity}/instance"));
+    }
+    Candidate {
+        policies,
+        capacity,
+        label,
+    }
+}
+
+/// One screened candidate.
+#[derive(Debug, Clone)]
+struct Screened {
+    candidate: Candidate,
+    figures: Figures,
+}
+
+/// A family of candidates sharing all knobs but the business-hours idle count, swept upward.
+#[derive(Debug, Clone, Copy)]
+struct Family {
+    night: Knobs,
+    idle_time_ms: u64,
+    scale_factor: f64,
+    capacity: u32,
+}
+
+/// Runs `f` over `items` on `threads` threads, keeping the order.
+fn parallel<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = threads.max(1).min(items.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    let slots = std::sync::Mutex::new(&mut out);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let r = f(item);
+                    if let Ok(mut slots) = slots.lock()
+                        && let Some(slot) = slots.get_mut(i)
+                    {
+                        *slot = Some(r);
+                    }
+                }
+            });
+        }
+    });
+    out.into_iter().flatten().collect()
+}
+
+/// Pareto frontier by (cost, p95): each point cheaper than the next and with a longer wait.
+fn pareto<T: Clone>(mut points: Vec<(f64, f64, T)>) -> Vec<(f64, f64, T)> {
+    points.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let mut out: Vec<(f64, f64, T)> = Vec::new();
+    for p in points {
+        if out.last().is_none_or(|l| p.1 < l.1) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The jobs with half again as many: every other job repeated 90 s later (same duration).
+pub fn plus_half(jobs: &[SimJob]) -> Vec<SimJob> {
+    let mut out: Vec<SimJob> = jobs.to_vec();
+    out.extend(jobs.iter().step_by(2).map(|j| SimJob {
+        submit_at: j.submit_at + 90_000,
+        duration: j.duration,
+        tag: None,
+    }));
+    out.sort_by_key(|j| j.submit_at);
+    out
+}
+
+/// Searches for the cheapest policy that meets the goal.
+pub fn search(input: &Input, goal: &Goal, jobs: &[Job]) -> Result<Outcome, SearchError> {
+    let started = std::time::Instant::now();
+    let split = jobs.partition_point(|j| j.submit_ms < input.holdout_from_ms);
+    let (fit, held) = jobs.split_at(split);
+    let (Some(first), Some(last)) = (fit.first(), fit.last()) else {
+        return Err(SearchError::Split(
+            "no jobs before the held-out part: hold out less (--holdout)".into(),
+        ));
+    };
+    let tz_name = input.timezone.name().to_string();
+    let start = day_start(first.submit_ms);
+    let hours = business_hours(fit, input.timezone);
+    let sched = schedule(
+        start,
+        jobs.last().map_or(last.submit_ms, |j| j.submit_ms),
+        hours,
+        input.timezone,
+    );
+    let pairs: Vec<(i64, u64)> = fit.iter().map(|j| (j.submit_ms, j.duration_ms)).collect();
+    let capacities = if input.capacities.is_empty() {
+        vec![input.scaler.capacity_per_instance]
+    } else {
+        input.capacities.clone()
+    };
+    let peak = peak_concurrency(fit);
+    // Families: off-hours idle count, idle time, scale factor, capacity.
+    let mut families = Vec::new();
+    for &capacity in &capacities {
+        let max_slots = input.scaler.max_instances.saturating_mul(capacity);
+        let night_counts: Vec<u32> = [0u32, 1, 2, 4]
+            .into_iter()
+            .filter(|&n| n <= max_slots)
+            .collect();
+        for &idle_time_ms in &[10 * MIN, 30 * MIN, 60 * MIN] {
+            for &scale_factor in &[0.0, 0.2] {
+                for &n in &night_counts {
+                    families.push(Family {
+                        night: Knobs {
+                            idle_count: n,
+                            idle_time_ms,
+                            scale_factor,
+                        },
+                        idle_time_ms,
+                        scale_factor,
+                        capacity,
+                    });
+                }
+            }
+        }
+    }
+    let day_counts = counts(
+        peak.min(input.scaler.max_instances.saturating_mul(64))
+            .max(1),
+    );
+    let screen_family = |family: &Family| -> (Vec<Screened>, usize) {
+        let pool = screen::Pool {
+            capacity: family.capacity,
+            max_instances: input.scaler.max_instances,
+            acquire_timeout_ms: input.scaler.instance_acquire_timeout_ms,
+            update_interval_ms: input.scaler.update_interval_ms,
+            delay_ms: input.cloud.provisioning_delay_ms,
+        };
+        let max_slots = input.scaler.max_instances.saturating_mul(family.capacity);
+        let mut out = Vec::new();
+        let mut zero_run = 0;
+        let usable: Vec<u32> = day_counts
+            .iter()
+            .copied()
+            .filter(|&d| d <= max_slots && (hours.is_some() || d == family.night.idle_count))
+            .collect();
+        let mut skipped = 0;
+        for (i, &d) in usable.iter().enumerate() {
+            let day = Knobs {
+                idle_count: d,
+                idle_time_ms: family.idle_time_ms,
+                scale_factor: family.scale_factor,
+            };
+            let figures = screen::run(&pool, &sched, &[family.night, day], &pairs);
+            // Far enough below the goal (a quarter of it, or no wait at all), more idle
+            // capacity can only cost more: it cannot be the recommendation.
+            let at_floor = figures.timed_out == 0
+                && (figures.wait_p95_s == 0.0 || figures.wait_p95_s <= goal.wait_p95_s * 0.25);
+            out.push(Screened {
+                candidate: candidate(hours, &tz_name, family.night, day, family.capacity),
+                figures,
+            });
+            // Pruning: once there, every larger count is dominated for the goal.
+            zero_run = if at_floor { zero_run + 1 } else { 0 };
+            if zero_run >= 2 {
+                skipped = usable.len() - i - 1;
+                break;
+            }
+        }
+        (out, skipped)
+    };
+    let screened_families = parallel(&families, input.threads, screen_family);
+    let pruned = screened_families.iter().map(|(_, p)| p).sum();
+    let screened: Vec<Screened> = screened_families.into_iter().flat_map(|(s, _)| s).collect();
+    let screened_count = screened.len();
+    // The screening frontier among candidates without timeouts.
+    let front = pareto(
+        screened
+            .iter()
+            .filter(|s| s.figures.timed_out == 0)
+            .map(|s| (s.figures.instance_hours, s.figures.wait_p95_s, s.clone()))
+            .collect(),
+    );
+    let sim_fit = sim_jobs(fit, start);
+    let current = Candidate {
+        policies: input.current.clone(),
+        capacity: input.scaler.capacity_per_instance,
+        label: "current".into(),
+    };
+    let screen_s = started.elapsed().as_secs_f64();
+    let verify_started = std::time::Instant::now();
+    // Which frontier points to verify on the real scaler: the cheapest that screens as meeting
+    // the goal and the one just cheaper, then a spread over the rest, as many as the budget
+    // allows (each run costs about the fitted trace's length).
+    let budget = (VERIFY_BUDGET_JOBS / fit.len().max(1)).clamp(2, 12);
+    let goal_at = front
+        .iter()
+        .position(|(_, p95, _)| goal.wait_p95_s > 0.0 && *p95 <= goal.wait_p95_s)
+        .unwrap_or(front.len().saturating_sub(1));
+    let mut picks: Vec<usize> = vec![goal_at];
+    if goal_at > 0 {
+        picks.push(goal_at - 1);
+    }
+    let spread = budget.saturating_sub(picks.len());
+    for k in 0..spread {
+        if front.len() > 1 && spread > 1 {
+            picks.push(k * (front.len() - 1) / (spread - 1));
+        }
+    }
+    picks.sort_unstable();
+    picks.dedup();
+    picks.truncate(budget.max(2));
+    let mut to_verify: Vec<Candidate> = picks
+        .iter()
+        .filter_map(|&i| front.get(i).map(|(_, _, s)| s.candidate.clone()))
+        .collect();
+    to_verify.push(current.clone());
+    let verified = parallel(&to_verify, input.threads, |c| {
+        verify(input, goal, c, &sim_fit, start)
+    });
+    let mut points: Vec<Point> = Vec::new();
+    for (candidate, fit) in to_verify.into_iter().zip(verified) {
+        points.push(Point {
+            candidate,
+            fit: fit?,
+        });
+    }
+    let current_point = points
+        .pop()
+        .ok_or(SearchError::Policy("no current policy".into()))?;
+    // Refine on the screening frontier (ordered by screened cost): climb while no verified
+    // point meets the goal (the screening can be optimistic), and bisect between the cheapest
+    // verified point that meets it and the verified point below, until they are neighbours or
+    // the budget is spent. Every point skipped is dominated by a verified one.
+    let index_of = |label: &str| {
+        front
+            .iter()
+            .position(|(_, _, s)| s.candidate.label == label)
+    };
+    let mut runs = points.len();
+    let batch_size = input.threads.max(1);
+    loop {
+        let verified: Vec<(usize, bool)> = points
+            .iter()
+            .filter_map(|p| index_of(&p.candidate.label).map(|i| (i, p.fit.meets(goal))))
+            .collect();
+        let meeting = verified.iter().filter(|(_, m)| *m).map(|(i, _)| *i).min();
+        let wanted: Vec<usize> = match meeting {
+            None => {
+                let top = verified.iter().map(|(i, _)| *i).max().map_or(0, |i| i + 1);
+                (top..front.len()).take(batch_size).collect()
+            }
+            Some(hit) => {
+                let below = verified
+                    .iter()
+                    .filter(|(i, _)| *i < hit)
+                    .map(|(i, _)| *i + 1)
+                    .max()
+                    .unwrap_or(0);
+                let gap = hit - below;
+                (1..=batch_size.min(gap))
+                    .map(|k| below + k * gap / (batch_size.min(gap) + 1))
+                    .filter(|&i| i < hit)
+                    .collect()
+            }
+        };
+        if wanted.is_empty() || runs >= budget + 4 {
+            break;
+        }
+        let batch: Vec<Candidate> = wanted
+            .iter()
+            .filter_map(|&i| front.get(i).map(|(_, _, s)| s.candidate.clone()))
+            .filter(|c| !points.iter().any(|p| p.candidate.label == c.label))
+            .collect();
+        if batch.is_empty() {
+            break;
+        }
+        runs += batch.len();
+        let results = parallel(&batch, input.threads, |c| {
+            verify(input, goal, c, &sim_fit, start)
+        });
+        for (candidate, fit) in batch.into_iter().zip(results) {
+            points.push(Point {
+                candidate,
+                fit: fit?,
+            });
+        }
+    }
+    // The verified frontier, with the current policy beside it (not on it).
+    let verified_front: Vec<Point> = pareto(
+        points
+            .iter()
+            .filter(|p| p.fit.timed_out == 0)
+            .map(|p| (p.fit.instance_hours, p.fit.wait_p95_s, p.clone()))
+            .collect(),
+    )
+    .into_iter()
+    .map(|(_, _, p)| p)
+    .collect();
+    let recommended = verified_front.iter().find(|p| p.fit.meets(goal)).cloned();
+    let next_cheaper = recommended.as_ref().and_then(|r| {
+        verified_front
+            .iter()
+            .rfind(|p| p.fit.instance_hours < r.fit.instance_hours)
+            .cloned()
+    });
+    let unreachable = match &recommended {
+        Some(_) => None,
+        None => Some(
+            match verified_front
+                .iter()
+                .map(|p| p.fit.wait_p95_s)
+                .reduce(f64::min)
+            {
+                Some(best) => format!(
+                    "no policy tried meets a wait p95 of {}s; the closest achievable goal is --wait-p95 {}s",
+                    goal.wait_p95_s,
+                    best.ceil().max(1.0)
+                ),
+                None => {
+                    let most = points.iter().map(|p| p.fit.timed_out).min().unwrap_or(0);
+                    format!(
+                        "no policy tried avoids timeouts: at least {most} job(s) give up waiting (instance_acquire_timeout) even with the most idle capacity; raise max_instances or instance_acquire_timeout"
+                    )
+                }
+            },
+        ),
+    };
+    let verify_s = verify_started.elapsed().as_secs_f64();
+    let later_started = std::time::Instant::now();
+    // Held out, and +50% load (on the held-out part when there is one: it is shorter, and the
+    // load the recommendation was not fitted to).
+    let held_start = held.first().map(|j| day_start(j.submit_ms));
+    let sim_held = held_start.map(|s| (s, sim_jobs(held, s)));
+    let mut later: Vec<(Candidate, Vec<SimJob>, i64)> = Vec::new();
+    if let Some((s, jobs)) = &sim_held {
+        later.push((current.clone(), jobs.clone(), *s));
+        if let Some(r) = &recommended {
+            later.push((r.candidate.clone(), jobs.clone(), *s));
+        }
+    }
+    if let Some(r) = &recommended {
+        match &sim_held {
+            Some((s, jobs)) => later.push((r.candidate.clone(), plus_half(jobs), *s)),
+            None => later.push((r.candidate.clone(), plus_half(&sim_fit), start)),
+        }
+    }
+    let later_results = parallel(&later, input.threads, |(c, jobs, s)| {
+        verify(input, goal, c, jobs, *s)
+    });
+    let mut later_results = later_results.into_iter();
+    let mut take = || later_results.next().transpose();
+    let current_holdout = if sim_held.is_some() { take()? } else { None };
+    let recommended_holdout = if sim_held.is_some() && recommended.is_some() {
+        take()?
+    } else {
+        None
+    };
+    let plus_half_load = if recommended.is_some() { take()? } else { None };
+    let estimates = front
+        .iter()
+        .filter(|(_, _, s)| {
+            !verified_front
+                .iter()
+                .any(|p| p.candidate.label == s.candidate.label)
+        })
+        .map(|(_, _, s)| Estimate {
+            label: s.candidate.label.clone(),
+            instance_hours: s.figures.instance_hours,
+            wait_p50_s: s.figures.wait_p50_s,
+            wait_p95_s: s.figures.wait_p95_s,
+            wait_max_s: s.figures.wait_max_s,
+        })
+        .collect();
+    let rfc = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(ms)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_default()
+    };
+    Ok(Outcome {
+        goal_wait_p95_s: goal.wait_p95_s,
+        fit_jobs: fit.len(),
+        holdout_jobs: held.len(),
+        fit_start: rfc(start),
+        holdout_start: held_start.map(rfc).unwrap_or_default(),
+        business_hours: hours,
+        screened: screened_count,
+        pruned,
+        current: current_point,
+        current_holdout,
+        recommended,
+        recommended_holdout,
+        next_cheaper,
+        plus_half_load,
+        frontier: verified_front,
+        estimates,
+        unreachable,
+        plus_half_on: if sim_held.is_some() {
+            "held-out"
+        } else {
+            "fitted"
+        },
+        timings: Timings {
+            screen_s,
+            verify_s,
+            holdout_s: later_started.elapsed().as_secs_f64(),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MONDAY: i64 = 1_793_577_600_000; // 2026-11-02T00:00:00Z
+    const HOUR: i64 = 3_600_000;
+
+    /// Three weeks; on weekdays, five 10-minute jobs arrive together at 09:10, 11:10, 13:10 and
+    /// 15:10 UTC; nothing else.
+    fn bursts() -> Vec<Job> {
+        let mut jobs = Vec::new();
+        for day in 0..21i64 {
+            if day % 7 >= 5 {
+                continue;
+            }
+            for hour in [9i64, 11, 13, 15] {
+                let at = MONDAY + day * 24 * HOUR + hour * HOUR + 10 * 60_000;
+                jobs.extend((0..5).map(|_| Job {
+                    submit_ms: at,
+                    duration_ms: 600_000,
+                    waited_ms: None,
+                }));
+            }
+        }
+        jobs
+    }
+
+    fn input() -> Input {
+        Input {
+            scaler: ScalerConfig {
+                capacity_per_instance: 1,
+                max_instances: 50,
+                instance_acquire_timeout_ms: 30 * MIN,
+                update_interval_ms: 10_000,
+                ..ScalerConfig::default()
+            },
+            current: vec![PolicySpec {
+                periods: vec!["* * * * *".into()],
+                timezone: "UTC".into(),
+                idle_count: 10,
+                idle_time_ms: 30 * MIN,
+                scale_factor: 0.0,
+                scale_factor_limit: 0,
+                preemptive_mode: false,
+            }],
+            cloud: SimCloud {
+                provisioning_delay_ms: (60_000, 60_000),
+                ..SimCloud::default()
+            },
+            timezone: chrono_tz::UTC,
+            holdout_from_ms: MONDAY + 14 * 24 * HOUR,
+            threads: 2,
+            capacities: Vec::new(),
+        }
+    }
+
+    /// By hand: a burst of five finds only the idle slots kept for it, and no slot frees
+    /// before a new instance is up (the jobs run 10 minutes); each slot short of five leaves a
+    /// job (20% of jobs per missing slot) waiting a whole provisioning delay (60 s and up to one
+    /// 10 s update), past a 30 s p95. So weekdays 9-16 need exactly 5 idle slots, and nothing
+    /// is worth keeping otherwise. A burst also starts 5 more instances (5 in use plus 5 idle
+    /// wanted), which no idle time bridges to the next burst two hours later, so the shortest
+    /// idle time costs least; a scale factor adds nothing (5 idle slots already cover 5).
+    #[test]
+    fn the_hand_computed_optimum_is_found() {
+        let goal = Goal {
+            wait_p95_s: 30.0,
+            cost_per_hour: None,
+        };
+        let outcome = search(&input(), &goal, &bursts()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome.business_hours, Some((9, 16)));
+        let r = outcome
+            .recommended
+            .as_ref()
+            .unwrap_or_else(|| panic!("no recommendation: {outcome:?}"));
+        let knobs: Vec<(Vec<String>, u32, u64, f64)> = r
+            .candidate
+            .policies
+            .iter()
+            .map(|p| {
+                (
+                    p.periods.clone(),
+                    p.idle_count,
+                    p.idle_time_ms,
+                    p.scale_factor,
+                )
+            })
+            .collect();
+        assert_eq!(
+            knobs,
+            vec![
+                (vec!["* * * * *".to_string()], 0, 10 * MIN, 0.0),
+                (vec!["* 9-15 * * MON-FRI".to_string()], 5, 10 * MIN, 0.0),
+            ],
+            "{}",
+            crate::render::text(&outcome)
+        );
+        assert!(
+            r.fit.wait_p95_s <= 30.0 && r.fit.timed_out == 0,
+            "{:?}",
+            r.fit
+        );
+        // The next cheaper policy (4 idle slots) misses the goal by a provisioning delay.
+        let next = outcome.next_cheaper.as_ref().map(|p| p.fit.wait_p95_s);
+        assert!(next.is_some_and(|p95| p95 >= 60.0), "{next:?}");
+        // The current flat policy of 10 idle slots costs more for the same waits.
+        assert!(outcome.current.fit.instance_hours > r.fit.instance_hours * 2.0);
+        // Held out: the third week, reported on its own.
+        assert_eq!(outcome.fit_jobs, 200);
+        assert_eq!(outcome.holdout_jobs, 100);
+        let held = outcome
+            .recommended_holdout
+            .unwrap_or_else(|| panic!("no held-out figures"));
+        assert_eq!(held.jobs, 100);
+        assert!(held.wait_p95_s <= 30.0, "{held:?}");
+    }
+
+    #[test]
+    fn a_goal_of_zero_is_out_of_reach_and_the_closest_one_is_named() {
+        let goal = Goal {
+            wait_p95_s: 0.0,
+            cost_per_hour: None,
+        };
+        let outcome = search(&input(), &goal, &bursts()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(outcome.recommended.is_none());
+        let why = outcome.unreachable.unwrap_or_default();
+        assert!(
+            why.contains("closest achievable goal is --wait-p95 1s"),
+            "{why}"
+        );
+    }
+}
