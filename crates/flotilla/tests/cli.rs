@@ -237,3 +237,136 @@ hosts = ["https://management.azure.com"]
         assert!(stderr.contains(expected), "{expected}\n{stderr}");
     }
 }
+
+/// Runs `flotilla tune` on the shipped month and pool; its JSON.
+fn tune(extra: &[&str]) -> (i32, String, String) {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/tune");
+    let pool = format!("{root}/pool.toml");
+    let month = format!("{root}/month.csv");
+    let mut args = vec!["tune", "-c", &pool, "--history", &month];
+    args.extend_from_slice(extra);
+    flotilla(&args)
+}
+
+#[test]
+fn tune_recommends_what_simulate_then_reproduces_and_reports_held_out_days_apart() {
+    let trace = temp("fit.csv", b"");
+    let svg = temp("frontier.svg", b"");
+    let (code, out, err) = tune(&[
+        "--wait-p95",
+        "60s",
+        "--cost-per-hour",
+        "0.096",
+        "--json",
+        "--export-trace",
+        &trace,
+        "--svg",
+        &svg,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let o: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let rec = &o["recommended"]["fit"];
+    assert!(rec["wait_p95_s"].as_f64().unwrap() <= 60.0, "{rec}");
+    assert_eq!(rec["timed_out"], 0);
+    // Cheaper than the current flat policy, and priced.
+    let hours = rec["instance_hours"].as_f64().unwrap();
+    assert!(hours < o["current"]["fit"]["instance_hours"].as_f64().unwrap());
+    assert!((rec["cost"].as_f64().unwrap() - hours * 0.096).abs() < 1e-6);
+
+    // The blocks, pasted into the pool, simulate to the same figures.
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/tune");
+    let text = std::fs::read_to_string(format!("{root}/pool.toml")).unwrap();
+    let head = &text[..text.find("[[pool.policy]]").unwrap()];
+    let blocks = o["recommended_toml"].as_str().unwrap();
+    let applied = temp("applied.toml", format!("{head}{blocks}").as_bytes());
+    let start = o["fit_start"].as_str().unwrap();
+    let (code, out, err) = flotilla(&[
+        "simulate",
+        "-c",
+        &applied,
+        "--trace",
+        &trace,
+        "--start",
+        start,
+        "--provisioning-delay",
+        "30..90",
+        "--seed",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let runs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let report = &runs[0]["report"];
+    assert_eq!(report["jobs"], o["fit_jobs"]);
+    assert_eq!(report["timed_out"], rec["timed_out"]);
+    assert_eq!(report["wait_p95_s"], rec["wait_p95_s"]);
+    assert_eq!(report["wait_max_s"], rec["wait_max_s"]);
+    let simulated = report["instance_seconds"].as_f64().unwrap() / 3600.0;
+    assert!((simulated - hours).abs() < 1e-6, "{simulated} vs {hours}");
+
+    // The held-out days are figures of their own.
+    let held = o["holdout_jobs"].as_u64().unwrap();
+    assert!(held > 1000, "{held}");
+    assert_eq!(o["recommended_holdout"]["jobs"].as_u64(), Some(held));
+    assert_eq!(o["current_holdout"]["jobs"].as_u64(), Some(held));
+    assert_ne!(o["fit_jobs"].as_u64(), Some(held));
+    let svg_text = std::fs::read_to_string(&svg).unwrap_or_default();
+    assert!(svg_text.contains("frontier") && svg_text.contains("recommended"));
+}
+
+#[test]
+fn tune_refuses_bad_histories_by_line_and_names_the_closest_goal_when_out_of_reach() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/tune");
+    let pool = format!("{root}/pool.toml");
+    let run = |history: &str| {
+        flotilla(&[
+            "tune",
+            "-c",
+            &pool,
+            "--history",
+            history,
+            "--wait-p95",
+            "60s",
+        ])
+    };
+
+    let gitlab = temp(
+        "jobs.json",
+        br#"[
+  {"id": 2, "status": "success", "started_at": "2026-11-02T09:01:00Z", "duration": 30, "queued_duration": 1},
+  {"id": 1, "status": "success", "started_at": "2026-11-02T09:0", "duration": 30, "queued_duration": 1}
+]"#,
+    );
+    let (code, _, err) = run(&gitlab);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("line 3: started_at \"2026-11-02T09:0\" is not an RFC 3339 time"),
+        "{err}"
+    );
+
+    let unordered = temp(
+        "jobs.csv",
+        b"submit_at,duration_s\n2026-11-02T10:00:00Z,60\n2026-11-02T09:00:00Z,60\n",
+    );
+    let (code, _, err) = run(&unordered);
+    assert_eq!(code, 1);
+    assert!(err.contains("line 3: out of order"), "{err}");
+
+    let empty = temp(
+        "none.json",
+        br#"[{"id": 5, "status": "manual", "started_at": null}]"#,
+    );
+    let (code, _, err) = run(&empty);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("no jobs to tune on (set aside: 1 never started (status manual))"),
+        "{err}"
+    );
+
+    let (code, out, _) = tune(&["--wait-p95", "0s"]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("closest achievable goal is --wait-p95 "),
+        "{out}"
+    );
+}

@@ -666,17 +666,34 @@ pub fn search(input: &Input, goal: &Goal, jobs: &[Job]) -> Result<Outcome, Searc
                 (top..front.len()).take(batch_size).collect()
             }
             Some(hit) => {
-                let below = verified
-                    .iter()
-                    .filter(|(i, _)| *i < hit)
-                    .map(|(i, _)| *i + 1)
-                    .max()
-                    .unwrap_or(0);
-                let gap = hit - below;
-                (1..=batch_size.min(gap))
-                    .map(|k| below + k * gap / (batch_size.min(gap) + 1))
-                    .filter(|&i| i < hit)
-                    .collect()
+                // First the cheaper points the screening thinks are near the goal (closest
+                // to the hit first), then bisection between the hit and the verified point
+                // below it.
+                let near: Vec<usize> = (0..hit)
+                    .rev()
+                    .filter(|i| !verified.iter().any(|(v, _)| v == i))
+                    .filter(|&i| {
+                        front
+                            .get(i)
+                            .is_some_and(|(_, p95, _)| *p95 <= goal.wait_p95_s * 1.1)
+                    })
+                    .take(batch_size)
+                    .collect();
+                if !near.is_empty() {
+                    near
+                } else {
+                    let below = verified
+                        .iter()
+                        .filter(|(i, _)| *i < hit)
+                        .map(|(i, _)| *i + 1)
+                        .max()
+                        .unwrap_or(0);
+                    let gap = hit - below;
+                    (1..=batch_size.min(gap))
+                        .map(|k| below + k * gap / (batch_size.min(gap) + 1))
+                        .filter(|&i| i < hit)
+                        .collect()
+                }
             }
         };
         if wanted.is_empty() || runs >= budget + 4 {

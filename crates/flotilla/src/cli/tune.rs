@@ -166,7 +166,15 @@ impl Args {
                 .with_context(|| path.display().to_string())?;
         }
         if self.json {
-            print_json(&outcome)?;
+            // The blocks to paste travel with the figures.
+            let mut value = serde_json::to_value(&outcome)?;
+            if let (Some(map), Some(r)) = (value.as_object_mut(), &outcome.recommended) {
+                map.insert(
+                    "recommended_toml".into(),
+                    render::policy_blocks(&r.candidate.policies).into(),
+                );
+            }
+            print_json(&value)?;
         } else {
             print!("{}", render::text(&outcome));
             if let Some(path) = &self.export_trace {
