@@ -323,6 +323,16 @@ idle_time = "1h"
             .is_some(),
         "{pools}"
     );
+    // Twenty kills later, the lease history is whole and reads as `tune`'s input.
+    let history = std::fs::read_to_string(flotilla.dir.path().join("state/history.jsonl"))
+        .expect("the lease history");
+    let filter = flotilla_tune::history::Filter {
+        pool: Some("local".into()),
+        ..Default::default()
+    };
+    let read = flotilla_tune::history::parse(&history, &filter)
+        .unwrap_or_else(|e| panic!("{e:?}\n{history}"));
+    assert!(!read.jobs.is_empty(), "{history}");
 }
 
 /// The same kills against moto behind a proxy that holds each request 150 ms, so they land in

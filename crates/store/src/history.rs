@@ -88,11 +88,11 @@ impl HistoryLog {
         }
         if slot.is_none() {
             let mut options = OpenOptions::new();
-            options.create(true).append(true);
+            options.create(true).append(true).read(true);
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
             let file = options.open(&self.path)?;
-            let len = file.metadata()?.len();
+            let len = drop_partial_line(&file)?;
             *slot = Some((file, len));
         }
         if let Some((file, len)) = slot.as_mut() {
@@ -101,6 +101,32 @@ impl HistoryLog {
         }
         Ok(())
     }
+}
+
+/// Cuts a last line left unfinished (power lost mid-write), so the next line starts on a line
+/// of its own and the file stays readable; the file's length after.
+fn drop_partial_line(file: &File) -> std::io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(0);
+    }
+    let tail = len.min(64 * 1024);
+    let mut reader = file;
+    reader.seek(SeekFrom::Start(len - tail))?;
+    let mut buf = Vec::with_capacity(tail as usize);
+    reader.take(tail).read_to_end(&mut buf)?;
+    if buf.last() == Some(&b'\n') {
+        return Ok(len);
+    }
+    let keep = match buf.iter().rposition(|&b| b == b'\n') {
+        Some(i) => len - tail + i as u64 + 1,
+        None if tail == len => 0,
+        // A line longer than the tail read: leave it to the reader to refuse.
+        None => return Ok(len),
+    };
+    file.set_len(keep)?;
+    Ok(keep)
 }
 
 #[cfg(test)]
@@ -164,6 +190,23 @@ mod tests {
         assert!(
             new.contains("\"lease\":19"),
             "the newest line is in the current file: {new}"
+        );
+    }
+
+    #[test]
+    fn a_line_cut_short_by_a_crash_is_dropped_before_the_next_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("history.jsonl");
+        std::fs::write(&path, "{\"pool\":\"a\"}\n{\"pool\":\"a\",\"lea").expect("write");
+        let log = HistoryLog::at(path.clone(), ROTATE_AT);
+        log.append("linux", &lease(3, true), 64_000);
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[0], "{\"pool\":\"a\"}");
+        assert!(
+            lines[1].starts_with("{\"pool\":\"linux\",\"lease\":3"),
+            "{text}"
         );
     }
 }
