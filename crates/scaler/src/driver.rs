@@ -217,20 +217,35 @@ impl PoolHandle {
         let mut core = self.core();
         let mut waiters = self.waiters();
         let now = self.clock.now();
-        while let Some(front) = waiters.front() {
-            if front.get().gone() {
-                front.remove();
+        while let Some((ticket, waiter)) = waiters.front() {
+            if waiter.gone() {
+                waiters.take(ticket);
                 continue;
             }
-            let lease = front.get().lease;
+            let lease = waiter.lease;
             let grant: Grant = match self.bind(&mut core, now, lease) {
                 Ok(None) => break,
                 Ok(Some(binding)) => Ok(binding),
                 Err(e) => Err(e),
             };
-            if let Err(Ok(_)) = front.remove().answer(grant) {
+            let answered = waiters.take(ticket).map(|w| w.answer(grant));
+            if let Some(Err(Ok(_))) = answered {
                 // The caller left between the check and the answer: its lease waits again.
                 self.unbind(&mut core, now, lease);
+            }
+        }
+        // A lease that expired while queued (its holder stopped renewing) is answered now, not
+        // when it reaches the front or its timeout. Expiries are rare, so a sweep is cheap.
+        let expired = core.counters.leases_expired;
+        if expired != waiters.expired_seen {
+            waiters.expired_seen = expired;
+            for (ticket, lease) in waiters.tickets() {
+                if let Err(e) = core.acquirable(lease)
+                    && let Some(w) = waiters.take(ticket)
+                {
+                    // A caller that left needs no answer.
+                    let _ = w.answer(Err(e));
+                }
             }
         }
     }
@@ -270,6 +285,8 @@ impl PoolHandle {
                 let actions = core.plan(now);
                 (actions, core.next_wakeup(now))
             };
+            // Planning may have expired leases, freeing slots or failing queued acquires.
+            self.grant();
             for action in actions {
                 let me = self.clone();
                 tokio::spawn(async move { me.execute(action).await }.in_current_span());
@@ -534,6 +551,12 @@ impl PoolHandle {
         let lease = core.lease(id).cloned();
         let r = core.unreserve(id);
         drop(core);
+        if r.is_ok() {
+            // An acquire still queued for it learns at once that the lease is gone.
+            for waiter in self.waiters().take_lease(id) {
+                let _ = waiter.answer(Err(LeaseError::UnknownLease(id)));
+            }
+        }
         self.ended(&r, lease, self.clock.now());
         self.kick();
         r
@@ -632,7 +655,7 @@ impl Place<'_> {
     /// Leaves the queue; the answer when one was already given.
     fn leave(&mut self) -> Option<Grant> {
         let _core = self.handle.core();
-        if self.handle.waiters().cancel(self.ticket) {
+        if self.handle.waiters().take(self.ticket).is_some() {
             return None;
         }
         // Answered under the queue's lock, so the answer is already in the channel.
@@ -647,7 +670,7 @@ impl Drop for Place<'_> {
         }
         let handle = self.handle;
         let mut core = handle.core();
-        if handle.waiters().cancel(self.ticket) {
+        if handle.waiters().take(self.ticket).is_some() {
             return;
         }
         if let Ok(Ok(_)) = self.rx.try_recv() {

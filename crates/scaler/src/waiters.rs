@@ -3,8 +3,7 @@
 //! the cost of an event does not grow with the number of reservations waiting. It owns the
 //! queue; it must not touch the pool's state (the driver grants under the core's lock).
 
-use std::collections::BTreeMap;
-use std::collections::btree_map::OccupiedEntry;
+use std::collections::{BTreeMap, HashMap};
 
 use tokio::sync::oneshot;
 
@@ -33,11 +32,15 @@ impl Waiter {
     }
 }
 
-/// The queue, by arrival.
+/// The queue, by arrival, with the tickets of each lease (a lease that ends while queued is
+/// answered at once, without a walk through the queue).
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     next: u64,
     queue: BTreeMap<u64, Waiter>,
+    by_lease: HashMap<u64, Vec<u64>>,
+    /// The core's expired-lease count at the last sweep for leases that expired while queued.
+    pub(crate) expired_seen: u64,
 }
 
 impl Waiters {
@@ -46,17 +49,39 @@ impl Waiters {
         let (tx, rx) = oneshot::channel();
         self.next += 1;
         self.queue.insert(self.next, Waiter { lease, tx });
+        self.by_lease.entry(lease).or_default().push(self.next);
         (self.next, rx)
     }
 
-    /// The oldest waiter, to look at and then take out.
-    pub(crate) fn front(&mut self) -> Option<OccupiedEntry<'_, u64, Waiter>> {
-        self.queue.first_entry()
+    /// The oldest waiter's ticket.
+    pub(crate) fn front(&self) -> Option<(u64, &Waiter)> {
+        self.queue.first_key_value().map(|(t, w)| (*t, w))
     }
 
-    /// Takes a waiter out by ticket; `false` when it was already answered.
-    pub(crate) fn cancel(&mut self, ticket: u64) -> bool {
-        self.queue.remove(&ticket).is_some()
+    /// Takes a waiter out by ticket; `None` when it was already answered.
+    pub(crate) fn take(&mut self, ticket: u64) -> Option<Waiter> {
+        let waiter = self.queue.remove(&ticket)?;
+        if let Some(tickets) = self.by_lease.get_mut(&waiter.lease) {
+            tickets.retain(|t| *t != ticket);
+            if tickets.is_empty() {
+                self.by_lease.remove(&waiter.lease);
+            }
+        }
+        Some(waiter)
+    }
+
+    /// Takes out every waiter of a lease.
+    pub(crate) fn take_lease(&mut self, lease: u64) -> Vec<Waiter> {
+        let tickets = self.by_lease.remove(&lease).unwrap_or_default();
+        tickets
+            .into_iter()
+            .filter_map(|t| self.queue.remove(&t))
+            .collect()
+    }
+
+    /// Every (ticket, lease), oldest first: for the rare sweep after a lease expired.
+    pub(crate) fn tickets(&self) -> Vec<(u64, u64)> {
+        self.queue.iter().map(|(t, w)| (*t, w.lease)).collect()
     }
 
     /// How many wait.

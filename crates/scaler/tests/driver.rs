@@ -77,7 +77,13 @@ impl Provider for Fixed {
 /// A pool of one machine with one slot, its acquires waiting at most `timeout_ms`; returned
 /// once the slot is ready.
 async fn one_slot(timeout_ms: u64) -> Arc<PoolHandle> {
+    one_slot_with(timeout_ms, None).await
+}
+
+/// The same, with a lease TTL.
+async fn one_slot_with(timeout_ms: u64, lease_ttl_ms: Option<u64>) -> Arc<PoolHandle> {
     let cfg = ScalerConfig {
+        lease_ttl_ms,
         capacity_per_instance: 1,
         // Reservations may exceed the one slot; the cloud grants no second machine.
         max_instances: 8,
@@ -209,4 +215,62 @@ async fn a_timed_out_acquire_leaves_the_queue_and_its_lease_reserved() {
         Err(AcquireError::Lease(e)) => assert!(e.to_string().contains("999999"), "{e}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_queued_acquire_learns_at_once_that_its_lease_was_dropped() {
+    let pool = one_slot(60_000).await;
+    let holder = pool.reserve().unwrap();
+    pool.acquire(holder).await.unwrap();
+    // Behind another waiter, so only the lease's own index can reach it.
+    let first = pool.reserve().unwrap();
+    let dropped = pool.reserve().unwrap();
+    let p = pool.clone();
+    let _first_wait = tokio::spawn(async move { p.acquire(first).await });
+    until_waiting(&pool, 1).await;
+    let p = pool.clone();
+    let dropped_wait = tokio::spawn(async move { p.acquire(dropped).await });
+    until_waiting(&pool, 2).await;
+    pool.unreserve(dropped).unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), dropped_wait)
+        .await
+        .unwrap_or_else(|_| panic!("the acquire waited on after its lease was dropped"))
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            Err(AcquireError::Lease(
+                flotilla_scaler::LeaseError::UnknownLease(_)
+            ))
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(pool.waiting(), 1);
+}
+
+#[tokio::test]
+async fn a_queued_acquire_learns_soon_that_its_lease_expired() {
+    let pool = one_slot_with(60_000, Some(700)).await;
+    let holder = pool.reserve().unwrap();
+    pool.acquire(holder).await.unwrap();
+    let waiter = pool.reserve().unwrap();
+    let p = pool.clone();
+    let wait = tokio::spawn(async move { p.acquire(waiter).await });
+    until_waiting(&pool, 1).await;
+    // Nobody renews: the leases expire (700 ms TTL), and the queued acquire is answered with
+    // the failure long before its 60 s timeout.
+    let answer = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("the acquire waited on after its lease expired"))
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            Err(AcquireError::Lease(
+                flotilla_scaler::LeaseError::Failed { .. }
+            ))
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(pool.waiting(), 0);
 }
