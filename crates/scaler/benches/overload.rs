@@ -20,61 +20,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use flotilla_provider::{
-    Arch, CallError, Connection, Instance, InstanceState, Os, Protocol, Provider, ProviderHealth,
-    ProviderInfo,
-};
+
+#[path = "../tests/common/fixed.rs"]
+mod fixed;
+
+use fixed::Fixed;
 use flotilla_scaler::driver::AcquireError;
 use flotilla_scaler::sim::{Job, SimCloud, SimOptions, simulate};
 use flotilla_scaler::{
     AlwaysReady, Binding, Clock, Policy, PoolCore, PoolHandle, ScalerConfig, SystemClock,
 };
-
-/// One machine that is always there; the group never grows.
-struct One;
-
-#[async_trait]
-impl Provider for One {
-    async fn init(&self, _: &str) -> Result<ProviderInfo, CallError> {
-        unreachable!("the bench sets the provider info itself")
-    }
-    async fn update(&self) -> Result<Vec<Instance>, CallError> {
-        Ok(vec![Instance {
-            id: "m-0".into(),
-            state: InstanceState::Running,
-        }])
-    }
-    async fn increase(&self, _: u32) -> Result<u32, CallError> {
-        Ok(0)
-    }
-    async fn decrease(&self, _: &[String]) -> Result<Vec<String>, CallError> {
-        Ok(Vec::new())
-    }
-    async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
-        Ok(Connection {
-            id: id.into(),
-            os: Os::Linux,
-            arch: Arch::Amd64,
-            protocol: Protocol::Ssh,
-            internal_address: None,
-            external_address: None,
-            port: 22,
-            username: String::new(),
-            expires: None,
-        })
-    }
-    async fn heartbeat(&self, _: &str) -> Result<(), CallError> {
-        Ok(())
-    }
-    async fn shutdown(&self) -> Result<(), CallError> {
-        Ok(())
-    }
-    fn health(&self) -> ProviderHealth {
-        ProviderHealth::default()
-    }
-}
 
 type Acquiring = Pin<Box<dyn Future<Output = Result<Binding, AcquireError>> + Send>>;
 
@@ -109,7 +65,7 @@ impl Relay {
         let pool = PoolHandle::spawn(
             "bench".into(),
             core,
-            Arc::new(One),
+            Arc::new(Fixed(1)),
             clock,
             Arc::new(AlwaysReady),
             None,

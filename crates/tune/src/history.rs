@@ -269,18 +269,15 @@ struct GitlabRunner {
     description: Option<String>,
 }
 
-/// A finished lease as `flotilla run` records it (`GET /v1/history`).
+/// A finished lease as `flotilla run` records it (`<state_dir>/history.jsonl`; the fields
+/// used, so a later release's extra fields still read).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct LeaseRecord {
     pool: String,
     lease: u64,
     reserved_at_ms: i64,
     acquired_at_ms: Option<i64>,
     released_at_ms: i64,
-    #[serde(default)]
-    #[allow(dead_code)]
-    instance: Option<String>,
 }
 
 fn timestamp(field: &str, value: &str) -> Result<i64, String> {

@@ -16,6 +16,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use flotilla_scaler::sim::Rng;
+
 /// The pool's fixed parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct Pool {
@@ -92,19 +94,6 @@ pub struct Figures {
     pub wait_max_s: f64,
     /// Jobs that gave up.
     pub timed_out: u64,
-}
-
-/// splitmix64, for provisioning delays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
 }
 
 /// Runs the jobs (`(submit_ms, duration_ms)`, ordered) under `knobs` per period.
@@ -235,11 +224,7 @@ pub fn run(pool: &Pool, schedule: &Schedule, knobs: &[Knobs], jobs: &[(i64, u64)
         let live = ready_instances + booting.len() as u32;
         if want > live {
             for _ in live..want {
-                let delay = if hi <= lo {
-                    lo
-                } else {
-                    lo + rng.next() % (hi - lo + 1)
-                };
+                let delay = rng.range(lo, hi);
                 let up = now + delay as i64;
                 // Seen at the next update after it is up.
                 let seen = (up + update - 1).div_euclid(update) * update;

@@ -433,9 +433,8 @@ struct Screened {
 /// A family of candidates sharing all knobs but the business-hours idle count, swept upward.
 #[derive(Debug, Clone, Copy)]
 struct Family {
+    /// Off-hours knobs; the business period shares their idle time and scale factor.
     night: Knobs,
-    idle_time_ms: u64,
-    scale_factor: f64,
     capacity: u32,
 }
 
@@ -531,8 +530,6 @@ pub fn search(input: &Input, goal: &Goal, jobs: &[Job]) -> Result<Outcome, Searc
                             idle_time_ms,
                             scale_factor,
                         },
-                        idle_time_ms,
-                        scale_factor,
                         capacity,
                     });
                 }
@@ -563,8 +560,7 @@ pub fn search(input: &Input, goal: &Goal, jobs: &[Job]) -> Result<Outcome, Searc
         for (i, &d) in usable.iter().enumerate() {
             let day = Knobs {
                 idle_count: d,
-                idle_time_ms: family.idle_time_ms,
-                scale_factor: family.scale_factor,
+                ..family.night
             };
             let figures = screen::run(&pool, &sched, &[family.night, day], &pairs);
             // Far enough below the goal (a quarter of it, or no wait at all), more idle

@@ -18,6 +18,8 @@
 //! The generator is deterministic for a seed (splitmix64 draws). The rate is scaled so the
 //! expected total is `jobs_per_weekday` on a weekday.
 
+use flotilla_scaler::sim::Rng;
+
 use crate::history::Job;
 
 /// The model's parameters.
@@ -45,27 +47,6 @@ impl Default for Model {
             utc_offset_h: 0,
             seed: 1,
         }
-    }
-}
-
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.unit(), self.unit());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
     }
 }
 
@@ -106,13 +87,13 @@ pub fn generate(model: &Model) -> Vec<Job> {
             let minute_ms = model.start_ms + (i64::from(day) * 1440 + i64::from(minute)) * 60_000
                 - i64::from(model.utc_offset_h) * 3_600_000;
             // Poisson arrivals within the minute.
-            let mut t = -rng.unit().ln() / rate;
+            let mut t = -rng.unit_open().ln() / rate;
             while t < 1.0 {
                 let at = minute_ms + (t * 60_000.0) as i64;
-                let n = 1 + rng.next() % 12;
+                let n = 1 + rng.next_u64() % 12;
                 for _ in 0..n {
-                    let offset = (rng.unit() * 20_000.0) as i64;
-                    let (median_s, sigma) = if rng.unit() < 0.02 {
+                    let offset = (rng.unit_open() * 20_000.0) as i64;
+                    let (median_s, sigma) = if rng.unit_open() < 0.02 {
                         (2_400.0, 0.6)
                     } else {
                         (240.0, 0.9)
@@ -124,7 +105,7 @@ pub fn generate(model: &Model) -> Vec<Job> {
                         waited_ms: None,
                     });
                 }
-                t += -rng.unit().ln() / rate;
+                t += -rng.unit_open().ln() / rate;
             }
         }
     }

@@ -25,7 +25,7 @@ pub struct Args {
     #[arg(long)]
     pub pool: Option<String>,
     /// Job history: GitLab jobs API JSON (pages may be concatenated), CSV, or Flotilla's lease
-    /// history (`GET /v1/history`).
+    /// history (`<state_dir>/history.jsonl`).
     #[arg(long)]
     pub history: PathBuf,
     /// The goal: 95% of jobs wait at most this long for a slot (e.g. 60s, 2m).

@@ -6,7 +6,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
-use super::{Job, Sample, SimCloud, SimOptions, SimReport};
+use super::{Job, Rng, Sample, SimCloud, SimOptions, SimReport};
 use crate::core::{Action, InstState, LeaseError, LeaseState, PoolCore};
 use crate::{Millis, Policy, ScalerConfig};
 use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderError};
@@ -31,30 +31,6 @@ struct Waiting {
     submit_at: Millis,
     /// Run time once it has a slot (ms).
     duration: Millis,
-}
-
-/// splitmix64: small, deterministic, good enough for simulation draws.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn range(&mut self, lo: Millis, hi: Millis) -> Millis {
-        if hi <= lo {
-            lo
-        } else {
-            lo + self.next() % (hi - lo + 1)
-        }
-    }
 }
 
 enum Pending {

@@ -9,6 +9,9 @@
 //! [`PoolCore`]: crate::PoolCore
 
 mod engine;
+mod rng;
+
+pub use rng::Rng;
 
 use serde::Serialize;
 
