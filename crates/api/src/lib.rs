@@ -61,6 +61,9 @@ pub enum ErrorCode {
     NoTtl,
     /// The lease ended while a request made under it was on its way; the request was cut.
     LeaseEnded,
+    /// The lease's instance has no shell the host can reach (it is not an SSH instance, or
+    /// the pool has no `[pool.connector]`), so the host serves no exec for it.
+    NoShell,
     /// A code this client does not know (a newer server); the HTTP status still applies.
     #[serde(other)]
     Unknown,
@@ -68,7 +71,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code a server sends (not [`ErrorCode::Unknown`]).
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::NotFound,
         ErrorCode::Unauthorized,
         ErrorCode::UnknownPool,
@@ -91,6 +94,7 @@ impl ErrorCode {
         ErrorCode::StoreFailed,
         ErrorCode::NoTtl,
         ErrorCode::LeaseEnded,
+        ErrorCode::NoShell,
     ];
 
     /// The HTTP status that goes with the code.
@@ -104,6 +108,7 @@ impl ErrorCode {
             | ErrorCode::NotAcquired
             | ErrorCode::Acquired
             | ErrorCode::NoDocker
+            | ErrorCode::NoShell
             | ErrorCode::LabelInUse
             | ErrorCode::NoTtl => S::CONFLICT,
             ErrorCode::LeaseFailed | ErrorCode::LeaseEnded => S::GONE,
@@ -143,6 +148,7 @@ impl ErrorCode {
             ErrorCode::StoreFailed => "store_failed",
             ErrorCode::NoTtl => "no_ttl",
             ErrorCode::LeaseEnded => "lease_ended",
+            ErrorCode::NoShell => "no_shell",
             ErrorCode::Unknown => "unknown",
         }
     }
@@ -283,6 +289,8 @@ pub struct DockerHandle {
     /// The API path to use as Docker's base URL, e.g. `/v1/pools/p/leases/7/docker`.
     pub path: String,
 }
+
+pub mod exec;
 
 #[cfg(test)]
 mod tests {

@@ -4,13 +4,15 @@
 //! the private half never leaves the host), host-key trust (pinned per instance for its life,
 //! or a known_hosts file), SSH sessions with timeouts, the user's ready command, and the
 //! [`flotilla_scaler::Readiness`] that says an instance can take jobs, and Docker Engine on a
-//! leased instance forwarded to the lease holder through the host (`proxy`).
+//! leased instance forwarded to the lease holder through the host (`proxy`), and commands run
+//! on a leased machine for the lease holder over the host's session (`exec`).
 //! Must not know: wasmtime, scaling policy, the API or config files (it receives its
 //! settings already validated).
 
 pub mod channels;
 pub mod config;
 mod docker;
+mod exec;
 mod hostkeys;
 mod keys;
 mod proxy;
@@ -20,6 +22,7 @@ mod tls;
 
 pub use channels::{LeaseBody, LeaseChannels, LeaseEnded};
 pub use config::{ConnectorConfig, ConnectorSettings, HostKeyConfig};
+pub use exec::ExecEvent;
 pub use hostkeys::HostKeyPolicy;
 pub use keys::{KeyError, PoolKey};
 pub use proxy::ForwardError;

@@ -23,6 +23,12 @@ pub enum ForwardError {
     /// The pool does not check Docker (`docker = false`), so there is no socket to reach.
     #[error("the pool's connector does not use Docker (docker = false)")]
     NoDocker,
+    /// The instance is not reached over SSH (`docker-tls`), so there is no shell to run in.
+    #[error("instance {instance} is not reached over SSH, so the host cannot run commands there")]
+    NoShell {
+        /// The instance.
+        instance: String,
+    },
     /// SSH or the engine failed.
     #[error("instance {instance}: {why}")]
     Unreachable {

@@ -377,6 +377,50 @@ impl Connector {
         crate::proxy::forward(&route, instance, request, token).await
     }
 
+    /// The SSH session to an instance for a lease holder's command: the kept one, or a new
+    /// one after `connect-info`; the channel token of `lease`.
+    pub(crate) async fn shell_session(
+        &self,
+        provider: &dyn Provider,
+        instance: &str,
+        lease: u64,
+    ) -> Result<(Arc<Session>, tokio_util::sync::CancellationToken), ForwardError> {
+        let token = self.channels.token(lease);
+        if self.tls_targets.lock().contains_key(instance) {
+            return Err(ForwardError::NoShell {
+                instance: instance.to_string(),
+            });
+        }
+        if let Some(session) = self.kept_session(instance) {
+            return Ok((session, token));
+        }
+        let reached =
+            self.reach(provider, instance)
+                .await
+                .map_err(|e| ForwardError::Unreachable {
+                    instance: instance.to_string(),
+                    why: e.message,
+                })?;
+        match reached {
+            Reached::Ssh(_, session) => Ok((session, token)),
+            Reached::Tls(..) => Err(ForwardError::NoShell {
+                instance: instance.to_string(),
+            }),
+        }
+    }
+
+    /// Drops the kept session of an instance whose session broke under a lease holder, so
+    /// the next use connects afresh.
+    pub(crate) fn drop_session(&self, instance: &str, broken: &Arc<Session>) {
+        let mut sessions = self.sessions.lock();
+        if sessions
+            .get(instance)
+            .is_some_and(|kept| Arc::ptr_eq(kept, broken))
+        {
+            sessions.remove(instance);
+        }
+    }
+
     /// Cuts every Docker channel opened under `lease` (its requests, streamed answers and
     /// upgraded connections): the lease ended.
     pub fn end_lease(&self, lease: u64) {

@@ -279,6 +279,21 @@ impl Session {
         self.handle.is_closed()
     }
 
+    /// Starts `command` (through the login shell) on a channel of its own, for the caller to
+    /// feed and read; no time limit.
+    pub async fn open_exec(
+        &self,
+        command: &str,
+    ) -> Result<russh::Channel<russh::client::Msg>, ConnectError> {
+        let ssh_err = |e: russh::Error| ConnectError::Ssh {
+            target: self.label.clone(),
+            why: e.to_string(),
+        };
+        let channel = self.handle.channel_open_session().await.map_err(ssh_err)?;
+        channel.exec(true, command).await.map_err(ssh_err)?;
+        Ok(channel)
+    }
+
     /// Runs `command` (through the login shell) and waits at most `limit` for it to end.
     /// Past the limit the command is sent SIGKILL and its channel closed.
     pub async fn exec(&self, command: &str, limit: Duration) -> Result<ExecOutput, ConnectError> {

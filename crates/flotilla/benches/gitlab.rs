@@ -207,6 +207,7 @@ fn bench(c: &mut Criterion) {
             max_volumes: 64,
         },
         job_identity_from_variables: true,
+        mode: flotilla_gitlab::Mode::Docker,
     };
     let dir = tempfile::tempdir().expect("dir");
     let script = dir.path().join("build_script");

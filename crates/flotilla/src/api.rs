@@ -97,6 +97,10 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/pools/{pool}/leases/{id}/report", post(report))
         .route("/v1/pools/{pool}/leases/{id}/renew", post(renew))
         .route("/v1/pools/{pool}/leases/{id}/docker/{*path}", any(docker))
+        .route(
+            "/v1/pools/{pool}/leases/{id}/exec",
+            post(exec).layer(axum::extract::DefaultBodyLimit::max(EXEC_BODY_LIMIT)),
+        )
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(v1)
@@ -436,12 +440,90 @@ async fn docker(
         .await
         .map_err(|e| match e {
             ForwardError::NoDocker => ApiError::new(ErrorCode::NoDocker, e.to_string()),
+            ForwardError::NoShell { .. } => ApiError::new(ErrorCode::NoShell, e.to_string()),
             ForwardError::Unreachable { .. } => {
                 ApiError::new(ErrorCode::InstanceUnreachable, e.to_string())
             }
             ForwardError::LeaseEnded { .. } => ApiError::new(ErrorCode::LeaseEnded, e.to_string()),
         })?;
     Ok(forwarded.map(axum::body::Body::new))
+}
+
+/// An exec request's body limit: the largest stdin in base64, and room for the command.
+const EXEC_BODY_LIMIT: usize = flotilla_api::exec::MAX_STDIN / 3 * 4 + (1 << 20);
+
+/// Runs one command on the machine of an acquired lease over the host's SSH session, and
+/// streams its output and end as frames ([`flotilla_api::exec`]). Neither the command nor its
+/// input is logged: the input is a job's script, which carries the job's variables.
+async fn exec(
+    State(state): State<Shared>,
+    Path((name, id)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    use base64::Engine as _;
+    use flotilla_api::exec::{ExecRequest, ExitFrame, FrameKind, encode};
+    use flotilla_connector::ExecEvent;
+
+    let running = running(&state, &name)?;
+    let p = &running.handle;
+    let id = lease_id(&id)?;
+    let instance = acquired_instance(p, id)?;
+    let connector = running.connector.as_ref().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::NoShell,
+            format!("pool {name} has no [pool.connector]; the host reaches no machine of it"),
+        )
+    })?;
+    let request: ExecRequest = parse_body(&body)?;
+    if request.command.trim().is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            "request body: `command` is empty",
+        ));
+    }
+    let stdin = base64::engine::general_purpose::STANDARD
+        .decode(request.stdin_base64.as_bytes())
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`stdin_base64`: {e}")))?;
+    let events = connector
+        .exec(
+            p.provider().as_ref(),
+            &instance,
+            id,
+            &request.command,
+            stdin,
+        )
+        .await
+        .map_err(|e| match e {
+            ForwardError::NoShell { .. } | ForwardError::NoDocker => {
+                ApiError::new(ErrorCode::NoShell, e.to_string())
+            }
+            ForwardError::Unreachable { .. } => {
+                ApiError::new(ErrorCode::InstanceUnreachable, e.to_string())
+            }
+            ForwardError::LeaseEnded { .. } => ApiError::new(ErrorCode::LeaseEnded, e.to_string()),
+        })?;
+    tracing::debug!(pool = %name, lease = id, %instance, "exec on the lease's machine");
+    let frames = futures_util::stream::unfold(events, |mut events| async move {
+        let frame = match events.recv().await? {
+            ExecEvent::Stdout(data) => encode(FrameKind::Stdout, &data),
+            ExecEvent::Stderr(data) => encode(FrameKind::Stderr, &data),
+            ExecEvent::Exited { status, signal } => {
+                let end = serde_json::to_vec(&ExitFrame { status, signal }).unwrap_or_default();
+                encode(FrameKind::Exit, &end)
+            }
+            ExecEvent::Broken(why) => encode(FrameKind::Broken, why.as_bytes()),
+        };
+        let frame = axum::body::Bytes::from(frame);
+        Some((Ok::<_, std::convert::Infallible>(frame), events))
+    });
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            flotilla_api::exec::CONTENT_TYPE,
+        )],
+        axum::body::Body::from_stream(frames),
+    )
+        .into_response())
 }
 
 /// Whether lease `id` is acquired (bound, or restored and waiting to be bound again).

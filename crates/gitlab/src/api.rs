@@ -9,7 +9,31 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
+pub use flotilla_api::exec::FrameKind;
 pub use flotilla_api::{ErrorCode, LeaseState};
+
+/// How a command run on a leased machine ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEnd {
+    /// It ended: its exit status, or the signal that ended it.
+    Exited {
+        /// The exit status.
+        status: Option<u32>,
+        /// The signal's name without `SIG`.
+        signal: Option<String>,
+    },
+    /// Its channel to the machine broke first; why.
+    Broken(String),
+}
+
+/// What an acquire answers: the instance, and its operating system when the plugin said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquired {
+    /// The instance.
+    pub instance: String,
+    /// `connection.os` of the acquire answer (`linux`, `darwin`, `windows`, ...).
+    pub os: Option<String>,
+}
 
 /// Why a call to the host failed.
 #[derive(Debug, thiserror::Error)]
@@ -111,15 +135,13 @@ impl ApiClient {
         }
     }
 
-    /// Sends one request; the JSON answer of a 2xx, or the API's error.
-    async fn call(
+    /// Sends one request; the answer's status and its body, still arriving.
+    async fn send(
         &self,
         method: http::Method,
         path: &str,
         body: Option<Value>,
-        limit: Duration,
-    ) -> Result<Value, ApiError> {
-        let what = format!("{method} {path}");
+    ) -> Result<(http::StatusCode, hyper::body::Incoming), ApiError> {
         let mut request = http::Request::builder()
             .method(method)
             .uri(path)
@@ -132,25 +154,59 @@ impl ApiClient {
         let request = request
             .body(Full::new(body))
             .map_err(|e| self.unreachable(e))?;
+        let stream = tokio::net::TcpStream::connect(&self.authority)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        // Latency only: a socket that refuses TCP_NODELAY still works.
+        let _ = stream.set_nodelay(true);
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        tokio::spawn(async move {
+            // Ends with the response; an error reaches us through send_request.
+            let _ = connection.await;
+        });
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Ok((response.status(), response.into_body()))
+    }
+
+    /// The API's error in a refusal's body (or the status and the body's start).
+    fn refusal(what: String, status: http::StatusCode, bytes: &[u8]) -> ApiError {
+        let (code, message) = match serde_json::from_slice::<flotilla_api::ErrorBody>(bytes) {
+            Ok(body) => (body.error.code, body.error.message),
+            Err(_) => (
+                ErrorCode::Unknown,
+                format!(
+                    "HTTP {status}: {}",
+                    String::from_utf8_lossy(bytes)
+                        .chars()
+                        .take(200)
+                        .collect::<String>()
+                ),
+            ),
+        };
+        ApiError::Refused {
+            what,
+            code,
+            message,
+        }
+    }
+
+    /// Sends one request; the JSON answer of a 2xx, or the API's error.
+    async fn call(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<Value>,
+        limit: Duration,
+    ) -> Result<Value, ApiError> {
+        let what = format!("{method} {path}");
         let exchange = async {
-            let stream = tokio::net::TcpStream::connect(&self.authority)
-                .await
-                .map_err(|e| self.unreachable(e))?;
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                    .await
-                    .map_err(|e| self.unreachable(e))?;
-            tokio::spawn(async move {
-                // Ends with the response; an error reaches us through send_request.
-                let _ = connection.await;
-            });
-            let response = sender
-                .send_request(request)
-                .await
-                .map_err(|e| self.unreachable(e))?;
-            let status = response.status();
-            let bytes = response
-                .into_body()
+            let (status, body) = self.send(method, path, body).await?;
+            let bytes = body
                 .collect()
                 .await
                 .map_err(|e| self.unreachable(e))?
@@ -163,24 +219,74 @@ impl ApiClient {
         if status.is_success() {
             return Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null));
         }
-        let (code, message) = match serde_json::from_slice::<flotilla_api::ErrorBody>(&bytes) {
-            Ok(body) => (body.error.code, body.error.message),
-            Err(_) => (
-                ErrorCode::Unknown,
-                format!(
-                    "HTTP {status}: {}",
-                    String::from_utf8_lossy(&bytes)
-                        .chars()
-                        .take(200)
-                        .collect::<String>()
-                ),
-            ),
+        Err(Self::refusal(what, status, &bytes))
+    }
+
+    /// Runs `command` on the machine of `lease` through the host, `stdin` fed and closed;
+    /// hands each piece of output to `sink` as it comes, and says how the command ended.
+    /// The host must answer within the client's timeout; the command itself has no limit.
+    pub async fn exec(
+        &self,
+        lease: u64,
+        command: &str,
+        stdin: &[u8],
+        mut sink: impl FnMut(FrameKind, &[u8]),
+    ) -> Result<ExecEnd, ApiError> {
+        use base64::Engine as _;
+        let path = format!("{}/{lease}/exec", self.leases_path());
+        let what = format!("POST {path}");
+        let request = flotilla_api::exec::ExecRequest {
+            command: command.to_string(),
+            stdin_base64: base64::engine::general_purpose::STANDARD.encode(stdin),
         };
-        Err(ApiError::Refused {
-            what,
-            code,
-            message,
-        })
+        let body = serde_json::to_value(&request).map_err(|e| self.unreachable(e))?;
+        let (status, mut body) = tokio::time::timeout(
+            self.timeout,
+            self.send(http::Method::POST, &path, Some(body)),
+        )
+        .await
+        .map_err(|_| self.unreachable(format!("{what}: no answer within {:?}", self.timeout)))??;
+        if !status.is_success() {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| self.unreachable(e))?
+                .to_bytes();
+            return Err(Self::refusal(what, status, &bytes));
+        }
+        let mut frames = flotilla_api::exec::Decoder::default();
+        while let Some(piece) = body.frame().await {
+            let piece = piece.map_err(|e| self.unreachable(format!("{what}: {e}")))?;
+            let Ok(data) = piece.into_data() else {
+                continue;
+            };
+            frames.push(&data);
+            while let Some((kind, payload)) =
+                frames.next_frame().map_err(|e| self.unreachable(e))?
+            {
+                match kind {
+                    FrameKind::Stdout | FrameKind::Stderr => sink(kind, &payload),
+                    FrameKind::Exit => {
+                        let end: flotilla_api::exec::ExitFrame = serde_json::from_slice(&payload)
+                            .map_err(|e| {
+                            self.unreachable(format!("{what}: exit frame: {e}"))
+                        })?;
+                        return Ok(ExecEnd::Exited {
+                            status: end.status,
+                            signal: end.signal,
+                        });
+                    }
+                    FrameKind::Broken => {
+                        return Ok(ExecEnd::Broken(
+                            String::from_utf8_lossy(&payload).into_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+        Err(self.unreachable(format!(
+            "{what}: the answer ended before the command did (flotilla went away?)"
+        )))
     }
 
     fn leases_path(&self) -> String {
@@ -233,14 +339,21 @@ impl ApiClient {
     }
 
     /// Binds the lease to a ready instance, waiting up to `limit`; the instance.
-    pub async fn acquire(&self, id: u64, limit: Duration) -> Result<String, ApiError> {
+    pub async fn acquire(&self, id: u64, limit: Duration) -> Result<Acquired, ApiError> {
         let path = format!("{}/{id}/acquire", self.leases_path());
         let answer = self.call(http::Method::POST, &path, None, limit).await?;
-        answer
-            .get("instance")
+        let answer: flotilla_api::AcquireAnswer = serde_json::from_value(answer)
+            .map_err(|e| self.unreachable(format!("unexpected acquire answer: {e}")))?;
+        let os = answer
+            .connection
+            .as_ref()
+            .and_then(|c| c.get("os"))
             .and_then(Value::as_str)
-            .map(str::to_string)
-            .ok_or_else(|| self.unreachable("the acquire answer names no instance"))
+            .map(str::to_string);
+        Ok(Acquired {
+            instance: answer.instance,
+            os,
+        })
     }
 
     /// Releases the lease; with `broken`, the instance is failed and replaced.

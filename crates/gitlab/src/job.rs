@@ -100,6 +100,17 @@ pub struct DriverSettings {
     /// Take the job's identity from `CUSTOM_ENV_CI_JOB_ID` and friends when the runner writes
     /// no `JOB_RESPONSE_FILE`. Unsafe: a job can set those variables and name another job.
     pub job_identity_from_variables: bool,
+    /// Where jobs run: in containers (the default), or on the machine itself.
+    pub mode: Mode,
+}
+
+/// Where the driver runs jobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Each job in a container on the leased instance, through its Docker handle.
+    Docker,
+    /// Each job directly on the leased machine, over the host's SSH session to it.
+    Instance(crate::machine::InstanceSettings),
 }
 
 /// `variables` of a service: a map (`CI_JOB_SERVICES` of runner 19.0+) or a list of

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::api::{ApiClient, ApiError, LeaseInfo, LeaseState};
+use crate::api::{Acquired, ApiClient, ApiError, LeaseInfo, LeaseState};
 use crate::job::{DriverSettings, Job};
 use crate::stages::{Outcome, say, system};
 
@@ -121,12 +121,13 @@ pub(crate) async fn acquired(
     }
 }
 
-/// Reserves (or finds again) and acquires the job's lease; the lease and its instance.
+/// Reserves (or finds again) and acquires the job's lease; the lease and its instance (with
+/// its operating system when the host said).
 pub(crate) async fn acquire(
     api: &ApiClient,
     job: &Job,
     settings: &DriverSettings,
-) -> Result<(u64, String), Outcome> {
+) -> Result<(u64, Acquired), Outcome> {
     let patience = Patience::new(settings);
     let lease = match find(api, job, patience).await.map_err(system)? {
         Some(LeaseInfo {
@@ -136,7 +137,7 @@ pub(crate) async fn acquire(
             say(&format!(
                 "Using instance {instance} (lease {id}, already acquired)"
             ));
-            return Ok((id, instance));
+            return Ok((id, Acquired { instance, os: None }));
         }
         Some(LeaseInfo {
             id,
@@ -180,7 +181,7 @@ pub(crate) async fn acquire(
                 Some(LeaseInfo {
                     state: LeaseState::Acquired { instance, .. },
                     ..
-                }) => break instance,
+                }) => break Acquired { instance, os: None },
                 other => {
                     return Err(system(format!(
                         "lease {} was acquired, then lost: {other:?}",
@@ -201,7 +202,8 @@ pub(crate) async fn acquire(
         }
     };
     say(&format!(
-        "Running on instance {instance} (waited {:.1} s)",
+        "Running on instance {} (waited {:.1} s)",
+        instance.instance,
         patience.start.elapsed().as_secs_f64()
     ));
     Ok((lease.id, instance))

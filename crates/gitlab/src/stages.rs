@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::{ApiClient, ApiError, LeaseState};
 use crate::containers::{self, StepError};
-use crate::job::{DriverSettings, Job};
+use crate::job::{DriverSettings, Job, Mode};
 use crate::lease::{self, Patience};
 use crate::script::{Ended, StageRun};
 
@@ -58,8 +58,12 @@ pub(crate) fn say(line: &str) {
     let _ = out.flush();
 }
 
-/// `config`: what the runner must know before `prepare`.
-pub fn config(settings: &DriverSettings, pool: &str) -> serde_json::Value {
+/// `config`: what the runner must know before `prepare`. Instance mode needs the job (its
+/// builds directory on the machine is its own).
+pub fn config(settings: &DriverSettings, pool: &str, job: Option<&Job>) -> serde_json::Value {
+    if let (Mode::Instance(instance), Some(job)) = (&settings.mode, job) {
+        return crate::instance::config(instance, job, pool);
+    }
     serde_json::json!({
         "builds_dir": settings.builds_dir,
         "cache_dir": settings.cache_dir,
@@ -104,6 +108,9 @@ where
 
 /// `prepare`: lease, images, network, volumes, services and the job container.
 pub async fn prepare(api: &ApiClient, job: &Job, settings: &DriverSettings) -> Outcome {
+    if let Mode::Instance(instance) = &settings.mode {
+        return crate::instance::prepare(api, job, settings, instance).await;
+    }
     match prepare_inner(api, job, settings).await {
         Ok(()) => Outcome::Success,
         Err(outcome) => outcome,
@@ -194,6 +201,9 @@ async fn run_inner(
             script.display()
         ))
     })?;
+    if let Mode::Instance(instance) = &settings.mode {
+        return crate::instance::run(api, job, settings, instance, &text, stage, cancel).await;
+    }
     let patience = Patience::new(settings);
     let lease = lease::acquired(api, job, patience).await?;
     let docker = crate::docker::for_lease(api, lease, 3600).map_err(system)?;
@@ -244,6 +254,9 @@ const SETTLE: Duration = Duration::from_millis(1500);
 /// is released as broken, so the instance is replaced. Waits for a restarting host like
 /// `prepare` does.
 pub async fn cleanup(api: &ApiClient, job: &Job, settings: &DriverSettings) -> Outcome {
+    if let Mode::Instance(instance) = &settings.mode {
+        return crate::instance::cleanup(api, job, settings, instance).await;
+    }
     let patience = Patience::new(settings);
     let found = match lease::find(api, job, patience).await {
         Ok(found) => found,

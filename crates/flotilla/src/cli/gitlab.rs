@@ -10,7 +10,8 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use flotilla_gitlab::{
-    ApiClient, CacheBounds, DriverSettings, Job, JobLimits, Outcome, PullPolicy,
+    ApiClient, CacheBounds, DriverSettings, InstanceSettings, Job, JobLimits, MachineOs, Mode,
+    Outcome, PullPolicy, Shell,
 };
 
 /// The driver's flags, then the stage.
@@ -26,6 +27,22 @@ pub struct Args {
     /// A file holding the API token [env: FLOTILLA_TOKEN_FILE; or the token in FLOTILLA_TOKEN].
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Where jobs run: `docker` (each job in a container on the instance) or `instance`
+    /// (each job directly on the machine over SSH: macOS, Windows, one VM per job).
+    #[arg(long, default_value = "docker")]
+    mode: String,
+    /// Instance mode: the machines' system, `linux`, `macos`, `freebsd` or `windows`. It
+    /// decides paths and commands; `prepare` fails a job whose machine reports another.
+    #[arg(long, default_value = "linux")]
+    os: String,
+    /// Instance mode: the shell the runner writes scripts for, `bash` (Linux, macOS) or
+    /// `pwsh` / `powershell` (Windows) [default: bash, or pwsh on Windows].
+    #[arg(long)]
+    shell: Option<String>,
+    /// Instance mode: the directory on each machine under which every job gets its own
+    /// [default: /var/tmp/flotilla, or C:\flotilla on Windows].
+    #[arg(long)]
+    machine_dir: Option<String>,
     /// The runner's `builds_dir`, inside the job container.
     #[arg(long, default_value = "/builds")]
     builds_dir: String,
@@ -180,7 +197,27 @@ impl Args {
                 max_volumes: self.cache_max_volumes.max(1),
             },
             job_identity_from_variables: self.unsafe_job_identity_from_variables,
+            mode: self.mode()?,
         })
+    }
+
+    fn mode(&self) -> anyhow::Result<Mode> {
+        match self.mode.trim() {
+            "docker" => Ok(Mode::Docker),
+            "instance" => {
+                let os = MachineOs::parse(&self.os).map_err(|e| anyhow::anyhow!("--os: {e}"))?;
+                let shell = self
+                    .shell
+                    .as_deref()
+                    .map(Shell::parse)
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("--shell: {e}"))?;
+                let settings = InstanceSettings::new(os, shell, self.machine_dir.clone())
+                    .map_err(anyhow::Error::msg)?;
+                Ok(Mode::Instance(settings))
+            }
+            other => anyhow::bail!("--mode {other:?}: expected docker or instance"),
+        }
     }
 
     /// Runs the stage; a job or system failure becomes the runner's exit code.
@@ -191,10 +228,10 @@ impl Args {
             return Ok(());
         }
         let api = self.api()?;
-        if let Stage::Config = self.stage {
-            return super::print_json(&flotilla_gitlab::config(&settings, api.pool()));
-        }
         let env: BTreeMap<String, String> = std::env::vars().collect();
+        if let (Stage::Config, Mode::Docker) = (&self.stage, &settings.mode) {
+            return super::print_json(&flotilla_gitlab::config(&settings, api.pool(), None));
+        }
         let job = match Job::from_env(&env, settings.job_identity_from_variables) {
             Ok(job) => job,
             Err(e) => {
@@ -203,6 +240,9 @@ impl Args {
                 return Err(ExitWith(code as u8).into());
             }
         };
+        if let Stage::Config = self.stage {
+            return super::print_json(&flotilla_gitlab::config(&settings, api.pool(), Some(&job)));
+        }
         let outcome = match &self.stage {
             Stage::Prepare => flotilla_gitlab::prepare(&api, &job, &settings).await,
             Stage::Run { script, stage } => {
@@ -254,6 +294,27 @@ impl Args {
         if self.unsafe_job_identity_from_variables {
             common.push("--unsafe-job-identity-from-variables".into());
         }
+        let (builds, cache, shell) = match self.mode()? {
+            Mode::Docker => (self.builds_dir.clone(), self.cache_dir.clone(), None),
+            Mode::Instance(instance) => {
+                common.extend([
+                    "--mode".into(),
+                    "instance".into(),
+                    "--os".into(),
+                    instance.os.name().into(),
+                    "--shell".into(),
+                    instance.shell.name().into(),
+                    "--machine-dir".into(),
+                    instance.dir.clone(),
+                ]);
+                // The runner requires both; `config` answers each job's own.
+                (
+                    instance.builds_dir("JOB"),
+                    instance.cache_dir(),
+                    Some(instance.shell.name()),
+                )
+            }
+        };
         if let Some(f) = &self.token_file {
             common.extend(["--token-file".into(), f.display().to_string()]);
         }
@@ -266,11 +327,12 @@ impl Args {
   url = "https://gitlab.example.com"   # your GitLab
   token = "glrt-REPLACE-ME"            # the runner's authentication token
   executor = "custom"
-  builds_dir = "{builds}"
-  cache_dir = "{cache}"
-{custom}"#,
-            builds = self.builds_dir,
-            cache = self.cache_dir,
+  builds_dir = {builds}
+  cache_dir = {cache}
+{shell}{custom}"#,
+            builds = serde_json::to_string(&builds)?,
+            cache = serde_json::to_string(&cache)?,
+            shell = shell.map_or(String::new(), |s| format!("  shell = \"{s}\"\n")),
             custom = custom_section(&driver_exe(), &common, self.acquire_timeout)?,
         ))
     }

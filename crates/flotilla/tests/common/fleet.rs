@@ -278,6 +278,25 @@ impl RunnerJob {
 
     /// A job of project `project`, on a protected ref or not (as GitLab tells the runner).
     pub fn of_project(fleet: &Fleet, id: u64, project: u64, protected: bool) -> RunnerJob {
+        let mut job = RunnerJob::on(
+            &fleet.flotilla.base,
+            &fleet.token_file,
+            id,
+            project,
+            protected,
+        );
+        job.env
+            .insert("CUSTOM_ENV_CI_JOB_IMAGE".to_string(), fleet.image.clone());
+        job.env.insert(
+            "CUSTOM_ENV_DOCKER_AUTH_CONFIG".to_string(),
+            fleet.auth.clone(),
+        );
+        job
+    }
+
+    /// A job of the runner whose driver talks to the API at `base` with the token in
+    /// `token_file`.
+    pub fn on(base: &str, token_file: &Path, id: u64, project: u64, protected: bool) -> RunnerJob {
         let dir = tempfile::tempdir().expect("job dir");
         let response = dir.path().join("response.json");
         std::fs::write(
@@ -300,20 +319,15 @@ impl RunnerJob {
             ),
             ("TMPDIR".to_string(), dir.path().display().to_string()),
             ("CUSTOM_ENV_CI_JOB_ID".to_string(), id.to_string()),
-            ("CUSTOM_ENV_CI_JOB_IMAGE".to_string(), fleet.image.clone()),
-            (
-                "CUSTOM_ENV_DOCKER_AUTH_CONFIG".to_string(),
-                fleet.auth.clone(),
-            ),
         ]);
         let args = vec![
             "gitlab".to_string(),
             "--url".into(),
-            fleet.flotilla.base.clone(),
+            base.to_string(),
             "--pool".into(),
             "ci".into(),
             "--token-file".into(),
-            fleet.token_file.display().to_string(),
+            token_file.display().to_string(),
             "--acquire-timeout".into(),
             "60s".into(),
         ];
@@ -335,7 +349,7 @@ impl RunnerJob {
     }
 
     pub fn stage(&self, stage: &[&str]) -> StageResult {
-        let out = self.command(stage).output().expect("flotilla gitlab");
+        let out = self.stage_raw(stage);
         StageResult {
             code: out.status.code().unwrap_or(-1),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -343,11 +357,21 @@ impl RunnerJob {
         }
     }
 
+    /// The stage's process output, bytes as written.
+    pub fn stage_raw(&self, stage: &[&str]) -> Output {
+        self.command(stage).output().expect("flotilla gitlab")
+    }
+
     /// Writes a stage's script (0700, as the runner does) and returns its path.
     pub fn script(&self, stage: &str, body: &str) -> String {
+        self.script_file(stage, &format!("#!/usr/bin/env sh\nset -e\n{body}\n"))
+    }
+
+    /// Writes a stage's script exactly as given (0700) and returns its path.
+    pub fn script_file(&self, stage: &str, text: &str) -> String {
         use std::os::unix::fs::PermissionsExt;
         let path = self.dir.path().join(format!("script-{stage}"));
-        std::fs::write(&path, format!("#!/usr/bin/env sh\nset -e\n{body}\n")).expect("script");
+        std::fs::write(&path, text).expect("script");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).expect("chmod");
         path.display().to_string()
     }

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test file uses a different part
 
 pub mod fleet;
+pub mod machines;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,159 @@
+//! A lease holder's command on its leased machine, run by the host over the machine's SSH
+//! session (the GitLab driver's instance mode): standard input is sent and closed, standard
+//! output and error come back as they arrive, then how the command ended. The holder never
+//! holds the pool's key. The channel is tied to the lease's token like a Docker channel: when
+//! the lease ends, the command is sent `KILL` and its channel closed. A holder that stops
+//! reading (it went away) has its command sent `TERM`, which OpenSSH delivers to the command's
+//! whole process group.
+
+use std::sync::Arc;
+
+use flotilla_provider::Provider;
+use russh::{ChannelMsg, Sig};
+use tokio::sync::mpsc;
+
+use crate::proxy::ForwardError;
+use crate::readiness::Connector;
+
+/// What a running command reports, in order; `Exited` or `Broken` comes last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    /// Bytes on standard output.
+    Stdout(Vec<u8>),
+    /// Bytes on standard error.
+    Stderr(Vec<u8>),
+    /// The command ended: its exit status, or the signal that ended it (name without `SIG`).
+    Exited {
+        /// `exit-status`.
+        status: Option<u32>,
+        /// `exit-signal`.
+        signal: Option<String>,
+    },
+    /// The channel broke before the command ended.
+    Broken(String),
+}
+
+/// Events buffered between the machine and a slow reader; past it the SSH window closes and
+/// the command waits.
+const BUFFERED: usize = 64;
+
+fn signal_name(sig: &Sig) -> String {
+    match sig {
+        Sig::ABRT => "ABRT",
+        Sig::ALRM => "ALRM",
+        Sig::FPE => "FPE",
+        Sig::HUP => "HUP",
+        Sig::ILL => "ILL",
+        Sig::INT => "INT",
+        Sig::KILL => "KILL",
+        Sig::PIPE => "PIPE",
+        Sig::QUIT => "QUIT",
+        Sig::SEGV => "SEGV",
+        Sig::TERM => "TERM",
+        Sig::USR1 => "USR1",
+        Sig::Custom(name) => name.as_str(),
+    }
+    .to_string()
+}
+
+impl Connector {
+    /// Starts `command` on `instance` for the holder of `lease`, feeding it `stdin`; its
+    /// events. Fails before anything runs when the machine cannot be reached or is not an SSH
+    /// instance.
+    pub async fn exec(
+        &self,
+        provider: &dyn Provider,
+        instance: &str,
+        lease: u64,
+        command: &str,
+        stdin: Vec<u8>,
+    ) -> Result<mpsc::Receiver<ExecEvent>, ForwardError> {
+        let (session, token) = self.shell_session(provider, instance, lease).await?;
+        let channel = match session.open_exec(command).await {
+            Ok(channel) => channel,
+            Err(e) => {
+                self.drop_session(instance, &session);
+                return Err(ForwardError::Unreachable {
+                    instance: instance.to_string(),
+                    why: e.to_string(),
+                });
+            }
+        };
+        let (tx, rx) = mpsc::channel(BUFFERED);
+        let (mut read, write) = channel.split();
+        let write = Arc::new(write);
+        let feeder = {
+            let write = write.clone();
+            tokio::spawn(async move {
+                // A command that exits without reading its input makes this fail: nothing
+                // to do about it.
+                if !stdin.is_empty() {
+                    let _ = write.data(stdin.as_slice()).await;
+                }
+                let _ = write.eof().await;
+            })
+        };
+        let label = session.target().to_string();
+        tokio::spawn(async move {
+            let mut status = None;
+            let mut signal = None;
+            let last = loop {
+                tokio::select! {
+                    () = token.cancelled() => {
+                        let _ = write.signal(Sig::KILL).await;
+                        let _ = write.close().await;
+                        break Some(ExecEvent::Broken(
+                            "the lease ended; the command was killed".into(),
+                        ));
+                    }
+                    () = tx.closed() => {
+                        // Nobody reads any more: stop the command's process group.
+                        let _ = write.signal(Sig::TERM).await;
+                        let _ = write.close().await;
+                        break None;
+                    }
+                    msg = read.wait() => match msg {
+                        Some(ChannelMsg::Data { data }) => {
+                            if tx.send(ExecEvent::Stdout(data.to_vec())).await.is_err() {
+                                let _ = write.signal(Sig::TERM).await;
+                                let _ = write.close().await;
+                                break None;
+                            }
+                        }
+                        Some(ChannelMsg::ExtendedData { data, ext: 1 }) => {
+                            if tx.send(ExecEvent::Stderr(data.to_vec())).await.is_err() {
+                                let _ = write.signal(Sig::TERM).await;
+                                let _ = write.close().await;
+                                break None;
+                            }
+                        }
+                        Some(ChannelMsg::ExitStatus { exit_status }) => status = Some(exit_status),
+                        Some(ChannelMsg::ExitSignal { signal_name: sig, .. }) => {
+                            signal = Some(signal_name(&sig));
+                        }
+                        Some(ChannelMsg::Failure) => {
+                            break Some(ExecEvent::Broken(format!(
+                                "{label}: the SSH server refused to run the command"
+                            )));
+                        }
+                        Some(ChannelMsg::Close) | None => {
+                            break Some(if status.is_some() || signal.is_some() {
+                                ExecEvent::Exited { status, signal }
+                            } else {
+                                ExecEvent::Broken(format!(
+                                    "{label}: the SSH channel closed before the command ended (the machine or its sshd went away)"
+                                ))
+                            });
+                        }
+                        Some(_) => {}
+                    }
+                }
+            };
+            feeder.abort();
+            if let Some(last) = last {
+                let _ = tx.send(last).await;
+            }
+        });
+        Ok(rx)
+    }
+}

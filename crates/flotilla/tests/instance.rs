@@ -1,0 +1,442 @@
+//! `flotilla gitlab --mode instance`: each job runs directly on its leased machine over the
+//! host's SSH session, as GitLab's instance executor runs macOS, Windows and one-VM-per-job
+//! Linux jobs. The harness plays GitLab Runner's Custom executor (see `gitlab.rs`); the
+//! machines are real Debian sshd daemons on loopback, listed by the static plugin, with no
+//! Docker at all. A job's processes run on this host, so the tests look for leftovers in
+//! /proc by the mark every process of a job carries.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use common::machines::{Machines, exists, processes_of_job, wait_no_processes};
+
+/// A bash script as GitLab Runner writes one for the Custom executor.
+fn bash(body: &str) -> String {
+    format!("#!/usr/bin/env bash\nset -eo pipefail\n{body}\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_run_on_the_machine_itself_as_gitlab_runner_drives_them() {
+    let fleet = Machines::start(1, 2, "").await;
+    let dir = fleet.job_dir(301);
+
+    // config: the job's own builds directory on the machine, the machine's cache, bash.
+    let job = fleet.job(301);
+    let config = job.stage(&["config"]);
+    assert_eq!(config.code, 0, "{config:?}");
+    let json: Value = serde_json::from_str(&config.stdout).expect("config prints JSON");
+    assert_eq!(json["builds_dir"], format!("{}/builds", dir.display()));
+    assert_eq!(
+        json["cache_dir"],
+        format!("{}/cache", fleet.machine_dir.display())
+    );
+    assert_eq!(json["builds_dir_is_shared"], false);
+    assert_eq!(json["shell"], "bash");
+
+    // prepare: the lease, and the job's directory (0700: it will hold the job's scripts).
+    let prepare = job.stage(&["prepare"]);
+    assert_eq!(prepare.code, 0, "{prepare:?}\n{}", fleet.flotilla.log());
+    assert!(
+        prepare.stdout.contains("Running on instance m1"),
+        "{prepare:?}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.join(".flotilla"))
+        .expect("the job's own directory")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "{mode:o}");
+
+    // A passing job: the builds dir kept between stages, the job's directory as cwd, both
+    // streams, and awkward text in variables and output, byte for byte.
+    let builds = json["builds_dir"].as_str().expect("builds_dir");
+    let sources = job.stage(&[
+        "run",
+        &job.script_file(
+            "get_sources",
+            &bash(&format!(
+                "mkdir -p '{b}/project' && echo source > '{b}/project/file'",
+                b = builds.replace('\'', r"'\''")
+            )),
+        ),
+        "get_sources",
+    ]);
+    assert_eq!(sources.code, 0, "{sources:?}");
+    let awkward = "it's \"quoted\" $HOME `id` \\ ünï ✓";
+    let quoted = format!("'{}'", awkward.replace('\'', r"'\''"));
+    let script = bash(&format!(
+        "export AWKWARD={q}\ncat \"$PWD/builds/project/file\"\npwd\nfor i in 1 2 3; do echo line $i; done\necho to-stderr >&2\nprintf '%s\\n' \"$AWKWARD\"\necho \"mark=$FLOTILLA_JOB\"",
+        q = quoted
+    ));
+    let build = job.stage(&[
+        "run",
+        &job.script_file("build_script", &script),
+        "build_script",
+    ]);
+    assert_eq!(build.code, 0, "{build:?}");
+    let expected = format!("source\n{}\nline 1\nline 2\nline 3\n", dir.display());
+    assert!(build.stdout.contains(&expected), "{build:?}");
+    assert!(build.stderr.contains("to-stderr"), "{build:?}");
+    assert!(build.stdout.contains(&format!("{awkward}\n")), "{build:?}");
+    assert!(build.stdout.contains("mark=job-301;"), "{build:?}");
+
+    // Large and binary output arrives whole and unchanged.
+    let blob = dir.join("blob.bin");
+    let big = job.stage_raw(&[
+        "run",
+        &job.script_file(
+            "step_big",
+            &bash(&format!(
+                "head -c 3000000 /dev/urandom > {b}\ncat {b}",
+                b = format!("'{}'", blob.display().to_string().replace('\'', r"'\''"))
+            )),
+        ),
+        "step_big",
+    ]);
+    assert_eq!(big.status.code(), Some(0));
+    let written = std::fs::read(&blob).expect("the blob on the machine");
+    assert_eq!(written.len(), 3_000_000);
+    assert!(
+        big.stdout.ends_with(&written),
+        "stdout is {} bytes, not the 3,000,000 written",
+        big.stdout.len()
+    );
+
+    // A failing job: its exit code reaches BUILD_EXIT_CODE_FILE; after_script still runs.
+    let fail = job.stage(&[
+        "run",
+        &job.script_file("build_script2", &bash("echo failing; exit 42")),
+        "build_script",
+    ]);
+    assert_eq!(fail.code, 1, "{fail:?}");
+    assert_eq!(job.build_exit_code().as_deref(), Some("42\n"));
+    let after = job.stage(&[
+        "run",
+        &job.script_file("after_script", &bash("echo after")),
+        "after_script",
+    ]);
+    assert_eq!(
+        (after.code, after.stdout.contains("after")),
+        (0, true),
+        "{after:?}"
+    );
+
+    // cleanup: the job's directory is gone, the machine's cache stays, the lease is back.
+    let cleanup = job.stage(&["cleanup"]);
+    assert_eq!(cleanup.code, 0, "{cleanup:?}");
+    assert!(!exists(&dir), "the job's directory is left");
+    assert!(exists(&fleet.machine_dir.join("cache")));
+    fleet.assert_no_lease().await;
+    assert_eq!(job.stage(&["cleanup"]).code, 0, "cleanup is idempotent");
+
+    // A driver set up for Windows machines refuses this Linux one in prepare, and says so.
+    let mut windows = fleet.job(302);
+    windows.args.extend(["--os".into(), "windows".into()]);
+    let cut = windows
+        .args
+        .iter()
+        .position(|a| a == "--machine-dir")
+        .expect("dir");
+    windows.args.drain(cut..cut + 2);
+    let prepare = windows.stage(&["prepare"]);
+    assert_eq!(prepare.code, 2, "{prepare:?}");
+    assert!(
+        prepare.stderr.contains("runs linux") && prepare.stderr.contains("--os windows"),
+        "{prepare:?}"
+    );
+    assert_eq!(windows.stage(&["cleanup"]).code, 0);
+    fleet.assert_no_lease().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_step_leaves_no_process_of_the_job_behind() {
+    let fleet = Machines::start(1, 1, "").await;
+    let job = fleet.job(310);
+    assert_eq!(job.stage(&["prepare"]).code, 0);
+    // A background process in the step's group, one that left it (setsid), and one that
+    // ignores TERM.
+    let script = job.script_file(
+        "build_script",
+        &bash(
+            "sleep 301 &\nsetsid sleep 302 &\n(trap '' TERM; sleep 303) &\necho started\nsleep 300\necho never",
+        ),
+    );
+    let mut child = job
+        .command(&["run", &script, "build_script"])
+        .spawn()
+        .expect("run");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = lines.next().expect("a line").expect("text");
+    assert_eq!(first, "started");
+    // All four sleeps and the script's shell are up and carry the job's mark.
+    let start = Instant::now();
+    while processes_of_job(310)
+        .iter()
+        .filter(|(_, c)| c.starts_with("sleep "))
+        .count()
+        < 4
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            processes_of_job(310)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The runner cancels: SIGTERM to the driver.
+    let pid = child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let status = child.wait().expect("wait");
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "a cancelled stage is a system failure"
+    );
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(!rest.iter().any(|l| l == "never"), "{rest:?}");
+    let left = wait_no_processes(310, Duration::from_secs(5));
+    assert!(left.is_empty(), "processes of the job left: {left:?}");
+    assert_eq!(job.stage(&["cleanup"]).code, 0);
+    assert!(!exists(&fleet.job_dir(310)));
+    fleet.assert_no_lease().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_jobs_share_four_slots_and_all_pass() {
+    let fleet = Machines::start(2, 2, "").await;
+    let shared = fleet.root.path().join("running");
+    std::fs::create_dir_all(&shared).expect("dir");
+    let counts = fleet.root.path().join("counts");
+    let jobs: Vec<_> = (0..10u64).map(|i| fleet.job(400 + i)).collect();
+    let results: Vec<(u64, i32, i32, i32, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, job)| {
+                let shared = shared.clone();
+                let counts = counts.clone();
+                scope.spawn(move || {
+                    let id = 400 + i as u64;
+                    let prepare = job.stage(&["prepare"]);
+                    let script = job.script_file(
+                        "build_script",
+                        &bash(&format!(
+                            "mkdir {s}/{id}\nls {s} | wc -l >> {c}\nsleep 1\nrmdir {s}/{id}\necho done-{id}",
+                            s = shared.display(),
+                            c = counts.display()
+                        )),
+                    );
+                    let build = job.stage(&["run", &script, "build_script"]);
+                    let cleanup = job.stage(&["cleanup"]);
+                    (id, prepare.code, build.code, cleanup.code, build.stdout)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("job thread"))
+            .collect()
+    });
+    for (id, prepare, build, cleanup, out) in &results {
+        assert_eq!((*prepare, *build, *cleanup), (0, 0, 0), "job {id}: {out}");
+        assert!(out.contains(&format!("done-{id}")), "job {id}: {out}");
+    }
+    let counts = std::fs::read_to_string(&counts).expect("counts");
+    let most = counts
+        .lines()
+        .map(|l| l.trim().parse::<u32>().expect("a count"))
+        .max()
+        .expect("counts");
+    assert!(most <= 4, "{most} jobs ran at once on 4 slots");
+    assert!(most >= 2, "the slots were never shared ({most})");
+    fleet.assert_no_lease().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_killed_during_prepare_is_cleaned_up_after() {
+    let fleet = Machines::start(1, 1, "").await;
+    // The only slot is taken, so this prepare waits for one when it is killed.
+    let holder = fleet.job(500);
+    assert_eq!(holder.stage(&["prepare"]).code, 0);
+    let waiting = fleet.job(501);
+    let mut child = waiting.command(&["prepare"]).spawn().expect("prepare");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = out.next().expect("a line").expect("text");
+    assert!(line.contains("is full"), "{line}");
+    child.kill().expect("kill -9");
+    child.wait().expect("wait");
+    assert_eq!(waiting.stage(&["cleanup"]).code, 0);
+    assert_eq!(holder.stage(&["cleanup"]).code, 0);
+    // Killed between its reservation and its acquire: cleanup gives the reservation back.
+    let (code, body) = fleet
+        .flotilla
+        .call(
+            "POST",
+            "/v1/pools/ci/leases",
+            Some(serde_json::json!({"labels": {"gitlab-job": "503"}})),
+        )
+        .await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(fleet.job(503).stage(&["cleanup"]).code, 0);
+    let (_, left) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/leases?label=gitlab-job=503", None)
+        .await;
+    assert_eq!(
+        left["leases"],
+        Value::Array(vec![]),
+        "the reservation is left"
+    );
+
+    // Killed mid-way through an acquired prepare: cleanup removes what it made.
+    let job = fleet.job(502);
+    let mut child = job.command(&["prepare"]).spawn().expect("prepare");
+    let start = Instant::now();
+    while !exists(&fleet.job_dir(502)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "prepare made no directory"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().expect("kill -9");
+    child.wait().expect("wait");
+    assert_eq!(job.stage(&["cleanup"]).code, 0);
+    assert!(!exists(&fleet.job_dir(502)), "the job's directory is left");
+    fleet.assert_no_lease().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_that_dies_mid_job_is_a_system_failure_and_is_replaced() {
+    let fleet = Machines::start(1, 1, "").await;
+    let (_, before) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/instances", None)
+        .await;
+    let first_seen = before["instances"][0]["seen_at"].as_u64().expect("seen_at");
+    let job = fleet.job(600);
+    assert_eq!(job.stage(&["prepare"]).code, 0);
+    let script = job.script_file("build_script", &bash("echo started\nsleep 300"));
+    let mut child = job
+        .command(&["run", &script, "build_script"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().expect("line").expect("text"), "started");
+    // The machine dies: its sshd and every session it started.
+    fleet.machines[0].stop();
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a dead machine is a system failure"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the machine went away during build_script"),
+        "{err}"
+    );
+    // cleanup cannot reach it: it releases the lease as broken, and the instance goes.
+    let cleanup = job.stage(&["cleanup"]);
+    assert_eq!(cleanup.code, 0, "{cleanup:?}");
+    assert!(cleanup.stderr.contains("reported broken"), "{cleanup:?}");
+    fleet.assert_no_lease().await;
+    let log = fleet.flotilla.log();
+    assert!(
+        log.contains("instance_broken") || log.contains("broken"),
+        "{log}"
+    );
+    // The machine comes back: the static plugin lists it as a new instance, ready again.
+    fleet.machines[0].restart();
+    fleet
+        .flotilla
+        .wait_for("/v1/pools/ci/instances", "the replacement", |b| {
+            b["instances"].as_array().is_some_and(|l| {
+                l.iter().any(|i| {
+                    i["state"] == "ready" && i["seen_at"].as_u64().is_some_and(|t| t > first_seen)
+                })
+            })
+        })
+        .await;
+    let again = fleet.job(601);
+    assert_eq!(again.stage(&["prepare"]).code, 0);
+    let build = again.stage(&[
+        "run",
+        &again.script_file("build_script", &bash("echo back")),
+        "build_script",
+    ]);
+    assert_eq!(build.code, 0, "{build:?}");
+    assert_eq!(again.stage(&["cleanup"]).code, 0);
+    // A machine that really dies takes the job's processes with it; a loopback sshd leaves
+    // them on this host, so the test ends them itself.
+    for (pid, _) in processes_of_job(600) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_max_use_count_1_each_job_gets_a_fresh_machine() {
+    let fleet = Machines::start(1, 1, "max_use_count = 1\n").await;
+    let mut seen = Vec::new();
+    for id in [700u64, 701, 702] {
+        let job = fleet.job(id);
+        let prepare = job.stage(&["prepare"]);
+        assert_eq!(prepare.code, 0, "{prepare:?}\n{}", fleet.flotilla.log());
+        let (_, leases) = fleet
+            .flotilla
+            .call(
+                "GET",
+                &format!("/v1/pools/ci/leases?label=gitlab-job={id}"),
+                None,
+            )
+            .await;
+        assert_eq!(
+            leases["leases"][0]["state"]["state"], "acquired",
+            "{leases}"
+        );
+        let (_, instances) = fleet
+            .flotilla
+            .call("GET", "/v1/pools/ci/instances", None)
+            .await;
+        let mine = instances["instances"]
+            .as_array()
+            .expect("instances")
+            .iter()
+            .find(|i| i["use_count"] == 1)
+            .cloned()
+            .unwrap_or_else(|| panic!("no used instance: {instances}"));
+        seen.push(mine["seen_at"].as_u64().expect("seen_at"));
+        let build = job.stage(&[
+            "run",
+            &job.script_file("build_script", &bash("echo hi")),
+            "build_script",
+        ]);
+        assert_eq!(build.code, 0, "{build:?}");
+        assert_eq!(job.stage(&["cleanup"]).code, 0);
+    }
+    // Three jobs, three instances: each one was new when its job came.
+    seen.dedup();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(fleet.flotilla.log().contains("removing instances"));
+}

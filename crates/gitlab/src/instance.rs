@@ -1,0 +1,338 @@
+//! Instance mode: each job runs directly on its leased machine, over the host's SSH session
+//! to it (the lease's exec endpoint), as GitLab's `instance` executor runs jobs on macOS,
+//! Windows and one-VM-per-job Linux. The job gets a directory of its own on the machine
+//! (`<machine dir>/<job id>`); its scripts run there with the shell the runner wrote them
+//! for; cancellation and cleanup stop every process of the job and remove the directory.
+//! Like Docker mode, nothing is kept between stages: the lease is found by the job's label,
+//! the directory by the job's id.
+
+use std::io::Write;
+use std::time::Duration;
+
+use crate::api::{ApiClient, ApiError, ExecEnd, FrameKind, LeaseState};
+use crate::job::{DriverSettings, Job};
+use crate::lease::{self, Patience};
+use crate::machine::{InstanceSettings, Signal};
+use crate::stages::{Outcome, say, system};
+
+/// How long a cancelled script has after `TERM` before its processes are killed.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Output of the driver's own commands quoted in a failure.
+const QUOTED: usize = 2000;
+
+/// What one of the driver's own commands left.
+struct Ran {
+    end: ExecEnd,
+    output: Vec<u8>,
+}
+
+impl Ran {
+    fn ok(&self) -> bool {
+        self.end
+            == ExecEnd::Exited {
+                status: Some(0),
+                signal: None,
+            }
+    }
+
+    fn why(&self, what: &str) -> String {
+        let out = String::from_utf8_lossy(&self.output);
+        let tail: String = out.trim().chars().take(QUOTED).collect();
+        match &self.end {
+            ExecEnd::Exited {
+                status: Some(code), ..
+            } => format!("{what} on the machine exited {code}: {tail}"),
+            ExecEnd::Exited {
+                signal: Some(sig), ..
+            } => format!("{what} on the machine was killed by SIG{sig}: {tail}"),
+            ExecEnd::Exited { .. } => format!("{what} on the machine ended without a status"),
+            ExecEnd::Broken(why) => format!("{what}: {why}"),
+        }
+    }
+}
+
+/// Runs one of the driver's own commands, its output collected (capped).
+async fn ran(api: &ApiClient, lease: u64, command: &str, stdin: &[u8]) -> Result<Ran, ApiError> {
+    let mut output = Vec::new();
+    let end = api
+        .exec(lease, command, stdin, |_, data| {
+            let room = (4 * QUOTED).saturating_sub(output.len());
+            output.extend_from_slice(data.get(..room.min(data.len())).unwrap_or_default());
+        })
+        .await?;
+    Ok(Ran { end, output })
+}
+
+/// `config` in instance mode: the job's own builds directory on the machine, the machine's
+/// cache, and the shell the runner must write scripts for.
+pub fn config(instance: &InstanceSettings, job: &Job, pool: &str) -> serde_json::Value {
+    serde_json::json!({
+        "builds_dir": instance.builds_dir(&job.id),
+        "cache_dir": instance.cache_dir(),
+        "builds_dir_is_shared": false,
+        "hostname": format!("flotilla-{pool}"),
+        "shell": instance.shell.name(),
+        "driver": { "name": "flotilla", "version": env!("CARGO_PKG_VERSION") },
+    })
+}
+
+/// `prepare`: the lease (the pool's ready command has run; Docker plays no part), a check
+/// that the machine runs the system the runner writes scripts for, and the job's directory.
+pub async fn prepare(
+    api: &ApiClient,
+    job: &Job,
+    settings: &DriverSettings,
+    instance: &InstanceSettings,
+) -> Outcome {
+    match prepare_inner(api, job, settings, instance).await {
+        Ok(()) => Outcome::Success,
+        Err(outcome) => outcome,
+    }
+}
+
+async fn prepare_inner(
+    api: &ApiClient,
+    job: &Job,
+    settings: &DriverSettings,
+    instance: &InstanceSettings,
+) -> Result<(), Outcome> {
+    let began = std::time::Instant::now();
+    let (lease, acquired) = lease::acquire(api, job, settings).await?;
+    if let Some(os) = acquired.os.as_deref()
+        && !instance.os.matches(os)
+    {
+        return Err(system(format!(
+            "instance {} runs {os}, but the driver writes jobs for {} (--os {}); give this pool its own runner",
+            acquired.instance,
+            instance.os.name(),
+            instance.os.name()
+        )));
+    }
+    let made = ran(api, lease, &instance.prepare_command(&job.id), &[])
+        .await
+        .map_err(system)?;
+    if !made.ok() {
+        return Err(system(made.why("making the job's directory")));
+    }
+    say(&format!(
+        "Job directory {} on instance {}",
+        instance.job_dir(&job.id),
+        acquired.instance
+    ));
+    let report = serde_json::json!({ "job_started": {
+        "prepare_seconds": began.elapsed().as_secs_f64(),
+        "pull_seconds": 0.0,
+    }});
+    api.report(lease, report).await;
+    Ok(())
+}
+
+/// A name for this run of a stage: the stage (in safe characters) and a value unique to this
+/// invocation, so a stage the runner retries runs anew.
+fn run_name(stage: &str) -> String {
+    let safe: String = stage
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(64)
+        .collect();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{safe}-{:x}{nanos:x}", std::process::id())
+}
+
+/// `run`: uploads the stage's script into the job's directory and runs it with the runner's
+/// shell, output streamed as it comes. `cancel` resolving stops the script's processes:
+/// `TERM`, then `KILL` after the grace period.
+pub async fn run(
+    api: &ApiClient,
+    job: &Job,
+    settings: &DriverSettings,
+    instance: &InstanceSettings,
+    text: &[u8],
+    stage: &str,
+    cancel: impl std::future::Future<Output = ()>,
+) -> Result<(Outcome, Option<u64>), Outcome> {
+    let patience = Patience::new(settings);
+    let lease = lease::acquired(api, job, patience).await?;
+    let name = run_name(stage);
+    let uploaded = ran(api, lease, &instance.upload_command(&job.id, &name), text)
+        .await
+        .map_err(system)?;
+    if !uploaded.ok() {
+        return Err(system(uploaded.why(&format!(
+            "uploading the {stage} script (did prepare run on this machine?)"
+        ))));
+    }
+    let command = instance.run_command(&job.id, &name);
+    let running = api.exec(lease, &command, &[], |kind, data| {
+        // A closed stdout or stderr (the runner went away) leaves nothing useful to do.
+        match kind {
+            FrameKind::Stderr => {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(data);
+                let _ = err.flush();
+            }
+            _ => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(data);
+                let _ = out.flush();
+            }
+        }
+    });
+    tokio::pin!(running);
+    tokio::pin!(cancel);
+    let ended = tokio::select! {
+        ended = &mut running => ended,
+        () = &mut cancel => {
+            say(&format!("flotilla: {stage} cancelled; stopping the script"));
+            stop(api, lease, job, instance, running).await;
+            return Ok((Outcome::SystemFailure(format!("{stage} was cancelled")), Some(lease)));
+        }
+    };
+    let outcome = match ended {
+        Ok(ExecEnd::Exited {
+            status: Some(0), ..
+        }) => Outcome::Success,
+        Ok(ExecEnd::Exited {
+            status: Some(code), ..
+        }) => Outcome::BuildFailure(instance.exit_code(code)),
+        // As a shell reports a child a signal ended: 128 + its number.
+        Ok(ExecEnd::Exited {
+            signal: Some(sig), ..
+        }) => Outcome::BuildFailure(128 + signal_number(&sig)),
+        Ok(ExecEnd::Exited { .. }) => {
+            system(format!("the {stage} script ended without an exit status"))
+        }
+        Ok(ExecEnd::Broken(why)) => system(format!(
+            "the machine went away during {stage}: {why}; the instance is replaced at cleanup"
+        )),
+        Err(e) => system(format!(
+            "the connection to flotilla broke during {stage}: {e}"
+        )),
+    };
+    Ok((outcome, Some(lease)))
+}
+
+/// Stops a cancelled script: `TERM` to its processes, then `KILL` to what is left once it
+/// ended or the grace period passed.
+async fn stop(
+    api: &ApiClient,
+    lease: u64,
+    job: &Job,
+    instance: &InstanceSettings,
+    running: impl std::future::Future<Output = Result<ExecEnd, ApiError>>,
+) {
+    if let Err(e) = ran(
+        api,
+        lease,
+        &instance.stop_command(&job.id, Signal::Term),
+        &[],
+    )
+    .await
+    {
+        eprintln!("flotilla: stopping the script: {e}");
+    }
+    // The script's own stream ends when it does.
+    let _ = tokio::time::timeout(GRACE, running).await;
+    if let Err(e) = ran(
+        api,
+        lease,
+        &instance.stop_command(&job.id, Signal::Kill),
+        &[],
+    )
+    .await
+    {
+        eprintln!("flotilla: killing the script: {e}");
+    }
+}
+
+/// The number of a signal by its SSH name (RFC 4254 §6.10), as Linux numbers them.
+fn signal_number(name: &str) -> i64 {
+    match name {
+        "HUP" => 1,
+        "INT" => 2,
+        "QUIT" => 3,
+        "ILL" => 4,
+        "ABRT" => 6,
+        "FPE" => 8,
+        "KILL" => 9,
+        "USR1" => 10,
+        "SEGV" => 11,
+        "PIPE" => 13,
+        "ALRM" => 14,
+        "TERM" => 15,
+        _ => 0,
+    }
+}
+
+/// `cleanup`: stops every process of the job, removes its directory and gives the lease
+/// back; a machine that no longer answers is released as broken, so it is replaced.
+pub async fn cleanup(
+    api: &ApiClient,
+    job: &Job,
+    settings: &DriverSettings,
+    instance: &InstanceSettings,
+) -> Outcome {
+    let patience = Patience::new(settings);
+    let found = match lease::find(api, job, patience).await {
+        Ok(found) => found,
+        Err(e) => return system(e),
+    };
+    let Some(lease) = found else {
+        return Outcome::Success;
+    };
+    let id = lease.id;
+    let result = match lease.state {
+        LeaseState::Reserved => lease::through_restarts(api, patience, || api.unreserve(id)).await,
+        LeaseState::Acquired { .. } => {
+            let command = instance.cleanup_command(&job.id);
+            let swept =
+                lease::through_restarts(api, patience, || ran(api, id, &command, &[])).await;
+            let broken = match swept {
+                Ok(done) if done.ok() => None,
+                Ok(done) => Some(done.why("cleaning up the job")),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(why) = &broken {
+                eprintln!("flotilla: {why}; the instance is reported broken and will be replaced");
+            }
+            lease::through_restarts(api, patience, || api.release(id, broken.as_deref())).await
+        }
+        LeaseState::Failed { .. } => {
+            lease::through_restarts(api, patience, || api.release(id, None)).await
+        }
+    };
+    match result {
+        Ok(()) => Outcome::Success,
+        Err(ApiError::Refused {
+            code: crate::api::ErrorCode::UnknownLease,
+            ..
+        }) => Outcome::Success,
+        Err(e) => system(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_name_is_safe_in_a_path_and_unique_per_invocation() {
+        let a = run_name("step_script/../x y");
+        assert!(a.starts_with("step_script----x-y-"), "{a}");
+        assert!(
+            a.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        );
+        assert_eq!(signal_number("TERM"), 15);
+        assert_eq!(signal_number("FOO@example.com"), 0);
+    }
+}

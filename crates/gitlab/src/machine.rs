@@ -1,0 +1,527 @@
+//! Instance mode's commands, as text for the machine's SSH server: where the job's files live,
+//! and how to make its directory, upload and run a stage's script, stop the job's processes
+//! and remove what it left, on Unix (Linux, macOS, FreeBSD: POSIX `sh`) and on Windows
+//! (OpenSSH for Windows: PowerShell, whatever the server's default shell is).
+//!
+//! Pure text, no I/O, so every quoting rule is tested here. Each command is one line the
+//! login user's shell receives:
+//! - Unix: `exec /bin/sh -c '<script>'`. Any login shell (bash, zsh, dash, csh) runs that
+//!   line the same way, and `exec` keeps the session leader's pid, so `$$` is the process
+//!   group every process of the stage starts in.
+//! - Windows: `powershell -NoProfile -NonInteractive -EncodedCommand <base64 UTF-16LE>`,
+//!   which `cmd.exe` (the default shell of OpenSSH for Windows) and PowerShell both start
+//!   as is: the script never meets either's quoting.
+//!
+//! Every process of a job carries `FLOTILLA_JOB=<mark>` in its environment, so a sweep finds
+//! the ones that left the stage's process group (`setsid`, daemons) on Linux, where
+//! `/proc/<pid>/environ` shows it.
+
+/// The operating system a pool's machines run, which decides paths, shell and commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineOs {
+    /// Linux.
+    Linux,
+    /// macOS (`darwin` in `connect-info`).
+    Macos,
+    /// FreeBSD.
+    Freebsd,
+    /// Windows with OpenSSH for Windows.
+    Windows,
+}
+
+impl MachineOs {
+    /// Parses `linux`, `macos` (or `darwin`), `freebsd` or `windows`.
+    pub fn parse(text: &str) -> Result<MachineOs, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "linux" => Ok(MachineOs::Linux),
+            "macos" | "darwin" => Ok(MachineOs::Macos),
+            "freebsd" => Ok(MachineOs::Freebsd),
+            "windows" => Ok(MachineOs::Windows),
+            other => Err(format!(
+                "os {other:?}: expected linux, macos, freebsd or windows"
+            )),
+        }
+    }
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            MachineOs::Linux => "linux",
+            MachineOs::Macos => "macos",
+            MachineOs::Freebsd => "freebsd",
+            MachineOs::Windows => "windows",
+        }
+    }
+
+    /// Whether `connect-info`'s `os` (`linux`, `darwin`, `windows`, `freebsd`) is this one.
+    pub fn matches(self, reported: &str) -> bool {
+        MachineOs::parse(reported).is_ok_and(|os| os == self)
+    }
+
+    /// The shell GitLab Runner writes scripts for by default on this system.
+    pub fn default_shell(self) -> Shell {
+        match self {
+            MachineOs::Windows => Shell::Pwsh,
+            _ => Shell::Bash,
+        }
+    }
+
+    /// Where jobs' directories go by default: `/var/tmp/flotilla` (kept across reboots, unlike
+    /// `/tmp` on many systems, and writable by any login user), or `C:\flotilla`.
+    pub fn default_dir(self) -> &'static str {
+        match self {
+            MachineOs::Windows => r"C:\flotilla",
+            _ => "/var/tmp/flotilla",
+        }
+    }
+
+    fn windows(self) -> bool {
+        self == MachineOs::Windows
+    }
+}
+
+/// The shell the runner writes the job's scripts for (`shell` in the `config` answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shell {
+    /// `bash`, run as a login shell (as GitLab's SSH and shell executors do), so the
+    /// machine's profile sets `PATH` (Homebrew on macOS).
+    Bash,
+    /// PowerShell 7 (`pwsh`).
+    Pwsh,
+    /// Windows PowerShell 5.1 (`powershell`).
+    Powershell,
+}
+
+impl Shell {
+    /// Parses `bash`, `pwsh` or `powershell`.
+    pub fn parse(text: &str) -> Result<Shell, String> {
+        match text.trim() {
+            "bash" => Ok(Shell::Bash),
+            "pwsh" => Ok(Shell::Pwsh),
+            "powershell" => Ok(Shell::Powershell),
+            other => Err(format!(
+                "shell {other:?}: expected bash, pwsh or powershell"
+            )),
+        }
+    }
+
+    /// Its name, as GitLab Runner's `shell` setting spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shell::Bash => "bash",
+            Shell::Pwsh => "pwsh",
+            Shell::Powershell => "powershell",
+        }
+    }
+
+    /// The script file's extension (the runner's Custom executor writes `.ps1` for
+    /// PowerShell, with a byte-order mark, and runs it with `-File`).
+    fn extension(self) -> &'static str {
+        match self {
+            Shell::Bash => "sh",
+            Shell::Pwsh | Shell::Powershell => "ps1",
+        }
+    }
+}
+
+/// The instance-mode settings of the driver: the machines' system, the runner's shell, and
+/// the directory on each machine under which every job gets its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceSettings {
+    /// The machines' system.
+    pub os: MachineOs,
+    /// The shell the runner writes scripts for.
+    pub shell: Shell,
+    /// The directory of jobs on the machine (absolute).
+    pub dir: String,
+}
+
+/// Signals a sweep sends the job's processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Ask them to stop (Unix `TERM`; on Windows the tree is ended at once: there is no
+    /// console equivalent that reaches every process).
+    Term,
+    /// Stop them (`KILL`; `taskkill /T /F`).
+    Kill,
+}
+
+impl InstanceSettings {
+    /// Settings for `os` with its default shell and directory, unless given.
+    pub fn new(os: MachineOs, shell: Option<Shell>, dir: Option<String>) -> Result<Self, String> {
+        let shell = shell.unwrap_or_else(|| os.default_shell());
+        let dir = dir.unwrap_or_else(|| os.default_dir().to_string());
+        let absolute = if os.windows() {
+            let b = dir.as_bytes();
+            (b.len() >= 3
+                && b.first().is_some_and(u8::is_ascii_alphabetic)
+                && b.get(1) == Some(&b':')
+                && matches!(b.get(2), Some(b'\\' | b'/')))
+                || dir.starts_with(r"\\")
+        } else {
+            dir.starts_with('/')
+        };
+        if !absolute {
+            return Err(format!(
+                "--machine-dir {dir:?}: must be an absolute path on the machine ({})",
+                os.name()
+            ));
+        }
+        if dir.contains(['\0', '\n', '\r']) {
+            return Err(format!("--machine-dir {dir:?}: control characters"));
+        }
+        if shell == Shell::Bash && os.windows() {
+            return Err("--shell bash on Windows machines: use pwsh or powershell".into());
+        }
+        if shell != Shell::Bash && !os.windows() {
+            return Err(format!(
+                "--shell {} on {} machines: use bash",
+                shell.name(),
+                os.name()
+            ));
+        }
+        let dir = dir.trim_end_matches(['/', '\\']).to_string();
+        Ok(InstanceSettings { os, shell, dir })
+    }
+
+    fn sep(&self) -> char {
+        if self.os.windows() { '\\' } else { '/' }
+    }
+
+    fn join(&self, parts: &[&str]) -> String {
+        let mut out = self.dir.clone();
+        for part in parts {
+            out.push(self.sep());
+            out.push_str(part);
+        }
+        out
+    }
+
+    /// The job's own directory (its id is digits, checked when the job is read).
+    pub fn job_dir(&self, job: &str) -> String {
+        self.join(&[job])
+    }
+
+    /// The runner's `builds_dir`: inside the job's directory, so jobs sharing a machine never
+    /// share a checkout.
+    pub fn builds_dir(&self, job: &str) -> String {
+        self.join(&[job, "builds"])
+    }
+
+    /// The runner's `cache_dir`: one per machine, kept across its jobs (the runner keys it
+    /// by project inside).
+    pub fn cache_dir(&self) -> String {
+        self.join(&["cache"])
+    }
+
+    /// The mark every process of the job carries (`FLOTILLA_JOB=<mark>`); the `;` ends it, so
+    /// job 12's mark is not a prefix of job 123's.
+    pub fn mark(job: &str) -> String {
+        format!("job-{job};")
+    }
+
+    /// Where a stage's script goes, relative to the job's directory.
+    fn script_name(&self, run: &str) -> String {
+        format!(".flotilla{}{run}.{}", self.sep(), self.shell.extension())
+    }
+
+    /// Makes the job's directory from a clean slate: stops what an earlier try left running,
+    /// removes its files, then creates `builds`, `.flotilla` (0700) and the machine's cache.
+    pub fn prepare_command(&self, job: &str) -> String {
+        if self.os.windows() {
+            let job_dir = ps_quote(&self.job_dir(job));
+            let body = format!(
+                "$ErrorActionPreference = 'Stop'\n{sweep}\nif (Test-Path -LiteralPath {job_dir}) {{ Remove-Item -LiteralPath {job_dir} -Recurse -Force }}\nNew-Item -ItemType Directory -Force -Path {builds}, {own}, {cache} | Out-Null\n",
+                sweep = self.windows_sweep(job),
+                builds = ps_quote(&self.builds_dir(job)),
+                own = ps_quote(&self.join(&[job, ".flotilla"])),
+                cache = ps_quote(&self.cache_dir()),
+            );
+            return powershell(&body);
+        }
+        let body = format!(
+            "{sweep}\numask 077\nrm -rf -- {job_dir}\nmkdir -p -- {builds} {own} {cache}\n",
+            sweep = self.unix_sweep(job, Signal::Kill),
+            job_dir = sh_quote(&self.job_dir(job)),
+            builds = sh_quote(&self.builds_dir(job)),
+            own = sh_quote(&self.join(&[job, ".flotilla"])),
+            cache = sh_quote(&self.cache_dir()),
+        );
+        unix(&body)
+    }
+
+    /// Writes standard input to the stage's script file (only the login user can read it:
+    /// it holds the job's variables). Fails if the job's directory is missing.
+    pub fn upload_command(&self, job: &str, run: &str) -> String {
+        let path = self.join(&[job, &self.script_name(run)]);
+        if self.os.windows() {
+            let body = format!(
+                "$ErrorActionPreference = 'Stop'\n$in = [Console]::OpenStandardInput()\n$out = [IO.File]::Open({p}, [IO.FileMode]::CreateNew)\ntry {{ $in.CopyTo($out) }} finally {{ $out.Close() }}\n",
+                p = ps_quote(&path)
+            );
+            return powershell(&body);
+        }
+        let body = format!(
+            "set -e\numask 077\ntest -d {own}\ncat > {p}\n",
+            own = sh_quote(&self.join(&[job, ".flotilla"])),
+            p = sh_quote(&path)
+        );
+        unix(&body)
+    }
+
+    /// Runs the stage's uploaded script in the job's directory with the runner's shell; the
+    /// stage's process group id (Unix) or process id (Windows) is written beside it first,
+    /// for a later stop. The exit status is the script's.
+    pub fn run_command(&self, job: &str, run: &str) -> String {
+        let script = self.script_name(run);
+        let mark = Self::mark(job);
+        if self.os.windows() {
+            let exe = match self.shell {
+                Shell::Powershell => "powershell.exe",
+                _ => "pwsh.exe",
+            };
+            let body = format!(
+                "Set-Location -LiteralPath {dir}\nSet-Content -LiteralPath '.flotilla\\{run}.pid' -Value $PID\n$env:FLOTILLA_JOB = {mark}\n& {exe} -NoProfile -NonInteractive -ExecutionPolicy Bypass -File {script}\nexit $LASTEXITCODE\n",
+                dir = ps_quote(&self.job_dir(job)),
+                mark = ps_quote(&mark),
+                script = ps_quote(&script),
+            );
+            return powershell(&body);
+        }
+        let body = format!(
+            "cd {dir} || exit 1\necho $$ > .flotilla/{run}.pgid\nFLOTILLA_JOB={mark}\nexport FLOTILLA_JOB\nexec bash --login {script} < /dev/null\n",
+            dir = sh_quote(&self.job_dir(job)),
+            mark = sh_quote(&mark),
+            script = sh_quote(&script),
+        );
+        unix(&body)
+    }
+
+    /// Sends `signal` to every process of the job: each stage's process group, and (Linux)
+    /// any process whose environment carries the job's mark.
+    pub fn stop_command(&self, job: &str, signal: Signal) -> String {
+        if self.os.windows() {
+            return powershell(&self.windows_sweep(job));
+        }
+        unix(&self.unix_sweep(job, signal))
+    }
+
+    /// Stops every process of the job (`TERM`, a second's grace, `KILL`) and removes its
+    /// directory; the machine's cache stays.
+    pub fn cleanup_command(&self, job: &str) -> String {
+        if self.os.windows() {
+            let body = format!(
+                "{sweep}\nRemove-Item -LiteralPath {dir} -Recurse -Force -ErrorAction SilentlyContinue\nif (Test-Path -LiteralPath {dir}) {{ Start-Sleep -Seconds 1; Remove-Item -LiteralPath {dir} -Recurse -Force }}\n",
+                sweep = self.windows_sweep(job),
+                dir = ps_quote(&self.job_dir(job)),
+            );
+            return powershell(&body);
+        }
+        let body = format!(
+            "{term}\nsleep 1\n{kill}\nrm -rf -- {dir}\n",
+            term = self.unix_sweep(job, Signal::Term),
+            kill = self.unix_sweep(job, Signal::Kill),
+            dir = sh_quote(&self.job_dir(job)),
+        );
+        unix(&body)
+    }
+
+    /// The exit code a job failure reports for a status the machine's SSH server sent:
+    /// Windows' are 32-bit and signed (`exit -1` arrives as 4294967295).
+    pub fn exit_code(&self, status: u32) -> i64 {
+        if self.os.windows() {
+            i64::from(status as i32)
+        } else {
+            i64::from(status)
+        }
+    }
+
+    fn unix_sweep(&self, job: &str, signal: Signal) -> String {
+        let sig = match signal {
+            Signal::Term => "TERM",
+            Signal::Kill => "KILL",
+        };
+        // `kill -s SIG -- -PGID` signals a whole process group; grep lists the processes
+        // whose initial environment holds the mark (NUL-separated, hence -a); `$$` (this
+        // sweep) never carries it.
+        format!(
+            "for f in {own}/*.pgid; do [ -f \"$f\" ] && kill -s {sig} -- \"-$(cat \"$f\")\" 2>/dev/null; done\n\
+             for e in $(grep -lsaF {mark} /proc/[0-9]*/environ 2>/dev/null); do p=${{e#/proc/}}; p=${{p%/environ}}; [ \"$p\" != \"$$\" ] && kill -s {sig} \"$p\" 2>/dev/null; done\n\
+             true",
+            own = sh_quote(&self.join(&[job, ".flotilla"])),
+            mark = sh_quote(&format!("FLOTILLA_JOB={}", Self::mark(job))),
+        )
+    }
+
+    fn windows_sweep(&self, job: &str) -> String {
+        format!(
+            "Get-ChildItem -LiteralPath {own} -Filter '*.pid' -ErrorAction SilentlyContinue | ForEach-Object {{ $p = (Get-Content -LiteralPath $_.FullName -TotalCount 1); if ($p -match '^[0-9]+$') {{ & taskkill.exe /T /F /PID $p 2>&1 | Out-Null }} }}",
+            own = ps_quote(&self.join(&[job, ".flotilla"])),
+        )
+    }
+}
+
+/// `text` as one POSIX shell word: single quotes, each `'` written as `'\''`.
+pub fn sh_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// `text` as one PowerShell string literal: single quotes, each `'` doubled. PowerShell also
+/// ends single-quoted strings at the typographic quotes U+2018..U+201B, so those are doubled
+/// too.
+pub fn ps_quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('\'');
+    for c in text.chars() {
+        if matches!(c, '\'' | '\u{2018}' | '\u{2019}' | '\u{201A}' | '\u{201B}') {
+            out.push(c);
+        }
+        out.push(c);
+    }
+    out.push('\'');
+    out
+}
+
+fn unix(script: &str) -> String {
+    format!("exec /bin/sh -c {}", sh_quote(script))
+}
+
+/// A command line that runs `script` in Windows PowerShell from any shell: the script as
+/// UTF-16LE, base64 (`-EncodedCommand`).
+fn powershell(script: &str) -> String {
+    use base64::Engine as _;
+    let utf16: Vec<u8> = script.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    format!(
+        "powershell.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -EncodedCommand {}",
+        base64::engine::general_purpose::STANDARD.encode(utf16)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn decode_powershell(command: &str) -> String {
+        use base64::Engine as _;
+        let b64 = command.rsplit(' ').next().expect("encoded");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .expect("base64");
+        let units: Vec<u16> = bytes
+            .chunks(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        String::from_utf16(&units).expect("utf-16")
+    }
+
+    /// Runs `text` through a real POSIX shell's word splitting and returns the one word.
+    fn through_sh(word: &str) -> String {
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("printf '%s' {word}"))
+            .output()
+            .expect("sh");
+        String::from_utf8(out.stdout).expect("utf-8")
+    }
+
+    #[test]
+    fn awkward_text_survives_posix_quoting_byte_for_byte() {
+        for text in [
+            "plain",
+            "it's",
+            "'",
+            "''",
+            "a b\tc\nd",
+            "$HOME `id` $(id) \\ \" ! * ? [x] ~ # ; & | < >",
+            "ünïcödé ✓",
+            "",
+        ] {
+            assert_eq!(through_sh(&sh_quote(text)), text, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn powershell_quotes_double_every_kind_of_single_quote() {
+        assert_eq!(ps_quote("C:\\a b\\it's"), "'C:\\a b\\it''s'");
+        assert_eq!(ps_quote("x\u{2019}y"), "'x\u{2019}\u{2019}y'");
+        assert_eq!(ps_quote("$env:X `n"), "'$env:X `n'");
+    }
+
+    #[test]
+    fn windows_commands_are_encoded_and_carry_windows_paths() {
+        let s = InstanceSettings::new(MachineOs::Windows, None, None).expect("settings");
+        assert_eq!(s.shell, Shell::Pwsh);
+        assert_eq!(s.builds_dir("42"), r"C:\flotilla\42\builds");
+        assert_eq!(s.cache_dir(), r"C:\flotilla\cache");
+        let run = s.run_command("42", "build_script-1");
+        // Only base64 follows the flags: neither cmd.exe nor PowerShell can misread it.
+        let encoded = run.rsplit(' ').next().expect("word");
+        assert!(
+            encoded
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
+        );
+        let script = decode_powershell(&run);
+        assert!(
+            script.contains(r"Set-Location -LiteralPath 'C:\flotilla\42'"),
+            "{script}"
+        );
+        assert!(
+            script.contains(r"pwsh.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -File '.flotilla\build_script-1.ps1'"),
+            "{script}"
+        );
+        assert!(script.contains("exit $LASTEXITCODE"), "{script}");
+        let up = decode_powershell(&s.upload_command("42", "build_script-1"));
+        assert!(
+            up.contains(r"'C:\flotilla\42\.flotilla\build_script-1.ps1'"),
+            "{up}"
+        );
+        let stop = decode_powershell(&s.stop_command("42", Signal::Term));
+        assert!(stop.contains("taskkill.exe /T /F /PID"), "{stop}");
+        let s = InstanceSettings::new(
+            MachineOs::Windows,
+            Some(Shell::Powershell),
+            Some(r"D:\ci jobs\".into()),
+        )
+        .expect("settings");
+        assert_eq!(s.job_dir("7"), r"D:\ci jobs\7");
+        assert!(decode_powershell(&s.run_command("7", "r")).contains("& powershell.exe "));
+    }
+
+    #[test]
+    fn windows_exit_codes_are_signed_32_bit_and_unix_ones_as_sent() {
+        let w = InstanceSettings::new(MachineOs::Windows, None, None).expect("w");
+        assert_eq!(w.exit_code(4_294_967_295), -1);
+        assert_eq!(w.exit_code(3_221_225_477), -1_073_741_819); // 0xC0000005
+        assert_eq!(w.exit_code(42), 42);
+        let l = InstanceSettings::new(MachineOs::Linux, None, None).expect("l");
+        assert_eq!(l.exit_code(255), 255);
+    }
+
+    #[test]
+    fn settings_refuse_relative_dirs_and_the_wrong_shell() {
+        for (os, shell, dir) in [
+            (MachineOs::Linux, None, Some("builds")),
+            (MachineOs::Windows, None, Some("/var/tmp")),
+            (MachineOs::Linux, Some(Shell::Pwsh), None),
+            (MachineOs::Windows, Some(Shell::Bash), None),
+            (MachineOs::Macos, None, Some("/tmp/a\nb")),
+        ] {
+            let got = InstanceSettings::new(os, shell, dir.map(str::to_string));
+            assert!(got.is_err(), "{os:?} {shell:?} {dir:?}");
+        }
+        let mac = InstanceSettings::new(MachineOs::Macos, None, Some("/Users/ci/flotilla/".into()))
+            .expect("mac");
+        assert_eq!(mac.builds_dir("9"), "/Users/ci/flotilla/9/builds");
+        assert!(MachineOs::Macos.matches("darwin"));
+        assert!(!MachineOs::Linux.matches("windows"));
+    }
+
+    #[test]
+    fn a_mark_is_never_the_prefix_of_another_jobs() {
+        let a = format!("FLOTILLA_JOB={}", InstanceSettings::mark("12"));
+        let b = format!("FLOTILLA_JOB={}", InstanceSettings::mark("123"));
+        assert!(!b.starts_with(&a));
+    }
+}
