@@ -440,3 +440,183 @@ async fn with_max_use_count_1_each_job_gets_a_fresh_machine() {
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert!(fleet.flotilla.log().contains("removing instances"));
 }
+
+/// Frames of an exec answer: stdout, stderr, and the last frame's kind and payload.
+fn read_frames(body: &[u8]) -> (Vec<u8>, Vec<u8>, Option<(u8, String)>) {
+    use flotilla_api::exec::{Decoder, FrameKind};
+    let mut d = Decoder::default();
+    d.push(body);
+    let (mut out, mut err, mut last) = (Vec::new(), Vec::new(), None);
+    while let Some((kind, payload)) = d.next_frame().expect("frames") {
+        match kind {
+            FrameKind::Stdout => out.extend(payload),
+            FrameKind::Stderr => err.extend(payload),
+            other => last = Some((other as u8, String::from_utf8_lossy(&payload).into_owned())),
+        }
+    }
+    assert_eq!(d.pending(), 0, "a cut frame");
+    (out, err, last)
+}
+
+/// The exec endpoint from the caller's hostile side: only the holder of an acquired lease of
+/// the pool, with the token, runs anything; bad bodies are refused; the command's channel
+/// ends with the lease and the command is sent KILL; the token never reaches the machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exec_endpoint_serves_only_an_acquired_lease_and_ends_with_it() {
+    use base64::Engine as _;
+    let fleet = Machines::start(1, 2, "").await;
+    let f = &fleet.flotilla;
+    let exec = |id: u64| format!("/v1/pools/ci/leases/{id}/exec");
+    let body = |command: &str, stdin: &[u8]| {
+        serde_json::json!({
+            "command": command,
+            "stdin_base64": base64::engine::general_purpose::STANDARD.encode(stdin),
+        })
+    };
+    let (_, reserved) = f
+        .call("POST", "/v1/pools/ci/leases", Some(serde_json::json!({})))
+        .await;
+    let id = reserved["lease"]["id"].as_u64().expect("id");
+
+    // Before the lease is acquired: nothing runs.
+    let (code, answer) = f.call("POST", &exec(id), Some(body("true", b""))).await;
+    assert_eq!(
+        (code, answer["error"]["code"].as_str()),
+        (409, Some("not_acquired")),
+        "{answer}"
+    );
+    let (code, _) = f
+        .call("POST", &exec(id + 999), Some(body("true", b"")))
+        .await;
+    assert_eq!(code, 404);
+    let (code, answer) = f
+        .call(
+            "POST",
+            &format!("/v1/pools/other/leases/{id}/exec"),
+            Some(body("true", b"")),
+        )
+        .await;
+    assert_eq!(
+        (code, answer["error"]["code"].as_str()),
+        (404, Some("unknown_pool"))
+    );
+    let (code, _) = f
+        .call("POST", &format!("/v1/pools/ci/leases/{id}/acquire"), None)
+        .await;
+    assert_eq!(code, 200);
+    // Without the token, or with another: refused.
+    for token in [None, Some("not-the-token")] {
+        let raw = body("touch /tmp/flotilla-exec-unauthorized", b"").to_string();
+        let (code, _) = f.request("POST", &exec(id), Some(raw.into()), token).await;
+        assert_eq!(code, 401);
+    }
+    assert!(!exists(std::path::Path::new(
+        "/tmp/flotilla-exec-unauthorized"
+    )));
+    // Malformed bodies.
+    for bad in [
+        "not json".to_string(),
+        serde_json::json!({"command": "  "}).to_string(),
+        serde_json::json!({"command": "true", "stdin_base64": "!!"}).to_string(),
+        serde_json::json!({"command": "true", "env": {"A": "1"}}).to_string(),
+    ] {
+        let (code, answer) = f
+            .request(
+                "POST",
+                &exec(id),
+                Some(bad.clone().into()),
+                Some(common::TOKEN),
+            )
+            .await;
+        let answer: Value = serde_json::from_slice(&answer).unwrap_or_default();
+        assert_eq!(
+            (code, answer["error"]["code"].as_str()),
+            (400, Some("bad_request")),
+            "{bad}: {answer}"
+        );
+    }
+
+    // The holder runs a command: stdin in, both streams and the status out; the API token is
+    // nowhere in the command's environment.
+    let (code, answer) = f
+        .request(
+            "POST",
+            &exec(id),
+            Some(
+                body("cat; echo to-err >&2; env; exit 7", b"in\x00put\n")
+                    .to_string()
+                    .into(),
+            ),
+            Some(common::TOKEN),
+        )
+        .await;
+    assert_eq!(code, 200);
+    let (out, err, last) = read_frames(&answer);
+    assert!(
+        out.starts_with(b"in\x00put\n"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert_eq!(err, b"to-err\n");
+    assert_eq!(last, Some((3, r#"{"status":7}"#.to_string())));
+    assert!(!String::from_utf8_lossy(&out).contains(common::TOKEN));
+
+    // A command still running when the lease ends is killed, and its stream says why.
+    let request = f
+        .client
+        .post(format!("{}{}", f.base, exec(id)))
+        .bearer_auth(common::TOKEN)
+        .body(body("echo up; exec sleep 207", b"").to_string())
+        .send();
+    let running = tokio::spawn(request);
+    let start = Instant::now();
+    while !std::process::Command::new("pgrep")
+        .args(["-f", "^sleep 207$"])
+        .status()
+        .expect("pgrep")
+        .success()
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (code, _) = f
+        .call("POST", &format!("/v1/pools/ci/leases/{id}/release"), None)
+        .await;
+    assert_eq!(code, 200);
+    let answer = running.await.expect("task").expect("answer");
+    let bytes = tokio::time::timeout(Duration::from_secs(10), answer.bytes())
+        .await
+        .expect("the stream ends with the lease")
+        .expect("body");
+    let (out, _, last) = read_frames(&bytes);
+    assert_eq!(out, b"up\n");
+    let (kind, why) = last.expect("a last frame");
+    assert_eq!(kind, 4, "{why}");
+    assert!(why.contains("lease ended"), "{why}");
+    // The host sent the command KILL. OpenSSH delivers a signal request to the command's
+    // process group, except for root logins, which run without privilege separation after
+    // authentication: it refuses them ("session signalling requires privilege separation").
+    // These machines log in as root, so the refusal in sshd's log is the proof the signal was
+    // sent; the driver's cleanup ends such a command by its process group and mark.
+    let start = Instant::now();
+    while !fleet.machines[0]
+        .log()
+        .contains("session signalling requires privilege separation")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no signal request reached sshd: {}",
+            fleet.machines[0].log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", "^sleep 207$"])
+        .status();
+    // And the released lease runs nothing more.
+    let (code, _) = f.call("POST", &exec(id), Some(body("true", b""))).await;
+    assert_eq!(code, 404);
+}
