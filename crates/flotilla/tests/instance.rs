@@ -132,6 +132,21 @@ async fn jobs_run_on_the_machine_itself_as_gitlab_runner_drives_them() {
         "{after:?}"
     );
 
+    // A stage whose directory vanished from the machine is a system failure that says so,
+    // never a job failure with some shell's exit code.
+    std::fs::remove_dir_all(&dir).expect("remove the job's directory");
+    let lost = job.stage(&[
+        "run",
+        &job.script_file("build_script3", &bash("echo never")),
+        "build_script",
+    ]);
+    assert_eq!(lost.code, 2, "{lost:?}");
+    assert!(
+        lost.stderr.contains("placing the build_script script"),
+        "{lost:?}"
+    );
+    assert!(!lost.stdout.contains("never"), "{lost:?}");
+
     // cleanup: the job's directory is gone, the machine's cache stays, the lease is back.
     let cleanup = job.stage(&["cleanup"]);
     assert_eq!(cleanup.code, 0, "{cleanup:?}");
@@ -572,8 +587,9 @@ async fn the_exec_endpoint_serves_only_an_acquired_lease_and_ends_with_it() {
     let start = Instant::now();
     while !std::process::Command::new("pgrep")
         .args(["-f", "^sleep 207$"])
-        .status()
+        .output()
         .expect("pgrep")
+        .status
         .success()
     {
         assert!(

@@ -163,41 +163,27 @@ pub async fn run(
     let patience = Patience::new(settings);
     let lease = lease::acquired(api, job, patience).await?;
     let name = run_name(stage);
-    let uploaded = ran(api, lease, &instance.upload_command(&job.id, &name), text)
-        .await
-        .map_err(system)?;
-    if !uploaded.ok() {
-        return Err(system(uploaded.why(&format!(
-            "uploading the {stage} script (did prepare run on this machine?)"
-        ))));
-    }
     let command = instance.run_command(&job.id, &name);
-    let running = api.exec(lease, &command, &[], |kind, data| {
-        // A closed stdout or stderr (the runner went away) leaves nothing useful to do.
-        match kind {
-            FrameKind::Stderr => {
-                let mut err = std::io::stderr().lock();
-                let _ = err.write_all(data);
-                let _ = err.flush();
+    let mut output = Started::new(InstanceSettings::start_marker(&name));
+    let ended = {
+        let running = api.exec(lease, &command, text, |kind, data| output.take(kind, data));
+        tokio::pin!(running);
+        tokio::pin!(cancel);
+        tokio::select! {
+            ended = &mut running => ended,
+            () = &mut cancel => {
+                say(&format!("flotilla: {stage} cancelled; stopping the script"));
+                stop(api, lease, job, instance, running).await;
+                return Ok((Outcome::SystemFailure(format!("{stage} was cancelled")), Some(lease)));
             }
-            _ => {
-                let mut out = std::io::stdout().lock();
-                let _ = out.write_all(data);
-                let _ = out.flush();
-            }
-        }
-    });
-    tokio::pin!(running);
-    tokio::pin!(cancel);
-    let ended = tokio::select! {
-        ended = &mut running => ended,
-        () = &mut cancel => {
-            say(&format!("flotilla: {stage} cancelled; stopping the script"));
-            stop(api, lease, job, instance, running).await;
-            return Ok((Outcome::SystemFailure(format!("{stage} was cancelled")), Some(lease)));
         }
     };
+    let started = output.started;
+    let setup = String::from_utf8_lossy(&output.before).trim().to_string();
     let outcome = match ended {
+        Ok(ExecEnd::Exited { .. }) if !started => system(format!(
+            "placing the {stage} script on the machine failed (did prepare run there?): {setup}"
+        )),
         Ok(ExecEnd::Exited {
             status: Some(0), ..
         }) => Outcome::Success,
@@ -219,6 +205,73 @@ pub async fn run(
         )),
     };
     Ok((outcome, Some(lease)))
+}
+
+/// The output of a stage's command: nothing is shown before the start marker (that is the
+/// command's own setup, kept for a failure message); after it, standard output and error go
+/// to the job log as they come.
+struct Started {
+    marker: Vec<u8>,
+    /// Bytes of standard output matched against the marker so far.
+    seen: Vec<u8>,
+    started: bool,
+    /// The setup's output (capped).
+    before: Vec<u8>,
+}
+
+impl Started {
+    fn new(marker: String) -> Started {
+        Started {
+            marker: marker.into_bytes(),
+            seen: Vec::new(),
+            started: false,
+            before: Vec::new(),
+        }
+    }
+
+    fn take(&mut self, kind: FrameKind, data: &[u8]) {
+        if self.started {
+            show(kind, data);
+            return;
+        }
+        if kind == FrameKind::Stderr {
+            let room = QUOTED.saturating_sub(self.before.len());
+            self.before
+                .extend_from_slice(data.get(..room.min(data.len())).unwrap_or_default());
+            return;
+        }
+        self.seen.extend_from_slice(data);
+        if self.seen.len() < self.marker.len() {
+            if !self.marker.starts_with(&self.seen) {
+                self.before.append(&mut self.seen);
+            }
+            return;
+        }
+        if self.seen.starts_with(&self.marker) {
+            self.started = true;
+            let rest = self.seen.split_off(self.marker.len());
+            show(kind, &rest);
+        } else {
+            self.before.append(&mut self.seen);
+        }
+    }
+}
+
+/// Shows a stage's output in the job log (a closed stdout or stderr, the runner gone,
+/// leaves nothing useful to do).
+fn show(kind: FrameKind, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    if kind == FrameKind::Stderr {
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(data);
+        let _ = err.flush();
+    } else {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(data);
+        let _ = out.flush();
+    }
 }
 
 /// Stops a cancelled script: `TERM` to its processes, then `KILL` to what is left once it
@@ -323,6 +376,28 @@ pub async fn cleanup(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_marker_is_found_across_pieces_and_a_setup_failure_kept() {
+        let marker = "flotilla-start run-1\n";
+        for cut in 1..marker.len() {
+            let mut out = Started::new(marker.to_string());
+            out.take(FrameKind::Stdout, &marker.as_bytes()[..cut]);
+            assert!(!out.started);
+            out.take(FrameKind::Stdout, &marker.as_bytes()[cut..]);
+            assert!(out.started, "cut at {cut}");
+            assert!(out.before.is_empty());
+        }
+        let mut failed = Started::new(marker.to_string());
+        failed.take(FrameKind::Stderr, b"cd: no such directory\n");
+        failed.take(FrameKind::Stdout, b"flotilla-sta");
+        failed.take(FrameKind::Stdout, b"XX");
+        assert!(!failed.started);
+        assert_eq!(
+            String::from_utf8_lossy(&failed.before),
+            "cd: no such directory\nflotilla-staXX"
+        );
+    }
 
     #[test]
     fn a_run_name_is_safe_in_a_path_and_unique_per_invocation() {

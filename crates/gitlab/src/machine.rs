@@ -250,49 +250,48 @@ impl InstanceSettings {
         unix(&body)
     }
 
-    /// Writes standard input to the stage's script file (only the login user can read it:
-    /// it holds the job's variables). Fails if the job's directory is missing.
-    pub fn upload_command(&self, job: &str, run: &str) -> String {
-        let path = self.join(&[job, &self.script_name(run)]);
-        if self.os.windows() {
-            let body = format!(
-                "$ErrorActionPreference = 'Stop'\n$in = [Console]::OpenStandardInput()\n$out = [IO.File]::Open({p}, [IO.FileMode]::CreateNew)\ntry {{ $in.CopyTo($out) }} finally {{ $out.Close() }}\n",
-                p = ps_quote(&path)
-            );
-            return powershell(&body);
-        }
-        let body = format!(
-            "set -e\numask 077\ntest -d {own}\ncat > {p}\n",
-            own = sh_quote(&self.join(&[job, ".flotilla"])),
-            p = sh_quote(&path)
-        );
-        unix(&body)
+    /// The line a stage's command prints on standard output once the script is in place and
+    /// about to start: output before it is the command's own (a setup failure), after it the
+    /// script's.
+    pub fn start_marker(run: &str) -> String {
+        format!("flotilla-start {run}\n")
     }
 
-    /// Runs the stage's uploaded script in the job's directory with the runner's shell; the
-    /// stage's process group id (Unix) or process id (Windows) is written beside it first,
-    /// for a later stop. The exit status is the script's.
+    /// One command per stage (each SSH channel costs a session on the machine): writes
+    /// standard input to the stage's script file in the job's directory (only the login user
+    /// can read it: it holds the job's variables), writes the stage's process group id
+    /// (Unix) or process id (Windows) beside it for a later stop, prints the
+    /// [start marker](Self::start_marker), then runs the script there with the runner's
+    /// shell, standard input closed. The exit status is the script's; a setup failure ends
+    /// before the marker.
     pub fn run_command(&self, job: &str, run: &str) -> String {
         let script = self.script_name(run);
         let mark = Self::mark(job);
+        let marker = Self::start_marker(run);
         if self.os.windows() {
             let exe = match self.shell {
                 Shell::Powershell => "powershell.exe",
                 _ => "pwsh.exe",
             };
+            // .NET resolves relative paths against the process's directory, which
+            // Set-Location does not move: every path is absolute, and the process's directory
+            // is set too, for the script's own process.
             let body = format!(
-                "Set-Location -LiteralPath {dir}\nSet-Content -LiteralPath '.flotilla\\{run}.pid' -Value $PID\n$env:FLOTILLA_JOB = {mark}\n& {exe} -NoProfile -NonInteractive -ExecutionPolicy Bypass -File {script}\nexit $LASTEXITCODE\n",
+                "$ErrorActionPreference = 'Stop'\nSet-Location -LiteralPath {dir}\n[Environment]::CurrentDirectory = {dir}\n$in = [Console]::OpenStandardInput()\n$out = [IO.File]::Open({script}, [IO.FileMode]::CreateNew)\ntry {{ $in.CopyTo($out) }} finally {{ $out.Close() }}\nSet-Content -LiteralPath {pid} -Value $PID\n$env:FLOTILLA_JOB = {mark}\n$ErrorActionPreference = 'Continue'\n[Console]::Out.Write({marker})\n[Console]::Out.Flush()\n& {exe} -NoProfile -NonInteractive -ExecutionPolicy Bypass -File {script}\nexit $LASTEXITCODE\n",
                 dir = ps_quote(&self.job_dir(job)),
                 mark = ps_quote(&mark),
-                script = ps_quote(&script),
+                script = ps_quote(&self.join(&[job, &script])),
+                pid = ps_quote(&self.join(&[job, ".flotilla", &format!("{run}.pid")])),
+                marker = ps_quote(&marker),
             );
             return powershell(&body);
         }
         let body = format!(
-            "cd {dir} || exit 1\necho $$ > .flotilla/{run}.pgid\nFLOTILLA_JOB={mark}\nexport FLOTILLA_JOB\nexec bash --login {script} < /dev/null\n",
+            "cd {dir} || exit 1\n(umask 077 && cat > {script}) || exit 1\necho $$ > .flotilla/{run}.pgid || exit 1\nFLOTILLA_JOB={mark}\nexport FLOTILLA_JOB\nprintf '%s' {marker}\nexec bash --login {script} < /dev/null\n",
             dir = sh_quote(&self.job_dir(job)),
             mark = sh_quote(&mark),
             script = sh_quote(&script),
+            marker = sh_quote(&marker),
         );
         unix(&body)
     }
@@ -468,14 +467,18 @@ mod tests {
             "{script}"
         );
         assert!(
-            script.contains(r"pwsh.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -File '.flotilla\build_script-1.ps1'"),
+            script.contains(r"pwsh.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -File 'C:\flotilla\42\.flotilla\build_script-1.ps1'"),
             "{script}"
         );
         assert!(script.contains("exit $LASTEXITCODE"), "{script}");
-        let up = decode_powershell(&s.upload_command("42", "build_script-1"));
+        assert!(script.contains("[IO.FileMode]::CreateNew"), "{script}");
         assert!(
-            up.contains(r"'C:\flotilla\42\.flotilla\build_script-1.ps1'"),
-            "{up}"
+            script.contains("[Environment]::CurrentDirectory = 'C:\\flotilla\\42'"),
+            "{script}"
+        );
+        assert!(
+            script.contains("[Console]::Out.Write('flotilla-start build_script-1\n')"),
+            "{script}"
         );
         let stop = decode_powershell(&s.stop_command("42", Signal::Term));
         assert!(stop.contains("taskkill.exe /T /F /PID"), "{stop}");
