@@ -636,3 +636,53 @@ async fn the_exec_endpoint_serves_only_an_acquired_lease_and_ends_with_it() {
     let (code, _) = f.call("POST", &exec(id), Some(body("true", b""))).await;
     assert_eq!(code, 404);
 }
+
+/// The runner block for an instance-mode pool: TOML the runner reads, the shell it must write
+/// scripts for, the mode's flags in every stage, and no Docker-only flag; bad settings are
+/// refused with the flag named.
+#[test]
+fn the_snippet_of_an_instance_pool_carries_its_mode_and_shell() {
+    let (code, out, err) = common::cli(&[
+        "gitlab", "--pool", "win", "--mode", "instance", "--os", "windows", "snippet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: toml::Value = toml::from_str(&out).expect("the block is TOML");
+    let runner = &doc["runners"][0];
+    assert_eq!(runner["executor"].as_str(), Some("custom"));
+    assert_eq!(runner["shell"].as_str(), Some("pwsh"));
+    assert_eq!(runner["cache_dir"].as_str(), Some(r"C:\flotilla\cache"));
+    for stage in ["config", "prepare", "run", "cleanup"] {
+        let args: Vec<&str> = runner["custom"][format!("{stage}_args")]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        let joined = args.join(" ");
+        assert!(
+            joined.contains("--mode instance --os windows --shell pwsh --machine-dir C:\\flotilla"),
+            "{stage}: {joined}"
+        );
+        assert!(!joined.contains("--pull-policy"), "{stage}: {joined}");
+        assert_eq!(args.last().copied(), Some(stage));
+    }
+    for (flags, says) in [
+        (
+            vec!["--mode", "instance", "--os", "linux", "--shell", "pwsh"],
+            "--shell pwsh on linux",
+        ),
+        (
+            vec!["--mode", "instance", "--machine-dir", "builds"],
+            "must be an absolute path",
+        ),
+        (vec!["--mode", "instance", "--os", "plan9"], "--os"),
+        (vec!["--mode", "vm"], "--mode \"vm\""),
+    ] {
+        let mut args = vec!["gitlab", "--pool", "p"];
+        args.extend(flags);
+        args.push("snippet");
+        let (code, _, err) = common::cli(&args);
+        assert_ne!(code, 0);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

@@ -297,6 +297,10 @@ impl Args {
         let (builds, cache, shell) = match self.mode()? {
             Mode::Docker => (self.builds_dir.clone(), self.cache_dir.clone(), None),
             Mode::Instance(instance) => {
+                // Images are Docker mode's: no pull policy here.
+                if let Some(at) = common.iter().position(|a| a == "--pull-policy") {
+                    common.drain(at..at + 2);
+                }
                 common.extend([
                     "--mode".into(),
                     "instance".into(),
@@ -327,11 +331,16 @@ impl Args {
   url = "https://gitlab.example.com"   # your GitLab
   token = "glrt-REPLACE-ME"            # the runner's authentication token
   executor = "custom"
-  builds_dir = {builds}
+  builds_dir = {builds}{per_job}
   cache_dir = {cache}
 {shell}{custom}"#,
             builds = serde_json::to_string(&builds)?,
             cache = serde_json::to_string(&cache)?,
+            per_job = if shell.is_some() {
+                "   # config answers each job's own directory"
+            } else {
+                ""
+            },
             shell = shell.map_or(String::new(), |s| format!("  shell = \"{s}\"\n")),
             custom = custom_section(&driver_exe(), &common, self.acquire_timeout)?,
         ))
