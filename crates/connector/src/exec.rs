@@ -68,9 +68,21 @@ impl Connector {
         command: &str,
         stdin: Vec<u8>,
     ) -> Result<mpsc::Receiver<ExecEvent>, ForwardError> {
-        let (session, token) = self.shell_session(provider, instance, lease).await?;
+        let (mut session, token) = self.shell_session(provider, instance, lease).await?;
         let channel = match session.open_exec(command).await {
             Ok(channel) => channel,
+            // The connection is up but refused another channel: it has MaxSessions
+            // commands running. This one gets a connection of its own.
+            Err(_) if !session.is_closed() => {
+                session = self.extra_session(provider, instance).await?;
+                session
+                    .open_exec(command)
+                    .await
+                    .map_err(|e| ForwardError::Unreachable {
+                        instance: instance.to_string(),
+                        why: e.to_string(),
+                    })?
+            }
             Err(e) => {
                 self.drop_session(instance, &session);
                 return Err(ForwardError::Unreachable {
@@ -95,6 +107,8 @@ impl Connector {
         };
         let label = session.target().to_string();
         tokio::spawn(async move {
+            // A connection of its own lives as long as its command.
+            let _session = session;
             let mut status = None;
             let mut signal = None;
             let last = loop {

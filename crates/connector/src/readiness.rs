@@ -409,6 +409,38 @@ impl Connector {
         }
     }
 
+    /// A session of its own to an instance, not kept: for a command when the kept session
+    /// has no room for another channel (OpenSSH's `MaxSessions`, 10 by default, bounds the
+    /// commands running at once over one connection).
+    pub(crate) async fn extra_session(
+        &self,
+        provider: &dyn Provider,
+        instance: &str,
+    ) -> Result<Arc<Session>, ForwardError> {
+        let unreachable = |why: String| ForwardError::Unreachable {
+            instance: instance.to_string(),
+            why,
+        };
+        let connection = provider
+            .connect_info(instance)
+            .await
+            .map_err(|e| unreachable(format!("connect-info: {e}")))?;
+        let host = self
+            .chosen_address(instance, &connection)
+            .map_err(|e| unreachable(e.message))?;
+        let target = self
+            .target(instance, &connection, host)
+            .map_err(|e| unreachable(e.message))?;
+        let opts = SshOptions {
+            connect_timeout: self.settings.connect_timeout,
+            keepalive_interval: self.settings.keepalive_interval,
+        };
+        Session::connect(&target, &self.key, &self.policy, &opts)
+            .await
+            .map(Arc::new)
+            .map_err(|e| unreachable(e.to_string()))
+    }
+
     /// Drops the kept session of an instance whose session broke under a lease holder, so
     /// the next use connects afresh.
     pub(crate) fn drop_session(&self, instance: &str, broken: &Arc<Session>) {

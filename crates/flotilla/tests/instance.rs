@@ -686,3 +686,47 @@ fn the_snippet_of_an_instance_pool_carries_its_mode_and_shell() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// More commands at once than the machine's sshd allows on one connection (`MaxSessions 2`
+/// here, 10 by default): each one past the limit gets a connection of its own, and all run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_past_the_machines_max_sessions_still_run() {
+    use base64::Engine as _;
+    let fleet = Machines::start_with(1, 1, "", "MaxSessions 2\n").await;
+    let f = &fleet.flotilla;
+    let (_, reserved) = f
+        .call("POST", "/v1/pools/ci/leases", Some(serde_json::json!({})))
+        .await;
+    let id = reserved["lease"]["id"].as_u64().expect("id");
+    let (code, _) = f
+        .call("POST", &format!("/v1/pools/ci/leases/{id}/acquire"), None)
+        .await;
+    assert_eq!(code, 200);
+    let path = format!("/v1/pools/ci/leases/{id}/exec");
+    let runs = (0..6).map(|i| {
+        let body = serde_json::json!({
+            "command": format!("sleep 1; echo ok-{i}"),
+            "stdin_base64": base64::engine::general_purpose::STANDARD.encode(b""),
+        });
+        f.request(
+            "POST",
+            &path,
+            Some(body.to_string().into()),
+            Some(common::TOKEN),
+        )
+    });
+    let answers = futures_util::future::join_all(runs).await;
+    for (i, (code, body)) in answers.iter().enumerate() {
+        assert_eq!(*code, 200, "{}", String::from_utf8_lossy(body));
+        let (out, err, last) = read_frames(body);
+        assert_eq!(
+            (String::from_utf8_lossy(&out).as_ref(), last),
+            (
+                format!("ok-{i}\n").as_str(),
+                Some((3, r#"{"status":0}"#.to_string()))
+            ),
+            "{}",
+            String::from_utf8_lossy(&err)
+        );
+    }
+}

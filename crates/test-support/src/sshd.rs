@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 pub struct Sshd {
     pub dir: tempfile::TempDir,
     pub port: u16,
+    extra: String,
 }
 
 fn free_port() -> u16 {
@@ -31,6 +32,11 @@ impl Sshd {
     /// Starts a machine that lets in the holder of `authorized_key` (an OpenSSH public key
     /// line), as root.
     pub fn start(authorized_key: &str) -> Sshd {
+        Sshd::start_with(authorized_key, "")
+    }
+
+    /// A machine whose `sshd_config` also has `extra` (e.g. `MaxSessions 2\n`).
+    pub fn start_with(authorized_key: &str, extra: &str) -> Sshd {
         let dir = tempfile::tempdir().expect("sshd dir");
         std::fs::create_dir_all("/run/sshd").expect("the privilege separation directory");
         std::fs::write(
@@ -41,6 +47,7 @@ impl Sshd {
         let sshd = Sshd {
             dir,
             port: free_port(),
+            extra: extra.to_string(),
         };
         sshd.new_host_key();
         sshd.launch();
@@ -68,8 +75,9 @@ impl Sshd {
              AuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\n\
              KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
              AllowStreamLocalForwarding yes\nAllowTcpForwarding yes\n\
-             PermitRootLogin prohibit-password\n",
-            port = self.port
+             PermitRootLogin prohibit-password\n{extra}",
+            port = self.port,
+            extra = self.extra,
         );
         std::fs::write(self.path("sshd_config"), config).expect("sshd_config");
         run(Command::new("/usr/sbin/sshd")

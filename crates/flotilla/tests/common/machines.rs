@@ -26,10 +26,17 @@ pub struct Machines {
 impl Machines {
     /// `n` machines of `capacity` slots each; `extra` goes into the pool's table.
     pub async fn start(n: usize, capacity: u32, extra: &str) -> Machines {
+        Machines::start_with(n, capacity, extra, "").await
+    }
+
+    /// The same, with `sshd_extra` in every machine's `sshd_config`.
+    pub async fn start_with(n: usize, capacity: u32, extra: &str, sshd_extra: &str) -> Machines {
         let dir = tempfile::tempdir().expect("dir");
         let key = PoolKey::load_or_generate(&dir.path().join("keys"), "ci").expect("key");
         let key_file = dir.path().join("keys/ci/id_ed25519");
-        let machines: Vec<Sshd> = (0..n).map(|_| Sshd::start(key.public_openssh())).collect();
+        let machines: Vec<Sshd> = (0..n)
+            .map(|_| Sshd::start_with(key.public_openssh(), sshd_extra))
+            .collect();
         let hosts: Vec<String> = machines
             .iter()
             .enumerate()
