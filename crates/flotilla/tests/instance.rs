@@ -87,7 +87,9 @@ async fn jobs_run_on_the_machine_itself_as_gitlab_runner_drives_them() {
     assert_eq!(build.code, 0, "{build:?}");
     let expected = format!("source\n{}\nline 1\nline 2\nline 3\n", dir.display());
     assert!(build.stdout.contains(&expected), "{build:?}");
-    assert!(build.stderr.contains("to-stderr"), "{build:?}");
+    // Standard error shares the job log with standard output, in the order written (as in
+    // Docker mode; GitLab Runner merges them anyway).
+    assert!(build.stdout.contains("line 3\nto-stderr\n"), "{build:?}");
     assert!(build.stdout.contains(&format!("{awkward}\n")), "{build:?}");
     assert!(build.stdout.contains("mark=job-301;"), "{build:?}");
 
@@ -729,4 +731,58 @@ async fn commands_past_the_machines_max_sessions_still_run() {
             String::from_utf8_lossy(&err)
         );
     }
+}
+
+/// A restart of the host (kill -9, then a new process) while scripts run: each script keeps
+/// running on its machine, the driver follows its log again from the byte it had printed, so
+/// every line arrives once and in order, and the script's own exit code still decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_scripts_ride_through_a_kill_9_of_the_host() {
+    let mut fleet = Machines::start(2, 2, "").await;
+    let jobs: Vec<_> = (0..4u64).map(|i| fleet.job(800 + i)).collect();
+    for job in &jobs {
+        assert_eq!(job.stage(&["prepare"]).code, 0);
+    }
+    let counter = bash("for i in $(seq 1 20); do echo count $i; sleep 0.25; done; exit 3");
+    let threads: Vec<_> = jobs
+        .into_iter()
+        .map(|job| {
+            let counter = counter.clone();
+            std::thread::spawn(move || {
+                let script = job.script_file("build_script", &counter);
+                let build = job.stage(&["run", &script, "build_script"]);
+                let code = job.build_exit_code();
+                let cleanup = job.stage(&["cleanup"]);
+                (build, code, cleanup)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    fleet.flotilla.kill();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    fleet.flotilla.start_again().await;
+    for thread in threads {
+        let (build, code, cleanup) = tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .expect("join")
+            .expect("a job thread");
+        assert_eq!(build.code, 1, "{build:?}");
+        assert_eq!(code.as_deref(), Some("3\n"), "{build:?}");
+        let counted: Vec<&str> = build
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("count "))
+            .collect();
+        let expected: Vec<String> = (1..=20).map(|i| format!("count {i}")).collect();
+        assert_eq!(counted, expected, "{build:?}");
+        assert!(
+            build.stdout.contains("following again"),
+            "the host was never lost: {build:?}"
+        );
+        assert_eq!(cleanup.code, 0, "{cleanup:?}");
+    }
+    for id in 800..804 {
+        assert!(processes_of_job(id).is_empty(), "job {id} left processes");
+    }
+    fleet.assert_no_lease().await;
 }

@@ -4,7 +4,8 @@
 //! (`<machine dir>/<job id>`); its scripts run there with the shell the runner wrote them
 //! for; cancellation and cleanup stop every process of the job and remove the directory.
 //! Like Docker mode, nothing is kept between stages: the lease is found by the job's label,
-//! the directory by the job's id.
+//! the directory by the job's id; and on Unix a stage's script runs detached, its log
+//! followed from the byte printed, so it rides through a restart of the host.
 
 use std::io::Write;
 use std::time::Duration;
@@ -163,8 +164,97 @@ pub async fn run(
     let patience = Patience::new(settings);
     let lease = lease::acquired(api, job, patience).await?;
     let name = run_name(stage);
-    let command = instance.run_command(&job.id, &name);
-    let mut output = Started::new(InstanceSettings::start_marker(&name));
+    if !instance.detached() {
+        return attached(api, lease, job, instance, text, stage, &name, cancel).await;
+    }
+    tokio::pin!(cancel);
+    // Bytes of the log printed so far: a follow after a cut starts there.
+    let mut printed = 0u64;
+    let mut cuts = 0u32;
+    loop {
+        let command = instance.start_command(&job.id, &name, printed);
+        let mut output = Started::new(InstanceSettings::start_marker(&name));
+        let ended = {
+            let running = api.exec(lease, &command, text, |kind, data| output.take(kind, data));
+            tokio::pin!(running);
+            tokio::select! {
+                ended = &mut running => ended,
+                () = &mut cancel => {
+                    say(&format!("flotilla: {stage} cancelled; stopping the script"));
+                    stop(api, lease, job, instance, running).await;
+                    return Ok((Outcome::SystemFailure(format!("{stage} was cancelled")), Some(lease)));
+                }
+            }
+        };
+        printed += output.shown;
+        let status = output.status();
+        let why = match ended {
+            Ok(ExecEnd::Exited { .. }) if !output.started => {
+                return Err(system(format!(
+                    "placing the {stage} script on the machine failed (did prepare run there?): {}",
+                    String::from_utf8_lossy(&output.before).trim()
+                )));
+            }
+            Ok(ExecEnd::Exited { .. }) => match status {
+                Some(0) => return Ok((Outcome::Success, Some(lease))),
+                Some(code) => return Ok((Outcome::BuildFailure(code), Some(lease))),
+                None => {
+                    return Err(system(format!(
+                        "following the {stage} script ended without its exit status"
+                    )));
+                }
+            },
+            // The machine's side broke (its session or the machine): follow again, which
+            // fails at once if the machine is gone.
+            Ok(ExecEnd::Broken(why)) => why,
+            Err(ApiError::Refused {
+                code: crate::api::ErrorCode::InstanceUnreachable,
+                message,
+                ..
+            }) => {
+                return Err(system(format!(
+                    "the machine went away during {stage}: {message}; the instance is replaced at cleanup"
+                )));
+            }
+            Err(e @ ApiError::Refused { .. }) if !restarting(&e) => return Err(system(e)),
+            // The host went away (a restart) or is coming back: wait for it, follow again.
+            Err(e) => e.to_string(),
+        };
+        cuts += 1;
+        if cuts > MAX_CUTS {
+            return Err(system(format!(
+                "the connection to the machine broke during {stage} {cuts} times in a row: {why}"
+            )));
+        }
+        say(&format!(
+            "flotilla: the connection to the machine broke during {stage} ({why}); following again..."
+        ));
+        lease::acquired(api, job, patience).await?;
+    }
+}
+
+/// How many times in a row a followed stage may be cut before it fails.
+const MAX_CUTS: u32 = 50;
+
+fn restarting(e: &ApiError) -> bool {
+    matches!(e, ApiError::Refused { code, .. } if code.restarting())
+}
+
+/// A stage whose output comes straight over its channel (Windows): one command, no riding
+/// through a restart of the host.
+#[allow(clippy::too_many_arguments)]
+async fn attached(
+    api: &ApiClient,
+    lease: u64,
+    job: &Job,
+    instance: &InstanceSettings,
+    text: &[u8],
+    stage: &str,
+    name: &str,
+    cancel: impl std::future::Future<Output = ()>,
+) -> Result<(Outcome, Option<u64>), Outcome> {
+    let command = instance.run_command(&job.id, name);
+    let mut output = Started::new(InstanceSettings::start_marker(name)).attached();
     let ended = {
         let running = api.exec(lease, &command, text, |kind, data| output.take(kind, data));
         tokio::pin!(running);
@@ -217,6 +307,13 @@ struct Started {
     started: bool,
     /// The setup's output (capped).
     before: Vec<u8>,
+    /// Bytes of standard output shown after the marker.
+    shown: u64,
+    /// A followed stage's standard error after the marker: only the status line (capped).
+    after: Vec<u8>,
+    /// Whether standard error after the marker is the follower's (the status line) rather
+    /// than the script's.
+    follower: bool,
 }
 
 impl Started {
@@ -226,11 +323,29 @@ impl Started {
             seen: Vec::new(),
             started: false,
             before: Vec::new(),
+            shown: 0,
+            after: Vec::new(),
+            follower: true,
         }
+    }
+
+    /// A stage whose standard error after the marker is the script's own (Windows).
+    fn attached(mut self) -> Started {
+        self.follower = false;
+        self
     }
 
     fn take(&mut self, kind: FrameKind, data: &[u8]) {
         if self.started {
+            if kind == FrameKind::Stderr && self.follower {
+                let room = 256usize.saturating_sub(self.after.len());
+                self.after
+                    .extend_from_slice(data.get(..room.min(data.len())).unwrap_or_default());
+                return;
+            }
+            if kind == FrameKind::Stdout {
+                self.shown += data.len() as u64;
+            }
             show(kind, data);
             return;
         }
@@ -250,10 +365,22 @@ impl Started {
         if self.seen.starts_with(&self.marker) {
             self.started = true;
             let rest = self.seen.split_off(self.marker.len());
+            self.shown += rest.len() as u64;
             show(kind, &rest);
         } else {
             self.before.append(&mut self.seen);
         }
+    }
+}
+
+impl Started {
+    /// The script's exit status from a follower's status line, if it sent one.
+    fn status(&self) -> Option<i64> {
+        let text = String::from_utf8_lossy(&self.after);
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("flotilla-status "))?;
+        line.trim().parse().ok()
     }
 }
 

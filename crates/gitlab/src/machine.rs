@@ -296,6 +296,69 @@ impl InstanceSettings {
         unix(&body)
     }
 
+    /// Whether a stage's script runs detached from the SSH channel, its output followed from a
+    /// log on the machine, so that it rides through a restart of the host (Unix). On Windows
+    /// the script's output comes straight over the channel ([`Self::run_command`]).
+    pub fn detached(&self) -> bool {
+        !self.os.windows()
+    }
+
+    /// Unix: starts the stage's script detached (once: a retried start only follows), then
+    /// follows its log from the start. Standard input is the script. The script's standard
+    /// output and error share the log in the order written (as in Docker mode); it ignores
+    /// `HUP`, so the channel's end does not end it. Prints the
+    /// [start marker](Self::start_marker) first, and ends with the
+    /// [status line](Self::status_line) on standard error.
+    /// Sent again after a cut with `from` = the bytes printed so far, it starts nothing new
+    /// (the run's lock directory exists) and follows on from there.
+    pub fn start_command(&self, job: &str, run: &str, from: u64) -> String {
+        let mark = Self::mark(job);
+        let script = self.script_name(run);
+        let body = format!(
+            "cd {dir} || exit 1\n\
+             if mkdir .flotilla/{run}.d 2>/dev/null; then\n\
+             (umask 077 && cat > {script} && : > .flotilla/{run}.out) || exit 1\n\
+             echo $$ > .flotilla/{run}.pgid || exit 1\n\
+             FLOTILLA_JOB={mark}\n\
+             export FLOTILLA_JOB\n\
+             (trap '' HUP; bash --login {script} < /dev/null >> .flotilla/{run}.out 2>&1; echo $? > .flotilla/{run}.st; mv .flotilla/{run}.st .flotilla/{run}.status) &\n\
+             else cat > /dev/null; fi\n\
+             test -e .flotilla/{run}.out || exit 1\n\
+             {follow}",
+            dir = sh_quote(&self.job_dir(job)),
+            mark = sh_quote(&mark),
+            script = sh_quote(&script),
+            follow = Self::follower(run, from),
+        );
+        unix(&body)
+    }
+
+    /// The line that ends a followed stage on standard error: `flotilla-status <code>`.
+    pub fn status_line(code: &str) -> String {
+        format!("flotilla-status {code}\n")
+    }
+
+    /// Prints the start marker, then the log from byte `from` as it grows, polling (10 ms,
+    /// doubling to 1 s while nothing comes, back to 10 ms when something does), until the
+    /// status file is there: then the rest, and the status line. The status file is looked
+    /// for before the log is measured, so everything written before it is sent.
+    fn follower(run: &str, from: u64) -> String {
+        format!(
+            "printf '%s' {marker}\n\
+             o=.flotilla/{run}.out; s=.flotilla/{run}.status; n={from}; i=0\n\
+             while :; do\n\
+             d=0; [ -e \"$s\" ] && d=1\n\
+             z=$(wc -c < \"$o\" | tr -d ' ')\n\
+             if [ \"$z\" -gt \"$n\" ]; then tail -c +$((n + 1)) \"$o\" | head -c $((z - n)) || exit 1; n=$z; i=0; fi\n\
+             if [ $d = 1 ]; then printf '{status}' \"$(cat \"$s\")\" >&2; exit 0; fi\n\
+             case $i in 0) t=0.01;; 1) t=0.02;; 2) t=0.05;; 3) t=0.1;; 4) t=0.2;; 5) t=0.5;; *) t=1;; esac\n\
+             i=$((i + 1)); sleep $t\n\
+             done\n",
+            marker = sh_quote(&Self::start_marker(run)),
+            status = Self::status_line("%s").replace('\n', "\\n"),
+        )
+    }
+
     /// Sends `signal` to every process of the job: each stage's process group, and (Linux)
     /// any process whose environment carries the job's mark.
     pub fn stop_command(&self, job: &str, signal: Signal) -> String {
