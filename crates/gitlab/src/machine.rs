@@ -339,7 +339,7 @@ impl InstanceSettings {
     }
 
     /// Prints the start marker, then the log from byte `from` as it grows, polling (10 ms,
-    /// doubling to 1 s while nothing comes, back to 10 ms when something does), until the
+    /// growing to 1 s over the first second and a half while nothing comes, back to 10 ms when something does), until the
     /// status file is there: then the rest, and the status line. The status file is looked
     /// for before the log is measured, so everything written before it is sent.
     fn follower(run: &str, from: u64) -> String {
@@ -351,7 +351,7 @@ impl InstanceSettings {
              z=$(wc -c < \"$o\" | tr -d ' ')\n\
              if [ \"$z\" -gt \"$n\" ]; then tail -c +$((n + 1)) \"$o\" | head -c $((z - n)) || exit 1; n=$z; i=0; fi\n\
              if [ $d = 1 ]; then printf '{status}' \"$(cat \"$s\")\" >&2; exit 0; fi\n\
-             case $i in 0) t=0.01;; 1) t=0.02;; 2) t=0.05;; 3) t=0.1;; 4) t=0.2;; 5) t=0.5;; *) t=1;; esac\n\
+             case $i in 0) t=0.01;; 1) t=0.02;; 2) t=0.03;; 3|4) t=0.05;; 5|6) t=0.1;; 7) t=0.2;; 8) t=0.5;; *) t=1;; esac\n\
              i=$((i + 1)); sleep $t\n\
              done\n",
             marker = sh_quote(&Self::start_marker(run)),
