@@ -33,6 +33,20 @@ pub enum ExecEvent {
     Broken(String),
 }
 
+/// How long the last event waits for room before the stream just ends (the reader then sees
+/// a cut stream).
+const LAST_SEND: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How the command's channel ended, for the host.
+enum End {
+    /// The lease ended: the command is killed.
+    LeaseEnded,
+    /// The reader went away: the command is stopped.
+    ReaderGone,
+    /// This last event is said.
+    Say(ExecEvent),
+}
+
 /// Events buffered between the machine and a slow reader; past it the SSH window closes and
 /// the command waits.
 const BUFFERED: usize = 64;
@@ -71,24 +85,23 @@ impl Connector {
         let (mut session, token) = self.shell_session(provider, instance, lease).await?;
         let channel = match session.open_exec(command).await {
             Ok(channel) => channel,
-            // The connection is up but refused another channel: it has MaxSessions
-            // commands running. This one gets a connection of its own.
-            Err(_) if !session.is_closed() => {
-                session = self.extra_session(provider, instance).await?;
+            Err(e) => {
+                // A kept session that turned out closed is replaced once; one that is up but
+                // refused another channel has MaxSessions commands running, and this one
+                // gets a connection of its own.
+                if session.is_closed() {
+                    self.drop_session(instance, &session);
+                    session = self.shell_session(provider, instance, lease).await?.0;
+                } else {
+                    session = self.extra_session(provider, instance).await?;
+                }
                 session
                     .open_exec(command)
                     .await
-                    .map_err(|e| ForwardError::Unreachable {
+                    .map_err(|_| ForwardError::Unreachable {
                         instance: instance.to_string(),
                         why: e.to_string(),
                     })?
-            }
-            Err(e) => {
-                self.drop_session(instance, &session);
-                return Err(ForwardError::Unreachable {
-                    instance: instance.to_string(),
-                    why: e.to_string(),
-                });
             }
         };
         let (tx, rx) = mpsc::channel(BUFFERED);
@@ -111,47 +124,32 @@ impl Connector {
             let _session = session;
             let mut status = None;
             let mut signal = None;
+            // Every wait, reading or handing over, also watches the lease's end and the
+            // reader's departure, so a stalled reader never holds the command past either.
             let last = loop {
-                tokio::select! {
-                    () = token.cancelled() => {
-                        let _ = write.signal(Sig::KILL).await;
-                        let _ = write.close().await;
-                        break Some(ExecEvent::Broken(
-                            "the lease ended; the command was killed".into(),
-                        ));
-                    }
-                    () = tx.closed() => {
-                        // Nobody reads any more: stop the command's process group.
-                        let _ = write.signal(Sig::TERM).await;
-                        let _ = write.close().await;
-                        break None;
-                    }
+                let event = tokio::select! {
+                    () = token.cancelled() => break End::LeaseEnded,
+                    () = tx.closed() => break End::ReaderGone,
                     msg = read.wait() => match msg {
-                        Some(ChannelMsg::Data { data }) => {
-                            if tx.send(ExecEvent::Stdout(data.to_vec())).await.is_err() {
-                                let _ = write.signal(Sig::TERM).await;
-                                let _ = write.close().await;
-                                break None;
-                            }
-                        }
+                        Some(ChannelMsg::Data { data }) => ExecEvent::Stdout(data.to_vec()),
                         Some(ChannelMsg::ExtendedData { data, ext: 1 }) => {
-                            if tx.send(ExecEvent::Stderr(data.to_vec())).await.is_err() {
-                                let _ = write.signal(Sig::TERM).await;
-                                let _ = write.close().await;
-                                break None;
-                            }
+                            ExecEvent::Stderr(data.to_vec())
                         }
-                        Some(ChannelMsg::ExitStatus { exit_status }) => status = Some(exit_status),
+                        Some(ChannelMsg::ExitStatus { exit_status }) => {
+                            status = Some(exit_status);
+                            continue;
+                        }
                         Some(ChannelMsg::ExitSignal { signal_name: sig, .. }) => {
                             signal = Some(signal_name(&sig));
+                            continue;
                         }
                         Some(ChannelMsg::Failure) => {
-                            break Some(ExecEvent::Broken(format!(
+                            break End::Say(ExecEvent::Broken(format!(
                                 "{label}: the SSH server refused to run the command"
                             )));
                         }
                         Some(ChannelMsg::Close) | None => {
-                            break Some(if status.is_some() || signal.is_some() {
+                            break End::Say(if status.is_some() || signal.is_some() {
                                 ExecEvent::Exited { status, signal }
                             } else {
                                 ExecEvent::Broken(format!(
@@ -159,13 +157,35 @@ impl Connector {
                                 ))
                             });
                         }
-                        Some(_) => {}
+                        Some(_) => continue,
                     }
+                };
+                tokio::select! {
+                    () = token.cancelled() => break End::LeaseEnded,
+                    sent = tx.send(event) => if sent.is_err() { break End::ReaderGone },
                 }
             };
             feeder.abort();
-            if let Some(last) = last {
-                let _ = tx.send(last).await;
+            let say = match last {
+                End::LeaseEnded => {
+                    let _ = write.signal(Sig::KILL).await;
+                    Some(ExecEvent::Broken(
+                        "the lease ended; the command was killed".into(),
+                    ))
+                }
+                // Nobody reads any more: stop the command's process group.
+                End::ReaderGone => {
+                    let _ = write.signal(Sig::TERM).await;
+                    None
+                }
+                End::Say(event) => Some(event),
+            };
+            // Closed in every case: a channel left open holds one of the machine's
+            // MaxSessions.
+            let _ = write.close().await;
+            if let Some(event) = say {
+                // Never waiting long on a reader that stopped reading.
+                let _ = tokio::time::timeout(LAST_SEND, tx.send(event)).await;
             }
         });
         Ok(rx)

@@ -234,6 +234,35 @@ async fn cancelling_a_step_leaves_no_process_of_the_job_behind() {
     assert_eq!(job.stage(&["cleanup"]).code, 0);
     assert!(!exists(&fleet.job_dir(310)));
     fleet.assert_no_lease().await;
+
+    // A script that traps TERM to clean up gets its grace period before KILL comes.
+    let job = fleet.job(311);
+    assert_eq!(job.stage(&["prepare"]).code, 0);
+    let script = job.script_file(
+        "build_script",
+        &bash("trap 'sleep 1; touch \"$PWD/cleaned-up\"; exit 143' TERM\necho started\nsleep 300"),
+    );
+    let mut child = job
+        .command(&["run", &script, "build_script"])
+        .spawn()
+        .expect("run");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().expect("a line").expect("text"), "started");
+    let pid = child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    assert_eq!(child.wait().expect("wait").code(), Some(2));
+    assert!(
+        exists(&fleet.job_dir(311).join("cleaned-up")),
+        "the script's TERM trap did not get to finish"
+    );
+    assert!(wait_no_processes(311, Duration::from_secs(5)).is_empty());
+    assert_eq!(job.stage(&["cleanup"]).code, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

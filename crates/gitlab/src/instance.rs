@@ -110,7 +110,10 @@ async fn prepare_inner(
             instance.os.name()
         )));
     }
-    let made = ran(api, lease, &instance.prepare_command(&job.id), &[])
+    // Idempotent (a clean slate each time), so it is simply taken again after a restart.
+    let command = instance.prepare_command(&job.id);
+    let patience = Patience::new(settings);
+    let made = lease::through_restarts(api, patience, || ran(api, lease, &command, &[]))
         .await
         .map_err(system)?;
     if !made.ok() {
@@ -172,7 +175,7 @@ pub async fn run(
     let mut printed = 0u64;
     let mut cuts = 0u32;
     loop {
-        let command = instance.start_command(&job.id, &name, printed);
+        let command = instance.start_command(&job.id, &name, printed, text.len());
         let mut output = Started::new(InstanceSettings::start_marker(&name));
         let ended = {
             let running = api.exec(lease, &command, text, |kind, data| output.take(kind, data));
@@ -187,17 +190,28 @@ pub async fn run(
             }
         };
         printed += output.shown;
+        if output.shown > 0 {
+            // Progress: only cuts in a row count.
+            cuts = 0;
+        }
         let status = output.status();
         let why = match ended {
             Ok(ExecEnd::Exited { .. }) if !output.started => {
                 return Err(system(format!(
                     "placing the {stage} script on the machine failed (did prepare run there?): {}",
-                    String::from_utf8_lossy(&output.before).trim()
+                    output.setup_output()
                 )));
             }
             Ok(ExecEnd::Exited { .. }) => match status {
-                Some(0) => return Ok((Outcome::Success, Some(lease))),
-                Some(code) => return Ok((Outcome::BuildFailure(code), Some(lease))),
+                Some(Status::Exited(0)) => return Ok((Outcome::Success, Some(lease))),
+                Some(Status::Exited(code)) => {
+                    return Ok((Outcome::BuildFailure(code), Some(lease)));
+                }
+                Some(Status::Lost) => {
+                    return Err(system(format!(
+                        "the {stage} script's processes were killed before it could report its exit status"
+                    )));
+                }
                 None => {
                     return Err(system(format!(
                         "following the {stage} script ended without its exit status"
@@ -229,7 +243,16 @@ pub async fn run(
         say(&format!(
             "flotilla: the connection to the machine broke during {stage} ({why}); following again..."
         ));
-        lease::acquired(api, job, patience).await?;
+        tokio::select! {
+            found = lease::acquired(api, job, patience) => { found?; }
+            () = &mut cancel => {
+                say(&format!("flotilla: {stage} cancelled; stopping the script"));
+                // No stream to drain: the connection is down.
+                let none = std::future::ready(Ok(ExecEnd::Broken(String::new())));
+                stop(api, lease, job, instance, none).await;
+                return Ok((Outcome::SystemFailure(format!("{stage} was cancelled")), Some(lease)));
+            }
+        }
     }
 }
 
@@ -253,7 +276,7 @@ async fn attached(
     name: &str,
     cancel: impl std::future::Future<Output = ()>,
 ) -> Result<(Outcome, Option<u64>), Outcome> {
-    let command = instance.run_command(&job.id, name);
+    let command = instance.run_command(&job.id, name, text.len());
     let mut output = Started::new(InstanceSettings::start_marker(name)).attached();
     let ended = {
         let running = api.exec(lease, &command, text, |kind, data| output.take(kind, data));
@@ -269,7 +292,7 @@ async fn attached(
         }
     };
     let started = output.started;
-    let setup = String::from_utf8_lossy(&output.before).trim().to_string();
+    let setup = output.setup_output();
     let outcome = match ended {
         Ok(ExecEnd::Exited { .. }) if !started => system(format!(
             "placing the {stage} script on the machine failed (did prepare run there?): {setup}"
@@ -338,9 +361,10 @@ impl Started {
     fn take(&mut self, kind: FrameKind, data: &[u8]) {
         if self.started {
             if kind == FrameKind::Stderr && self.follower {
-                let room = 256usize.saturating_sub(self.after.len());
-                self.after
-                    .extend_from_slice(data.get(..room.min(data.len())).unwrap_or_default());
+                // Only the last bytes matter: the status line ends the follower's stderr.
+                self.after.extend_from_slice(data);
+                let excess = self.after.len().saturating_sub(STATUS_TAIL);
+                self.after.drain(..excess);
                 return;
             }
             if kind == FrameKind::Stdout {
@@ -350,38 +374,73 @@ impl Started {
             return;
         }
         if kind == FrameKind::Stderr {
-            let room = QUOTED.saturating_sub(self.before.len());
-            self.before
-                .extend_from_slice(data.get(..room.min(data.len())).unwrap_or_default());
+            keep_capped(&mut self.before, data);
             return;
         }
+        // The marker may follow whatever the login user's shell printed first (a chatty
+        // .bashrc): it is looked for anywhere.
         self.seen.extend_from_slice(data);
-        if self.seen.len() < self.marker.len() {
-            if !self.marker.starts_with(&self.seen) {
-                self.before.append(&mut self.seen);
-            }
-            return;
-        }
-        if self.seen.starts_with(&self.marker) {
+        if let Some(at) = find(&self.seen, &self.marker) {
             self.started = true;
-            let rest = self.seen.split_off(self.marker.len());
+            let rest = self.seen.split_off(at + self.marker.len());
+            self.seen.truncate(at);
+            let noise = std::mem::take(&mut self.seen);
+            keep_capped(&mut self.before, &noise);
             self.shown += rest.len() as u64;
             show(kind, &rest);
-        } else {
-            self.before.append(&mut self.seen);
+            return;
+        }
+        // Keep only what could still be the marker's start; the rest is noise.
+        let keep = self.marker.len().saturating_sub(1);
+        if self.seen.len() > keep {
+            let noise: Vec<u8> = self.seen.drain(..self.seen.len() - keep).collect();
+            keep_capped(&mut self.before, &noise);
+        }
+    }
+
+    /// What the command printed before its marker (a setup failure's words).
+    fn setup_output(&self) -> String {
+        let mut all = self.before.clone();
+        all.extend_from_slice(&self.seen);
+        String::from_utf8_lossy(&all).trim().to_string()
+    }
+
+    /// How the script ended, from a follower's last status line.
+    fn status(&self) -> Option<Status> {
+        let text = String::from_utf8_lossy(&self.after);
+        let line = text
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("flotilla-status "))?;
+        match line.trim() {
+            "lost" => Some(Status::Lost),
+            code => code.parse().ok().map(Status::Exited),
         }
     }
 }
 
-impl Started {
-    /// The script's exit status from a follower's status line, if it sent one.
-    fn status(&self) -> Option<i64> {
-        let text = String::from_utf8_lossy(&self.after);
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix("flotilla-status "))?;
-        line.trim().parse().ok()
+/// What a follower's status line says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    /// The script exited with this code.
+    Exited(i64),
+    /// The script's processes are gone and it left no status (they were killed).
+    Lost,
+}
+
+/// The bytes of a follower's standard error kept for its status line.
+const STATUS_TAIL: usize = 256;
+
+fn keep_capped(buf: &mut Vec<u8>, data: &[u8]) {
+    let room = QUOTED.saturating_sub(buf.len());
+    buf.extend_from_slice(data.get(..room.min(data.len())).unwrap_or_default());
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
     }
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// Shows a stage's output in the job log (a closed stdout or stderr, the runner gone,
@@ -401,8 +460,10 @@ fn show(kind: FrameKind, data: &[u8]) {
     }
 }
 
-/// Stops a cancelled script: `TERM` to its processes, then `KILL` to what is left once it
-/// ended or the grace period passed.
+/// Stops a cancelled script: `TERM` to every process of the job, up to the grace period for
+/// them to end (a script may trap `TERM` to clean up), then `KILL` to what is left. The
+/// stage's stream is drained meanwhile, so its output still reaches the job log and the host
+/// is never held up by an unread channel.
 async fn stop(
     api: &ApiClient,
     lease: u64,
@@ -410,28 +471,36 @@ async fn stop(
     instance: &InstanceSettings,
     running: impl std::future::Future<Output = Result<ExecEnd, ApiError>>,
 ) {
-    if let Err(e) = ran(
-        api,
-        lease,
-        &instance.stop_command(&job.id, Signal::Term),
-        &[],
-    )
-    .await
-    {
-        eprintln!("flotilla: stopping the script: {e}");
-    }
-    // The script's own stream ends when it does.
-    let _ = tokio::time::timeout(GRACE, running).await;
-    if let Err(e) = ran(
-        api,
-        lease,
-        &instance.stop_command(&job.id, Signal::Kill),
-        &[],
-    )
-    .await
-    {
-        eprintln!("flotilla: killing the script: {e}");
-    }
+    let stopping = async {
+        if let Err(e) = ran(
+            api,
+            lease,
+            &instance.stop_command(&job.id, Signal::Term),
+            &[],
+        )
+        .await
+        {
+            eprintln!("flotilla: stopping the script: {e}");
+        }
+        let tenths = u32::try_from(GRACE.as_millis() / 100).unwrap_or(100);
+        if let Err(e) = ran(api, lease, &instance.wait_command(&job.id, tenths), &[]).await {
+            eprintln!("flotilla: waiting for the script to stop: {e}");
+        }
+        if let Err(e) = ran(
+            api,
+            lease,
+            &instance.stop_command(&job.id, Signal::Kill),
+            &[],
+        )
+        .await
+        {
+            eprintln!("flotilla: killing the script: {e}");
+        }
+    };
+    let draining = async {
+        let _ = tokio::time::timeout(GRACE + Duration::from_secs(5), running).await;
+    };
+    tokio::join!(stopping, draining);
 }
 
 /// The number of a signal by its SSH name (RFC 4254 §6.10), as Linux numbers them.
@@ -477,7 +546,14 @@ pub async fn cleanup(
             let swept =
                 lease::through_restarts(api, patience, || ran(api, id, &command, &[])).await;
             let broken = match swept {
-                Ok(done) if done.ok() => None,
+                Ok(done) if done.ok() => {
+                    // What could not be removed is said, not failed on.
+                    let said = String::from_utf8_lossy(&done.output);
+                    if !said.trim().is_empty() {
+                        eprintln!("{}", said.trim());
+                    }
+                    None
+                }
                 Ok(done) => Some(done.why("cleaning up the job")),
                 Err(e) => Some(e.to_string()),
             };
@@ -521,9 +597,23 @@ mod tests {
         failed.take(FrameKind::Stdout, b"XX");
         assert!(!failed.started);
         assert_eq!(
-            String::from_utf8_lossy(&failed.before),
+            failed.setup_output(),
             "cd: no such directory\nflotilla-staXX"
         );
+        // A chatty login shell before the marker, in the same piece as the marker.
+        let mut chatty = Started::new(marker.to_string());
+        chatty.take(
+            FrameKind::Stdout,
+            b"Welcome to the machine!\nflotilla-start run-1\nout",
+        );
+        assert!(chatty.started);
+        assert_eq!(chatty.shown, 3);
+        // The follower's stderr: only its last status line counts, whatever came before.
+        chatty.take(FrameKind::Stderr, &[b'x'; 1000]);
+        chatty.take(FrameKind::Stderr, b"\nflotilla-status 7\n");
+        assert_eq!(chatty.status(), Some(Status::Exited(7)));
+        chatty.take(FrameKind::Stderr, b"flotilla-status lost\n");
+        assert_eq!(chatty.status(), Some(Status::Lost));
     }
 
     #[test]

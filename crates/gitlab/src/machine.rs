@@ -5,9 +5,10 @@
 //!
 //! Pure text, no I/O, so every quoting rule is tested here. Each command is one line the
 //! login user's shell receives:
-//! - Unix: `exec /bin/sh -c '<script>'`. Any login shell (bash, zsh, dash, csh) runs that
-//!   line the same way, and `exec` keeps the session leader's pid, so `$$` is the process
-//!   group every process of the stage starts in.
+//! - Unix: `exec /bin/sh -c '<script>'`. A Bourne-style login shell (sh, dash, bash, zsh,
+//!   ksh) runs that line the same way (csh and tcsh do not take a newline inside quotes: give
+//!   the login user a Bourne-style shell), and `exec` keeps the session leader's pid, so `$$`
+//!   is the process group every process of the stage starts in.
 //! - Windows: `powershell -NoProfile -NonInteractive -EncodedCommand <base64 UTF-16LE>`,
 //!   which `cmd.exe` (the default shell of OpenSSH for Windows) and PowerShell both start
 //!   as is: the script never meets either's quoting.
@@ -226,12 +227,14 @@ impl InstanceSettings {
     }
 
     /// Makes the job's directory from a clean slate: stops what an earlier try left running,
-    /// removes its files, then creates `builds`, `.flotilla` (0700) and the machine's cache.
+    /// removes its files (read-only directories too, as Go's module cache leaves them), then
+    /// creates `builds`, `.flotilla` (0700 on Unix) and the machine's cache.
     pub fn prepare_command(&self, job: &str) -> String {
         if self.os.windows() {
             let job_dir = ps_quote(&self.job_dir(job));
+            // The sweep runs before errors stop the script: a process already gone is normal.
             let body = format!(
-                "$ErrorActionPreference = 'Stop'\n{sweep}\nif (Test-Path -LiteralPath {job_dir}) {{ Remove-Item -LiteralPath {job_dir} -Recurse -Force }}\nNew-Item -ItemType Directory -Force -Path {builds}, {own}, {cache} | Out-Null\n",
+                "{sweep}\n$ErrorActionPreference = 'Stop'\nif (Test-Path -LiteralPath {job_dir}) {{ Remove-Item -LiteralPath {job_dir} -Recurse -Force }}\nNew-Item -ItemType Directory -Force -Path {builds}, {own}, {cache} | Out-Null\n",
                 sweep = self.windows_sweep(job),
                 builds = ps_quote(&self.builds_dir(job)),
                 own = ps_quote(&self.join(&[job, ".flotilla"])),
@@ -240,7 +243,7 @@ impl InstanceSettings {
             return powershell(&body);
         }
         let body = format!(
-            "{sweep}\numask 077\nrm -rf -- {job_dir}\nmkdir -p -- {builds} {own} {cache}\n",
+            "{sweep}\numask 077\nchmod -R u+w -- {job_dir} 2>/dev/null\nrm -rf -- {job_dir}\nmkdir -p -- {builds} {own} {cache}\n",
             sweep = self.unix_sweep(job, Signal::Kill),
             job_dir = sh_quote(&self.job_dir(job)),
             builds = sh_quote(&self.builds_dir(job)),
@@ -264,7 +267,7 @@ impl InstanceSettings {
     /// [start marker](Self::start_marker), then runs the script there with the runner's
     /// shell, standard input closed. The exit status is the script's; a setup failure ends
     /// before the marker.
-    pub fn run_command(&self, job: &str, run: &str) -> String {
+    pub fn run_command(&self, job: &str, run: &str, len: usize) -> String {
         let script = self.script_name(run);
         let mark = Self::mark(job);
         let marker = Self::start_marker(run);
@@ -277,7 +280,25 @@ impl InstanceSettings {
             // Set-Location does not move: every path is absolute, and the process's directory
             // is set too, for the script's own process.
             let body = format!(
-                "$ErrorActionPreference = 'Stop'\nSet-Location -LiteralPath {dir}\n[Environment]::CurrentDirectory = {dir}\n$in = [Console]::OpenStandardInput()\n$out = [IO.File]::Open({script}, [IO.FileMode]::CreateNew)\ntry {{ $in.CopyTo($out) }} finally {{ $out.Close() }}\nSet-Content -LiteralPath {pid} -Value $PID\n$env:FLOTILLA_JOB = {mark}\n$ErrorActionPreference = 'Continue'\n[Console]::Out.Write({marker})\n[Console]::Out.Flush()\n& {exe} -NoProfile -NonInteractive -ExecutionPolicy Bypass -File {script}\nexit $LASTEXITCODE\n",
+                "$ErrorActionPreference = 'Stop'\n\
+                 if (-not (Get-Command {exe} -ErrorAction SilentlyContinue)) {{ [Console]::Error.WriteLine('flotilla: {exe} is not installed on the machine (--shell)'); exit 1 }}\n\
+                 Set-Location -LiteralPath {dir}\n\
+                 [Environment]::CurrentDirectory = {dir}\n\
+                 $in = [Console]::OpenStandardInput()\n\
+                 $out = [IO.File]::Open({script}, [IO.FileMode]::CreateNew)\n\
+                 try {{ $in.CopyTo($out) }} finally {{ $out.Close() }}\n\
+                 $got = (Get-Item -LiteralPath {script}).Length\n\
+                 if ($got -ne {len}) {{ Remove-Item -LiteralPath {script}; [Console]::Error.WriteLine(\"flotilla: the script arrived cut: $got of {len} bytes\"); exit 1 }}\n\
+                 Set-Content -LiteralPath {pid} -Value $PID\n\
+                 $env:FLOTILLA_JOB = {mark}\n\
+                 $ErrorActionPreference = 'Continue'\n\
+                 [Console]::Out.Write({marker})\n\
+                 [Console]::Out.Flush()\n\
+                 & {exe} -NoProfile -NonInteractive -ExecutionPolicy Bypass -File {script}\n\
+                 $code = $LASTEXITCODE\n\
+                 Remove-Item -LiteralPath {pid} -ErrorAction SilentlyContinue\n\
+                 if ($null -eq $code) {{ exit 1 }}\n\
+                 exit $code\n",
                 dir = ps_quote(&self.job_dir(job)),
                 mark = ps_quote(&mark),
                 script = ps_quote(&self.join(&[job, &script])),
@@ -286,14 +307,8 @@ impl InstanceSettings {
             );
             return powershell(&body);
         }
-        let body = format!(
-            "cd {dir} || exit 1\n(umask 077 && cat > {script}) || exit 1\necho $$ > .flotilla/{run}.pgid || exit 1\nFLOTILLA_JOB={mark}\nexport FLOTILLA_JOB\nprintf '%s' {marker}\nexec bash --login {script} < /dev/null\n",
-            dir = sh_quote(&self.job_dir(job)),
-            mark = sh_quote(&mark),
-            script = sh_quote(&script),
-            marker = sh_quote(&marker),
-        );
-        unix(&body)
+        // Unix stages run detached: `start_command`.
+        self.start_command(job, run, 0, len)
     }
 
     /// Whether a stage's script runs detached from the SSH channel, its output followed from a
@@ -311,17 +326,23 @@ impl InstanceSettings {
     /// [status line](Self::status_line) on standard error.
     /// Sent again after a cut with `from` = the bytes printed so far, it starts nothing new
     /// (the run's lock directory exists) and follows on from there.
-    pub fn start_command(&self, job: &str, run: &str, from: u64) -> String {
+    pub fn start_command(&self, job: &str, run: &str, from: u64, len: usize) -> String {
         let mark = Self::mark(job);
         let script = self.script_name(run);
+        // A script cut short in transit (the host went away mid-upload) is never started:
+        // its length must be the one sent, or the lock is given back for the next try.
         let body = format!(
             "cd {dir} || exit 1\n\
              if mkdir .flotilla/{run}.d 2>/dev/null; then\n\
-             (umask 077 && cat > {script} && : > .flotilla/{run}.out) || exit 1\n\
+             (umask 077 && cat > {script}) || {{ rmdir .flotilla/{run}.d; exit 1; }}\n\
+             got=$(wc -c < {script} | tr -d ' ')\n\
+             if [ \"$got\" != {len} ]; then echo \"flotilla: the script arrived cut: $got of {len} bytes\" >&2; rm -f {script}; rmdir .flotilla/{run}.d; exit 1; fi\n\
+             (umask 077 && : > .flotilla/{run}.out) || exit 1\n\
              echo $$ > .flotilla/{run}.pgid || exit 1\n\
              FLOTILLA_JOB={mark}\n\
              export FLOTILLA_JOB\n\
              (trap '' HUP; bash --login {script} < /dev/null >> .flotilla/{run}.out 2>&1; echo $? > .flotilla/{run}.st; mv .flotilla/{run}.st .flotilla/{run}.status) &\n\
+             echo $! > .flotilla/{run}.pid\n\
              else cat > /dev/null; fi\n\
              test -e .flotilla/{run}.out || exit 1\n\
              {follow}",
@@ -339,24 +360,52 @@ impl InstanceSettings {
     }
 
     /// Prints the start marker, then the log from byte `from` as it grows, polling (10 ms,
-    /// growing to 1 s over the first second and a half while nothing comes, back to 10 ms when something does), until the
-    /// status file is there: then the rest, and the status line. The status file is looked
-    /// for before the log is measured, so everything written before it is sent.
+    /// growing to 1 s over the first second and a half while nothing comes, back to 10 ms
+    /// when something does), until the status file is there: then the rest, and the status
+    /// line. The status file is looked for before the log is measured, so everything written
+    /// before it is sent. If the process that would write it is gone (the script's group was
+    /// killed) or the log vanished, the status line says `lost`.
     fn follower(run: &str, from: u64) -> String {
         format!(
             "printf '%s' {marker}\n\
-             o=.flotilla/{run}.out; s=.flotilla/{run}.status; n={from}; i=0\n\
+             o=.flotilla/{run}.out; s=.flotilla/{run}.status; q=.flotilla/{run}.pid; n={from}; i=0\n\
              while :; do\n\
              d=0; [ -e \"$s\" ] && d=1\n\
+             if [ $d = 0 ] && [ -f \"$q\" ] && ! kill -0 \"$(cat \"$q\")\" 2>/dev/null; then if [ -e \"$s\" ]; then d=1; else d=2; fi; fi\n\
+             [ -e \"$o\" ] || {{ printf '{lost}' >&2; exit 0; }}\n\
              z=$(wc -c < \"$o\" | tr -d ' ')\n\
              if [ \"$z\" -gt \"$n\" ]; then tail -c +$((n + 1)) \"$o\" | head -c $((z - n)) || exit 1; n=$z; i=0; fi\n\
              if [ $d = 1 ]; then printf '{status}' \"$(cat \"$s\")\" >&2; exit 0; fi\n\
+             if [ $d = 2 ]; then printf '{lost}' >&2; exit 0; fi\n\
              case $i in 0) t=0.01;; 1) t=0.02;; 2) t=0.03;; 3|4) t=0.05;; 5|6) t=0.1;; 7) t=0.2;; 8) t=0.5;; *) t=1;; esac\n\
              i=$((i + 1)); sleep $t\n\
              done\n",
             marker = sh_quote(&Self::start_marker(run)),
             status = Self::status_line("%s").replace('\n', "\\n"),
+            lost = Self::status_line("lost").replace('\n', "\\n"),
         )
+    }
+
+    /// Waits up to `tenths` tenths of a second for every process of the job to end (after a
+    /// `TERM`): Linux by the mark, elsewhere by the stages' process groups.
+    pub fn wait_command(&self, job: &str, tenths: u32) -> String {
+        if self.os.windows() {
+            // taskkill /F ends the tree at once: nothing to wait for.
+            return powershell("exit 0\n");
+        }
+        let body = format!(
+            "i=0\n\
+             while [ $i -lt {tenths} ]; do\n\
+             a=0\n\
+             if [ -d /proc/self ]; then grep -qsaF {mark} /proc/[0-9]*/environ 2>/dev/null && a=1\n\
+             else for f in {own}/*.pgid; do [ -f \"$f\" ] && kill -0 -- \"-$(cat \"$f\")\" 2>/dev/null && a=1; done; fi\n\
+             [ $a = 0 ] && exit 0\n\
+             sleep 0.1; i=$((i + 1))\n\
+             done\n",
+            own = sh_quote(&self.join(&[job, ".flotilla"])),
+            mark = sh_quote(&format!("FLOTILLA_JOB={}", Self::mark(job))),
+        );
+        unix(&body)
     }
 
     /// Sends `signal` to every process of the job: each stage's process group, and (Linux)
@@ -379,8 +428,9 @@ impl InstanceSettings {
             );
             return powershell(&body);
         }
+        // What cannot be removed is reported, not failed on: the machine is not broken.
         let body = format!(
-            "{term}\nsleep 1\n{kill}\nrm -rf -- {dir}\n",
+            "{term}\nsleep 1\n{kill}\nchmod -R u+w -- {dir} 2>/dev/null\nrm -rf -- {dir} 2>/dev/null || echo \"flotilla: could not remove all of \"{dir} >&2\ntrue\n",
             term = self.unix_sweep(job, Signal::Term),
             kill = self.unix_sweep(job, Signal::Kill),
             dir = sh_quote(&self.job_dir(job)),
@@ -403,21 +453,30 @@ impl InstanceSettings {
             Signal::Term => "TERM",
             Signal::Kill => "KILL",
         };
-        // `kill -s SIG -- -PGID` signals a whole process group; grep lists the processes
-        // whose initial environment holds the mark (NUL-separated, hence -a); `$$` (this
-        // sweep) never carries it.
+        // grep lists the processes whose initial environment holds the mark (NUL-separated,
+        // hence -a); this sweep never carries it. `kill -s SIG -- -PGID` signals a stage's
+        // whole process group. A group id outlives its group and may be reused, so on Linux
+        // a group is signalled only while a marked process is in it (field 3 after the
+        // command name in /proc/<pid>/stat); where there is no /proc, every recorded group.
         format!(
-            "for f in {own}/*.pgid; do [ -f \"$f\" ] && kill -s {sig} -- \"-$(cat \"$f\")\" 2>/dev/null; done\n\
-             for e in $(grep -lsaF {mark} /proc/[0-9]*/environ 2>/dev/null); do p=${{e#/proc/}}; p=${{p%/environ}}; [ \"$p\" != \"$$\" ] && kill -s {sig} \"$p\" 2>/dev/null; done\n\
+            "m=$(grep -lsaF {mark} /proc/[0-9]*/environ 2>/dev/null)\n\
+             g=' '\n\
+             for e in $m; do p=${{e#/proc/}}; p=${{p%/environ}}; t=$(cat \"/proc/$p/stat\" 2>/dev/null) || continue; t=${{t##*) }}; set -- $t; g=\"$g$3 \"; done\n\
+             for f in {own}/*.pgid; do [ -f \"$f\" ] || continue; k=$(cat \"$f\"); case $k in ''|*[!0-9]*) continue;; esac\n\
+             if [ -d /proc/self ]; then case \"$g\" in *\" $k \"*) kill -s {sig} -- \"-$k\" 2>/dev/null;; esac; else kill -s {sig} -- \"-$k\" 2>/dev/null; fi; done\n\
+             for e in $m; do p=${{e#/proc/}}; p=${{p%/environ}}; [ \"$p\" != \"$$\" ] && kill -s {sig} \"$p\" 2>/dev/null; done\n\
              true",
             own = sh_quote(&self.join(&[job, ".flotilla"])),
             mark = sh_quote(&format!("FLOTILLA_JOB={}", Self::mark(job))),
         )
     }
 
+    /// Ends each recorded stage's process tree, only if the process is the one recorded: it
+    /// started before its pid file was written (Windows reuses pids quickly, and the login
+    /// is an administrator's).
     fn windows_sweep(&self, job: &str) -> String {
         format!(
-            "Get-ChildItem -LiteralPath {own} -Filter '*.pid' -ErrorAction SilentlyContinue | ForEach-Object {{ $p = (Get-Content -LiteralPath $_.FullName -TotalCount 1); if ($p -match '^[0-9]+$') {{ & taskkill.exe /T /F /PID $p 2>&1 | Out-Null }} }}",
+            "Get-ChildItem -LiteralPath {own} -Filter '*.pid' -ErrorAction SilentlyContinue | ForEach-Object {{ $p = (Get-Content -LiteralPath $_.FullName -TotalCount 1 -ErrorAction SilentlyContinue); $proc = $null; if ($p -match '^[0-9]+$') {{ $proc = Get-Process -Id $p -ErrorAction SilentlyContinue }}; if ($proc -and $proc.StartTime -le $_.LastWriteTime) {{ try {{ & taskkill.exe /T /F /PID $p 2>&1 | Out-Null }} catch {{ }} }} }}",
             own = ps_quote(&self.join(&[job, ".flotilla"])),
         )
     }
@@ -516,7 +575,7 @@ mod tests {
         assert_eq!(s.shell, Shell::Pwsh);
         assert_eq!(s.builds_dir("42"), r"C:\flotilla\42\builds");
         assert_eq!(s.cache_dir(), r"C:\flotilla\cache");
-        let run = s.run_command("42", "build_script-1");
+        let run = s.run_command("42", "build_script-1", 1234);
         // Only base64 follows the flags: neither cmd.exe nor PowerShell can misread it.
         let encoded = run.rsplit(' ').next().expect("word");
         assert!(
@@ -533,7 +592,7 @@ mod tests {
             script.contains(r"pwsh.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -File 'C:\flotilla\42\.flotilla\build_script-1.ps1'"),
             "{script}"
         );
-        assert!(script.contains("exit $LASTEXITCODE"), "{script}");
+        assert!(script.contains("exit $code"), "{script}");
         assert!(script.contains("[IO.FileMode]::CreateNew"), "{script}");
         assert!(
             script.contains("[Environment]::CurrentDirectory = 'C:\\flotilla\\42'"),
@@ -552,7 +611,87 @@ mod tests {
         )
         .expect("settings");
         assert_eq!(s.job_dir("7"), r"D:\ci jobs\7");
-        assert!(decode_powershell(&s.run_command("7", "r")).contains("& powershell.exe "));
+        let script = decode_powershell(&s.run_command("7", "r", 5));
+        assert!(script.contains("& powershell.exe "), "{script}");
+        // A missing shell is a setup failure, before the marker; no exit code is not success.
+        let check = script
+            .find("Get-Command powershell.exe")
+            .expect("shell check");
+        assert!(check < script.find("[Console]::Out.Write(").expect("marker"));
+        assert!(
+            script.contains("if ($null -eq $code) { exit 1 }"),
+            "{script}"
+        );
+        assert!(script.contains("if ($got -ne 5)"), "{script}");
+        let sweep = decode_powershell(&s.stop_command("7", Signal::Kill));
+        assert!(
+            sweep.contains("$proc.StartTime -le $_.LastWriteTime"),
+            "{sweep}"
+        );
+    }
+
+    /// Runs a Unix command as the machine's login shell would (`sh -c`), in `dir`.
+    fn on_machine(command: &str, stdin: &[u8]) -> std::process::Output {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(command)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let mut input = child.stdin.take().expect("stdin");
+        input.write_all(stdin).expect("write");
+        drop(input);
+        child.wait_with_output().expect("output")
+    }
+
+    #[test]
+    fn a_detached_stage_starts_once_follows_from_any_byte_and_refuses_a_cut_script() {
+        let root = tempfile::tempdir().expect("dir");
+        let s = InstanceSettings::new(
+            MachineOs::Linux,
+            None,
+            Some(root.path().join("it's").display().to_string()),
+        )
+        .expect("settings");
+        let made = on_machine(&s.prepare_command("5"), b"");
+        assert!(made.status.success(), "{made:?}");
+        let script = b"echo one; echo two >&2; exit 3\n";
+        let first = on_machine(&s.start_command("5", "r1", 0, script.len()), script);
+        let out = String::from_utf8_lossy(&first.stdout);
+        assert_eq!(out, "flotilla-start r1\none\ntwo\n");
+        assert!(String::from_utf8_lossy(&first.stderr).ends_with("flotilla-status 3\n"));
+        // Sent again from byte 4 (after "one\n"): no second start, the rest only.
+        let again = on_machine(&s.start_command("5", "r1", 4, script.len()), script);
+        assert_eq!(
+            String::from_utf8_lossy(&again.stdout),
+            "flotilla-start r1\ntwo\n"
+        );
+        assert!(String::from_utf8_lossy(&again.stderr).ends_with("flotilla-status 3\n"));
+        let log = std::fs::read_to_string(root.path().join("it's/5/.flotilla/r1.out"));
+        assert_eq!(log.expect("log"), "one\ntwo\n", "the script ran once");
+        // A script cut in transit never starts, and a whole one may then.
+        let cut = on_machine(&s.start_command("5", "r2", 0, 100), b"echo never\n");
+        assert!(!cut.status.success());
+        assert!(String::from_utf8_lossy(&cut.stderr).contains("arrived cut: 11 of 100"));
+        assert!(!String::from_utf8_lossy(&cut.stdout).contains("flotilla-start"));
+        let whole = on_machine(&s.start_command("5", "r2", 0, 11), b"echo never\n");
+        assert_eq!(
+            String::from_utf8_lossy(&whole.stdout),
+            "flotilla-start r2\nnever\n"
+        );
+        // A script whose processes are killed leaves no status: the follower says so.
+        let killer = b"kill -KILL $PPID\n";
+        let lost = on_machine(&s.start_command("5", "r3", 0, killer.len()), killer);
+        assert!(
+            String::from_utf8_lossy(&lost.stderr).ends_with("flotilla-status lost\n"),
+            "{lost:?}"
+        );
+        let clean = on_machine(&s.cleanup_command("5"), b"");
+        assert!(clean.status.success(), "{clean:?}");
+        assert!(!root.path().join("it's/5").exists());
     }
 
     #[test]
