@@ -244,6 +244,30 @@ pub fn busybox_rootfs_tar() -> Vec<u8> {
 
 impl Drop for Dockerd {
     fn drop(&mut self) {
+        if self.netns.is_none() {
+            // A user network's bridge outlives dockerd (its data root is a temp dir, so no
+            // later dockerd removes it), and enough of them exhaust Docker's address pools
+            // on this machine: remove the containers and networks while the engine answers.
+            let cli = |args: &[&str]| {
+                Command::new("docker")
+                    .arg("-H")
+                    .arg(format!("unix://{}", self.socket().display()))
+                    .args(args)
+                    .output()
+            };
+            if let Ok(out) = cli(&["ps", "-aq"]) {
+                let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect();
+                if !ids.is_empty() {
+                    let mut args = vec!["rm", "-f"];
+                    args.extend(ids.iter().map(String::as_str));
+                    let _ = cli(&args); // best effort: the engine is going away
+                }
+            }
+            let _ = cli(&["network", "prune", "-f"]); // likewise
+        }
         // SIGTERM lets dockerd stop its containerd; a dockerd already gone is fine.
         let _ = Command::new("kill")
             .arg(self.child.id().to_string())
