@@ -13,7 +13,7 @@ out=$(mktemp -d)
 if [ -z "${FLOTILLA_BENCH_NS:-}" ] && [ -f /root/.bashrc ] && [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
   exec env FLOTILLA_BENCH_NS=1 unshare --mount --propagation private -- bash -c 'mount --bind /dev/null /root/.bashrc && exec "$0" "$@"' "$0" "$@"
 fi
-FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler --bench aws --bench oci --bench connector --bench gitlab --bench credentials -- "$@"
+FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler --bench aws --bench oci --bench connector --bench gitlab --bench instance --bench credentials -- "$@"
 python3 - "$CARGO_TARGET_DIR/criterion" "$out" <<'PY'
 import json, os, sys
 root, out = sys.argv[1], sys.argv[2]
@@ -40,7 +40,8 @@ rows = ["scaler/acquire_release_10k_x4", "scaler/reconcile_tick_10k", "scaler/re
         "connector/acquire_release_ssh_ready", "connector/acquire_release_always_ready",
         "connector/ping_one_kept_session", "connector/ping_twenty_kept_sessions_concurrently",
         "gitlab/lifecycle_direct", "gitlab/lifecycle_through_handle", "gitlab/prepare_to_first_output",
-        "gitlab/stage_attached_exec", "gitlab/stage_detached_followed"]
+        "gitlab/stage_attached_exec", "gitlab/stage_detached_followed",
+        "instance/ssh_host_true", "instance/prepare_to_first_byte"]
 print("\nmedians:")
 for r in rows: print(f"  {r:<38} {fmt(median(r))}")
 try: print(f"  {'rss_per_instance':<38} {open(os.path.join(out,'rss_per_instance_kib')).read()} KiB")
@@ -75,6 +76,8 @@ d, h = median("gitlab/lifecycle_direct"), median("gitlab/lifecycle_through_handl
 if d and h: print(f"  container lifecycle via handle / direct {h/d:.2f}x")
 a, f = median("gitlab/stage_attached_exec"), median("gitlab/stage_detached_followed")
 if a and f: print(f"  run stage detached+followed / attached  {f/a:.2f}x")
+s_, p_ = median("instance/ssh_host_true"), median("instance/prepare_to_first_byte")
+if s_ and p_: print(f"  instance prepare to first byte / ssh true {p_/s_:.2f}x (goal 1.2x or less)")
 a = median("scaler/acquire_release_10k_x4")
 if a: print(f"  acquire+release per second (one core)  {1e9/a:,.0f}")
 PY
