@@ -438,15 +438,21 @@ async fn docker(
             axum::http::Request::from_parts(parts, body),
         )
         .await
-        .map_err(|e| match e {
-            ForwardError::NoDocker => ApiError::new(ErrorCode::NoDocker, e.to_string()),
-            ForwardError::NoShell { .. } => ApiError::new(ErrorCode::NoShell, e.to_string()),
-            ForwardError::Unreachable { .. } => {
-                ApiError::new(ErrorCode::InstanceUnreachable, e.to_string())
-            }
-            ForwardError::LeaseEnded { .. } => ApiError::new(ErrorCode::LeaseEnded, e.to_string()),
-        })?;
+        .map_err(ApiError::from)?;
     Ok(forwarded.map(axum::body::Body::new))
+}
+
+/// A failure to reach the lease's machine, with its stable code.
+impl From<ForwardError> for ApiError {
+    fn from(e: ForwardError) -> Self {
+        let code = match e {
+            ForwardError::NoDocker => ErrorCode::NoDocker,
+            ForwardError::NoShell { .. } => ErrorCode::NoShell,
+            ForwardError::Unreachable { .. } => ErrorCode::InstanceUnreachable,
+            ForwardError::LeaseEnded { .. } => ErrorCode::LeaseEnded,
+        };
+        ApiError::new(code, e.to_string())
+    }
 }
 
 /// An exec request's body limit: the largest stdin in base64, and room for the command.
@@ -493,15 +499,7 @@ async fn exec(
             stdin,
         )
         .await
-        .map_err(|e| match e {
-            ForwardError::NoShell { .. } | ForwardError::NoDocker => {
-                ApiError::new(ErrorCode::NoShell, e.to_string())
-            }
-            ForwardError::Unreachable { .. } => {
-                ApiError::new(ErrorCode::InstanceUnreachable, e.to_string())
-            }
-            ForwardError::LeaseEnded { .. } => ApiError::new(ErrorCode::LeaseEnded, e.to_string()),
-        })?;
+        .map_err(ApiError::from)?;
     tracing::debug!(pool = %name, lease = id, %instance, "exec on the lease's machine");
     let frames = futures_util::stream::unfold(events, |mut events| async move {
         let frame = match events.recv().await? {
