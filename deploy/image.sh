@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 . scripts/toolchain.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 target=x86_64-unknown-linux-musl
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' crates/flotilla/Cargo.toml | head -1)
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' host/flotilla/Cargo.toml | head -1)
 tag="${1:-flotilla:$version}"
 
 rustup target list --installed | grep -qx "$target" || rustup target add "$target"

@@ -6,7 +6,7 @@
 #       SHA256SUMS from a release directory or URL (what scripts/release.sh writes), checks the
 #       binary against its checksum, and installs it as PREFIX/bin/flotilla.
 #   scripts/install.sh [--prefix DIR]
-#       From this checkout, with Rust (rustup): `cargo install --locked --path crates/flotilla`
+#       From this checkout, with Rust (rustup): `cargo install --locked --path host/flotilla`
 #       into PREFIX (the official plugins are built into the binary, so the wasm32-wasip2
 #       target is added when missing).
 #
@@ -56,7 +56,7 @@ else
   . scripts/toolchain.sh
   rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
-  cargo install --locked --quiet --force --path crates/flotilla --root "$prefix"
+  cargo install --locked --quiet --force --path host/flotilla --root "$prefix"
 fi
 "$prefix/bin/flotilla" --version >/dev/null
 echo "$prefix/bin/flotilla"

@@ -64,7 +64,7 @@ shutdown_grace = "{{ .Values.server.shutdownGraceSeconds }}s"
 {{/*
 terminationGracePeriodSeconds: the preStop sleep, then shutdown_grace for leases to be
 released, then up to 15 s for each pool's plugin shutdown (PLUGIN_SHUTDOWN_ALLOWANCE in
-crates/flotilla/src/app.rs), plus 5 s to exit.
+host/flotilla/src/app.rs), plus 5 s to exit.
 */}}
 {{- define "flotilla.terminationGracePeriodSeconds" -}}
 {{- add .Values.preStopSleepSeconds .Values.server.shutdownGraceSeconds 15 5 -}}

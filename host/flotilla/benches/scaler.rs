@@ -1,0 +1,172 @@
+//! Scaler benchmarks: acquire+release throughput with 10,000 instances x 4 slots, the cost
+//! of a reconcile tick at 10,000 instances, and the real-time latency from a new
+//! reservation to the provider's `increase()` call.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use criterion::{Criterion, criterion_group, criterion_main};
+use flotilla_provider::{
+    Arch, CallError, Connection, Instance, InstanceState, Listing, Os, Protocol, Provider,
+    ProviderHealth, ProviderInfo,
+};
+use flotilla_scaler::{
+    AlwaysReady, Clock, Policy, PoolCore, PoolHandle, ScalerConfig, SystemClock,
+};
+use tokio::sync::mpsc;
+
+const N: usize = 10_000;
+
+fn big_pool() -> PoolCore {
+    let cfg = ScalerConfig {
+        capacity_per_instance: 4,
+        max_instances: N as u32,
+        ..ScalerConfig::default()
+    };
+    let policy = Policy::new(vec!["* * * * *".into()], "UTC", 0, 3_600_000, 0.0, 0, false)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let mut core = PoolCore::new(cfg, vec![policy], 0);
+    let _ = core.plan(0);
+    let list = (0..N)
+        .map(|i| Instance {
+            id: format!("i-{i}"),
+            state: InstanceState::Running,
+        })
+        .collect::<Vec<_>>();
+    core.on_update(0, Ok(list.into()));
+    for _ in core.plan(1) {}
+    for i in 0..N {
+        core.on_ready(1, &format!("i-{i}"), Ok(()));
+    }
+    // Half the slots busy, so acquire works in a realistic index.
+    for _ in 0..(N * 2) {
+        let l = core.reserve(2).unwrap_or_else(|e| panic!("{e}"));
+        core.acquire(2, l).unwrap_or_else(|e| panic!("{e}"));
+    }
+    core
+}
+
+fn core_benches(c: &mut Criterion) {
+    let mut core = big_pool();
+    let mut g = c.benchmark_group("scaler");
+    g.bench_function("acquire_release_10k_x4", |b| {
+        b.iter(|| {
+            let l = core.reserve(3).unwrap_or_else(|e| panic!("{e}"));
+            core.acquire(3, l).unwrap_or_else(|e| panic!("{e}"));
+            core.release(3, l).unwrap_or_else(|e| panic!("{e}"));
+        })
+    });
+    let mut now = 10_000;
+    g.bench_function("reconcile_tick_10k", |b| {
+        b.iter(|| {
+            now += 1;
+            core.plan(now)
+        })
+    });
+    g.finish();
+}
+
+/// A provider that reports when `increase` is called.
+struct Signal {
+    tx: mpsc::UnboundedSender<Instant>,
+}
+
+#[async_trait]
+impl Provider for Signal {
+    async fn init(&self, _: &str) -> Result<ProviderInfo, CallError> {
+        Ok(ProviderInfo {
+            id: "bench".into(),
+            version: "0".into(),
+            max_size: 0,
+            heartbeat: false,
+            expiring_connect_info: false,
+        })
+    }
+    async fn update(&self) -> Result<Listing, CallError> {
+        Ok(Listing::default())
+    }
+    async fn increase(&self, delta: u32) -> Result<u32, CallError> {
+        // The benchmark may have stopped listening; the call itself still succeeds.
+        let _ = self.tx.send(Instant::now());
+        Ok(delta)
+    }
+    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
+        Ok(ids.to_vec())
+    }
+    async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
+        Ok(Connection {
+            id: id.into(),
+            os: Os::Linux,
+            arch: Arch::Amd64,
+            protocol: Protocol::Ssh,
+            internal_address: None,
+            external_address: None,
+            port: 22,
+            username: String::new(),
+            expires: None,
+        })
+    }
+    async fn heartbeat(&self, _: &str) -> Result<(), CallError> {
+        Ok(())
+    }
+    async fn shutdown(&self) -> Result<(), CallError> {
+        Ok(())
+    }
+    fn health(&self) -> ProviderHealth {
+        ProviderHealth::default()
+    }
+}
+
+fn reservation_to_increase(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut g = c.benchmark_group("scaler");
+    g.bench_function("reservation_to_increase", |b| {
+        b.to_async(&rt).iter_custom(|iters| async move {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let (tx, mut rx) = mpsc::unbounded_channel();
+                let clock = Arc::new(SystemClock);
+                let policy = Policy::new(vec!["* * * * *".into()], "UTC", 0, 60_000, 0.0, 0, false)
+                    .unwrap_or_else(|e| panic!("{e:?}"));
+                let cfg = ScalerConfig {
+                    update_interval_ms: 3_600_000,
+                    ..ScalerConfig::default()
+                };
+                let core = PoolCore::new(cfg, vec![policy], clock.now());
+                let pool = PoolHandle::spawn(
+                    "bench".into(),
+                    core,
+                    Arc::new(Signal { tx }),
+                    clock,
+                    Arc::new(AlwaysReady),
+                    None,
+                );
+                // Wait until the first update has been applied.
+                while pool.snapshot().health != flotilla_scaler::PoolHealth::Ready {
+                    tokio::task::yield_now().await;
+                }
+                let start = Instant::now();
+                pool.reserve().unwrap_or_else(|e| panic!("{e}"));
+                let called = rx.recv().await.unwrap_or_else(|| panic!("no increase"));
+                total += called.duration_since(start);
+                pool.shutdown(Duration::ZERO, false).await;
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, core_benches, reservation_to_increase);
+criterion_main!(benches);

@@ -1,0 +1,880 @@
+//! `flotilla migrate docker-machine`: GitLab Runner `docker+machine` runners as Flotilla pools.
+//!
+//! Reads a GitLab Runner `config.toml` and, for each `[[runners]]` with
+//! `executor = "docker+machine"`, maps `[runners.machine]` to a pool and its policies, turns the
+//! Docker Machine driver's `MachineOptions` into the cloud group the pool's plugin manages
+//! (printed as the cloud's own CLI commands, with the permissions the plugin needs), and lists
+//! every key it could not carry over with the reason. Nothing is dropped silently.
+//!
+//! Docker Machine's periods are gorhill/cronexpr expressions, checked by GitLab Runner's
+//! `helpers/timeperiod` as "the next matching second is within one second of now": a period is
+//! active during the *seconds* it matches. Only 7-field periods whose seconds field matches
+//! every second and whose year field is `*` are whole minutes, which 5-field cron expresses
+//! exactly; anything else is refused with the period named.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use flotilla_validate::{KeyPath, Seg};
+use serde::Serialize;
+
+use crate::config::locate::Locator;
+
+mod aws;
+mod azure;
+mod gcp;
+pub mod report;
+
+/// What the command was asked for besides the file.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The plugin reference for each cloud (`aws`), written as each pool's `plugin`.
+    pub plugins: BTreeMap<String, String>,
+    /// The zone written where a section's `Timezone` is empty (GitLab Runner's local zone).
+    pub timezone: String,
+    /// `max_instances` where a runner's `limit` is 0 (unlimited) and `concurrent` is unset.
+    pub max_instances: Option<u32>,
+    /// The API token file, written as `server.token` and the driver's `--token-file`.
+    pub token_file: String,
+    /// The lease API's address: `server.listen`, and the driver's `--url`.
+    pub listen: std::net::SocketAddr,
+    /// The `flotilla` the runner runs for each stage.
+    pub exe: String,
+}
+
+/// The whole result: the Flotilla configuration and the report.
+#[derive(Debug, Serialize)]
+pub struct Migration {
+    /// The configuration text (`flotilla.toml`); pools only for the runners that migrated.
+    pub config: String,
+    /// One entry per `docker+machine` runner.
+    pub runners: Vec<RunnerReport>,
+    /// Runners with another executor, left alone.
+    pub other_runners: Vec<String>,
+    /// The `[[runners]]` blocks that replace the migrated runners in GitLab Runner's
+    /// `config.toml` (Custom executor through `flotilla gitlab`), with each runner's token
+    /// replaced by a placeholder: this text is printed.
+    pub runners_toml: String,
+    /// The same blocks with the tokens, for a file only the operator can read.
+    #[serde(skip)]
+    pub runners_toml_with_tokens: String,
+}
+
+/// What became of one runner.
+#[derive(Debug, Serialize)]
+pub struct RunnerReport {
+    /// The runner's `name`.
+    pub runner: String,
+    /// The pool written for it; `None` when it was refused.
+    pub pool: Option<String>,
+    /// Why it was refused (every reason at once).
+    pub refused: Vec<Item>,
+    /// Keys carried over with a change of meaning the operator should check.
+    pub changed: Vec<Item>,
+    /// Keys that could not be carried over.
+    pub unmapped: Vec<Item>,
+    /// The cloud group the pool's plugin manages, to create once.
+    pub group: Option<GroupSpec>,
+}
+
+/// A key and what happened to it.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct Item {
+    /// Where, e.g. `runners[0].machine.MachineName` or `MachineOptions: amazonec2-tags`.
+    pub key: String,
+    /// Its line in the runner config, when known.
+    pub line: Option<usize>,
+    /// Why.
+    pub reason: String,
+}
+
+/// The cloud group to create once, in the cloud's own terms.
+#[derive(Debug, Serialize)]
+pub struct GroupSpec {
+    /// `aws`, `gcp` or `azure`.
+    pub cloud: String,
+    /// Commands that create it.
+    pub commands: Vec<String>,
+    /// The permissions the plugin needs, as the cloud's policy document.
+    pub permissions: String,
+}
+
+/// A runner-config problem that stops the whole migration (the file cannot be read as TOML).
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct MigrateError {
+    /// The file.
+    pub file: String,
+    /// What is wrong, with the line when known.
+    pub message: String,
+}
+
+/// Migrates the runner config `text` read from `file`.
+pub fn migrate(file: &str, text: &str, options: &Options) -> Result<Migration, MigrateError> {
+    let doc: toml::Table = toml::from_str(text).map_err(|e| MigrateError {
+        file: file.to_string(),
+        message: e.to_string().trim().to_string(),
+    })?;
+    let locator = Locator::new(text);
+    let concurrent = doc
+        .get("concurrent")
+        .and_then(toml::Value::as_integer)
+        .and_then(|c| u32::try_from(c).ok())
+        .filter(|c| *c > 0);
+    let empty = Vec::new();
+    let runners = doc
+        .get("runners")
+        .and_then(toml::Value::as_array)
+        .unwrap_or(&empty);
+    let mut out = Migration {
+        config: String::new(),
+        runners: Vec::new(),
+        other_runners: Vec::new(),
+        runners_toml: String::new(),
+        runners_toml_with_tokens: String::new(),
+    };
+    let mut pools = String::new();
+    let mut names = Vec::<String>::new();
+    for (i, runner) in runners.iter().enumerate() {
+        let at = KeyPath::root().key("runners").index(i);
+        let name = runner
+            .get("name")
+            .and_then(toml::Value::as_str)
+            .map_or_else(|| format!("runners[{i}]"), str::to_string);
+        if runner.get("executor").and_then(toml::Value::as_str) != Some("docker+machine") {
+            out.other_runners.push(name);
+            continue;
+        }
+        let mut r = Runner {
+            at: &at,
+            locator: &locator,
+            report: RunnerReport {
+                runner: name.clone(),
+                pool: None,
+                refused: Vec::new(),
+                changed: Vec::new(),
+                unmapped: Vec::new(),
+                group: None,
+            },
+        };
+        let pool_name = unique(pool_name(&name), &names);
+        if let Some(text) = r.pool(runner, &pool_name, concurrent, options) {
+            match runner_block(runner, &pool_name, options) {
+                Ok((shown, real)) => {
+                    out.runners_toml.push_str(&shown);
+                    out.runners_toml_with_tokens.push_str(&real);
+                }
+                Err(e) => r.refuse(&at, format!("cannot write its [[runners]] block: {e}")),
+            }
+            names.push(pool_name.clone());
+            r.report.pool = Some(pool_name);
+            pools.push_str(&text);
+        }
+        out.runners.push(r.report);
+    }
+    out.config = header(file, &out, options) + &pools;
+    Ok(out)
+}
+
+/// The runner's new `[[runners]]` block: its own keys (name, url, token, limit, cache, ...),
+/// the Custom executor through `flotilla gitlab` on the migrated pool, and `[runners.docker]`
+/// `image` as the driver's default image. Returns it with the token replaced by a placeholder,
+/// and with the token.
+fn runner_block(
+    runner: &toml::Value,
+    pool: &str,
+    options: &Options,
+) -> anyhow::Result<(String, String)> {
+    let mut table = runner.as_table().cloned().unwrap_or_default();
+    let image = table
+        .get("docker")
+        .and_then(|d| d.get("image"))
+        .and_then(toml::Value::as_str)
+        .map(str::to_string);
+    for key in [
+        "executor",
+        "machine",
+        "docker",
+        "builds_dir",
+        "cache_dir",
+        "custom",
+    ] {
+        table.remove(key);
+    }
+    table.insert("executor".into(), "custom".into());
+    table.insert("builds_dir".into(), "/builds".into());
+    table.insert("cache_dir".into(), "/cache".into());
+    let mut args: Vec<String> = [
+        "gitlab",
+        "--url",
+        &format!("http://{}", options.listen),
+        "--pool",
+        pool,
+        "--token-file",
+        &options.token_file,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some(image) = image {
+        args.extend(["--default-image".to_string(), image]);
+    }
+    let custom = crate::cli::gitlab::custom_section(
+        &options.exe,
+        &args,
+        std::time::Duration::from_secs(600),
+    )?;
+    let render = |table: &toml::Table| -> anyhow::Result<String> {
+        let mut doc = toml::Table::new();
+        doc.insert(
+            "runners".into(),
+            toml::Value::Array(vec![toml::Value::Table(table.clone())]),
+        );
+        Ok(format!("{}{custom}\n", toml::to_string(&doc)?))
+    };
+    let real = render(&table)?;
+    let name = table
+        .get("name")
+        .and_then(toml::Value::as_str)
+        .unwrap_or(pool)
+        .to_string();
+    redact(&mut table, &name, "runners");
+    Ok((render(&table)?, real))
+}
+
+/// Replaces every secret-looking string (tokens, secret and access keys, passwords) in a runner
+/// block with a placeholder naming where the real one is, for the text that is printed.
+fn redact(table: &mut toml::Table, runner: &str, at: &str) {
+    for (key, value) in table.iter_mut() {
+        let lower = key.to_ascii_lowercase();
+        let secret = [
+            "token",
+            "secret",
+            "password",
+            "accesskey",
+            "access_key",
+            "credentials",
+        ]
+        .iter()
+        .any(|s| lower.contains(s));
+        match value {
+            toml::Value::Table(inner) => redact(inner, runner, &format!("{at}.{key}")),
+            toml::Value::String(_) if secret => {
+                *value =
+                    format!("<{at}.{key} of runner {runner} in the original config.toml>").into();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The top of the written file: where it came from, and the API server the runner blocks
+/// call.
+fn header(file: &str, m: &Migration, options: &Options) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Written by `flotilla migrate docker-machine` from {file}."
+    );
+    let _ = writeln!(
+        s,
+        "# Read the report it printed: keys that changed meaning or could not be carried over."
+    );
+    if m.runners.iter().all(|r| r.pool.is_none()) {
+        let _ = writeln!(s, "# No runner could be migrated.");
+    }
+    let _ = write!(
+        s,
+        "\n[server]\n# The [[runners]] blocks this migration printed call this address with this token.\n# Create the token once: head -c 32 /dev/urandom | base64 > {token} && chmod 600 {token}\nlisten = {}\ntoken = {{ file = {} }}\n",
+        quote(&options.listen.to_string()),
+        quote(&options.token_file),
+        token = options.token_file,
+    );
+    s
+}
+
+/// `[a-z0-9-]` of the runner's name, at most 48 characters, never empty.
+fn pool_name(runner: &str) -> String {
+    let mut s: String = runner
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    while s.contains("--") {
+        s = s.replace("--", "-");
+    }
+    let s: String = s.trim_matches('-').chars().take(48).collect();
+    if s.is_empty() {
+        "runner".to_string()
+    } else {
+        s
+    }
+}
+
+fn unique(base: String, taken: &[String]) -> String {
+    let mut name = base.clone();
+    let mut n = 2;
+    while taken.contains(&name) {
+        name = format!("{base}-{n}");
+        n += 1;
+    }
+    name
+}
+
+struct Runner<'a> {
+    at: &'a KeyPath,
+    locator: &'a Locator,
+    report: RunnerReport,
+}
+
+/// The `[runners.machine]` keys this migration maps; every other key is reported.
+const MAPPED_MACHINE_KEYS: [&str; 9] = [
+    "IdleCount",
+    "IdleCountMin",
+    "IdleScaleFactor",
+    "IdleTime",
+    "MaxBuilds",
+    "MaxGrowthRate",
+    "MachineDriver",
+    "MachineOptions",
+    "autoscaling",
+];
+
+impl Runner<'_> {
+    fn item(&self, path: &KeyPath, reason: impl Into<String>) -> Item {
+        Item {
+            key: display(path),
+            line: self.locator.line(path.segments()),
+            reason: reason.into(),
+        }
+    }
+
+    fn refuse(&mut self, path: &KeyPath, reason: impl Into<String>) {
+        let item = self.item(path, reason);
+        self.report.refused.push(item);
+    }
+
+    fn changed(&mut self, path: &KeyPath, reason: impl Into<String>) {
+        let item = self.item(path, reason);
+        self.report.changed.push(item);
+    }
+
+    fn unmapped(&mut self, path: &KeyPath, reason: impl Into<String>) {
+        let item = self.item(path, reason);
+        self.report.unmapped.push(item);
+    }
+
+    /// The driver's own options (`PREFIX-name` as `(name, its last value, where)`), after
+    /// reporting every other option as unmapped: Docker Engine and swarm options belong in
+    /// `engine_home` (the cloud's image or start-up script), anything else is not the driver's.
+    fn driver_options<'o>(
+        &mut self,
+        opts: &'o DriverOptions,
+        prefix: &str,
+        engine_home: &str,
+    ) -> Vec<(&'o str, &'o String, KeyPath)> {
+        let mut out = Vec::new();
+        for (key, values) in opts {
+            let Some(name) = key.strip_prefix(prefix) else {
+                for (_, at) in values {
+                    let reason = if key.starts_with("engine-") || key.starts_with("swarm") {
+                        format!(
+                            "Flotilla does not install or configure Docker Engine: put it in {engine_home}"
+                        )
+                    } else {
+                        format!(
+                            "not an option of the {} driver",
+                            prefix.trim_end_matches('-')
+                        )
+                    };
+                    self.unmapped(&with_option(at, key), reason);
+                }
+                continue;
+            };
+            if let Some((value, at)) = values.last() {
+                out.push((name, value, with_option(at, key)));
+            }
+        }
+        out
+    }
+
+    /// The plugin for `cloud`: the one given with `--plugin`, or the official one built into
+    /// the binary.
+    fn plugin_for(&mut self, cloud: &str, options: &Options) -> Option<String> {
+        Some(
+            options
+                .plugins
+                .get(cloud)
+                .cloned()
+                .unwrap_or_else(|| format!("builtin:{cloud}")),
+        )
+    }
+
+    /// The pool's TOML, or `None` with the reasons in `refused`.
+    fn pool(
+        &mut self,
+        runner: &toml::Value,
+        name: &str,
+        concurrent: Option<u32>,
+        options: &Options,
+    ) -> Option<String> {
+        let machine_at = self.at.key("machine");
+        let empty = toml::Table::new();
+        let machine = match runner.get("machine") {
+            Some(toml::Value::Table(t)) => t,
+            Some(_) => {
+                self.refuse(&machine_at, "must be a table");
+                &empty
+            }
+            None => {
+                self.refuse(&machine_at, "missing: a docker+machine runner needs it");
+                &empty
+            }
+        };
+        for key in machine.keys() {
+            if !MAPPED_MACHINE_KEYS.contains(&key.as_str()) {
+                let reason = match key.as_str() {
+                    "MachineName" => {
+                        "instances are named by the cloud group (its launch or instance template), not by Flotilla"
+                    }
+                    k if k.starts_with("OffPeak") => {
+                        "OffPeak settings are deprecated (removed in GitLab Runner 14.0): rewrite them as a [[runners.machine.autoscaling]] section and migrate again"
+                    }
+                    _ => "not a key this migration knows",
+                };
+                self.unmapped(&machine_at.key(key), reason);
+            }
+        }
+        for key in ["docker", "cache", "custom_build_dir"] {
+            if runner.get(key).is_some() {
+                self.unmapped(
+                    &self.at.key(key),
+                    "stays with GitLab Runner: the [[runners]] block this migration prints runs jobs through `flotilla gitlab` (docs/gitlab.md); [runners.docker] image becomes --default-image, its other keys are not carried over",
+                );
+            }
+        }
+        let max_instances = self.max_instances(runner, concurrent, options);
+        let max_use = self.uint(machine, &machine_at, "MaxBuilds").unwrap_or(0);
+        let throttle = self.growth_rate(machine, &machine_at);
+        let mut policies = Vec::new();
+        if let Some(p) = self.policy(machine, &machine_at, false, options) {
+            policies.push(p);
+        }
+        if let Some(sections) = machine.get("autoscaling") {
+            let list = sections.as_array().map(Vec::as_slice).unwrap_or_default();
+            if list.is_empty() && !sections.is_array() {
+                self.refuse(&machine_at.key("autoscaling"), "must be an array of tables");
+            }
+            for (i, section) in list.iter().enumerate() {
+                let at = machine_at.key("autoscaling").index(i);
+                match section.as_table() {
+                    Some(t) => {
+                        if let Some(p) = self.policy(t, &at, true, options) {
+                            policies.push(p);
+                        }
+                    }
+                    None => self.refuse(&at, "must be a table"),
+                }
+            }
+        }
+        let cloud = self.cloud(
+            machine,
+            &machine_at,
+            name,
+            max_instances.unwrap_or(0),
+            options,
+        );
+        if !self.report.refused.is_empty() {
+            return None;
+        }
+        let (cloud, plugin_config, plugin) = cloud?;
+        let max_instances = max_instances?;
+        let mut s = String::new();
+        let _ = writeln!(s, "\n# From runner {:?}.", self.report.runner);
+        let _ = writeln!(s, "[[pool]]");
+        let _ = writeln!(s, "name = {}", quote(name));
+        let _ = writeln!(s, "plugin = {}", quote(&plugin));
+        let _ = writeln!(s, "capacity_per_instance = 1");
+        let _ = writeln!(s, "max_instances = {max_instances}");
+        if max_use > 0 {
+            let _ = writeln!(s, "max_use_count = {max_use}");
+        }
+        if let Some((limit, burst)) = throttle {
+            let _ = writeln!(
+                s,
+                "scale_throttle = {{ limit = {limit:?}, burst = {burst} }}"
+            );
+        }
+        s.push_str(&cloud);
+        s.push_str(&plugin_config);
+        for p in policies {
+            s.push_str(&p);
+        }
+        Some(s)
+    }
+
+    fn max_instances(
+        &mut self,
+        runner: &toml::Value,
+        concurrent: Option<u32>,
+        options: &Options,
+    ) -> Option<u32> {
+        let at = self.at.key("limit");
+        let limit = match runner.get("limit") {
+            None => 0,
+            Some(v) => match v.as_integer().and_then(|l| u32::try_from(l).ok()) {
+                Some(l) => l,
+                None => {
+                    self.refuse(&at, "must be a whole number ≥ 0");
+                    return None;
+                }
+            },
+        };
+        if limit > 0 {
+            return Some(limit);
+        }
+        if let Some(n) = options.max_instances {
+            self.changed(
+                &at,
+                format!("limit 0 means unlimited; Flotilla needs a bound: max_instances = {n} (--max-instances)"),
+            );
+            return Some(n);
+        }
+        if let Some(c) = concurrent {
+            self.changed(
+                &at,
+                format!(
+                    "limit 0 means unlimited; bounded by the global concurrent: max_instances = {c}"
+                ),
+            );
+            return Some(c);
+        }
+        self.refuse(
+            &at,
+            "limit is 0 (unlimited) and concurrent is unset: pass --max-instances",
+        );
+        None
+    }
+
+    /// `MaxGrowthRate` (machines being created at once) as a token bucket: a burst of that
+    /// many, refilled at that many a minute.
+    fn growth_rate(&mut self, machine: &toml::Table, at: &KeyPath) -> Option<(f64, u32)> {
+        let rate = self.uint(machine, at, "MaxGrowthRate").filter(|r| *r > 0)?;
+        let limit = (f64::from(rate) / 60.0 * 1000.0).round() / 1000.0;
+        self.changed(
+            &at.key("MaxGrowthRate"),
+            format!(
+                "at most {rate} machines being created at once becomes a bucket of {rate} creations refilled at {rate} a minute (limit = {limit}/s): Flotilla limits the rate of creation, not the creations in flight"
+            ),
+        );
+        Some((limit, rate))
+    }
+
+    fn uint(&mut self, table: &toml::Table, at: &KeyPath, key: &str) -> Option<u32> {
+        let v = table.get(key)?;
+        match v.as_integer().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) => Some(n),
+            None => {
+                self.refuse(&at.key(key), "must be a whole number ≥ 0");
+                None
+            }
+        }
+    }
+
+    fn float(&mut self, table: &toml::Table, at: &KeyPath, key: &str) -> Option<f64> {
+        let v = table.get(key)?;
+        match v
+            .as_float()
+            .or_else(|| v.as_integer().map(|i| i as f64))
+            .filter(|f| f.is_finite() && *f >= 0.0)
+        {
+            Some(f) => Some(f),
+            None => {
+                self.refuse(&at.key(key), "must be a number ≥ 0");
+                None
+            }
+        }
+    }
+
+    /// One `[[pool.policy]]`: the machine section's own keys (`section = false`, every
+    /// minute), or an autoscaling section with its periods.
+    fn policy(
+        &mut self,
+        table: &toml::Table,
+        at: &KeyPath,
+        section: bool,
+        options: &Options,
+    ) -> Option<String> {
+        let mut periods = vec!["* * * * *".to_string()];
+        let mut timezone = None;
+        if section {
+            periods.clear();
+            match table.get("Periods").and_then(toml::Value::as_array) {
+                Some(list) if !list.is_empty() => {
+                    for (i, p) in list.iter().enumerate() {
+                        let p_at = at.key("Periods").index(i);
+                        match p.as_str().map(convert_period) {
+                            Some(Ok(cron)) => periods.push(cron),
+                            Some(Err(why)) => self.refuse(&p_at, why),
+                            None => self.refuse(&p_at, "must be a string"),
+                        }
+                    }
+                }
+                _ => self.refuse(
+                    &at.key("Periods"),
+                    "an autoscaling section needs at least one period",
+                ),
+            }
+            let zone = table
+                .get("Timezone")
+                .and_then(toml::Value::as_str)
+                .unwrap_or("");
+            timezone = Some(if zone.is_empty() {
+                self.changed(
+                    &at.key("Timezone"),
+                    format!(
+                        "empty means the runner host's local zone; written as {:?} (--timezone)",
+                        options.timezone
+                    ),
+                );
+                options.timezone.clone()
+            } else {
+                zone.to_string()
+            });
+        }
+        for key in table.keys() {
+            let known = [
+                "IdleCount",
+                "IdleCountMin",
+                "IdleScaleFactor",
+                "IdleTime",
+                "Periods",
+                "Timezone",
+            ];
+            if section && !known.contains(&key.as_str()) {
+                self.unmapped(&at.key(key), "not a key of an autoscaling section");
+            }
+        }
+        // An active autoscaling section's keys replace the machine section's whole, unset ones
+        // as 0 (GitLab Runner's getters return the section's value when one matches).
+        let idle_count = self.uint(table, at, "IdleCount").unwrap_or(0);
+        let idle_time = self.uint(table, at, "IdleTime").unwrap_or(0);
+        let factor = self.float(table, at, "IdleScaleFactor").unwrap_or(0.0);
+        let count_min = self.uint(table, at, "IdleCountMin").unwrap_or(0);
+        let mut s = String::from("\n[[pool.policy]]\n");
+        if let Some(tz) = timezone {
+            let list: Vec<String> = periods.iter().map(|p| quote(p)).collect();
+            let _ = writeln!(s, "periods = [{}]", list.join(", "));
+            let _ = writeln!(s, "timezone = {}", quote(&tz));
+        }
+        if factor > 0.0 && idle_count > 0 {
+            // Docker Machine keeps in_use × factor idle machines, at least IdleCountMin (which
+            // it raises to 1) and at most IdleCount; Flotilla keeps max(idle_count,
+            // min(⌈in_use × scale_factor⌉, scale_factor_limit)).
+            let floor = count_min.max(1);
+            if count_min == 0 {
+                self.changed(
+                    &at.key("IdleCountMin"),
+                    "0 with IdleScaleFactor set means 1 in Docker Machine: idle_count = 1",
+                );
+            }
+            self.changed(
+                &at.key("IdleScaleFactor"),
+                format!(
+                    "scale_factor = {factor} with idle_count = {floor} and scale_factor_limit = {idle_count}; Flotilla rounds in_use × factor up"
+                ),
+            );
+            let _ = writeln!(s, "idle_count = {floor}");
+            let _ = writeln!(s, "scale_factor = {factor:?}");
+            let _ = writeln!(s, "scale_factor_limit = {idle_count}");
+        } else {
+            if factor > 0.0 {
+                self.changed(
+                    &at.key("IdleScaleFactor"),
+                    "IdleCount 0 caps the factor's idle machines at 0 in Docker Machine: no scale_factor written",
+                );
+            }
+            let _ = writeln!(s, "idle_count = {idle_count}");
+        }
+        let _ = writeln!(s, "idle_time = \"{idle_time}s\"");
+        Some(s)
+    }
+
+    /// The plugin's sandbox keys and settings, and the group spec; `None` when refused.
+    fn cloud(
+        &mut self,
+        machine: &toml::Table,
+        at: &KeyPath,
+        pool: &str,
+        max: u32,
+        options: &Options,
+    ) -> Option<(String, String, String)> {
+        let driver = machine
+            .get("MachineDriver")
+            .and_then(toml::Value::as_str)
+            .unwrap_or("");
+        let mut opts = BTreeMap::new();
+        let empty = Vec::new();
+        let list = machine
+            .get("MachineOptions")
+            .and_then(toml::Value::as_array)
+            .unwrap_or(&empty);
+        for (i, o) in list.iter().enumerate() {
+            let o_at = at.key("MachineOptions").index(i);
+            match o.as_str().map(|o| o.split_once('=').unwrap_or((o, ""))) {
+                Some((k, v)) => {
+                    opts.entry(k.to_string())
+                        .or_insert_with(Vec::new)
+                        .push((v.to_string(), o_at));
+                }
+                None => self.refuse(&o_at, "must be a string"),
+            }
+        }
+        let (user_option, default_user, port_option) = match driver {
+            "amazonec2" => ("amazonec2-ssh-user", "ubuntu", Some("amazonec2-ssh-port")),
+            "google" => ("google-username", "docker-user", None),
+            _ => ("azure-ssh-user", "docker-user", None),
+        };
+        let user = option(&opts, "", user_option).unwrap_or_else(|| default_user.to_string());
+        let port = port_option.and_then(|o| option(&opts, "", o));
+        let port = match port.as_deref().map(str::parse::<u16>) {
+            Some(Ok(p)) if p > 0 => Some(p),
+            Some(_) => {
+                self.refuse(
+                    &with_option(&at.key("MachineOptions"), port_option.unwrap_or_default()),
+                    "must be a port, 1-65535",
+                );
+                None
+            }
+            None => None,
+        };
+        let connector = format!(
+            "\n# Readiness over SSH, and the Docker handle GitLab jobs run through: the user and port\n# Docker Machine logged in with. Install the pool's public key on the image (the log\n# prints it at start), or let the plugin do it.\n[pool.connector]\nusername = {}\n{}docker = true\n",
+            quote(&user),
+            port.map(|p| format!("port = {p}\n")).unwrap_or_default()
+        );
+        let found = match driver {
+            "amazonec2" => self.aws(&opts, &at.key("MachineOptions"), pool, max, options),
+            "google" => self.gcp(&opts, &at.key("MachineOptions"), pool, max, options),
+            "azure" => self.azure(&opts, &at.key("MachineOptions"), pool, max, options),
+            "" => {
+                self.refuse(&at.key("MachineDriver"), "missing");
+                None
+            }
+            other => {
+                self.refuse(
+                    &at.key("MachineDriver"),
+                    format!("{other:?} has no Flotilla plugin (amazonec2 → aws, google → gcp, azure → azure)"),
+                );
+                None
+            }
+        };
+        found.map(|(sandbox, settings, plugin)| (sandbox + &connector, settings, plugin))
+    }
+}
+
+/// A driver's `MachineOptions`: each option by name, every value with where it was written.
+type DriverOptions = BTreeMap<String, Vec<(String, KeyPath)>>;
+
+/// The last value of the driver option `PREFIX-name`.
+fn option(opts: &DriverOptions, prefix: &str, name: &str) -> Option<String> {
+    opts.get(&format!("{prefix}{name}"))
+        .and_then(|v| v.last())
+        .map(|(v, _)| v.clone())
+}
+
+fn with_option(at: &KeyPath, option: &str) -> KeyPath {
+    let mut segs = at.segments().to_vec();
+    segs.push(Seg::Key(format!("({option})")));
+    KeyPath::from(segs)
+}
+
+fn display(path: &KeyPath) -> String {
+    let mut s = String::new();
+    for seg in path.segments() {
+        match seg {
+            Seg::Key(k) if k.starts_with('(') => s.push_str(&format!(" {k}")),
+            Seg::Key(k) => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push_str(k);
+            }
+            Seg::Index(i) => s.push_str(&format!("[{i}]")),
+        }
+    }
+    s
+}
+
+fn quote(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+/// A Docker Machine period (gorhill/cronexpr, 7 fields: second minute hour day month weekday
+/// year) as the 5-field cron expression matching the same whole minutes.
+pub fn convert_period(period: &str) -> Result<String, String> {
+    let fields: Vec<&str> = period.split_whitespace().collect();
+    let every_second = ["*", "0-59", "*/1"];
+    match fields.as_slice() {
+        [second, rest @ .., year] if fields.len() == 7 => {
+            if !every_second.contains(second) {
+                return Err(format!(
+                    "{period:?}: its seconds field {second:?} makes it active only during those seconds of a minute (GitLab Runner checks the period every second), which 5-field cron cannot express; use \"*\" for whole minutes"
+                ));
+            }
+            if !["*", "?"].contains(year) {
+                return Err(format!(
+                    "{period:?}: its year field {year:?} cannot be expressed in 5-field cron"
+                ));
+            }
+            let cron = rest.join(" ");
+            flotilla_scaler::Policy::new(vec![cron.clone()], "UTC", 0, 0, 0.0, 0, false).map_err(
+                |_| format!("{period:?}: {cron:?} is not a cron expression Flotilla accepts"),
+            )?;
+            Ok(cron)
+        }
+        _ => Err(format!(
+            "{period:?} has {} fields: cronexpr then prepends a seconds field of 0, so Docker Machine applied it for about two seconds a minute, which cron cannot express; write it with 7 fields (\"* MIN HOUR DAY MONTH WEEKDAY *\")",
+            fields.len()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seven_field_periods_convert_exactly_and_others_are_refused() {
+        assert_eq!(
+            convert_period("* * 9-17 * * mon-fri *").as_deref(),
+            Ok("* 9-17 * * mon-fri")
+        );
+        assert_eq!(
+            convert_period("0-59 */5 * * * * ?").as_deref(),
+            Ok("*/5 * * * *")
+        );
+        for bad in [
+            "0 * 9-17 * * mon-fri *",
+            "* * * * * * 2027",
+            "* 9-17 * * mon-fri",
+            "@daily",
+            "* * 25 * * * *",
+        ] {
+            let e = convert_period(bad).expect_err(bad);
+            assert!(e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn pool_names_are_unique_and_tame() {
+        assert_eq!(pool_name("Docker  Machine #1"), "docker-machine-1");
+        assert_eq!(pool_name("$$$"), "runner");
+        assert_eq!(unique("a".into(), &["a".into(), "a-2".into()]), "a-3");
+    }
+}

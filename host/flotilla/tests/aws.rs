@@ -1,0 +1,721 @@
+//! The AWS plugin through the real host against moto with SigV4 checking on
+//! (`INITIAL_NO_AUTH_ACTION_COUNT=0`). The plugin never holds a key: the host signs.
+//! Needs the venv that `scripts/test.sh` creates (`moto[server]` and boto3).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code: a failed assumption is a failed test
+
+use flotilla_test_support as common;
+use flotilla_test_support::pool::{Counting, spawn_pool};
+use flotilla_test_support::{must, provider_error};
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use common::LogCapture;
+use common::moto::Moto;
+use flotilla_provider::{CallError, InstanceState, Provider, ProviderError};
+
+#[tokio::test(flavor = "current_thread")]
+async fn contract_calls_against_moto_with_sigv4() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let moto = Moto::start();
+    let p = moto.provider(None);
+    let info = match p.init(&moto.settings()).await {
+        Ok(i) => i,
+        Err(e) => panic!("{e}\n{}", logs.text()),
+    };
+    assert_eq!(
+        (info.id.as_str(), info.max_size),
+        ("aws/us-east-1/ci-runners", 6)
+    );
+
+    assert_eq!(must(p.increase(5)).await, 5);
+    let start = Instant::now();
+    let instances = loop {
+        let list = must(p.update()).await.instances;
+        if list
+            .iter()
+            .filter(|i| i.state == InstanceState::Running)
+            .count()
+            == 5
+        {
+            break list;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{list:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let c = must(p.connect_info(&instances[0].id)).await;
+    assert!(
+        c.internal_address
+            .as_deref()
+            .is_some_and(|a| a.starts_with("10.20.1.")),
+        "{c:?}"
+    );
+
+    let ids: Vec<String> = instances[..2].iter().map(|i| i.id.clone()).collect();
+    assert_eq!(must(p.decrease(&ids)).await, ids);
+    let live = must(p.update()).await.instances;
+    let running: Vec<_> = live
+        .iter()
+        .filter(|i| i.state == InstanceState::Running)
+        .collect();
+    assert_eq!(running.len(), 3, "{live:?}");
+    assert_eq!(
+        moto.desired(),
+        3,
+        "moto's desired capacity followed the decrease"
+    );
+    assert_eq!(
+        must(p.increase(10)).await,
+        3,
+        "capped at MaxSize 6 (moto would accept more; AWS would not)"
+    );
+    assert_eq!(moto.desired(), 6);
+
+    let (_, secret) = moto.key("plugin");
+    assert!(!logs.text().contains(&secret), "the secret reached the log");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn credential_failures_are_unauthorized_and_never_leak() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let moto = Moto::start();
+    let wrong = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+    let p = moto.provider(Some(wrong));
+    let r = p.init(&moto.settings()).await;
+    let Err(CallError::Provider {
+        error: ProviderError::Unauthorized(msg),
+        ..
+    }) = &r
+    else {
+        panic!("expected unauthorized, got {r:?}")
+    };
+    assert!(
+        msg.contains("DescribeAutoScalingGroups"),
+        "names the action: {msg}"
+    );
+
+    // Remove one action from the plugin user's policy: only that call is refused.
+    let good = moto.provider(None);
+    must(good.init(&moto.settings())).await;
+    moto.set_policy(
+        "plugin",
+        &[
+            "autoscaling:DescribeAutoScalingGroups",
+            "autoscaling:TerminateInstanceInAutoScalingGroup",
+            "ec2:DescribeInstances",
+        ],
+    );
+    let r = good.increase(1).await;
+    let Err(CallError::Provider {
+        error: ProviderError::Unauthorized(msg),
+        ..
+    }) = &r
+    else {
+        panic!("expected unauthorized, got {r:?}")
+    };
+    assert!(msg.contains("SetDesiredCapacity"), "{msg}");
+    must(good.update()).await;
+
+    let (_, secret) = moto.key("plugin");
+    let text = logs.text();
+    for s in [secret.as_str(), wrong] {
+        assert!(!text.contains(s), "a secret reached the log");
+        assert!(!msg.contains(s));
+    }
+}
+
+/// A request the host refuses says why (the refusal), not how its body stream closed on the
+/// way: every AWS call is a POST with a body, and the plugins' HTTP client reads a request's
+/// answer before it reports a failed write.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_post_says_why() {
+    let moto = Moto::start();
+    let first = moto.provider(None);
+    must(first.init(&moto.settings())).await;
+    // As many requests a minute as `init` makes: the first one after it is refused unsent.
+    let init_requests = first.egress_stats().allowed.load(Relaxed);
+    let mut sandbox = moto.plugin_sandbox();
+    sandbox.limits.requests_per_minute = u32::try_from(init_requests).unwrap();
+    let p = common::load(flotilla_test_artifacts::AWS_PLUGIN).provider("aws", sandbox);
+    must(p.init(&moto.settings())).await;
+    let r = p.update().await;
+    let Err(CallError::Provider {
+        error: ProviderError::Transient(msg),
+        ..
+    }) = &r
+    else {
+        panic!("expected a refused request, got {r:?}");
+    };
+    assert!(msg.contains("HttpRequestDenied"), "{msg}");
+    assert_eq!(p.egress_stats().denied.load(Relaxed), 1);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn bad_settings_are_reported_at_once() {
+    let moto = Moto::start();
+    let p = moto.provider(None);
+    let r = p
+        .init(r#"{"name":"","region":"mars","endpoint":"ftp://x"}"#)
+        .await;
+    let Err(CallError::Provider {
+        error: ProviderError::InvalidConfig(msg),
+        ..
+    }) = &r
+    else {
+        panic!("{r:?}")
+    };
+    for key in ["name:", "region:", "endpoint:"] {
+        assert!(msg.contains(key), "{key} missing: {msg}");
+    }
+    let r = p
+        .init(&format!(
+            r#"{{"name":"nope","region":"us-east-1","endpoint":"{}","credential":"aws"}}"#,
+            moto.endpoint
+        ))
+        .await;
+    assert!(
+        matches!(
+            r,
+            Err(CallError::Provider {
+                error: ProviderError::NotFound(_),
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+/// Settings for the moto group with EC2 Instance Connect on.
+fn instance_connect_settings(moto: &Moto) -> String {
+    format!(
+        r#"{{"name":"ci-runners","region":"us-east-1","endpoint":"{}","credential":"aws","username":"ubuntu","instance_connect":true}}"#,
+        moto.endpoint
+    )
+}
+
+/// The pool's public key reaches the plugin through `instance-access`, and the plugin pushes it
+/// with EC2 Instance Connect before each connection, signed by the host for the
+/// `ec2-instance-connect` service. moto records what it received.
+#[tokio::test(flavor = "current_thread")]
+async fn instance_connect_pushes_the_pools_public_key_before_each_connection() {
+    let logs = LogCapture::default();
+    let _guard = logs.install();
+    let moto = Moto::start();
+    let keys = tempfile::tempdir().expect("key dir");
+    let key = flotilla_connector::PoolKey::load_or_generate(keys.path(), "aws").expect("key");
+    let public = key.public_openssh().to_string();
+    let p = moto.provider_with_ssh_key(&public);
+    let info = match p.init(&instance_connect_settings(&moto)).await {
+        Ok(i) => i,
+        Err(e) => panic!("{e}\n{}", logs.text()),
+    };
+    assert!(info.expiring_connect_info);
+    assert_eq!(must(p.increase(1)).await, 1);
+    let start = Instant::now();
+    let id = loop {
+        let list = must(p.update()).await.instances;
+        if let Some(i) = list.iter().find(|i| i.state == InstanceState::Running) {
+            break i.id.clone();
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{list:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let c = match p.connect_info(&id).await {
+        Ok(c) => c,
+        Err(e) => panic!("{e}\n{}", logs.text()),
+    };
+    assert_eq!(c.username, "ubuntu");
+    let expires = c.expires.expect("pushed keys expire");
+    assert!(
+        (now + 40..=now + 60).contains(&expires),
+        "{expires} vs {now}"
+    );
+    must(p.connect_info(&id)).await;
+
+    let pushes: Vec<serde_json::Value> = moto
+        .requests()
+        .into_iter()
+        .filter(|r| r["headers"]["X-Amz-Target"] == "AWSEC2InstanceConnectService.SendSSHPublicKey")
+        .collect();
+    assert_eq!(pushes.len(), 2, "one push per connect-info");
+    let push = &pushes[0];
+    let auth = push["headers"]["Authorization"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        auth.contains("/us-east-1/ec2-instance-connect/aws4_request"),
+        "{auth}"
+    );
+    use base64::Engine as _;
+    let body = if push["body_encoded"] == true {
+        base64::engine::general_purpose::STANDARD
+            .decode(push["body"].as_str().unwrap_or_default())
+            .expect("base64")
+    } else {
+        push["body"]
+            .as_str()
+            .unwrap_or_default()
+            .as_bytes()
+            .to_vec()
+    };
+    let body: serde_json::Value = serde_json::from_slice(&body).expect("a JSON body");
+    assert_eq!(body["InstanceId"], id.as_str());
+    assert_eq!(body["InstanceOSUser"], "ubuntu");
+    assert_eq!(body["SSHPublicKey"], public.as_str());
+    assert!(
+        body["AvailabilityZone"]
+            .as_str()
+            .is_some_and(|z| z.starts_with("us-east-1"))
+    );
+    let (_, secret) = moto.key("plugin");
+    assert!(!logs.text().contains(&secret));
+
+    // A terminated instance is gone, not "not ready yet": no key is pushed to it, and the
+    // host is told it does not exist.
+    moto.terminate(&id);
+    let e = provider_error(p.connect_info(&id).await);
+    assert!(
+        matches!(&e, ProviderError::NotFound(m) if m.contains("terminated")),
+        "{e:?}"
+    );
+    let pushes_after = moto
+        .requests()
+        .into_iter()
+        .filter(|r| r["headers"]["X-Amz-Target"] == "AWSEC2InstanceConnectService.SendSSHPublicKey")
+        .count();
+    assert_eq!(pushes_after, 2, "no push to a terminated instance");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn instance_connect_without_a_connector_key_is_a_config_error() {
+    let moto = Moto::start();
+    let p = moto.provider(None);
+    let r = p.init(&instance_connect_settings(&moto)).await;
+    let Err(CallError::Provider {
+        error: ProviderError::InvalidConfig(msg),
+        ..
+    }) = &r
+    else {
+        panic!("{r:?}")
+    };
+    assert!(
+        msg.contains("instance_connect") && msg.contains("[pool.connector]"),
+        "{msg}"
+    );
+}
+
+/// The action missing from the IAM policy is named, and classified as unauthorized.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_instance_connect_push_is_unauthorized_and_named() {
+    let moto = Moto::start();
+    let p = moto.provider_with_ssh_key(
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl test",
+    );
+    must(p.init(&instance_connect_settings(&moto))).await;
+    assert_eq!(must(p.increase(1)).await, 1);
+    let id = must(p.update())
+        .await
+        .instances
+        .first()
+        .map(|i| i.id.clone())
+        .expect("an instance");
+    moto.set_policy(
+        "plugin",
+        &[
+            "autoscaling:DescribeAutoScalingGroups",
+            "ec2:DescribeInstances",
+        ],
+    );
+    let r = p.connect_info(&id).await;
+    let Err(CallError::Provider {
+        error: ProviderError::Unauthorized(msg),
+        ..
+    }) = &r
+    else {
+        panic!("{r:?}")
+    };
+    assert!(msg.contains("SendSSHPublicKey"), "{msg}");
+}
+
+/// The scaler drives the ASG through the lease API: idle capacity, a burst of 6 slots, and
+/// the scale-down after `idle_time`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaler_end_to_end_through_the_lease_api() {
+    let moto = Moto::start();
+    let (key, secret) = moto.key("plugin");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = std::env::temp_dir().join(format!("flotilla-aws-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let config = dir.join("flotilla.toml");
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+token = {{ value = "t0k" }}
+shutdown_grace = "5s"
+
+[[pool]]
+name = "aws"
+plugin = "{plugin}"
+capacity_per_instance = 2
+max_instances = 4
+update_interval = "1s"
+instance_acquire_timeout = "20s"
+allowed_outbound_hosts = ["{ep}"]
+allowed_ip_ranges = ["127.0.0.0/8"]
+
+[pool.plugin_config]
+name = "ci-runners"
+region = "us-east-1"
+endpoint = "{ep}"
+
+[[pool.credentials]]
+name = "aws"
+kind = "aws-sigv4"
+access_key_id = {{ value = "{key}" }}
+secret_access_key = {{ env = "FLOTILLA_TEST_AWS_SECRET" }}
+hosts = ["{ep}"]
+
+[[pool.policy]]
+idle_count = 2
+idle_time = "3s"
+"#,
+        plugin = flotilla_test_artifacts::AWS_PLUGIN,
+        ep = moto.endpoint,
+    );
+    std::fs::write(&config, text).unwrap_or_else(|e| panic!("{e}"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["run", "-c"])
+        .arg(&config)
+        .env("FLOTILLA_TEST_AWS_SECRET", &secret)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let base = format!("http://127.0.0.1:{port}");
+    let client = {
+        // reqwest is built without a default TLS provider; tests use ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::new()
+    };
+    let call = |method: reqwest::Method, path: String| {
+        let req = client
+            .request(method, format!("{base}{path}"))
+            .bearer_auth("t0k");
+        async move {
+            match req.send().await {
+                Ok(r) => (
+                    r.status().as_u16(),
+                    serde_json::from_str::<serde_json::Value>(&r.text().await.unwrap_or_default())
+                        .unwrap_or_default(),
+                ),
+                Err(_) => (0, serde_json::Value::Null),
+            }
+        }
+    };
+    let wait_desired = |want: u64, what: &'static str| {
+        let moto = &moto;
+        async move {
+            let start = Instant::now();
+            loop {
+                if moto.desired() == want {
+                    return;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(40),
+                    "{what}: moto desired {} != {want}",
+                    moto.desired()
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    };
+    wait_desired(1, "idle_count 2 at 2 slots per instance").await;
+
+    let mut leases = Vec::new();
+    for _ in 0..6 {
+        let (code, body) = call(reqwest::Method::POST, "/v1/pools/aws/leases".into()).await;
+        assert_eq!(code, 201, "{body}");
+        leases.push(body["lease"]["id"].as_u64().unwrap_or_default());
+    }
+    for id in &leases {
+        let (code, body) = call(
+            reqwest::Method::POST,
+            format!("/v1/pools/aws/leases/{id}/acquire"),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            body["connection"]["internal_address"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("10.20.")),
+            "{body}"
+        );
+    }
+    wait_desired(4, "6 busy slots + 2 idle = 4 instances (max)").await;
+    for id in &leases {
+        let (code, _) = call(
+            reqwest::Method::POST,
+            format!("/v1/pools/aws/leases/{id}/release"),
+        )
+        .await;
+        assert_eq!(code, 200);
+    }
+    wait_desired(1, "scale-down after idle_time").await;
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// One denied action (`SetDesiredCapacity`) stops only scale-up; `update` goes on; once the
+/// policy is re-attached the pool scales up and is ready again, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed_again() {
+    use flotilla_scaler::ScalerConfig;
+    let moto = Moto::start();
+    let provider = Arc::new(Counting::new(moto.provider(None)));
+    let info = must(provider.init(&moto.settings())).await;
+    moto.set_policy(
+        "plugin",
+        &[
+            "autoscaling:DescribeAutoScalingGroups",
+            "autoscaling:TerminateInstanceInAutoScalingGroup",
+            "ec2:DescribeInstances",
+        ],
+    );
+    let config = ScalerConfig {
+        update_interval_ms: 500,
+        paused_retry_interval_ms: 1_000,
+        max_instances: 4,
+        ..ScalerConfig::default()
+    };
+    let pool = spawn_pool("aws", provider.clone(), &info, config, 2, 3_600_000);
+    let start = Instant::now();
+    while !pool.snapshot().paused.contains_key("increase") {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            pool.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let snap = pool.snapshot();
+    assert!(
+        snap.paused["increase"]
+            .reason
+            .contains("SetDesiredCapacity"),
+        "{snap:?}"
+    );
+    let before = provider.updates.load(Relaxed);
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let after = provider.updates.load(Relaxed);
+    assert!(
+        after >= before + 2,
+        "update must go on while scale-up is paused: {before} -> {after}"
+    );
+    assert_eq!(moto.desired(), 0);
+    // The operator re-attaches the policy: the next retry scales up.
+    moto.set_policy(
+        "plugin",
+        &[
+            "autoscaling:DescribeAutoScalingGroups",
+            "autoscaling:SetDesiredCapacity",
+            "autoscaling:TerminateInstanceInAutoScalingGroup",
+            "ec2:DescribeInstances",
+        ],
+    );
+    let start = Instant::now();
+    while moto.desired() < 1 || !pool.snapshot().paused.is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            pool.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    pool.shutdown(Duration::from_secs(1), false).await;
+}
+
+/// `increase` reports what the group will really launch: MaxSize lowered by hand below what
+/// exists grants nothing, and a desired count lowered by hand below the instances that exist
+/// does not make instances that are already there count as new.
+#[tokio::test(flavor = "current_thread")]
+async fn increase_reports_only_what_the_group_will_really_launch() {
+    let moto = Moto::start();
+    let p = moto.provider(None);
+    must(p.init(&moto.settings())).await;
+    assert_eq!(must(p.increase(3)).await, 3);
+    let start = Instant::now();
+    while must(p.update()).await.instances.len() < 3 {
+        assert!(start.elapsed() < Duration::from_secs(20));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // MaxSize lowered to what exists: nothing more can come.
+    moto.resize(3, 3);
+    assert_eq!(must(p.increase(2)).await, 0, "MaxSize 3 with 3 instances");
+    // MaxSize back up: only the room above the 3 existing instances is granted.
+    moto.resize(4, 3);
+    assert_eq!(must(p.increase(5)).await, 1);
+    assert_eq!(moto.desired(), 4);
+}
+
+/// Polls `done` every 200 ms for up to `within`, then fails with `what` and the pool's view.
+async fn until(
+    within: Duration,
+    what: &str,
+    pool: &flotilla_scaler::PoolHandle,
+    mut done: impl FnMut() -> bool,
+) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < within,
+            "{what} within {within:?}: {:?}",
+            pool.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The pool's instances, sorted.
+fn seen(pool: &flotilla_scaler::PoolHandle) -> Vec<String> {
+    let mut ids: Vec<String> =
+        pool.with_core(|c| c.instances().into_iter().map(|i| i.id).collect());
+    ids.sort();
+    ids
+}
+
+/// The cloud changes under a running pool: MaxSize to 0 and back, then the group deleted and
+/// created again. The pool learns each MaxSize within two updates, asks nothing of a full
+/// group, deletes no real instance, backs off from a group that is gone instead of hammering
+/// the API, and follows the cloud back without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_follows_the_group_through_max_0_and_a_recreated_group() {
+    use flotilla_scaler::{PoolHandle, ScalerConfig};
+    let moto = Moto::start_with_max(4);
+    let provider = Arc::new(Counting::new(moto.provider(None)));
+    let info = must(provider.init(&moto.settings())).await;
+    let interval = Duration::from_millis(500);
+    let config = ScalerConfig {
+        update_interval_ms: 500,
+        instance_acquire_timeout_ms: 5_000,
+        max_instances: 4,
+        ..ScalerConfig::default()
+    };
+    // Two idle instances; an idle one beyond them goes after a second.
+    let pool = spawn_pool("aws", provider.clone(), &info, config, 2, 1_000);
+    let ready = |pool: &PoolHandle, n: u32| {
+        let snap = pool.snapshot();
+        snap.instances.get("ready").copied().unwrap_or(0) == n && snap.pending == 0
+    };
+    until(Duration::from_secs(20), "two idle instances", &pool, || {
+        ready(&pool, 2) && moto.live().len() == 2
+    })
+    .await;
+
+    // Two jobs take both instances. Then MaxSize 0: the leased instances stay (scale-in
+    // protected, and the pool never deletes a busy one), nothing more can come. The plugin
+    // reports the new maximum from `update` (contract 0.1.2), so the pool knows it within two
+    // update intervals and stops asking for the idle instances its policy wants.
+    let mut leases = Vec::new();
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let id = pool.reserve().expect("reserve");
+        busy.push(pool.acquire(id).await.expect("acquire").instance);
+        leases.push(id);
+    }
+    busy.sort();
+    moto.resize(0, 0);
+    until(4 * interval, "MaxSize 0 to reach the pool", &pool, || {
+        pool.snapshot().max_instances == 0
+    })
+    .await;
+    // The policy now wants two more idle instances that the group will not launch.
+    tokio::time::sleep(2 * interval).await;
+    let (inc, dec) = (
+        provider.increases.load(Relaxed),
+        provider.decreases.load(Relaxed),
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let snap = pool.snapshot();
+    assert_eq!(snap.pending, 0, "a phantom outlived two updates: {snap:?}");
+    let refused = provider.increases.load(Relaxed) - inc;
+    assert_eq!(refused, 0, "scale-ups of a group at its maximum");
+    assert_eq!(provider.decreases.load(Relaxed), dec, "{snap:?}");
+    assert_eq!(moto.live(), busy, "the leased instances stay");
+    assert_eq!(seen(&pool), busy);
+
+    // MaxSize back to 4: the two idle instances come at once, with no restart.
+    moto.resize(4, 2);
+    until(
+        Duration::from_secs(5),
+        "MaxSize 4 to be used",
+        &pool,
+        || ready(&pool, 4) && moto.live().len() == 4,
+    )
+    .await;
+    for id in leases {
+        pool.release(id).expect("release");
+    }
+    until(
+        Duration::from_secs(20),
+        "scale-down to two idle",
+        &pool,
+        || moto.live().len() == 2 && seen(&pool) == moto.live(),
+    )
+    .await;
+
+    // The group is deleted: updates fail as not-found and back off.
+    moto.delete_group();
+    tokio::time::sleep(2 * interval).await;
+    let updates = provider.updates.load(Relaxed);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let during = provider.updates.load(Relaxed) - updates;
+    let snap = pool.snapshot();
+    assert!(
+        during <= 5,
+        "{during} updates in 6 s of a group that does not exist (every 500 ms would be 12)"
+    );
+    assert!(
+        snap.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("does not exist")),
+        "{snap:?}"
+    );
+
+    // Created again, empty: the pool forgets the old instances and fills the new group.
+    let old = seen(&pool);
+    moto.create_group(4);
+    until(
+        Duration::from_secs(25),
+        "the new group to be filled",
+        &pool,
+        || {
+            let now = moto.live();
+            now.len() == 2 && seen(&pool) == now && ready(&pool, 2)
+        },
+    )
+    .await;
+    assert!(
+        seen(&pool).iter().all(|id| !old.contains(id)),
+        "{old:?} {:?}",
+        seen(&pool)
+    );
+    pool.shutdown(Duration::from_secs(1), false).await;
+}

@@ -1,0 +1,844 @@
+//! [`WasmProvider`]: the `Provider` trait over the generated bindings, with deadlines, fault
+//! containment (a faulty instance is discarded and re-initialised), contract checks and a
+//! circuit breaker.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use wasmtime::Store;
+
+use super::bindings;
+use super::bindings::flotilla::provider::types as wit;
+use super::egress::{Budget, EgressShared, EgressStats};
+use super::output::{GuestOutput, Origin};
+use super::{HostState, Sandbox};
+use flotilla_provider::{
+    Arch, CallError, Connection, Function, Instance, InstanceState, Listing, MemoryState, Os,
+    PluginState, Protocol, Provider, ProviderError, ProviderHealth, ProviderInfo,
+};
+
+/// One live plugin instance, boxed: it moves into and out of every call's future, and a
+/// pointer moves cheaper than the store, bindings and outputs.
+type Slot = Box<Live>;
+
+/// The parts of one live plugin instance.
+struct Live {
+    store: Store<HostState>,
+    bindings: bindings::Provider,
+    stdout: GuestOutput,
+    stderr: GuestOutput,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.stdout.flush_line();
+        self.stderr.flush_line();
+    }
+}
+
+struct Inner {
+    slot: Option<Slot>,
+    settings: Option<String>,
+}
+
+#[derive(Default)]
+struct HealthState {
+    health: ProviderHealth,
+    open_until: Option<Instant>,
+    /// The outcomes of the most recent calls (`true`: a fault), oldest first. The circuit
+    /// opens on `circuit_threshold` faults among them, so a plugin that alternates success and
+    /// fault cannot keep itself from tripping it.
+    recent: std::collections::VecDeque<bool>,
+}
+
+impl HealthState {
+    /// Records one call's outcome in the window of the last `2 × threshold` calls (at least
+    /// 4); the faults now in it.
+    fn remember(&mut self, fault: bool, threshold: u32) -> usize {
+        let window = (2 * threshold as usize).max(4);
+        self.recent.push_back(fault);
+        while self.recent.len() > window {
+            self.recent.pop_front();
+        }
+        self.recent.iter().filter(|f| **f).count()
+    }
+}
+
+/// What an export call's future ends with: the slot back, and the call's outcome.
+type CallOutput<T> = (Slot, wasmtime::Result<Result<T, wit::Error>>);
+
+/// A pool's plugin as a [`Provider`]: calls are serialised, bounded and contained.
+pub struct WasmProvider {
+    pre: bindings::ProviderPre<HostState>,
+    origin: Origin,
+    sandbox: Sandbox,
+    egress: EgressShared,
+    inner: tokio::sync::Mutex<Inner>,
+    health: Mutex<HealthState>,
+    /// No fault among the recent calls, none in a row, and the circuit closed: a success then
+    /// changes nothing, and neither the check nor the record needs the health lock.
+    calm: AtomicBool,
+    /// The pool's `state` (the host's store, or memory): shared by every instance, so it
+    /// outlives a trapped one.
+    state: Arc<dyn PluginState>,
+}
+
+impl std::fmt::Debug for WasmProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmProvider")
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a call ended, before it is turned into a `CallError`.
+enum Fault {
+    Trap(String),
+    Timeout(Duration),
+}
+
+impl WasmProvider {
+    pub(crate) fn new(
+        pre: bindings::ProviderPre<HostState>,
+        origin: Origin,
+        sandbox: Sandbox,
+    ) -> Self {
+        let state = sandbox
+            .state
+            .clone()
+            .unwrap_or_else(|| Arc::new(MemoryState::default()));
+        WasmProvider {
+            state,
+            pre,
+            origin,
+            egress: EgressShared {
+                policy: Arc::new(sandbox.egress.clone()),
+                budget: Arc::new(Budget::new(
+                    sandbox.limits.requests_in_flight,
+                    sandbox.limits.requests_per_minute,
+                )),
+                ..EgressShared::default()
+            },
+            sandbox,
+            inner: tokio::sync::Mutex::new(Inner {
+                slot: None,
+                settings: None,
+            }),
+            health: Mutex::new(HealthState::default()),
+            calm: AtomicBool::new(true),
+        }
+    }
+
+    /// Creates and discards one fresh instance: a cheap probe that the plugin still links and
+    /// starts, and the unit that instantiation benchmarks measure.
+    pub async fn probe_instantiate(&self) -> Result<(), CallError> {
+        self.instantiate().await.map(drop)
+    }
+
+    /// Outgoing requests of this pool's plugin that hold a budget slot now.
+    pub fn requests_in_flight(&self) -> u32 {
+        self.egress.budget.in_flight()
+    }
+
+    /// Outbound request counters of this pool's plugin.
+    pub fn egress_stats(&self) -> Arc<EgressStats> {
+        self.egress.stats.clone()
+    }
+
+    async fn instantiate(&self) -> Result<Slot, CallError> {
+        let budget = self.sandbox.limits.output_bytes;
+        let stdout = GuestOutput::new(self.origin.clone(), "stdout", budget);
+        let stderr = GuestOutput::new(self.origin.clone(), "stderr", budget);
+        let state = HostState::new(
+            self.origin.clone(),
+            &self.sandbox.limits,
+            self.sandbox.ssh_public_key.clone(),
+            self.state.clone(),
+            &self.egress,
+            stdout.clone(),
+            stderr.clone(),
+        );
+        #[cfg(feature = "test-probe")]
+        let state = HostState {
+            probe: self.sandbox.probe.clone(),
+            ..state
+        };
+        let mut store = Store::new(self.pre.engine(), state);
+        store.limiter(|s| &mut s.limiter);
+        store.epoch_deadline_callback(yield_or_interrupt);
+        let deadline = self.sandbox.limits.deadline(Function::Init);
+        arm_deadline(&mut store, deadline);
+        // Epochs stop wasm code, not a start-up that waits on a host pollable: the whole
+        // instantiation is bounded too, and a wedged store is dropped, not awaited.
+        let instantiated =
+            tokio::time::timeout(deadline, self.pre.instantiate_async(&mut store)).await;
+        let Ok(instantiated) = instantiated else {
+            return Err(self.fault(Function::Init, Fault::Timeout(deadline)));
+        };
+        match instantiated {
+            Ok(bindings) => Ok(Box::new(Live {
+                store,
+                bindings,
+                stdout,
+                stderr,
+            })),
+            Err(e) => {
+                let message = with_guest_words(describe_trap(&store, &e), &stderr, &stdout);
+                Err(self.fault(Function::Init, Fault::Trap(message)))
+            }
+        }
+    }
+
+    /// Runs one export call on `slot` under the function's deadline. The slot is returned
+    /// only if the call completed without a trap.
+    async fn call_in<T: Send + 'static, F: Future<Output = CallOutput<T>> + Send>(
+        &self,
+        function: Function,
+        mut slot: Slot,
+        call: impl FnOnce(Slot) -> F,
+    ) -> (Option<Slot>, Result<Result<T, wit::Error>, Fault>) {
+        let deadline = self.sandbox.limits.deadline(function);
+        arm_deadline(&mut slot.store, deadline);
+        slot.store.data_mut().log_lines_left = self.sandbox.limits.log_lines_per_call;
+        slot.store.data_mut().log_dropped = 0;
+        slot.store.data_mut().state_writes_left =
+            flotilla_provider::StateLimits::default().writes_per_call;
+        slot.store.data_mut().hooks.requests_this_call = 0;
+        slot.store.data_mut().reported_max = None;
+        match within(deadline, call(slot)).await {
+            None => (None, Err(Fault::Timeout(deadline))),
+            Some((mut slot, Ok(result))) => {
+                // No request outlives its call (a dropped store takes its requests along).
+                slot.store.data_mut().hooks.scope.end();
+                (Some(slot), Ok(result))
+            }
+            Some((slot, Err(e))) => {
+                let fault = match e.downcast_ref::<wasmtime::Trap>() {
+                    Some(wasmtime::Trap::Interrupt) => Fault::Timeout(deadline),
+                    _ => Fault::Trap(with_guest_words(
+                        describe_trap(&slot.store, &e),
+                        &slot.stderr,
+                        &slot.stdout,
+                    )),
+                };
+                (None, Err(fault))
+            }
+        }
+    }
+
+    /// Gets the live instance, or a fresh one re-initialised with the pool's settings.
+    async fn live_slot(&self, inner: &mut Inner, function: Function) -> Result<Slot, CallError> {
+        match inner.slot.take() {
+            Some(slot) => Ok(slot),
+            // Boxed: the rare path's large future stays out of every call's future, which is
+            // moved on each call.
+            None => Box::pin(self.fresh_slot(inner, function)).await,
+        }
+    }
+
+    /// A fresh instance re-initialised with the pool's settings.
+    async fn fresh_slot(&self, inner: &mut Inner, function: Function) -> Result<Slot, CallError> {
+        let Some(settings) = inner.settings.clone() else {
+            return Err(CallError::NotInitialized { function });
+        };
+        self.record_restart();
+        let slot = self.instantiate().await?;
+        let (slot, outcome) = self
+            .call_in(Function::Init, slot, move |s| init_call(s, settings))
+            .await;
+        match outcome {
+            Ok(Ok(_info)) => slot.ok_or_else(|| CallError::Host {
+                function,
+                message: "lost instance".into(),
+            }),
+            Ok(Err(e)) => Err(CallError::Provider {
+                function: Function::Init,
+                error: convert_error(e),
+            }),
+            Err(fault) => Err(self.fault(Function::Init, fault)),
+        }
+    }
+
+    /// Runs `call` with containment: circuit check, live instance, deadline, fault accounting.
+    async fn run<T: Send + 'static, F: Future<Output = CallOutput<T>> + Send>(
+        &self,
+        function: Function,
+        call: impl FnOnce(Slot) -> F,
+    ) -> Result<T, CallError> {
+        self.check_circuit(function)?;
+        let mut inner = self.inner.lock().await;
+        let slot = self.live_slot(&mut inner, function).await?;
+        let (slot, outcome) = self.call_in(function, slot, call).await;
+        inner.slot = slot;
+        match outcome {
+            Ok(Ok(value)) => {
+                self.record_success();
+                Ok(value)
+            }
+            Ok(Err(e)) => {
+                self.record_success();
+                Err(CallError::Provider {
+                    function,
+                    error: convert_error(e),
+                })
+            }
+            Err(fault) => Err(self.fault(function, fault)),
+        }
+    }
+
+    fn check_circuit(&self, function: Function) -> Result<(), CallError> {
+        if self.calm.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let h = self.health.lock();
+        match h.open_until {
+            Some(until) if Instant::now() < until => Err(CallError::CircuitOpen {
+                function,
+                faults: h.health.consecutive_faults,
+                last: h.health.last_fault.clone().unwrap_or_default(),
+                retry_in: until.saturating_duration_since(Instant::now()),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn record_success(&self) {
+        if self.calm.load(Ordering::Acquire) {
+            return;
+        }
+        let mut h = self.health.lock();
+        let faults_in_window = h.remember(false, self.sandbox.limits.circuit_threshold);
+        h.health.consecutive_faults = 0;
+        h.health.circuit_open = false;
+        h.open_until = None;
+        if faults_in_window == 0 {
+            self.calm.store(true, Ordering::Release);
+        }
+    }
+
+    fn record_restart(&self) {
+        self.health.lock().health.restarts += 1;
+    }
+
+    fn fault(&self, function: Function, fault: Fault) -> CallError {
+        let error = match fault {
+            Fault::Trap(message) => CallError::Trap { function, message },
+            Fault::Timeout(after) => CallError::Timeout { function, after },
+        };
+        self.note_fault(&error);
+        error
+    }
+
+    fn note_fault(&self, error: &CallError) {
+        let mut h = self.health.lock();
+        self.calm.store(false, Ordering::Release);
+        match error {
+            CallError::Trap { .. } => h.health.traps += 1,
+            CallError::Timeout { .. } => h.health.timeouts += 1,
+            CallError::ContractViolation { .. } => h.health.contract_violations += 1,
+            _ => {}
+        }
+        h.health.consecutive_faults += 1;
+        h.health.last_fault = Some(error.to_string());
+        let threshold = self.sandbox.limits.circuit_threshold;
+        let faults_in_window = h.remember(true, threshold);
+        if faults_in_window >= threshold as usize {
+            // Opened: the window starts afresh once the cooldown lets calls through again.
+            h.recent.clear();
+            h.health.circuit_open = true;
+            h.open_until = Some(Instant::now() + self.sandbox.limits.circuit_cooldown);
+        }
+        tracing::warn!(
+            target: "flotilla::plugin",
+            pool = %self.origin.pool,
+            plugin = %self.origin.plugin,
+            consecutive_faults = h.health.consecutive_faults,
+            circuit_open = h.health.circuit_open,
+            "plugin fault: {error}"
+        );
+    }
+
+    fn violation(&self, function: Function, detail: String) -> CallError {
+        let error = CallError::ContractViolation { function, detail };
+        self.note_fault(&error);
+        error
+    }
+}
+
+/// Epoch ticks of guest code between two yields to the executor: a guest that computes
+/// without waiting gives its worker thread back this often, so it cannot starve the API, the
+/// metrics or other pools however long its deadline.
+const YIELD_EVERY_TICKS: u64 = 1;
+
+/// Starts a call's (or an instantiation's) deadline.
+fn arm_deadline(store: &mut Store<HostState>, deadline: Duration) {
+    store.data_mut().deadline = super::Deadline::after(deadline);
+    store.set_epoch_deadline(YIELD_EVERY_TICKS);
+}
+
+/// Runs `call` for at most `deadline`: `None` if it is not done by then (it is dropped, not
+/// awaited). The clock and the timer are only needed if the call has to wait: a call that
+/// completes on its first poll, as most calls that make no request do, reads no clock and sets
+/// no timer. The epoch deadline bounds the guest's own running time either way.
+async fn within<F: Future>(deadline: Duration, call: F) -> Option<F::Output> {
+    // Pinned in this future (itself in the boxed export future): no allocation of its own.
+    let mut call = std::pin::pin!(call);
+    let first = std::future::poll_fn(|cx| match call.as_mut().poll(cx) {
+        std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await;
+    match first {
+        Some(out) => Some(out),
+        None => tokio::time::timeout(deadline, call).await.ok(),
+    }
+}
+
+/// At every epoch check of a running guest: interrupt it past its deadline, otherwise yield to
+/// the executor and let it run on. The tokio timeout around every call enforces the same
+/// deadline while the guest waits on the host.
+fn yield_or_interrupt(
+    mut store: wasmtime::StoreContextMut<'_, HostState>,
+) -> wasmtime::Result<wasmtime::UpdateDeadline> {
+    if Instant::now() >= store.data_mut().deadline.due() {
+        return Ok(wasmtime::UpdateDeadline::Interrupt);
+    }
+    Ok(wasmtime::UpdateDeadline::YieldCustom(
+        YIELD_EVERY_TICKS,
+        Box::pin(tokio::task::yield_now()),
+    ))
+}
+
+/// A trap message that says what happened in plain words (memory cap, interrupt, panic).
+/// A trap's `message` with the guest's own last words above it: the last lines of its
+/// stderr (else stdout), where a Rust panic, a Python traceback or a JavaScript error and stack
+/// end up. They are guest text: escaped and capped like every guest string.
+fn with_guest_words(message: String, stderr: &GuestOutput, stdout: &GuestOutput) -> String {
+    let (stream, lines) = match stderr.tail() {
+        lines if lines.is_empty() => ("stdout", stdout.tail()),
+        lines => ("stderr", lines),
+    };
+    if lines.is_empty() {
+        return message;
+    }
+    let mut out = format!("guest {stream} (last {} lines):\n", lines.len());
+    for line in &lines {
+        out.push_str("  | ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str(&message);
+    out
+}
+
+fn describe_trap(store: &Store<HostState>, e: &wasmtime::Error) -> String {
+    if let Some(after) = store.data().limiter.exceeded {
+        return format!("memory cap exceeded (tried to grow to {} MiB)", after >> 20);
+    }
+    let root = match e.downcast_ref::<wasmtime::Trap>() {
+        Some(trap) => trap.to_string(),
+        None => format!("{e}"),
+    };
+    let mut chain = format!("{e:#}");
+    if chain.len() > 2048 {
+        chain.truncate(
+            chain
+                .char_indices()
+                .take_while(|(i, _)| *i < 2048)
+                .last()
+                .map_or(0, |(i, _)| i),
+        );
+    }
+    if chain.contains(&root) {
+        chain
+    } else {
+        format!("{root}: {chain}")
+    }
+}
+
+async fn init_call(mut s: Slot, settings: String) -> CallOutput<wit::ProviderInfo> {
+    let r = s
+        .bindings
+        .flotilla_provider_instance_group()
+        .call_init(&mut s.store, &settings)
+        .await;
+    (s, r)
+}
+
+/// The ids seen so far in one answer, to find one listed twice. Answers are usually a handful
+/// of ids: up to [`IdSet::LINEAR`] they are compared in place, with no hashing or allocation.
+#[allow(clippy::large_enum_variant)] // a stack local for one check: the inline array is the point
+enum IdSet<'a> {
+    Few {
+        ids: [&'a str; IdSet::LINEAR],
+        len: usize,
+    },
+    Many(HashSet<&'a str>),
+}
+
+impl<'a> IdSet<'a> {
+    const LINEAR: usize = 16;
+
+    fn with_capacity(n: usize) -> Self {
+        if n <= Self::LINEAR {
+            IdSet::Few {
+                ids: [""; IdSet::LINEAR],
+                len: 0,
+            }
+        } else {
+            IdSet::Many(HashSet::with_capacity(n))
+        }
+    }
+
+    /// Adds `id`; false if it was already there.
+    fn insert(&mut self, id: &'a str) -> bool {
+        match self {
+            IdSet::Few { ids, len } => {
+                if ids.iter().take(*len).any(|seen| *seen == id) {
+                    return false;
+                }
+                match ids.get_mut(*len) {
+                    Some(slot) => {
+                        *slot = id;
+                        *len += 1;
+                    }
+                    None => {
+                        let mut all: HashSet<&'a str> = ids.iter().copied().collect();
+                        all.insert(id);
+                        *self = IdSet::Many(all);
+                    }
+                }
+                true
+            }
+            IdSet::Many(all) => all.insert(id),
+        }
+    }
+}
+
+/// Instances one `update` may list: far above any pool, far below what hurts the host.
+const MAX_LISTED: usize = 10_000;
+/// Bytes of an instance id.
+const MAX_ID: usize = 256;
+/// Characters of a guest message kept (errors, failure reasons).
+const MAX_MESSAGE: usize = 2_048;
+
+/// A guest's text made safe to log and serve: capped, control characters escaped.
+pub(crate) fn guest_text(m: &str, cap: usize) -> String {
+    let mut out = String::with_capacity(m.len().min(cap) + 16);
+    for (n, c) in m.chars().enumerate() {
+        if n >= cap {
+            out.push_str(&format!("… ({} bytes in all)", m.len()));
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn convert_error(e: wit::Error) -> ProviderError {
+    let e = match e {
+        wit::Error::InvalidConfig(m) => wit::Error::InvalidConfig(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::Unauthorized(m) => wit::Error::Unauthorized(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::QuotaExceeded(m) => wit::Error::QuotaExceeded(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::Throttled(t) => wit::Error::Throttled(wit::Throttle {
+            retry_after_seconds: t.retry_after_seconds,
+            message: guest_text(&t.message, MAX_MESSAGE),
+        }),
+        wit::Error::NotFound(m) => wit::Error::NotFound(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::Unsupported(m) => wit::Error::Unsupported(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::Transient(m) => wit::Error::Transient(guest_text(&m, MAX_MESSAGE)),
+        wit::Error::Other(m) => wit::Error::Other(guest_text(&m, MAX_MESSAGE)),
+    };
+    match e {
+        wit::Error::InvalidConfig(m) => ProviderError::InvalidConfig(m),
+        wit::Error::Unauthorized(m) => ProviderError::Unauthorized(m),
+        wit::Error::QuotaExceeded(m) => ProviderError::QuotaExceeded(m),
+        wit::Error::Throttled(t) => ProviderError::Throttled {
+            retry_after: Duration::from_secs(u64::from(t.retry_after_seconds)),
+            message: t.message,
+        },
+        wit::Error::NotFound(m) => ProviderError::NotFound(m),
+        wit::Error::Unsupported(m) => ProviderError::Unsupported(m),
+        wit::Error::Transient(m) => ProviderError::Transient(m),
+        wit::Error::Other(m) => ProviderError::Other(m),
+    }
+}
+
+fn convert_info(i: wit::ProviderInfo) -> ProviderInfo {
+    ProviderInfo {
+        id: i.id,
+        version: i.version,
+        max_size: i.max_size,
+        heartbeat: i.capabilities.heartbeat,
+        expiring_connect_info: i.capabilities.expiring_connect_info,
+    }
+}
+
+fn convert_state(s: wit::InstanceState) -> InstanceState {
+    match s {
+        wit::InstanceState::Creating => InstanceState::Creating,
+        wit::InstanceState::Running => InstanceState::Running,
+        wit::InstanceState::Deleting => InstanceState::Deleting,
+        wit::InstanceState::Deleted => InstanceState::Deleted,
+        wit::InstanceState::Failed(r) => InstanceState::Failed(guest_text(&r, MAX_MESSAGE)),
+    }
+}
+
+fn convert_connection(c: wit::Connection) -> Connection {
+    Connection {
+        id: c.id,
+        os: match c.os {
+            wit::Os::Linux => Os::Linux,
+            wit::Os::Windows => Os::Windows,
+            wit::Os::Darwin => Os::Darwin,
+            wit::Os::Freebsd => Os::Freebsd,
+        },
+        arch: match c.arch {
+            wit::Arch::Amd64 => Arch::Amd64,
+            wit::Arch::Arm64 => Arch::Arm64,
+            wit::Arch::X86 => Arch::X86,
+            wit::Arch::Arm => Arch::Arm,
+        },
+        protocol: match c.protocol {
+            wit::Protocol::Ssh => Protocol::Ssh,
+            wit::Protocol::Winrm => Protocol::Winrm,
+            wit::Protocol::DockerTls => Protocol::DockerTls,
+        },
+        internal_address: c.internal_address,
+        external_address: c.external_address,
+        port: c.port,
+        username: c.username,
+        expires: c.expires,
+    }
+}
+
+#[async_trait]
+impl Provider for WasmProvider {
+    async fn init(&self, settings: &str) -> Result<ProviderInfo, CallError> {
+        let function = Function::Init;
+        self.check_circuit(function)?;
+        let mut inner = self.inner.lock().await;
+        // A fresh instance every time: init is the one call that may change the settings.
+        inner.slot = None;
+        let slot = self.instantiate().await?;
+        let settings = settings.to_string();
+        let for_call = settings.clone();
+        let (slot, outcome) = self
+            .call_in(function, slot, move |s| init_call(s, for_call))
+            .await;
+        match outcome {
+            Ok(Ok(info)) => {
+                self.record_success();
+                inner.slot = slot;
+                inner.settings = Some(settings);
+                Ok(convert_info(info))
+            }
+            Ok(Err(e)) => {
+                self.record_success();
+                inner.settings = None;
+                Err(CallError::Provider {
+                    function,
+                    error: convert_error(e),
+                })
+            }
+            Err(fault) => {
+                inner.settings = None;
+                Err(self.fault(function, fault))
+            }
+        }
+    }
+
+    async fn update(&self) -> Result<Listing, CallError> {
+        let (list, group_max) = self
+            .run(Function::Update, |mut s| async move {
+                let r = s
+                    .bindings
+                    .flotilla_provider_instance_group()
+                    .call_update(&mut s.store)
+                    .await;
+                let reported = s.store.data_mut().reported_max.take();
+                (s, r.map(|r| r.map(|list| (list, reported))))
+            })
+            .await?;
+        if list.len() > MAX_LISTED {
+            return Err(self.violation(
+                Function::Update,
+                format!(
+                    "update listed {} instances; at most {MAX_LISTED} are accepted",
+                    list.len()
+                ),
+            ));
+        }
+        let mut seen = IdSet::with_capacity(list.len());
+        for i in &list {
+            if i.id.len() > MAX_ID {
+                return Err(self.violation(
+                    Function::Update,
+                    format!("an instance id is {} bytes; at most {MAX_ID}", i.id.len()),
+                ));
+            }
+            if i.id.is_empty() {
+                return Err(
+                    self.violation(Function::Update, "an instance has an empty id".to_string())
+                );
+            }
+            if !seen.insert(i.id.as_str()) {
+                return Err(self.violation(
+                    Function::Update,
+                    format!("instance id {:?} is listed twice", i.id),
+                ));
+            }
+        }
+        Ok(Listing {
+            instances: list
+                .into_iter()
+                .map(|i| Instance {
+                    id: i.id,
+                    state: convert_state(i.state),
+                })
+                .collect(),
+            group_max,
+        })
+    }
+
+    async fn increase(&self, delta: u32) -> Result<u32, CallError> {
+        let granted = self
+            .run(Function::Increase, move |mut s| async move {
+                let r = s
+                    .bindings
+                    .flotilla_provider_instance_group()
+                    .call_increase(&mut s.store, delta)
+                    .await;
+                (s, r)
+            })
+            .await?;
+        if granted > delta {
+            return Err(self.violation(
+                Function::Increase,
+                format!("asked for {delta} instances, plugin claims {granted}"),
+            ));
+        }
+        Ok(granted)
+    }
+
+    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
+        let asked = ids.to_vec();
+        let accepted = self
+            .run(Function::Decrease, move |mut s| async move {
+                let r = s
+                    .bindings
+                    .flotilla_provider_instance_group()
+                    .call_decrease(&mut s.store, &asked)
+                    .await;
+                (s, r)
+            })
+            .await?;
+        let asked: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let mut seen = IdSet::with_capacity(accepted.len());
+        for id in &accepted {
+            if !asked.contains(id.as_str()) {
+                return Err(self.violation(
+                    Function::Decrease,
+                    format!("accepted id {id:?}, which was not asked for"),
+                ));
+            }
+            if !seen.insert(id.as_str()) {
+                return Err(self.violation(Function::Decrease, format!("accepted id {id:?} twice")));
+            }
+        }
+        Ok(accepted)
+    }
+
+    async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
+        let asked = id.to_string();
+        let info = self
+            .run(Function::ConnectInfo, move |mut s| async move {
+                let r = s
+                    .bindings
+                    .flotilla_provider_instance_group()
+                    .call_connect_info(&mut s.store, &asked)
+                    .await;
+                (s, r)
+            })
+            .await?;
+        if info.id != id {
+            return Err(self.violation(
+                Function::ConnectInfo,
+                format!("asked about {id:?}, answered about {:?}", info.id),
+            ));
+        }
+        Ok(convert_connection(info))
+    }
+
+    async fn heartbeat(&self, id: &str) -> Result<(), CallError> {
+        let asked = id.to_string();
+        self.run(Function::Heartbeat, move |mut s| async move {
+            let r = s
+                .bindings
+                .flotilla_provider_instance_group()
+                .call_heartbeat(&mut s.store, &asked)
+                .await;
+            (s, r)
+        })
+        .await
+    }
+
+    async fn shutdown(&self) -> Result<(), CallError> {
+        self.run(Function::Shutdown, |mut s| async move {
+            let r = s
+                .bindings
+                .flotilla_provider_instance_group()
+                .call_shutdown(&mut s.store)
+                .await;
+            (s, r)
+        })
+        .await
+    }
+
+    fn health(&self) -> ProviderHealth {
+        let mut h = self.health.lock();
+        if h.open_until.is_some_and(|until| Instant::now() >= until) {
+            h.health.circuit_open = false;
+        }
+        ProviderHealth {
+            egress_denied: self
+                .egress
+                .stats
+                .denied
+                .load(std::sync::atomic::Ordering::Relaxed),
+            ..h.health.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdSet;
+
+    #[test]
+    fn id_set_finds_a_repeat_in_short_and_long_answers() {
+        for n in [1, IdSet::LINEAR, IdSet::LINEAR + 1, 100] {
+            let ids: Vec<String> = (0..n).map(|i| format!("i-{i}")).collect();
+            let mut seen = IdSet::with_capacity(n);
+            assert!(ids.iter().all(|id| seen.insert(id)), "{n} distinct ids");
+            for id in &ids {
+                assert!(!seen.insert(id), "{id} repeated among {n}");
+            }
+        }
+        // More ids than the capacity it was made for: it grows, and still finds repeats.
+        let ids: Vec<String> = (0..40).map(|i| format!("i-{i}")).collect();
+        let mut seen = IdSet::with_capacity(2);
+        assert!(ids.iter().all(|id| seen.insert(id)));
+        assert!(!seen.insert("i-0") && !seen.insert("i-39"));
+    }
+}
