@@ -1,8 +1,8 @@
 //! The lease API's wire vocabulary, written once: the stable error codes with their HTTP
 //! status, the error body, the lease as the API shows it, and the request bodies. The server
 //! (`flotilla run`) and every client in this repository (the GitLab driver first) use these
-//! types, so a code or a field cannot drift between them; the docs' table of codes is checked
-//! against [`ErrorCode::ALL`] by a test.
+//! types, so a code or a field cannot drift between them; a test checks the docs' table of
+//! codes (each code and its status) against [`ErrorCode::ALL`].
 //!
 //! Must not know: HTTP servers or clients, the scaler, tokio. A leaf.
 
@@ -263,6 +263,63 @@ pub struct ReleaseRequest {
     pub instance_broken: Option<String>,
 }
 
+/// A lease holder's report on the job it runs (`POST .../leases/{id}/report`), for the job
+/// metrics: `{"job_started": {...}}`, `{"job_finished": {...}}`, or both.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportRequest {
+    /// The job's container (or directory, in instance mode) is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_started: Option<JobStarted>,
+    /// The job's main script ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_finished: Option<JobFinished>,
+}
+
+/// How long a job took to start.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobStarted {
+    /// From the start of `prepare` until the job could run, in seconds.
+    pub prepare_seconds: f64,
+    /// Of that, pulling the job's image, in seconds.
+    pub pull_seconds: f64,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFinished {
+    /// The outcome.
+    pub outcome: JobOutcome,
+}
+
+/// How a job's script ended, as its driver reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobOutcome {
+    /// Exit 0.
+    Success,
+    /// The script failed.
+    BuildFailure,
+    /// The infrastructure failed.
+    SystemFailure,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl JobOutcome {
+    /// The name on the wire and in the metrics' `outcome` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            JobOutcome::Success => "success",
+            JobOutcome::BuildFailure => "build-failure",
+            JobOutcome::SystemFailure => "system-failure",
+            JobOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// The answer to an acquire: the instance and slot, how to connect, and the Docker handle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AcquireAnswer {
@@ -328,18 +385,48 @@ mod tests {
 mod docs {
     use super::ErrorCode;
 
-    /// The error-code table of docs/api.md is the API's: every code is there, by its name.
+    /// The rows of docs/api.md's error table: `| `code` | status | when |`.
+    fn table(page: &str) -> Vec<(String, u16)> {
+        let mut rows = Vec::new();
+        let mut inside = false;
+        for line in page.lines() {
+            if line.starts_with("| code | status |") {
+                inside = true;
+                continue;
+            }
+            if !inside || line.starts_with("|---") {
+                continue;
+            }
+            if !line.starts_with('|') {
+                break;
+            }
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let code = cells.get(1).map(|c| c.trim_matches('`').to_string());
+            let status = cells.get(2).and_then(|s| s.parse::<u16>().ok());
+            match (code, status) {
+                (Some(code), Some(status)) => rows.push((code, status)),
+                _ => panic!("docs/api.md: a row of the error table is not `code` | status: {line}"),
+            }
+        }
+        rows
+    }
+
+    /// The error table of docs/api.md is the API's: one row per code the server sends, each
+    /// with the status the code goes with, and no row for a code that does not exist.
     #[test]
-    fn the_readme_names_every_error_code() {
-        let readme = include_str!("../../../docs/api.md");
-        let missing: Vec<&str> = ErrorCode::ALL
+    fn the_docs_error_table_is_the_apis() {
+        let rows = table(include_str!("../../../docs/api.md"));
+        let mut want: Vec<(String, u16)> = ErrorCode::ALL
             .iter()
-            .map(|c| c.name())
-            .filter(|name| !readme.contains(&format!("`{name}`")))
+            .map(|c| (c.name().to_string(), c.status().as_u16()))
             .collect();
-        assert!(
-            missing.is_empty(),
-            "docs/api.md lacks the codes {missing:?}"
+        let mut got = rows.clone();
+        want.sort();
+        got.sort();
+        assert_eq!(
+            got, want,
+            "docs/api.md's error table against ErrorCode::ALL"
         );
+        assert_eq!(rows.len(), ErrorCode::ALL.len(), "a code is listed twice");
     }
 }

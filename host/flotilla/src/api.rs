@@ -614,31 +614,6 @@ async fn renew(
     }
 }
 
-/// What a lease holder reports about the job on it, for metrics.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReportBody {
-    /// The job's container started.
-    #[serde(default)]
-    job_started: Option<JobStarted>,
-    /// The job's main script ended.
-    #[serde(default)]
-    job_finished: Option<JobFinished>,
-}
-
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JobStarted {
-    prepare_seconds: f64,
-    pull_seconds: f64,
-}
-
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JobFinished {
-    outcome: crate::metrics::JobOutcome,
-}
-
 /// A duration a client reports: finite, not negative, at most a week.
 fn seconds(name: &str, v: f64) -> Result<f64, ApiError> {
     if v.is_finite() && (0.0..=604_800.0).contains(&v) {
@@ -660,7 +635,7 @@ async fn report(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let p = pool(&state, &name)?;
     let id = lease_id(&id)?;
-    let body: ReportBody = parse_body(&body)?;
+    let body: flotilla_api::ReportRequest = parse_body(&body)?;
     acquired_instance(&p, id)?;
     if let Some(s) = body.job_started {
         let prepare = seconds("job_started.prepare_seconds", s.prepare_seconds)?;

@@ -44,30 +44,7 @@ pub struct Metrics {
     image_pull_seconds: HistogramVec,
 }
 
-/// How a job's script ended, as its driver reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum JobOutcome {
-    /// Exit 0.
-    Success,
-    /// The script failed.
-    BuildFailure,
-    /// The infrastructure failed.
-    SystemFailure,
-    /// Cancelled.
-    Cancelled,
-}
-
-impl JobOutcome {
-    fn name(self) -> &'static str {
-        match self {
-            JobOutcome::Success => "success",
-            JobOutcome::BuildFailure => "build-failure",
-            JobOutcome::SystemFailure => "system-failure",
-            JobOutcome::Cancelled => "cancelled",
-        }
-    }
-}
+pub use flotilla_api::JobOutcome;
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

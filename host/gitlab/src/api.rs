@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 pub use flotilla_api::exec::FrameKind;
 pub use flotilla_api::{ErrorCode, LeaseState};
@@ -330,7 +330,9 @@ impl ApiClient {
             .call(
                 http::Method::POST,
                 &self.leases_path(),
-                Some(json!({ "labels": labels })),
+                wire(&flotilla_api::ReserveRequest {
+                    labels: labels.clone(),
+                }),
                 self.timeout,
             )
             .await?;
@@ -359,7 +361,11 @@ impl ApiClient {
     /// Releases the lease; with `broken`, the instance is failed and replaced.
     pub async fn release(&self, id: u64, broken: Option<&str>) -> Result<(), ApiError> {
         let path = format!("{}/{id}/release", self.leases_path());
-        let body = broken.map(|cause| json!({ "instance_broken": cause }));
+        let body = broken.and_then(|cause| {
+            wire(&flotilla_api::ReleaseRequest {
+                instance_broken: Some(cause.to_string()),
+            })
+        });
         self.call(http::Method::POST, &path, body, self.timeout)
             .await
             .map(|_| ())
@@ -374,10 +380,10 @@ impl ApiClient {
     }
 
     /// Reports on the job for the host's metrics (best effort: a failure is only logged).
-    pub async fn report(&self, id: u64, body: Value) {
+    pub async fn report(&self, id: u64, body: flotilla_api::ReportRequest) {
         let path = format!("{}/{id}/report", self.leases_path());
         if let Err(e) = self
-            .call(http::Method::POST, &path, Some(body), self.timeout)
+            .call(http::Method::POST, &path, wire(&body), self.timeout)
             .await
         {
             tracing::warn!("cannot report to flotilla: {e}");
@@ -388,4 +394,9 @@ impl ApiClient {
     pub fn docker_path(&self, lease: u64) -> String {
         format!("{}/{lease}/docker", self.leases_path())
     }
+}
+
+/// A request body as JSON: the API's own types, which always serialize.
+fn wire<T: serde::Serialize>(body: &T) -> Option<Value> {
+    serde_json::to_value(body).ok()
 }

@@ -124,11 +124,18 @@ async fn prepare_inner(
         instance.job_dir(&job.id),
         acquired.instance
     ));
-    let report = serde_json::json!({ "job_started": {
-        "prepare_seconds": began.elapsed().as_secs_f64(),
-        "pull_seconds": 0.0,
-    }});
-    api.report(lease, report).await;
+    let started = flotilla_api::JobStarted {
+        prepare_seconds: began.elapsed().as_secs_f64(),
+        pull_seconds: 0.0,
+    };
+    api.report(
+        lease,
+        flotilla_api::ReportRequest {
+            job_started: Some(started),
+            job_finished: None,
+        },
+    )
+    .await;
     Ok(())
 }
 

@@ -9,6 +9,8 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use flotilla_api::{JobFinished, JobOutcome, JobStarted, ReportRequest};
+
 use crate::api::{ApiClient, ApiError, LeaseState};
 use crate::containers::{self, StepError};
 use crate::job::{DriverSettings, Job, Mode};
@@ -139,11 +141,18 @@ async fn prepare_inner(
         containers::create_job(&docker, api, job, &image, settings).await
     })
     .await?;
-    let report = serde_json::json!({ "job_started": {
-        "prepare_seconds": began.elapsed().as_secs_f64(),
-        "pull_seconds": pulling.as_secs_f64(),
-    }});
-    api.report(lease, report).await;
+    let started = JobStarted {
+        prepare_seconds: began.elapsed().as_secs_f64(),
+        pull_seconds: pulling.as_secs_f64(),
+    };
+    api.report(
+        lease,
+        ReportRequest {
+            job_started: Some(started),
+            job_finished: None,
+        },
+    )
+    .await;
     Ok(())
 }
 
@@ -164,15 +173,18 @@ pub async fn run(
     // The user's script decides the job; the runner's own stages only support it.
     let main = stage == "build_script" || stage.starts_with("step_");
     if let (true, Some(lease)) = (main, lease) {
-        let name = match &outcome {
-            Outcome::Success => "success",
-            Outcome::BuildFailure(_) => "build-failure",
-            Outcome::SystemFailure(why) if why.ends_with("was cancelled") => "cancelled",
-            Outcome::SystemFailure(_) => "system-failure",
+        let outcome = match &outcome {
+            Outcome::Success => JobOutcome::Success,
+            Outcome::BuildFailure(_) => JobOutcome::BuildFailure,
+            Outcome::SystemFailure(why) if why.ends_with("was cancelled") => JobOutcome::Cancelled,
+            Outcome::SystemFailure(_) => JobOutcome::SystemFailure,
         };
         api.report(
             lease,
-            serde_json::json!({ "job_finished": { "outcome": name } }),
+            ReportRequest {
+                job_started: None,
+                job_finished: Some(JobFinished { outcome }),
+            },
         )
         .await;
     }
