@@ -12,7 +12,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Flotilla, TOKEN, free_port};
+use common::{Flotilla, TOKEN};
 use flotilla_test_artifacts as guests;
 use flotilla_test_support::peer::Peer;
 
@@ -34,11 +34,11 @@ circuit_threshold = 1000
     )
 }
 
-fn config(port: u16, peer: &Peer) -> String {
+fn config(peer: &Peer) -> String {
     format!(
         r#"
 [server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 shutdown_grace = "5s"
 {spin_a}
@@ -94,7 +94,7 @@ fn p99(mut samples: Vec<Duration>) -> Duration {
 async fn a_good_pool_keeps_its_latency_next_to_spinning_stalled_and_hoarding_plugins() {
     let peer = Peer::start().await;
     let dir = tempfile::tempdir().expect("dir");
-    let f = Flotilla::serving_with_fd_limit(dir, &config(free_port(), &peer), Some(1024)).await;
+    let f = Flotilla::serving_with_fd_limit(dir, &config(&peer), Some(1024)).await;
     f.wait_for("/v1/pools", "the good pool to be ready", |v| {
         v["pools"]["good"]["status"]["health"]["state"] == "ready"
     })

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Flotilla, TOKEN, free_port};
+use common::{Flotilla, TOKEN};
 use flotilla_test_artifacts as guests;
 use serde_json::{Value, json};
 
@@ -24,13 +24,13 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn config(port: u16, metrics_port: u16, missing_plugin: &Path) -> String {
+fn config(missing_plugin: &Path) -> String {
     std::fs::write(missing_plugin, b"\0asm half-copied").expect("a broken plugin file");
     format!(
         r#"
 [server]
-listen = "127.0.0.1:{port}"
-metrics_listen = "127.0.0.1:{metrics_port}"
+listen = "127.0.0.1:0"
+metrics_listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 shutdown_grace = "5s"
 
@@ -203,8 +203,7 @@ fn missing(
 async fn the_dashboard_and_alert_rules_query_only_metrics_a_live_process_exports() {
     let dir = tempfile::tempdir().expect("dir");
     let missing_plugin = dir.path().join("not-deployed-yet.wasm");
-    let (port, metrics_port) = (free_port(), free_port());
-    let f = Flotilla::start_json(dir, &config(port, metrics_port, &missing_plugin)).await;
+    let f = Flotilla::start_json(dir, &config(&missing_plugin)).await;
 
     // Traffic that makes every family appear: a lease with a job report, and a reservation
     // refused at capacity (one slot in the pool, and it is taken).
@@ -237,7 +236,7 @@ async fn the_dashboard_and_alert_rules_query_only_metrics_a_live_process_exports
     assert_eq!(code, 200, "{body}");
 
     // The metrics listener: health and metrics, never the lease API (not even with the token).
-    let metrics_base = format!("http://127.0.0.1:{metrics_port}");
+    let metrics_base = f.metrics.clone().expect("the metrics listener");
     let get = |path: &str| {
         let url = format!("{metrics_base}{path}");
         async move {
@@ -366,8 +365,7 @@ fn rule_alert_names() -> Vec<String> {
 async fn json_log_lines_carry_the_pool_plugin_digest_lease_and_instance() {
     let dir = tempfile::tempdir().expect("dir");
     let missing_plugin = dir.path().join("absent.wasm");
-    let (port, metrics_port) = (free_port(), free_port());
-    let f = Flotilla::start_json(dir, &config(port, metrics_port, &missing_plugin)).await;
+    let f = Flotilla::start_json(dir, &config(&missing_plugin)).await;
     f.lease_cycle("ci").await;
     // The lease lines are written before the API answers; the log is flushed per line.
     let log = f.log();

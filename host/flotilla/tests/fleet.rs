@@ -15,7 +15,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Flotilla, TOKEN, free_port};
+use common::{Flotilla, TOKEN};
 
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,7 +25,7 @@ use flotilla_test_artifacts as guests;
 use flotilla_test_support::dockerd::{Dockerd, busybox_rootfs_tar};
 use flotilla_test_support::sshd::Sshd;
 
-fn config(port: u16, key: &std::path::Path, machines: &[&Sshd], docker: &Dockerd) -> String {
+fn config(key: &std::path::Path, machines: &[&Sshd], docker: &Dockerd) -> String {
     let hosts: Vec<String> = machines
         .iter()
         .enumerate()
@@ -41,7 +41,7 @@ fn config(port: u16, key: &std::path::Path, machines: &[&Sshd], docker: &Dockerd
         r#"state_dir = "state"
 
 [server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 shutdown_grace = "5s"
 
@@ -97,8 +97,7 @@ async fn a_job_runs_in_a_container_on_a_leased_instance_through_the_hosts_docker
     let key_file = dir.path().join("keys/fleet/id_ed25519");
     let m1 = Sshd::start(key.public_openssh());
     let m2 = Sshd::start(key.public_openssh());
-    let port = free_port();
-    let text = config(port, &key_file, &[&m1, &m2], &docker);
+    let text = config(&key_file, &[&m1, &m2], &docker);
     let f = Flotilla::start(dir, &text).await;
 
     // Both machines become ready, with where the host reaches them.
@@ -226,7 +225,7 @@ async fn a_job_runs_in_a_container_on_a_leased_instance_through_the_hosts_docker
         .await;
     assert_eq!(code, 201, "{body}");
     let id = body["Id"].as_str().expect("container id").to_string();
-    let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", f.port()))
         .await
         .expect("connect");
     let attach = format!(

@@ -394,8 +394,7 @@ async fn max_use_count_retires_an_instance_after_two_jobs() {
 async fn prepare_waits_out_a_flotilla_restart_and_the_job_runs() {
     let _one = DOCKER.lock().await;
     let mut fleet = Fleet::start(1, 1, "").await;
-    let _ = fleet.flotilla.child.kill();
-    let _ = fleet.flotilla.child.wait();
+    fleet.flotilla.kill();
 
     let job = fleet.job(700);
     let prepare = std::thread::spawn(move || {
@@ -559,7 +558,8 @@ fn a_host_that_never_answers_fails_the_job_after_the_restart_window() {
     let dir = tempfile::tempdir().expect("dir");
     let response = dir.path().join("response.json");
     std::fs::write(&response, r#"{"id": 5, "job_info": {"project_id": 1}}"#).expect("file");
-    let nobody = format!("http://127.0.0.1:{}", common::free_port());
+    // A port nothing listens on: bound, then closed.
+    let nobody = format!("http://127.0.0.1:{}", reserved_port());
     for stage in ["prepare", "cleanup"] {
         let start = Instant::now();
         let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
@@ -602,7 +602,10 @@ async fn a_migrated_docker_machine_runner_runs_a_job() {
     let _one = DOCKER.lock().await;
     let work = tempfile::tempdir().expect("dir");
     let out = work.path().join("flotilla.toml");
-    let fleet = Fleet::start_with(1, |port, key, token, sshds| {
+    // The one test that names the API's port before the process starts: the migration writes
+    // it into the runner blocks an operator pastes, as it would for a real host.
+    let port = reserved_port();
+    let fleet = Fleet::start_with(1, |key, token, sshds| {
         let runner = work.path().join("config.toml");
         std::fs::write(
             &runner,
@@ -693,4 +696,13 @@ async fn a_migrated_docker_machine_runner_runs_a_job() {
     assert!(build.stdout.contains("migrated-job-ran"), "{build:?}");
     assert_eq!(job.stage(&["cleanup"]).code, 0);
     fleet.assert_clean().await;
+}
+
+/// A loopback port that was free a moment ago (bound, then closed). Only for an address that
+/// must be known before a process starts; everything else listens on port 0.
+fn reserved_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
 }

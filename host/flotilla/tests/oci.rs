@@ -14,6 +14,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use common::poll;
+use common::process::Daemon;
 use common::registry::{Mode, READER, Registry, WRITER};
 use flotilla_oci::{AuthStore, RegistryOptions, Store};
 use flotilla_test_artifacts as guests;
@@ -761,17 +763,13 @@ async fn a_cached_plugin_starts_with_the_registry_down() {
     stranger.assert_cache_empty();
 
     // The real binary: `flotilla run` starts the pool from the cache.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("{e}"));
     let config = user.dir.path().join("run.toml");
     std::fs::write(
         &config,
         format!(
             r#"cache_dir = "{cache}"
 [server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 [oci]
 insecure_registries = ["{host}"]
 [[pool]]
@@ -787,41 +785,35 @@ hosts = [{{ address = "127.0.0.1" }}]
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let log = user.dir.path().join("run.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    command
         .args(["run", "-c"])
         .arg(&config)
         .env("FLOTILLA_LOG", "info")
         .env("FLOTILLA_CONFIG_HOME", user.dir.path().join("config"))
         .env("DOCKER_CONFIG", user.dir.path().join("docker"))
-        .env("XDG_DATA_HOME", user.dir.path().join("data"))
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::File::create(&log)
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        )
-        .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .env("XDG_DATA_HOME", user.dir.path().join("data"));
+    let mut process = Daemon::spawn(command, &log);
+    let limit = Duration::from_secs(30);
+    let listen = process
+        .logged("flotilla is listening", "listen", limit)
+        .await;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut state = Value::Null;
-    while Instant::now() < deadline {
-        if let Ok(resp) = client
-            .get(format!("http://127.0.0.1:{port}/v1/pools"))
-            .send()
-            .await
-            && let Ok(v) = resp.json::<Value>().await
-        {
-            state = v;
-            if state["pools"]["offline"]["status"]["health"]["state"] != "starting" {
-                break;
-            }
+    let state = poll::until("the pool's start to end", limit, || async {
+        let answer = client.get(format!("http://{listen}/v1/pools")).send().await;
+        let state = match answer {
+            Ok(resp) => resp.json::<Value>().await.unwrap_or(Value::Null),
+            Err(e) => return Err(e.to_string()),
+        };
+        if state["pools"]["offline"]["status"]["health"]["state"] != "starting" {
+            Ok(state)
+        } else {
+            Err(state.to_string())
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    })
+    .await;
+    process.kill();
     let log = std::fs::read_to_string(&log).unwrap_or_default();
     let pool_state = &state["pools"]["offline"];
     assert!(pool_state.is_object(), "no pool: {state}\n{log}");

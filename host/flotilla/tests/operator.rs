@@ -10,6 +10,9 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
+
+use flotilla_test_support::process::Daemon;
 
 use flotilla_test_artifacts as guests;
 use serde_json::Value;
@@ -28,24 +31,16 @@ fn flotilla(args: &[&str]) -> (i32, String, String) {
 }
 
 /// `flotilla run -c config`, killed when dropped.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn run(config: &std::path::Path) -> Killed {
-    Killed(
-        Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(["run", "-c"])
-            .arg(config)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
+/// `flotilla run` on `config`, and the API's base URL as the process logged it.
+async fn run(config: &std::path::Path) -> (Daemon, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    command.args(["run", "-c"]).arg(config);
+    let log = config.with_extension("log");
+    let mut process = Daemon::spawn(command, &log);
+    let listen = process
+        .logged("flotilla is listening", "listen", Duration::from_secs(30))
+        .await;
+    (process, format!("http://{listen}"))
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -175,13 +170,8 @@ fn config_check_reports_every_problem_in_one_pass_sorted_in_our_words() {
 async fn a_plugin_config_typo_is_located_by_check_and_by_run() {
     let dir = temp_dir("plugin-config");
     let file = dir.join("typo.toml");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
-    let text = format!(
-        r#"[server]
-listen = "127.0.0.1:{port}"
+    let text = r#"[server]
+listen = "127.0.0.1:0"
 
 [[pool]]
 name = "lab"
@@ -190,11 +180,10 @@ max_instances = 2
 
 [pool.plugin_config]
 name = "lab"
-hosts = [{{ address = "127.0.0.1" }}]
+hosts = [{ address = "127.0.0.1" }]
 hots = []
-"#
-    );
-    std::fs::write(&file, &text).unwrap();
+"#;
+    std::fs::write(&file, text).unwrap();
     let path = file.display().to_string();
     let want = format!(
         "{path}:9: pool[0].plugin_config: the plugin refused it: hots: unknown key (known: name, hosts)"
@@ -203,7 +192,7 @@ hots = []
     assert_eq!(code, 1, "{err}");
     assert!(err.contains(&want), "{err}");
 
-    let _child = run(std::path::Path::new(&path));
+    let (_child, base) = run(std::path::Path::new(&path)).await;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -212,10 +201,7 @@ hots = []
             std::time::Instant::now() < deadline,
             "no start-failed with {want:?}"
         );
-        if let Ok(r) = client
-            .get(format!("http://127.0.0.1:{port}/readyz"))
-            .send()
-            .await
+        if let Ok(r) = client.get(format!("{base}/readyz")).send().await
             && let Ok(body) = r.json::<Value>().await
             && body["pools"]["lab"]["state"] == "start-failed"
         {
@@ -385,17 +371,12 @@ fn builtin_plugins_are_listed_exported_and_checked_like_files() {
 async fn a_builtin_plugin_runs_a_pool() {
     let dir = temp_dir("builtin-run");
     let file = dir.join("run.toml");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
     std::fs::write(
         &file,
-        format!(
-            r#"state_dir = "state"
+        r#"state_dir = "state"
 cache_dir = "cache"
 [server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 
 [[pool]]
 name = "lab"
@@ -405,18 +386,17 @@ update_interval = "1s"
 
 [pool.plugin_config]
 name = "lab"
-hosts = [{{ address = "127.0.0.1" }}, {{ address = "127.0.0.2" }}]
+hosts = [{ address = "127.0.0.1" }, { address = "127.0.0.2" }]
 
 [[pool.policy]]
 idle_count = 1
-"#
-        ),
+"#,
     )
     .unwrap();
-    let _child = run(&file);
+    let (_child, base) = run(&file).await;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
-    let url = format!("http://127.0.0.1:{port}/v1/pools/lab/leases");
+    let url = format!("{base}/v1/pools/lab/leases");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let lease = loop {
         assert!(std::time::Instant::now() < deadline, "no lease within 60 s");
@@ -441,7 +421,7 @@ idle_count = 1
     let acquired = acquired.text().await.unwrap();
     assert!(acquired.contains("127.0.0."), "{acquired}");
     let status: Value = client
-        .get(format!("http://127.0.0.1:{port}/v1/pools"))
+        .get(format!("{base}/v1/pools"))
         .send()
         .await
         .unwrap()

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use common::{Flotilla, TOKEN, free_port};
+use common::{Flotilla, TOKEN};
 use flotilla_test_artifacts as guests;
 use flotilla_test_support::example_cloud::ExampleCloud;
 use flotilla_test_support::moto::Moto;
@@ -256,12 +256,11 @@ async fn acknowledged_leases_survive_kill_9_at_random_points() {
     // The cloud lives in this process, so its instances outlive every flotilla process.
     let cloud = ExampleCloud::start(4).await;
     let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
     let config = format!(
         r#"state_dir = "state"
 
 [server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 
 [[pool]]
@@ -348,12 +347,11 @@ async fn kill_9_during_cloud_scaling_leaks_no_instance_and_deletes_no_leased_one
     let proxy = LatencyProxy::start(&moto.endpoint, Duration::from_millis(150)).await;
     let (key, secret) = moto.key("plugin");
     let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
     let config = format!(
         r#"state_dir = "state"
 
 [server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 
 [[pool]]

@@ -9,20 +9,16 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use flotilla_test_artifacts as guests;
 use serde_json::Value;
 
-const TOKEN: &str = "test-token-6f1c";
+mod common;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("{e}"))
-}
+use common::{Flotilla, TOKEN};
+use flotilla_test_support::poll;
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("flotilla-run-{name}-{}", std::process::id()));
@@ -31,11 +27,11 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn config(port: u16, idle_count: u32, extra: &str) -> String {
+fn config(idle_count: u32, extra: &str) -> String {
     format!(
         r#"
 [server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 shutdown_grace = "20s"
 
@@ -58,63 +54,25 @@ idle_time = "1h"
     )
 }
 
+/// The common runner with this file's pool, and the calls its tests make.
 struct Server {
-    child: Child,
+    f: Flotilla,
     base: String,
     client: reqwest::Client,
-    _dir: PathBuf,
     config: PathBuf,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Server {
-    async fn start(name: &str, idle_count: u32) -> Server {
-        let dir = temp_dir(name);
-        let port = free_port();
-        let config = dir.join("flotilla.toml");
-        std::fs::write(&config, config_text(port, idle_count)).unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(["run", "-c"])
-            .arg(&config)
-            .env("FLOTILLA_LOG", "info")
-            .env("XDG_CACHE_HOME", dir.join("cache"))
-            .env("XDG_DATA_HOME", dir.join("data"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let server = Server {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            client: {
-                // reqwest is built without a default TLS provider; tests use ring.
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                reqwest::Client::new()
-            },
-            _dir: dir,
+    async fn start(idle_count: u32) -> Server {
+        let dir = tempfile::tempdir().expect("dir");
+        let config = dir.path().join("flotilla.toml");
+        let f = Flotilla::start(dir, &config_text(idle_count)).await;
+        Server {
+            base: f.base.clone(),
+            client: f.client.clone(),
+            f,
             config,
-        };
-        let start = Instant::now();
-        while server.get("/healthz", None).await.0 != 200 {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "flotilla did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        // The API answers while pools start; the tests begin once the pool runs.
-        server
-            .wait_for("the pool to start", |p| {
-                p["status"]["health"]["state"] != "starting"
-            })
-            .await;
-        server
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, token: Option<&str>) -> (u16, Value) {
@@ -148,36 +106,33 @@ impl Server {
     }
 
     async fn wait_for(&self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-        let start = Instant::now();
-        loop {
+        poll::until(what, Duration::from_secs(20), || async {
             let status = self.pool().await;
             if check(&status) {
-                return status;
+                Ok(status)
+            } else {
+                Err(status)
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "timed out waiting for {what}: {status}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
     }
 
     fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
+            .args([sig, &self.f.process.id().to_string()])
             .status()
             .map(|s| s.success());
         assert_eq!(ok.ok(), Some(true));
     }
 }
 
-fn config_text(port: u16, idle_count: u32) -> String {
-    config(port, idle_count, "")
+fn config_text(idle_count: u32) -> String {
+    config(idle_count, "")
 }
 
 #[tokio::test]
 async fn lease_lifecycle_over_http() {
-    let s = Server::start("leases", 2).await;
+    let s = Server::start(2).await;
     // Unauthenticated and wrongly authenticated calls get 401 with no detail.
     for token in [None, Some("wrong")] {
         let (code, body) = s.get("/v1/pools", token).await;
@@ -281,7 +236,7 @@ async fn lease_lifecycle_over_http() {
 
 #[tokio::test]
 async fn metrics_pass_promtool() {
-    let s = Server::start("metrics", 2).await;
+    let s = Server::start(2).await;
     s.wait_for("ready", |p| p["instances"]["ready"] == 1).await;
     let (code, _) = s.post("/v1/pools/local/leases").await;
     assert_eq!(code, 201);
@@ -330,22 +285,21 @@ async fn metrics_pass_promtool() {
 
 #[tokio::test]
 async fn sighup_reloads_the_policies() {
-    let s = Server::start("reload", 2).await;
+    let s = Server::start(2).await;
     s.wait_for("ready", |p| p["desired"] == 1).await;
-    let port = s
-        .base
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("the server's port");
-    std::fs::write(&s.config, config_text(port, 5)).expect("rewrite the config");
+    // The same server address (a reload keeps its listener), a new policy.
+    let text = config_text(5).replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{}\"", s.f.port()),
+    );
+    std::fs::write(&s.config, text).expect("rewrite the config");
     s.signal("-HUP");
     s.wait_for("reloaded policy", |p| p["desired"] == 3).await;
 }
 
 #[tokio::test]
 async fn sigterm_drains_until_the_last_lease_is_released() {
-    let mut s = Server::start("drain", 2).await;
+    let mut s = Server::start(2).await;
     s.wait_for("ready", |p| p["desired"] == 1).await;
     let (_, body) = s.post("/v1/pools/local/leases").await;
     let id = body["lease"]["id"].as_u64().expect("a lease id");
@@ -363,24 +317,22 @@ async fn sigterm_drains_until_the_last_lease_is_released() {
     let (code, _) = s.get("/readyz", None).await;
     assert_eq!(code, 503, "draining is not ready");
     assert!(
-        s.child.try_wait().ok().flatten().is_none(),
+        s.f.process.try_wait().is_none(),
         "still running while a lease is held"
     );
     let (code, _) = s
         .post(&format!("/v1/pools/local/leases/{id}/release"))
         .await;
     assert_eq!(code, 200);
-    let start = Instant::now();
-    let status = loop {
-        if let Ok(Some(st)) = s.child.try_wait() {
-            break st;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "did not exit after the last lease"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = poll::until(
+        "the exit after the last lease",
+        Duration::from_secs(10),
+        || {
+            let status = s.f.process.try_wait();
+            async move { status.ok_or("still running") }
+        },
+    )
+    .await;
     assert!(status.success());
 }
 
@@ -404,7 +356,11 @@ fn check(path: &Path) -> (i32, String) {
 fn config_check_reports_every_error_with_file_line_and_key() {
     let dir = temp_dir("check");
     let good = dir.join("good.toml");
-    std::fs::write(&good, config_text(8080, 2)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        &good,
+        config_text(2).replace("127.0.0.1:0", "127.0.0.1:8080"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let (code, out) = check(&good);
     assert_eq!(code, 0, "{out}");
 

@@ -12,15 +12,16 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Flotilla, TOKEN, free_port};
+use common::{Flotilla, TOKEN};
 use flotilla_test_artifacts as guests;
+use flotilla_test_support::poll;
 use serde_json::Value;
 
-fn config(port: u16, late_plugin: &std::path::Path) -> String {
+fn config(late_plugin: &std::path::Path) -> String {
     format!(
         r#"
 [server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 shutdown_grace = "5s"
 
@@ -72,9 +73,8 @@ async fn the_api_serves_while_a_pool_hangs_in_start_up_and_a_failed_pool_heals_w
     let dir = tempfile::tempdir().expect("dir");
     let late = dir.path().join("late.wasm");
     std::fs::write(&late, b"\0asm half-copied").expect("a broken plugin file");
-    let port = free_port();
     let spawned = Instant::now();
-    let f = Flotilla::serving(dir, &config(port, &late)).await;
+    let f = Flotilla::serving(dir, &config(&late)).await;
 
     // The API answers before the hanging pool's init deadline (6 s) has passed: it does not
     // wait for the pools.
@@ -168,31 +168,23 @@ async fn sigterm_during_a_hanging_start_exits_within_the_grace_period() {
     let dir = tempfile::tempdir().expect("dir");
     let late = dir.path().join("never.wasm");
     std::fs::write(&late, b"not a component").expect("a broken plugin file");
-    let mut f = Flotilla::serving(dir, &config(free_port(), &late)).await;
+    let mut f = Flotilla::serving(dir, &config(&late)).await;
     f.wait_for("/v1/pools", "the good pool to run", |v| {
         state(v, "good") == "ready"
     })
     .await;
     let (_, pools) = f.call("GET", "/v1/pools", None).await;
     assert_eq!(state(&pools, "stall"), "starting", "{pools}");
-    let pid = f.child.id().to_string();
-    let sent = Instant::now();
+    let pid = f.process.id().to_string();
     let kill = std::process::Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .expect("kill");
     assert!(kill.success());
-    let status = loop {
-        if let Some(status) = f.child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            sent.elapsed() < Duration::from_secs(5),
-            "still running {:?} after SIGTERM\n{}",
-            sent.elapsed(),
-            f.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = poll::until("the exit after SIGTERM", Duration::from_secs(5), || {
+        let status = f.process.try_wait();
+        async move { status.ok_or("still running") }
+    })
+    .await;
     assert!(status.success(), "{status:?}\n{}", f.log());
 }

@@ -11,14 +11,13 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::fleet::{DOCKER, Fleet, RunnerJob, docker_cli};
-use common::{Flotilla, TOKEN, cli, free_port};
+use common::{Flotilla, TOKEN, cli};
 use flotilla_test_artifacts as guests;
 
 fn inspect(fleet: &Fleet, what: &[&str]) -> String {
@@ -332,10 +331,10 @@ async fn a_released_leases_docker_streams_are_cut_within_a_second() {
     }
 }
 
-fn static_config(port: u16, extra_server: &str, pools: &str) -> String {
+fn static_config(extra_server: &str, pools: &str) -> String {
     format!(
         r#"[server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 shutdown_grace = "2s"
 {extra_server}
@@ -367,17 +366,12 @@ idle_time = "1h"
 /// an API client out, and a request whose headers never end is dropped at the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_idle_connections_does_not_keep_api_clients_out() {
-    let port = free_port();
     let dir = tempfile::tempdir().expect("dir");
-    let config = static_config(
-        port,
-        "header_read_timeout = \"2s\"",
-        &static_pool("local", 1),
-    );
+    let config = static_config("header_read_timeout = \"2s\"", &static_pool("local", 1));
     let f = Flotilla::serving_with_fd_limit(dir, &config, Some(1024)).await;
     let mut flood = Vec::new();
     for _ in 0..1100 {
-        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+        match tokio::net::TcpStream::connect(("127.0.0.1", f.port())).await {
             Ok(s) => flood.push(s),
             Err(_) => break, // this process's own limit
         }
@@ -400,7 +394,7 @@ async fn a_flood_of_idle_connections_does_not_keep_api_clients_out() {
     );
     drop(flood);
 
-    let mut half = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let mut half = tokio::net::TcpStream::connect(("127.0.0.1", f.port()))
         .await
         .expect("connect");
     half.write_all(b"GET /v1/pools HTTP/1.1\r\nHost: x\r\n")
@@ -418,10 +412,9 @@ async fn a_flood_of_idle_connections_does_not_keep_api_clients_out() {
 /// Lease ids name one lease of one pool: two pools never hand out the same id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_ids_are_unique_across_pools() {
-    let port = free_port();
     let dir = tempfile::tempdir().expect("dir");
     let pools = format!("{}{}", static_pool("a", 1), static_pool("b", 3));
-    let f = Flotilla::start(dir, &static_config(port, "", &pools)).await;
+    let f = Flotilla::start(dir, &static_config("", &pools)).await;
     let mut ids = std::collections::BTreeSet::new();
     for pool in ["a", "b", "a", "b"] {
         let (code, body) = f
@@ -448,11 +441,7 @@ fn the_docker_handle_is_never_open_without_a_token() {
         key.display()
     );
     let open = dir.path().join("open.toml");
-    std::fs::write(
-        &open,
-        format!("[server]\nlisten = \"127.0.0.1:{}\"\n{pool}", free_port()),
-    )
-    .expect("config");
+    std::fs::write(&open, format!("[server]\nlisten = \"127.0.0.1:0\"\n{pool}")).expect("config");
     let open = open.display().to_string();
     let (code, out, err) = cli(&["config", "check", "-c", &open]);
     assert_ne!(code, 0, "{out}{err}");
@@ -473,8 +462,7 @@ fn the_docker_handle_is_never_open_without_a_token() {
     std::fs::write(
         &readable,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{}\"\ntoken = {{ file = \"{}\" }}\n{pool}",
-            free_port(),
+            "[server]\nlisten = \"127.0.0.1:0\"\ntoken = {{ file = \"{}\" }}\n{pool}",
             token.display()
         ),
     )
@@ -497,31 +485,21 @@ async fn the_journal_and_state_directory_are_private_under_a_wide_umask() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("dir");
     let state = dir.path().join("state");
-    let port = free_port();
     let config = format!(
         "state_dir = \"{}\"\n{}",
         state.display(),
-        static_config(port, "", &static_pool("local", 1))
+        static_config("", &static_pool("local", 1))
     );
-    let path = dir.path().join("flotilla.toml");
-    std::fs::write(&path, config).expect("config");
-    let mut child = Command::new("sh")
-        .args(["-c", "umask 000 && exec \"$0\" run -c \"$1\""])
-        .arg(env!("CARGO_BIN_EXE_flotilla"))
-        .arg(&path)
-        .env("FLOTILLA_LOG", "warn")
-        .spawn()
-        .expect("flotilla");
+    let options = common::Options {
+        umask: Some(0o000),
+        ..common::Options::default()
+    };
+    let f = Flotilla::start_with(dir, &config, options).await;
     let journal = state.join("leases.redb");
-    let start = Instant::now();
-    while !journal.exists() && start.elapsed() < Duration::from_secs(20) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let mode =
         |p: &std::path::Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
     let modes = (mode(&state), mode(&journal));
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(f);
     assert_eq!(modes, (0o700, 0o600));
 }
 
@@ -593,7 +571,6 @@ async fn the_docker_handle_forwards_the_path_as_sent_without_hop_by_hop_headers(
     let key =
         flotilla_connector::PoolKey::load_or_generate(&dir.path().join("keys"), "ci").expect("key");
     let machine = flotilla_test_support::sshd::Sshd::start(key.public_openssh());
-    let port = free_port();
     let pool = format!(
         r#"
 [[pool]]
@@ -615,7 +592,7 @@ idle_time = "1h"
         key = dir.path().join("keys/ci/id_ed25519").display(),
         socket = engine.socket.display(),
     );
-    let f = Flotilla::start(dir, &static_config(port, "", &pool)).await;
+    let f = Flotilla::start(dir, &static_config("", &pool)).await;
     f.wait_for("/v1/pools/ci/instances", "a ready machine", |b| {
         b["instances"][0]["state"] == "ready"
     })
@@ -631,7 +608,7 @@ idle_time = "1h"
         )
         .await;
     assert_eq!(code, 200, "{body}");
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", f.port()))
         .await
         .expect("connect");
     let request = format!(

@@ -1,5 +1,5 @@
 //! How a pool reports what it did, without knowing who listens. The binary's metrics implement
-//! [`PoolObserver`]; the scaler never names Prometheus.
+//! [`PoolObserver`]; the scaler has no metrics library of its own.
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-use super::{Flotilla, TOKEN, free_port};
+use super::{Flotilla, TOKEN};
 use flotilla_connector::PoolKey;
 use flotilla_test_artifacts as guests;
 use flotilla_test_support::dockerd::{Dockerd, busybox_rootfs_tar};
@@ -38,7 +38,7 @@ pub fn docker_cli(docker: &Dockerd, config: &Path, args: &[&str]) -> Output {
         .expect("the docker CLI (docker.io)")
 }
 
-pub fn config(port: u16, key: &Path, machines: &[&Sshd], capacity: u32, extra: &str) -> String {
+pub fn config(key: &Path, machines: &[&Sshd], capacity: u32, extra: &str) -> String {
     let hosts: Vec<String> = machines
         .iter()
         .enumerate()
@@ -52,7 +52,7 @@ pub fn config(port: u16, key: &Path, machines: &[&Sshd], capacity: u32, extra: &
         .collect();
     format!(
         r#"[server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 shutdown_grace = "5s"
 
@@ -128,17 +128,17 @@ impl Fleet {
         extra: &str,
         socket: Option<PathBuf>,
     ) -> Fleet {
-        Fleet::start_made(docker, machines, socket, |port, key, _, sshds| {
-            config(port, key, sshds, capacity, extra)
+        Fleet::start_made(docker, machines, socket, |key, _, sshds| {
+            config(key, sshds, capacity, extra)
         })
         .await
     }
 
-    /// A fleet whose configuration `make(port, pool key file, API token file, machines)`
+    /// A fleet whose configuration `make(pool key file, API token file, machines)`
     /// writes (with `DOCKER_SOCKET` standing for the engine's socket).
     pub async fn start_with(
         machines: usize,
-        make: impl FnOnce(u16, &Path, &Path, &[&Sshd]) -> String,
+        make: impl FnOnce(&Path, &Path, &[&Sshd]) -> String,
     ) -> Fleet {
         Fleet::start_made(Dockerd::start(), machines, None, make).await
     }
@@ -147,7 +147,7 @@ impl Fleet {
         docker: Dockerd,
         machines: usize,
         socket: Option<PathBuf>,
-        make: impl FnOnce(u16, &Path, &Path, &[&Sshd]) -> String,
+        make: impl FnOnce(&Path, &Path, &[&Sshd]) -> String,
     ) -> Fleet {
         let registry = Registry::start(Mode::Basic).await;
         let host = registry.host();
@@ -191,11 +191,10 @@ impl Fleet {
         let sshds: Vec<Sshd> = (0..machines)
             .map(|_| Sshd::start(key.public_openssh()))
             .collect();
-        let port = free_port();
         let refs: Vec<&Sshd> = sshds.iter().collect();
         let token_file = dir.path().join("token");
         flotilla_test_support::write_secret(&token_file, TOKEN);
-        let text = make(port, &key_file, &token_file, &refs).replace(
+        let text = make(&key_file, &token_file, &refs).replace(
             "DOCKER_SOCKET",
             &socket
                 .unwrap_or_else(|| docker.socket())

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use super::fleet::RunnerJob;
-use super::{Flotilla, TOKEN, free_port};
+use super::{Flotilla, TOKEN};
 use flotilla_connector::PoolKey;
 use flotilla_test_artifacts as guests;
 use flotilla_test_support::sshd::Sshd;
@@ -48,10 +48,9 @@ impl Machines {
                 )
             })
             .collect();
-        let port = free_port();
         let config = format!(
             r#"[server]
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 shutdown_grace = "5s"
 

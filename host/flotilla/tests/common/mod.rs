@@ -5,8 +5,11 @@
 pub mod fleet;
 pub mod machines;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+use flotilla_test_support::poll;
+use flotilla_test_support::process::Daemon;
 
 use serde_json::Value;
 
@@ -27,39 +30,62 @@ pub fn cli(args: &[&str]) -> (i32, String, String) {
 /// The API token of every test config.
 pub const TOKEN: &str = "fleet-token-0d9a";
 
+/// `flotilla run` on a config in a temporary directory: the one runner of the binary's tests.
+/// Configs listen on port 0 (`listen = "127.0.0.1:0"`); the runner reads the bound address
+/// from the process's log, so no port is guessed before the process binds it.
 pub struct Flotilla {
-    pub child: Child,
+    pub process: Daemon,
     pub base: String,
+    /// `http://` + the bound `server.metrics_listen`, when the config has one.
+    pub metrics: Option<String>,
     pub client: reqwest::Client,
     pub dir: tempfile::TempDir,
+    /// How the process is started; restarts use it again.
+    options: Options,
+}
+
+/// How a [`Flotilla`] process is started.
+#[derive(Clone, Default)]
+pub struct Options {
     /// Logging as JSON lines (`--log-json`).
     pub json: bool,
+    /// At most this many open file descriptors.
+    pub nofile: Option<u32>,
+    /// The file mode creation mask of the process.
+    pub umask: Option<u32>,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// Environment variables removed.
+    pub env_remove: Vec<String>,
 }
 
-impl Drop for Flotilla {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // already gone is fine
-        let _ = self.child.wait();
+impl Options {
+    pub fn env(mut self, key: &str, value: &str) -> Options {
+        self.env.push((key.into(), value.into()));
+        self
     }
-}
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    pub fn env_remove(mut self, key: &str) -> Options {
+        self.env_remove.push(key.into());
+        self
+    }
 }
 
 impl Flotilla {
     pub async fn start(dir: tempfile::TempDir, config: &str) -> Flotilla {
-        let f = Flotilla::serving(dir, config).await;
+        Flotilla::start_with(dir, config, Options::default()).await
+    }
+
+    /// Starts the process and waits until the API answers and no pool is still starting.
+    pub async fn start_with(dir: tempfile::TempDir, config: &str, options: Options) -> Flotilla {
+        let f = Flotilla::launch(dir, config, options).await;
         f.wait_started().await;
         f
     }
 
     /// Starts the process and waits only for its API (pools may still be starting).
     pub async fn serving(dir: tempfile::TempDir, config: &str) -> Flotilla {
-        Flotilla::serving_with_fd_limit(dir, config, None).await
+        Flotilla::launch(dir, config, Options::default()).await
     }
 
     /// Like [`Flotilla::serving`], with at most `nofile` open file descriptors.
@@ -68,58 +94,77 @@ impl Flotilla {
         config: &str,
         nofile: Option<u32>,
     ) -> Flotilla {
-        Flotilla::launch(dir, config, nofile, false).await
+        let options = Options {
+            nofile,
+            ..Options::default()
+        };
+        Flotilla::launch(dir, config, options).await
     }
 
     /// Like [`Flotilla::start`], logging JSON lines (`--log-json`).
     pub async fn start_json(dir: tempfile::TempDir, config: &str) -> Flotilla {
-        let f = Flotilla::launch(dir, config, None, true).await;
-        f.wait_started().await;
-        f
+        let options = Options {
+            json: true,
+            ..Options::default()
+        };
+        Flotilla::start_with(dir, config, options).await
     }
 
-    async fn launch(
-        dir: tempfile::TempDir,
-        config: &str,
-        nofile: Option<u32>,
-        json: bool,
-    ) -> Flotilla {
-        let path = dir.path().join("flotilla.toml");
-        std::fs::write(&path, config).expect("config");
-        let port = config
-            .lines()
-            .find_map(|l| l.strip_prefix("listen = \"127.0.0.1:"))
-            .and_then(|r| r.trim_end_matches('"').parse::<u16>().ok())
-            .expect("the listen port");
+    /// Spawns the process on `config` and waits for its API; its addresses come from its log.
+    pub async fn launch(dir: tempfile::TempDir, config: &str, options: Options) -> Flotilla {
+        std::fs::write(dir.path().join("flotilla.toml"), config).expect("config");
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let child = Flotilla::spawn(&dir, nofile, json);
+        let mut process = Flotilla::spawn(&dir, &options);
+        let (base, metrics) = Flotilla::addresses(&mut process, config).await;
         let f = Flotilla {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
+            process,
+            base,
+            metrics,
             client: reqwest::Client::new(),
             dir,
-            json,
+            options,
         };
         f.wait_api().await;
         f
     }
 
-    fn spawn(dir: &tempfile::TempDir, nofile: Option<u32>, json: bool) -> Child {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.path().join("flotilla.log"))
-            .expect("log");
-        let mut command = match nofile {
-            None => Command::new(env!("CARGO_BIN_EXE_flotilla")),
-            Some(n) => {
-                let mut c = Command::new("sh");
-                c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\"")])
-                    .arg(env!("CARGO_BIN_EXE_flotilla"));
-                c
-            }
+    /// The API's and the metrics listener's addresses, as the process logged them.
+    async fn addresses(process: &mut Daemon, config: &str) -> (String, Option<String>) {
+        let limit = Duration::from_secs(60);
+        let listen = process
+            .logged("flotilla is listening", "listen", limit)
+            .await;
+        let metrics = if config.contains("metrics_listen") {
+            let bound = process
+                .logged("serving /metrics", "metrics_listen", limit)
+                .await;
+            Some(format!("http://{bound}"))
+        } else {
+            None
         };
-        if json {
+        (format!("http://{listen}"), metrics)
+    }
+
+    fn spawn(dir: &tempfile::TempDir, options: &Options) -> Daemon {
+        let mut setup = Vec::new();
+        if let Some(n) = options.nofile {
+            setup.push(format!("ulimit -n {n}"));
+        }
+        if let Some(mask) = options.umask {
+            setup.push(format!("umask {mask:03o}"));
+        }
+        let mut command = if setup.is_empty() {
+            Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        } else {
+            let mut c = Command::new("sh");
+            c.args([
+                "-c",
+                &format!("{} && exec \"$0\" \"$@\"", setup.join(" && ")),
+            ])
+            .arg(env!("CARGO_BIN_EXE_flotilla"));
+            c
+        };
+        if options.json {
             command.arg("--log-json");
         }
         command
@@ -127,19 +172,25 @@ impl Flotilla {
             .arg(dir.path().join("flotilla.toml"))
             .env("FLOTILLA_LOG", "info")
             .env("XDG_CACHE_HOME", dir.path().join("cache"))
-            .env("XDG_DATA_HOME", dir.path().join("data"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("flotilla")
+            .env("XDG_DATA_HOME", dir.path().join("data"));
+        for (k, v) in &options.env {
+            command.env(k, v);
+        }
+        for k in &options.env_remove {
+            command.env_remove(k);
+        }
+        Daemon::spawn(command, &dir.path().join("flotilla.log"))
     }
 
     async fn wait_api(&self) {
-        let start = Instant::now();
-        while self.call("GET", "/healthz", None).await.0 != 200 {
-            assert!(start.elapsed() < Duration::from_secs(30), "{}", self.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("the API at {}", self.base);
+        poll::until(&what, Duration::from_secs(30), || async {
+            match self.call("GET", "/healthz", None).await.0 {
+                200 => Ok(()),
+                code => Err(format!("{code}\n{}", self.log())),
+            }
+        })
+        .await
     }
 
     /// Waits until the API answers and no pool is still starting (running, or failed to start).
@@ -155,53 +206,70 @@ impl Flotilla {
         .await;
     }
 
+    /// The API's bound port.
+    pub fn port(&self) -> u16 {
+        self.base
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port in the base URL")
+    }
+
     /// Kills the process with SIGKILL, as a crash or an OOM kill would.
     pub fn kill(&mut self) {
-        let _ = self.child.kill(); // already gone is fine
-        let _ = self.child.wait();
+        self.process.kill();
     }
 
     /// Stops the process as an upgrade does (SIGTERM: drain, then exit) and waits for it.
     pub fn terminate(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
+        self.process.terminate();
     }
 
-    /// Starts the process again on the same config and state (after [`Flotilla::kill`]).
+    /// Starts the process again on the same config and state (after [`Flotilla::kill`]), on
+    /// the port the first run bound, so clients configured with its URL find it again.
     pub async fn start_again(&mut self) {
-        self.child = Flotilla::spawn(&self.dir, None, self.json);
+        let path = self.dir.path().join("flotilla.toml");
+        let config = std::fs::read_to_string(&path).expect("config");
+        let port = |url: &str| url.rsplit(':').next().unwrap_or("0").to_string();
+        let mut pinned = config.replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{}\"", port(&self.base)),
+        );
+        if let Some(m) = &self.metrics {
+            pinned = pinned.replace(
+                "metrics_listen = \"127.0.0.1:0\"",
+                &format!("metrics_listen = \"127.0.0.1:{}\"", port(m)),
+            );
+        }
+        std::fs::write(&path, pinned).expect("config");
+        self.process = Flotilla::spawn(&self.dir, &self.options);
+        let (base, metrics) = Flotilla::addresses(&mut self.process, &config).await;
+        assert_eq!(base, self.base, "the restarted process moved");
+        self.metrics = metrics;
         self.wait_started().await;
     }
 
     /// Kills the process (as a crash would) and starts it again on the same config.
     pub async fn restart(&mut self) {
-        let _ = self.child.kill(); // already gone is fine
-        let _ = self.child.wait();
-        self.child = Flotilla::spawn(&self.dir, None, self.json);
-        self.wait_started().await;
+        self.process.kill();
+        self.start_again().await;
     }
 
     /// Polls `path` until `check` accepts its JSON answer.
     pub async fn wait_for(&self, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-        let start = Instant::now();
-        loop {
+        poll::until(what, Duration::from_secs(60), || async {
             let (_, body) = self.call("GET", path, None).await;
             if check(&body) {
-                return body;
+                Ok(body)
+            } else {
+                Err(format!("{body}\n{}", self.log()))
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "timed out waiting for {what}: {body}\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        })
+        .await
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("flotilla.log")).unwrap_or_default()
+        self.process.log()
     }
 
     pub async fn request(
