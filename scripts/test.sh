@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints (host and guests), then every test.
+# The whole test suite: formatting, lints (host and guests), then every test. CI runs this.
+#
+#   ./scripts/test.sh                  the full run
+#   ./scripts/test.sh --quick [REV]    the developer's loop: formatting, clippy, and the tests of
+#                                      the crates (and the binary's test files) changed since REV
+#                                      (default HEAD: the uncommitted change), nothing else
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=""
+if [ "${1:-}" = "--quick" ]; then
+  quick="${2:-HEAD}"
+fi
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 . scripts/toolchain.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
@@ -85,6 +94,10 @@ cargo clippy --locked --all-targets -- -D warnings
 
 echo "== clippy (guests, wasm32-wasip2)"
 cargo clippy --locked --target wasm32-wasip2 "${guests[@]}" -- -D warnings
+
+if [ -n "$quick" ]; then
+  exec ./scripts/quick.sh "$quick"
+fi
 
 echo "== guests (wasm32-wasip2)"
 # tests/artifacts builds these too, but cargo may skip its build script when another checkout

@@ -8,14 +8,14 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-use flotilla_test_support as common;
+use flotilla_harness::clouds::AwsPlugin;
 
 use std::time::Duration;
 
-use common::moto::Moto;
 use criterion::{Criterion, criterion_group, criterion_main};
 use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource, SigningHints};
 use flotilla_net::AllowList;
+use flotilla_peers::moto::Moto;
 use flotilla_provider::Provider;
 
 fn aws(c: &mut Criterion) {

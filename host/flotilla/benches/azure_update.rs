@@ -9,13 +9,14 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-use flotilla_test_support as common;
+use flotilla_harness as common;
+use flotilla_harness::clouds::AzurePlugin;
 
 use std::time::Duration;
 
-use common::azure_cloud::{AzureCloud, Mode, Options};
 use criterion::{Criterion, criterion_group, criterion_main};
 use flotilla_credentials::SigningHints;
+use flotilla_peers::azure_cloud::{AzureCloud, Mode, Options};
 use flotilla_provider::Provider;
 
 fn azure(c: &mut Criterion) {

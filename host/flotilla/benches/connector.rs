@@ -17,10 +17,10 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use common::{ready_pool, settings};
 
 use flotilla_connector::{Connector, PoolKey};
+use flotilla_harness::machines::Machines;
+use flotilla_peers::dockerd::Dockerd;
+use flotilla_peers::sshd::Sshd;
 use flotilla_scaler::{AlwaysReady, Readiness};
-use flotilla_test_support::dockerd::Dockerd;
-use flotilla_test_support::machines::Machines;
-use flotilla_test_support::sshd::Sshd;
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");

@@ -40,7 +40,7 @@ fn credentials(c: &mut Criterion) {
         .build()
         .unwrap();
     // A metadata server handing out one long-lived token; the bench then runs on the cache.
-    let addr = rt.block_on(flotilla_test_support::serve::serve_http(
+    let addr = rt.block_on(flotilla_peers::serve::serve_http(
         |_req: hyper::Request<hyper::body::Incoming>| async {
             Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(
                 r#"{"access_token":"ya29.bench-token-0123456789","expires_in":3599,"token_type":"Bearer"}"#,

@@ -9,12 +9,13 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
+use flotilla_harness::clouds::GcpPlugin;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use flotilla_credentials::SigningHints;
+use flotilla_peers::gcp_cloud::{GROUP, GcpCloud, PROJECT, ZONE};
 use flotilla_provider::Provider;
-use flotilla_test_support::gcp_cloud::{GROUP, GcpCloud, PROJECT, ZONE};
 
 fn gcp(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -29,8 +30,7 @@ fn gcp(c: &mut Criterion) {
     // thousands.
     let mut sandbox = cloud.sandbox(credential.clone());
     sandbox.limits.requests_per_minute = 10_000_000;
-    let p =
-        flotilla_test_support::load(flotilla_test_artifacts::GCP_PLUGIN).provider("gcp", sandbox);
+    let p = flotilla_harness::load(flotilla_test_artifacts::GCP_PLUGIN).provider("gcp", sandbox);
     rt.block_on(async {
         p.init(&cloud.settings(100)).await.unwrap();
         assert_eq!(p.increase(100).await.unwrap(), 100);

@@ -35,9 +35,9 @@ use flotilla::metrics::Metrics;
 use flotilla::pools::{Pools, RunningPool};
 use flotilla_connector::{Connector, PoolKey};
 use flotilla_gitlab::{ApiClient, DriverSettings, Job, PullPolicy};
-use flotilla_test_support::dockerd::{Dockerd, busybox_rootfs_tar};
-use flotilla_test_support::machines::Machines;
-use flotilla_test_support::sshd::Sshd;
+use flotilla_harness::machines::Machines;
+use flotilla_peers::dockerd::{Dockerd, busybox_rootfs_tar};
+use flotilla_peers::sshd::Sshd;
 
 const IMAGE: &str = "flotilla-bench/busybox:1";
 

@@ -27,8 +27,8 @@ use flotilla_connector::{Connector, ConnectorSettings, PoolKey};
 use flotilla_gitlab::{
     ApiClient, DriverSettings, InstanceSettings, Job, MachineOs, Mode, Outcome, PullPolicy,
 };
-use flotilla_test_support::machines::Machines;
-use flotilla_test_support::sshd::Sshd;
+use flotilla_harness::machines::Machines;
+use flotilla_peers::sshd::Sshd;
 
 fn connector_settings() -> ConnectorSettings {
     ConnectorSettings {

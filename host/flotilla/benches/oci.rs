@@ -9,16 +9,14 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-use flotilla_test_support as common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::registry::{Mode, Registry};
 use criterion::{Criterion, criterion_group, criterion_main};
 use flotilla_oci::{
     AuthStore, KeyPair, OciRef, PublicKey, PullPolicy, PushAnnotations, RegistryOptions, Store,
 };
+use flotilla_peers::registry::{Mode, Registry};
 use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
 use flotilla_test_artifacts as guests;
 

@@ -11,7 +11,7 @@
 )] // test code: a failed assumption is a failed test
 
 #[allow(dead_code)]
-use flotilla_test_support::example_cloud;
+use flotilla_peers::example_cloud;
 
 use std::path::Path;
 use std::sync::Arc;

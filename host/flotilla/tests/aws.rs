@@ -8,16 +8,17 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-use flotilla_test_support as common;
-use flotilla_test_support::pool::{Counting, spawn_pool};
-use flotilla_test_support::{must, provider_error};
+use flotilla_harness as common;
+use flotilla_harness::clouds::AwsPlugin;
+use flotilla_harness::pool::{Counting, spawn_pool};
+use flotilla_harness::{must, provider_error};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use common::LogCapture;
-use common::moto::Moto;
+use flotilla_peers::moto::Moto;
 use flotilla_provider::{CallError, InstanceState, Provider, ProviderError};
 
 #[tokio::test(flavor = "current_thread")]

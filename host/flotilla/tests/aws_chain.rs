@@ -10,15 +10,16 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-use flotilla_test_support as common;
+use flotilla_harness as common;
+use flotilla_harness::clouds::AwsPlugin;
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::moto::{Moto, python};
 use flotilla_credentials::aws::{AwsChain, AwsChainConfig};
 use flotilla_credentials::{AwsChainHandle, CredentialKind};
+use flotilla_peers::moto::{Moto, python};
 use flotilla_provider::{CallError, Provider, ProviderError};
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -59,8 +60,8 @@ async fn imds(
     lifetime_s: i64,
     fetches: Arc<AtomicUsize>,
 ) -> String {
-    let addr = flotilla_test_support::serve::serve_http(
-        move |req: hyper::Request<hyper::body::Incoming>| {
+    let addr =
+        flotilla_peers::serve::serve_http(move |req: hyper::Request<hyper::body::Incoming>| {
             let keys = keys.clone();
             let fetches = fetches.clone();
             async move {
@@ -93,9 +94,8 @@ async fn imds(
                 };
                 Ok(hyper::Response::new(Full::new(Bytes::from(body))))
             }
-        },
-    )
-    .await;
+        })
+        .await;
     format!("http://{addr}")
 }
 

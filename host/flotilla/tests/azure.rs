@@ -9,16 +9,17 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-use flotilla_test_support as common;
-use flotilla_test_support::pool::{Counting, spawn_pool, wait_until};
-use flotilla_test_support::{must, provider_error};
+use flotilla_harness as common;
+use flotilla_harness::clouds::AzurePlugin;
+use flotilla_harness::pool::{Counting, spawn_pool, wait_until};
+use flotilla_harness::{must, provider_error};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use common::LogCapture;
-use common::azure_cloud::{AzureCloud, Kind, Mode, Options};
+use flotilla_peers::azure_cloud::{AzureCloud, Kind, Mode, Options};
 use flotilla_plugin_runtime::WasmProvider;
 use flotilla_provider::{InstanceState, Provider, ProviderError};
 
@@ -592,7 +593,7 @@ async fn the_scaler_waits_out_a_throttle() {
 async fn the_conformance_kit_passes_with_provisioning() {
     for mode in [Mode::Uniform, Mode::Flexible] {
         let (cloud, p) = started(options(mode)).await;
-        let plugin = flotilla_test_support::load(flotilla_test_artifacts::AZURE_PLUGIN);
+        let plugin = flotilla_harness::load(flotilla_test_artifacts::AZURE_PLUGIN);
         let report = flotilla::plugin_kit::conformance::run(
             &plugin,
             "azure",

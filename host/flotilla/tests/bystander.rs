@@ -13,8 +13,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Flotilla, TOKEN};
+use flotilla_peers::peer::Peer;
 use flotilla_test_artifacts as guests;
-use flotilla_test_support::peer::Peer;
 
 fn spinner(name: &str) -> String {
     format!(

@@ -15,10 +15,10 @@ mod common;
 
 use std::time::Duration;
 
-use flotilla_test_support::azure_cloud::{self, AzureCloud, Mode, Options};
-use flotilla_test_support::gcp_cloud::{GcpCloud, REGION};
-use flotilla_test_support::moto::Moto;
-use flotilla_test_support::poll;
+use flotilla_harness::poll;
+use flotilla_peers::azure_cloud::{self, AzureCloud, Mode, Options};
+use flotilla_peers::gcp_cloud::{GcpCloud, REGION};
+use flotilla_peers::moto::Moto;
 
 use common::{Flotilla, TOKEN};
 

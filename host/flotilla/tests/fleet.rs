@@ -21,9 +21,9 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use flotilla_connector::PoolKey;
+use flotilla_peers::dockerd::{Dockerd, busybox_rootfs_tar};
+use flotilla_peers::sshd::Sshd;
 use flotilla_test_artifacts as guests;
-use flotilla_test_support::dockerd::{Dockerd, busybox_rootfs_tar};
-use flotilla_test_support::sshd::Sshd;
 
 fn config(key: &std::path::Path, machines: &[&Sshd], docker: &Dockerd) -> String {
     let hosts: Vec<String> = machines

@@ -11,14 +11,15 @@
 
 mod common;
 
-use flotilla_test_support::pool::{spawn_pool, wait_until};
-use flotilla_test_support::{must, provider_error};
+use flotilla_harness::clouds::GcpPlugin;
+use flotilla_harness::pool::{spawn_pool, wait_until};
+use flotilla_harness::{must, provider_error};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flotilla_harness::LogCapture;
+use flotilla_peers::gcp_cloud::{GcpCloud, REGION, ZONE};
 use flotilla_provider::{InstanceState, Provider, ProviderError};
-use flotilla_test_support::LogCapture;
-use flotilla_test_support::gcp_cloud::{GcpCloud, REGION, ZONE};
 
 /// Updates until `n` instances run; their ids.
 async fn until_running(p: &impl Provider, n: usize) -> Vec<String> {
@@ -406,7 +407,7 @@ async fn the_scaler_waits_out_retry_after_and_pauses_on_a_missing_permission() {
 async fn the_conformance_kit_passes_with_provisioning() {
     for regional in [false, true] {
         let cloud = GcpCloud::start(regional).await;
-        let plugin = flotilla_test_support::load(flotilla_test_artifacts::GCP_PLUGIN);
+        let plugin = flotilla_harness::load(flotilla_test_artifacts::GCP_PLUGIN);
         let p = plugin.provider("kit", cloud.sandbox(cloud.credential()));
         let report = flotilla::plugin_kit::conformance::run(
             &plugin,

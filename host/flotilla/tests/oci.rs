@@ -7,7 +7,7 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-use flotilla_test_support as common;
+use flotilla_harness as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::poll;
 use common::process::Daemon;
-use common::registry::{Mode, READER, Registry, WRITER};
 use flotilla_oci::{AuthStore, RegistryOptions, Store};
+use flotilla_peers::registry::{Mode, READER, Registry, WRITER};
 use flotilla_test_artifacts as guests;
 use serde_json::Value;
 
@@ -259,7 +259,7 @@ fn sha256_file(path: &str) -> String {
 }
 
 fn venv_python() -> PathBuf {
-    common::moto::venv().join("bin/python")
+    flotilla_peers::moto::venv().join("bin/python")
 }
 
 fn oras(args: &[&str], auth: Option<(&str, &str)>, token: bool) -> (bool, String) {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use flotilla_test_support::process::Daemon;
+use flotilla_harness::process::Daemon;
 
 use flotilla_test_artifacts as guests;
 use serde_json::Value;

@@ -7,8 +7,8 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-use flotilla_test_support as common;
-use flotilla_test_support::must;
+use flotilla_harness as common;
+use flotilla_harness::must;
 #[path = "plugins/egress.rs"]
 mod egress;
 
@@ -151,7 +151,7 @@ mod static_plugin {
 
 mod template {
     use super::*;
-    use common::example_cloud::ExampleCloud;
+    use flotilla_peers::example_cloud::ExampleCloud;
 
     /// A sandbox that lets the plugin reach `cloud` on loopback, and nothing else.
     fn reaching(cloud: &ExampleCloud) -> Sandbox {
@@ -168,7 +168,7 @@ mod template {
     async fn a_refused_credential_reaches_the_plugin_as_unauthorized_and_never_the_cloud() {
         let cloud = ExampleCloud::start(3).await;
         let allow = format!("http://{}", cloud.addr);
-        let idp = common::serve::serve_http(|_req: hyper::Request<hyper::body::Incoming>| async {
+        let idp = flotilla_peers::serve::serve_http(|_req: hyper::Request<hyper::body::Incoming>| async {
             Ok::<_, std::convert::Infallible>(
                 hyper::Response::builder()
                     .status(403)
@@ -995,7 +995,7 @@ mod escape {
     //! One behaviour per test: the escape guest tries everything in `init` and reports each
     //! attempt through the test probe; each test checks one of them.
     use super::*;
-    use flotilla_test_support::ProbeLog;
+    use flotilla_harness::ProbeLog;
     use serde_json::json;
 
     /// What one run of the escape guest left: its reports, the host log, and whether anything

@@ -20,10 +20,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use common::{Flotilla, TOKEN};
+use flotilla_peers::example_cloud::ExampleCloud;
+use flotilla_peers::moto::Moto;
+use flotilla_peers::proxy::LatencyProxy;
 use flotilla_test_artifacts as guests;
-use flotilla_test_support::example_cloud::ExampleCloud;
-use flotilla_test_support::moto::Moto;
-use flotilla_test_support::proxy::LatencyProxy;
 
 /// What the client last saw acknowledged for a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use serde_json::Value;
 mod common;
 
 use common::{Flotilla, TOKEN};
-use flotilla_test_support::poll;
+use flotilla_harness::poll;
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("flotilla-run-{name}-{}", std::process::id()));

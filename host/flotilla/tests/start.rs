@@ -13,8 +13,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Flotilla, TOKEN};
+use flotilla_harness::poll;
 use flotilla_test_artifacts as guests;
-use flotilla_test_support::poll;
 use serde_json::Value;
 
 fn config(late_plugin: &std::path::Path) -> String {

@@ -229,7 +229,7 @@ async fn cleanup_after_a_prepare_killed_anywhere_leaves_nothing() {
 /// socket for a second) lands after cleanup's first sweep; cleanup's second sweep removes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_creation_in_flight_when_prepare_dies_is_removed_by_cleanup() {
-    use flotilla_test_support::proxy::SlowCreates;
+    use flotilla_peers::proxy::SlowCreates;
     let _one = DOCKER.lock().await;
     let (fleet, slow) = Fleet::start_behind(1, 2, |engine| {
         let slow = SlowCreates::start(engine, Duration::from_millis(1000));
@@ -570,7 +570,7 @@ async fn the_docker_handle_forwards_the_path_as_sent_without_hop_by_hop_headers(
     let dir = tempfile::tempdir().expect("dir");
     let key =
         flotilla_connector::PoolKey::load_or_generate(&dir.path().join("keys"), "ci").expect("key");
-    let machine = flotilla_test_support::sshd::Sshd::start(key.public_openssh());
+    let machine = flotilla_peers::sshd::Sshd::start(key.public_openssh());
     let pool = format!(
         r#"
 [[pool]]

@@ -88,17 +88,26 @@ impl std::fmt::Debug for ApiClient {
 
 impl ApiClient {
     /// A client of `pool` at `url` (`http://host:port`), authenticating with `token`.
-    pub fn new(url: &str, token: Option<String>, pool: &str) -> Result<ApiClient, String> {
-        let uri: http::Uri = url.parse().map_err(|e| format!("--url {url:?}: {e}"))?;
+    pub fn new(
+        url: &str,
+        token: Option<String>,
+        pool: &str,
+    ) -> Result<ApiClient, crate::job::SettingError> {
+        use crate::job::SettingError;
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| SettingError::new("--url", url, e.to_string()))?;
         if uri.scheme_str() != Some("http") {
-            return Err(format!(
-                "--url {url:?}: only http:// is supported (run the driver beside flotilla, on loopback or the pod network)"
+            return Err(SettingError::new(
+                "--url",
+                url,
+                "only http:// is supported (run the driver beside flotilla, on loopback or the pod network)",
             ));
         }
         let authority = uri
             .authority()
             .map(|a| a.to_string())
-            .ok_or_else(|| format!("--url {url:?}: no host"))?;
+            .ok_or_else(|| SettingError::new("--url", url, "no host"))?;
         let authority = if authority.contains(':') {
             authority
         } else {

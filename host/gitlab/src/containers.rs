@@ -21,7 +21,7 @@ use futures_util::StreamExt;
 use crate::api::{ApiClient, LeaseState};
 use crate::image::Reference;
 use crate::job::{CacheBounds, DriverSettings, Job, JobLimits, PullPolicy, Service};
-use crate::stages::say;
+use crate::outcome::say;
 
 /// The label on every object the driver creates for a job, with the job id.
 pub const JOB_LABEL: &str = "io.flotilla.gitlab.job";

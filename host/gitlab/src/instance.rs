@@ -14,7 +14,7 @@ use crate::api::{ApiClient, ApiError, ExecEnd, FrameKind, LeaseState};
 use crate::job::{DriverSettings, Job};
 use crate::lease::{self, Patience};
 use crate::machine::{InstanceSettings, Signal};
-use crate::stages::{Outcome, say, system};
+use crate::outcome::{Outcome, say, system};
 
 /// How long a cancelled script has after `TERM` before its processes are killed.
 const GRACE: Duration = Duration::from_secs(10);

@@ -31,15 +31,41 @@ pub enum PullPolicy {
     Never,
 }
 
+/// A driver setting that cannot be used: the setting, the value given, and why (the words a
+/// person reads, e.g. `--url "ftp://x": only http:// is supported`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{setting} {value:?}: {why}")]
+pub struct SettingError {
+    /// The setting (a flag, or its name).
+    pub setting: &'static str,
+    /// What was given.
+    pub value: String,
+    /// Why it cannot be used.
+    pub why: String,
+}
+
+impl SettingError {
+    /// `setting` given as `value` cannot be used, because `why`.
+    pub fn new(setting: &'static str, value: &str, why: impl Into<String>) -> SettingError {
+        SettingError {
+            setting,
+            value: value.to_string(),
+            why: why.into(),
+        }
+    }
+}
+
 impl PullPolicy {
     /// Parses `always`, `if-not-present` or `never`.
-    pub fn parse(text: &str) -> Result<PullPolicy, String> {
+    pub fn parse(text: &str) -> Result<PullPolicy, SettingError> {
         match text.trim() {
             "always" => Ok(PullPolicy::Always),
             "if-not-present" => Ok(PullPolicy::IfNotPresent),
             "never" => Ok(PullPolicy::Never),
-            other => Err(format!(
-                "pull policy {other:?}: expected always, if-not-present or never"
+            other => Err(SettingError::new(
+                "pull policy",
+                other,
+                "expected always, if-not-present or never",
             )),
         }
     }

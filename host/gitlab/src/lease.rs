@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::{Acquired, ApiClient, ApiError, LeaseInfo, LeaseState};
 use crate::job::{DriverSettings, Job};
-use crate::stages::{Outcome, say, system};
+use crate::outcome::{Outcome, say, system};
 
 /// How often the driver asks again while flotilla restarts or the pool is full.
 const POLL: Duration = Duration::from_millis(500);

@@ -20,12 +20,16 @@ pub mod instance;
 pub mod job;
 mod lease;
 pub mod machine;
+pub mod outcome;
 mod script;
 pub mod stages;
 pub mod tar;
 
 pub use api::{ApiClient, ApiError, LeaseInfo};
 pub use containers::{CACHE_LABEL, JOB_LABEL};
-pub use job::{CacheBounds, DriverSettings, Job, JobError, JobLimits, Mode, PullPolicy};
+pub use job::{
+    CacheBounds, DriverSettings, Job, JobError, JobLimits, Mode, PullPolicy, SettingError,
+};
 pub use machine::{InstanceSettings, MachineOs, Shell};
-pub use stages::{Outcome, cleanup, config, prepare, run};
+pub use outcome::Outcome;
+pub use stages::{cleanup, config, prepare, run};

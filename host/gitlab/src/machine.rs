@@ -17,6 +17,8 @@
 //! the ones that left the stage's process group (`setsid`, daemons) on Linux, where
 //! `/proc/<pid>/environ` shows it.
 
+use crate::job::SettingError;
+
 /// The operating system a pool's machines run, which decides paths, shell and commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MachineOs {
@@ -32,14 +34,16 @@ pub enum MachineOs {
 
 impl MachineOs {
     /// Parses `linux`, `macos` (or `darwin`), `freebsd` or `windows`.
-    pub fn parse(text: &str) -> Result<MachineOs, String> {
+    pub fn parse(text: &str) -> Result<MachineOs, SettingError> {
         match text.trim().to_ascii_lowercase().as_str() {
             "linux" => Ok(MachineOs::Linux),
             "macos" | "darwin" => Ok(MachineOs::Macos),
             "freebsd" => Ok(MachineOs::Freebsd),
             "windows" => Ok(MachineOs::Windows),
-            other => Err(format!(
-                "os {other:?}: expected linux, macos, freebsd or windows"
+            other => Err(SettingError::new(
+                "--os",
+                other,
+                "expected linux, macos, freebsd or windows",
             )),
         }
     }
@@ -95,13 +99,15 @@ pub enum Shell {
 
 impl Shell {
     /// Parses `bash`, `pwsh` or `powershell`.
-    pub fn parse(text: &str) -> Result<Shell, String> {
+    pub fn parse(text: &str) -> Result<Shell, SettingError> {
         match text.trim() {
             "bash" => Ok(Shell::Bash),
             "pwsh" => Ok(Shell::Pwsh),
             "powershell" => Ok(Shell::Powershell),
-            other => Err(format!(
-                "shell {other:?}: expected bash, pwsh or powershell"
+            other => Err(SettingError::new(
+                "--shell",
+                other,
+                "expected bash, pwsh or powershell",
             )),
         }
     }
@@ -149,7 +155,11 @@ pub enum Signal {
 
 impl InstanceSettings {
     /// Settings for `os` with its default shell and directory, unless given.
-    pub fn new(os: MachineOs, shell: Option<Shell>, dir: Option<String>) -> Result<Self, String> {
+    pub fn new(
+        os: MachineOs,
+        shell: Option<Shell>,
+        dir: Option<String>,
+    ) -> Result<Self, SettingError> {
         let shell = shell.unwrap_or_else(|| os.default_shell());
         let dir = dir.unwrap_or_else(|| os.default_dir().to_string());
         let absolute = if os.windows() {
@@ -163,22 +173,31 @@ impl InstanceSettings {
             dir.starts_with('/')
         };
         if !absolute {
-            return Err(format!(
-                "--machine-dir {dir:?}: must be an absolute path on the machine ({})",
-                os.name()
+            return Err(SettingError::new(
+                "--machine-dir",
+                &dir,
+                format!("must be an absolute path on the machine ({})", os.name()),
             ));
         }
         if dir.contains(['\0', '\n', '\r']) {
-            return Err(format!("--machine-dir {dir:?}: control characters"));
+            return Err(SettingError::new(
+                "--machine-dir",
+                &dir,
+                "control characters",
+            ));
         }
         if shell == Shell::Bash && os.windows() {
-            return Err("--shell bash on Windows machines: use pwsh or powershell".into());
+            return Err(SettingError::new(
+                "--shell",
+                "bash",
+                "on Windows machines, use pwsh or powershell",
+            ));
         }
         if shell != Shell::Bash && !os.windows() {
-            return Err(format!(
-                "--shell {} on {} machines: use bash",
+            return Err(SettingError::new(
+                "--shell",
                 shell.name(),
-                os.name()
+                format!("on {} machines, use bash", os.name()),
             ));
         }
         let dir = dir.trim_end_matches(['/', '\\']).to_string();

@@ -55,24 +55,50 @@ pub fn ensure_private_file(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Why a file holding a secret is refused: users other than its owner and group can read
-/// or write it. The message names the file and the fix. (Group access is allowed, so a token
-/// can be shared with the runner's group.) Always `Ok` off Unix.
-pub fn check_secret_file_mode(path: &Path) -> Result<(), String> {
+/// Why a file holding a secret is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFileError {
+    /// The file's mode could not be read.
+    #[error("{}: {source}", path.display())]
+    Unreadable {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Users other than its owner and group can read or write it.
+    #[error(
+        "{} is readable or writable by other users (mode {mode:o}); it holds a secret: chmod o-rwx {} (0600, or 0640 for a group that needs it)",
+        path.display(),
+        path.display()
+    )]
+    OpenToOthers {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+}
+
+/// Refuses a file holding a secret that users other than its owner and group can read or
+/// write; the error names the file and the fix. (Group access is allowed, so a token can be
+/// shared with the runner's group.) Always `Ok` off Unix.
+pub fn check_secret_file_mode(path: &Path) -> Result<(), SecretFileError> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?
+            .map_err(|source| SecretFileError::Unreadable {
+                path: path.to_path_buf(),
+                source,
+            })?
             .permissions()
             .mode();
         if mode & 0o007 != 0 {
-            return Err(format!(
-                "{} is readable or writable by other users (mode {:o}); it holds a secret: chmod o-rwx {} (0600, or 0640 for a group that needs it)",
-                path.display(),
-                mode & 0o777,
-                path.display()
-            ));
+            return Err(SecretFileError::OpenToOthers {
+                path: path.to_path_buf(),
+                mode: mode & 0o777,
+            });
         }
     }
     #[cfg(not(unix))]
@@ -154,8 +180,13 @@ mod tests {
             assert_eq!(checked.is_ok(), ok, "mode {mode:o}: {checked:?}");
             if let Err(why) = checked {
                 assert!(
-                    why.contains("chmod o-rwx") && why.contains("token"),
-                    "{why}"
+                    matches!(&why, SecretFileError::OpenToOthers { mode: m, .. } if *m == mode),
+                    "{why:?}"
+                );
+                let words = why.to_string();
+                assert!(
+                    words.contains("chmod o-rwx") && words.contains("token"),
+                    "{words}"
                 );
             }
         }

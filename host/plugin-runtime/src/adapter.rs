@@ -16,7 +16,7 @@ use wasmtime::Store;
 use super::bindings;
 use super::bindings::flotilla::provider::types as wit;
 use super::egress::{Budget, EgressShared, EgressStats};
-use super::output::{GuestOutput, Origin};
+use super::output::{GuestOutput, Origin, guest_text};
 use super::{HostState, Sandbox};
 use flotilla_provider::{
     Arch, CallError, Connection, Function, Instance, InstanceState, Listing, MemoryState, Os,
@@ -527,23 +527,6 @@ const MAX_LISTED: usize = 10_000;
 const MAX_ID: usize = 256;
 /// Characters of a guest message kept (errors, failure reasons).
 const MAX_MESSAGE: usize = 2_048;
-
-/// A guest's text made safe to log and serve: capped, control characters escaped.
-pub(crate) fn guest_text(m: &str, cap: usize) -> String {
-    let mut out = String::with_capacity(m.len().min(cap) + 16);
-    for (n, c) in m.chars().enumerate() {
-        if n >= cap {
-            out.push_str(&format!("… ({} bytes in all)", m.len()));
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
 
 fn convert_error(e: wit::Error) -> ProviderError {
     let e = match e {

@@ -481,7 +481,7 @@ impl bindings::flotilla::provider::log::Host for HostState {
         }
         self.log_lines_left -= 1;
         // Capped, and control characters escaped: a guest cannot forge host log lines.
-        let msg = adapter::guest_text(&message, MAX_LOG_LINE);
+        let msg = output::guest_text(&message, MAX_LOG_LINE);
         let msg = msg.as_str();
         let (pool, plugin) = (&*self.origin.pool, &*self.origin.plugin);
         match level {

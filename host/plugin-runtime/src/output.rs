@@ -42,12 +42,11 @@ impl Sink {
         }
         let text = String::from_utf8_lossy(&self.line);
         // A stray `\r` (or any control character) must not forge or hide host log lines.
-        let text = crate::adapter::guest_text(text.trim_end(), MAX_LINE);
+        let text = guest_text(text.trim_end(), MAX_LINE);
         if self.tail.len() == TAIL_LINES {
             self.tail.pop_front();
         }
-        self.tail
-            .push_back(crate::adapter::guest_text(&text, TAIL_LINE));
+        self.tail.push_back(guest_text(&text, TAIL_LINE));
         tracing::info!(
             target: "flotilla::plugin::output",
             pool = %self.origin.pool,
@@ -108,7 +107,7 @@ impl GuestOutput {
         let mut lines: Vec<String> = sink.tail.iter().cloned().collect();
         if !sink.line.is_empty() {
             let text = String::from_utf8_lossy(&sink.line);
-            lines.push(crate::adapter::guest_text(text.trim_end(), TAIL_LINE));
+            lines.push(guest_text(text.trim_end(), TAIL_LINE));
         }
         let skip = lines.len().saturating_sub(TAIL_LINES);
         lines.split_off(skip)
@@ -155,4 +154,21 @@ impl AsyncWrite for GuestOutput {
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }
+}
+
+/// A guest's text made safe to log and serve: capped, control characters escaped.
+pub(crate) fn guest_text(m: &str, cap: usize) -> String {
+    let mut out = String::with_capacity(m.len().min(cap) + 16);
+    for (n, c) in m.chars().enumerate() {
+        if n >= cap {
+            out.push_str(&format!("… ({} bytes in all)", m.len()));
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

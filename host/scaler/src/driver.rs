@@ -8,7 +8,9 @@ use tracing::Instrument;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::core::{Action, Binding, Lease, LeaseError, LeaseState, PoolCore, PoolSnapshot};
+use super::core::{
+    Action, Binding, JournalError, Lease, LeaseError, LeaseState, PoolCore, PoolSnapshot,
+};
 use super::{Millis, Policy};
 use flotilla_provider::{Function, Provider};
 
@@ -91,11 +93,11 @@ impl Readiness for AlwaysReady {
 /// when it returns: the API answers only after it.
 pub trait LeaseJournal: Send + Sync {
     /// Stores a lease as it is now, with its instance's new use count when it was acquired.
-    fn save(&self, lease: &Lease, uses: Option<(&str, u32)>) -> Result<(), String>;
+    fn save(&self, lease: &Lease, uses: Option<(&str, u32)>) -> Result<(), JournalError>;
     /// Forgets a lease (released or unreserved).
-    fn remove(&self, id: u64) -> Result<(), String>;
+    fn remove(&self, id: u64) -> Result<(), JournalError>;
     /// Forgets an instance that is gone (its use count).
-    fn forget_instance(&self, instance: &str) -> Result<(), String>;
+    fn forget_instance(&self, instance: &str) -> Result<(), JournalError>;
     /// A lease ended (released, or unreserved without a job), as it was before it ended: for
     /// the lease history `tune` reads. Best effort; nothing waits for it.
     fn finished(&self, _lease: &Lease, _released_at: Millis) {}
@@ -412,7 +414,11 @@ impl PoolHandle {
     }
 
     /// Writes a lease to the journal; `Err` when that failed.
-    fn journal_save(&self, lease: Option<Lease>, uses: Option<(&str, u32)>) -> Result<(), String> {
+    fn journal_save(
+        &self,
+        lease: Option<Lease>,
+        uses: Option<(&str, u32)>,
+    ) -> Result<(), JournalError> {
         match (&self.journal, lease) {
             (Some(j), Some(lease)) => j.save(&lease, uses),
             _ => Ok(()),

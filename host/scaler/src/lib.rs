@@ -13,8 +13,8 @@ pub mod sim;
 mod waiters;
 
 pub use self::core::{
-    Action, Binding, InstState, Lease, LeaseError, LeaseIds, LeaseState, PoolCore, PoolHealth,
-    PoolSnapshot,
+    Action, Binding, InstState, JournalError, Lease, LeaseError, LeaseIds, LeaseState, PoolCore,
+    PoolHealth, PoolSnapshot,
 };
 pub use driver::{AlwaysReady, Clock, LeaseJournal, NotReady, PoolHandle, Readiness, SystemClock};
 pub use observer::{PoolObserver, Probe};

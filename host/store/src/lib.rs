@@ -24,8 +24,8 @@ pub use history::HistoryLog;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use flotilla_provider::{PluginState, StateError, StateLimits};
-use flotilla_scaler::Lease;
 use flotilla_scaler::driver::LeaseJournal;
+use flotilla_scaler::{JournalError, Lease};
 
 /// (pool, lease id) → the lease as JSON.
 const LEASES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("leases");
@@ -260,8 +260,8 @@ pub struct PoolJournal {
 }
 
 impl LeaseJournal for PoolJournal {
-    fn save(&self, lease: &Lease, uses: Option<(&str, u32)>) -> Result<(), String> {
-        let bytes = serde_json::to_vec(lease).map_err(|e| e.to_string())?;
+    fn save(&self, lease: &Lease, uses: Option<(&str, u32)>) -> Result<(), JournalError> {
+        let bytes = serde_json::to_vec(lease).map_err(JournalError::new)?;
         let pool = self.pool.as_str();
         self.store
             .write(|txn| {
@@ -272,31 +272,31 @@ impl LeaseJournal for PoolJournal {
                 }
                 Ok(())
             })
-            .map_err(|e| e.to_string())
+            .map_err(JournalError::new)
     }
 
-    fn remove(&self, id: u64) -> Result<(), String> {
+    fn remove(&self, id: u64) -> Result<(), JournalError> {
         let pool = self.pool.as_str();
         self.store
             .write(|txn| {
                 txn.open_table(LEASES)?.remove((pool, id))?;
                 Ok(())
             })
-            .map_err(|e| e.to_string())
+            .map_err(JournalError::new)
     }
 
     fn finished(&self, lease: &Lease, released_at: flotilla_scaler::Millis) {
         self.store.history.append(&self.pool, lease, released_at);
     }
 
-    fn forget_instance(&self, instance: &str) -> Result<(), String> {
+    fn forget_instance(&self, instance: &str) -> Result<(), JournalError> {
         let pool = self.pool.as_str();
         self.store
             .write(|txn| {
                 txn.open_table(USES)?.remove((pool, instance))?;
                 Ok(())
             })
-            .map_err(|e| e.to_string())
+            .map_err(JournalError::new)
     }
 }
 

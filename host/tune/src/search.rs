@@ -930,8 +930,8 @@ mod tests {
                 (vec!["* * * * *".to_string()], 0, 10 * MIN, 0.0),
                 (vec!["* 9-15 * * MON-FRI".to_string()], 5, 10 * MIN, 0.0),
             ],
-            "{}",
-            crate::render::text(&outcome)
+            "{:#?}",
+            outcome.recommended
         );
         assert!(
             r.fit.wait_p95_s <= 30.0 && r.fit.timed_out == 0,

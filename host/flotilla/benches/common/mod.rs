@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_connector::ConnectorSettings;
+use flotilla_harness::machines::Machines;
+use flotilla_peers::dockerd::Dockerd;
 use flotilla_scaler::{
     Clock, PoolCore, PoolHandle, PoolHealth, Readiness, ScalerConfig, SystemClock,
 };
-use flotilla_test_support::dockerd::Dockerd;
-use flotilla_test_support::machines::Machines;
 
 pub fn settings(docker: &Dockerd) -> ConnectorSettings {
     ConnectorSettings {

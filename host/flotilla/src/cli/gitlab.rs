@@ -176,7 +176,7 @@ impl Args {
                 .ok()
                 .filter(|t| !t.is_empty()),
         };
-        ApiClient::new(&url, token, &pool).map_err(anyhow::Error::msg)
+        Ok(ApiClient::new(&url, token, &pool)?)
     }
 
     fn settings(&self) -> anyhow::Result<DriverSettings> {
@@ -184,7 +184,7 @@ impl Args {
             builds_dir: self.builds_dir.clone(),
             cache_dir: self.cache_dir.clone(),
             default_image: self.default_image.clone(),
-            pull_policy: PullPolicy::parse(&self.pull_policy).map_err(anyhow::Error::msg)?,
+            pull_policy: PullPolicy::parse(&self.pull_policy)?,
             acquire_timeout: self.acquire_timeout,
             restart_window: self.restart_window,
             limits: JobLimits {
@@ -205,15 +205,9 @@ impl Args {
         match self.mode.trim() {
             "docker" => Ok(Mode::Docker),
             "instance" => {
-                let os = MachineOs::parse(&self.os).map_err(|e| anyhow::anyhow!("--os: {e}"))?;
-                let shell = self
-                    .shell
-                    .as_deref()
-                    .map(Shell::parse)
-                    .transpose()
-                    .map_err(|e| anyhow::anyhow!("--shell: {e}"))?;
-                let settings = InstanceSettings::new(os, shell, self.machine_dir.clone())
-                    .map_err(anyhow::Error::msg)?;
+                let os = MachineOs::parse(&self.os)?;
+                let shell = self.shell.as_deref().map(Shell::parse).transpose()?;
+                let settings = InstanceSettings::new(os, shell, self.machine_dir.clone())?;
                 Ok(Mode::Instance(settings))
             }
             other => anyhow::bail!("--mode {other:?}: expected docker or instance"),

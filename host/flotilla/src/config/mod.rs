@@ -326,7 +326,8 @@ impl Validate for FileConfig {
         let registry = self.oci.validate(cx, &at.key("oci"), problems);
         let pools = pool::validate_all(&self.pools, cx, &at.key("pool"), problems);
         let metrics_ok = match self.server.metrics_listen {
-            Some(m) if m == self.server.listen => {
+            // Port 0 on both is two ports the system picks, never the same one.
+            Some(m) if m == self.server.listen && m.port() != 0 => {
                 problems.add(
                     &server.key("metrics_listen"),
                     format!("is the same address as server.listen ({m}); leave it out to serve /metrics there"),
@@ -435,7 +436,7 @@ impl FileConfig {
             && path.exists()
             && let Err(why) = flotilla_net::fs::check_secret_file_mode(&path)
         {
-            problems.add(&at, why);
+            problems.add(&at, why.to_string());
             return false;
         }
         true

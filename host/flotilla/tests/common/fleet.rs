@@ -11,10 +11,10 @@ use serde_json::Value;
 
 use super::{Flotilla, TOKEN};
 use flotilla_connector::PoolKey;
+use flotilla_peers::dockerd::{Dockerd, busybox_rootfs_tar};
+use flotilla_peers::registry::{Mode, Registry, WRITER};
+use flotilla_peers::sshd::Sshd;
 use flotilla_test_artifacts as guests;
-use flotilla_test_support::dockerd::{Dockerd, busybox_rootfs_tar};
-use flotilla_test_support::registry::{Mode, Registry, WRITER};
-use flotilla_test_support::sshd::Sshd;
 
 /// The fleet, the engine and the registry of one test.
 pub struct Fleet {
@@ -193,7 +193,7 @@ impl Fleet {
             .collect();
         let refs: Vec<&Sshd> = sshds.iter().collect();
         let token_file = dir.path().join("token");
-        flotilla_test_support::write_secret(&token_file, TOKEN);
+        flotilla_harness::write_secret(&token_file, TOKEN);
         let text = make(&key_file, &token_file, &refs).replace(
             "DOCKER_SOCKET",
             &socket

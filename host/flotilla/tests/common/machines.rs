@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use super::fleet::RunnerJob;
 use super::{Flotilla, TOKEN};
 use flotilla_connector::PoolKey;
+use flotilla_peers::sshd::Sshd;
 use flotilla_test_artifacts as guests;
-use flotilla_test_support::sshd::Sshd;
 
 /// The machines, flotilla, and where jobs' directories go.
 pub struct Machines {
@@ -82,7 +82,7 @@ idle_time = "1h"
             key = key_file.display(),
         );
         let token_file = dir.path().join("token");
-        flotilla_test_support::write_secret(&token_file, TOKEN);
+        flotilla_harness::write_secret(&token_file, TOKEN);
         let root = tempfile::tempdir().expect("machine dir root");
         let machine_dir = root.path().join("it's a dir");
         let flotilla = Flotilla::start(dir, &config).await;

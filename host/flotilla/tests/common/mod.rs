@@ -8,8 +8,8 @@ pub mod machines;
 use std::process::Command;
 use std::time::Duration;
 
-use flotilla_test_support::poll;
-use flotilla_test_support::process::Daemon;
+use flotilla_harness::poll;
+use flotilla_harness::process::Daemon;
 
 use serde_json::Value;
 

@@ -9,10 +9,10 @@ use serde_json::{Value, json};
 
 use super::*;
 use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource};
+use flotilla_harness::ProbeLog;
 use flotilla_net::AllowList;
+use flotilla_peers::peer::Peer;
 use flotilla_plugin_runtime::WasmProvider;
-use flotilla_test_support::ProbeLog;
-use flotilla_test_support::peer::Peer;
 
 const SECRET: &str = "s3cr3t-t0ken-do-not-leak";
 
@@ -265,7 +265,7 @@ async fn credentials_are_injected_by_the_host_and_never_seen_by_the_guest() {
     let r = attack(&p, json!({"url": cloud.url("/ok"), "credential": "api"})).await;
     assert_eq!(r["results"][0]["status"], 200, "{r}");
     let arrived = cloud.arrivals();
-    let auth = |a: &flotilla_test_support::peer::Arrival| {
+    let auth = |a: &flotilla_peers::peer::Arrival| {
         a.headers
             .iter()
             .find(|(k, _)| k == "authorization")

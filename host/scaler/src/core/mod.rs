@@ -27,8 +27,8 @@ pub use self::backoff::Pause;
 use self::index::{Index, Indexed, Inst, PolicyCache};
 use self::lease_table::LeaseTable;
 pub use self::types::{
-    Action, Binding, Counters, InstState, InstanceView, Lease, LeaseError, LeaseState, PoolHealth,
-    PoolSnapshot, RestartView, SlotCounts,
+    Action, Binding, Counters, InstState, InstanceView, JournalError, Lease, LeaseError,
+    LeaseState, PoolHealth, PoolSnapshot, RestartView, SlotCounts,
 };
 use super::policy::{self, Policy};
 use super::{Millis, ScalerConfig};

@@ -89,6 +89,39 @@ pub struct Lease {
     pub expires_at: Option<Millis>,
 }
 
+/// Why the lease journal could not be written: the store's own error, kept whole (with its
+/// `source()` chain) across the crate boundary, and shared so a [`LeaseError`] stays cheap to
+/// clone. Two are equal when they are the same failure.
+#[derive(Debug, Clone)]
+pub struct JournalError(std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl JournalError {
+    /// Wraps the journal's own error.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> JournalError {
+        JournalError(std::sync::Arc::new(error))
+    }
+}
+
+impl std::fmt::Display for JournalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for JournalError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for JournalError {
+    fn eq(&self, other: &JournalError) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for JournalError {}
+
 /// Why a lease operation was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseError {
@@ -126,7 +159,7 @@ pub enum LeaseError {
     Stopped(String),
     /// The lease could not be written to the journal; nothing changed.
     #[error("the lease journal failed, nothing was changed: {0}")]
-    NotDurable(String),
+    NotDurable(JournalError),
     /// Another live lease already carries this label.
     #[error("label {key}={value} is already on lease {lease}")]
     LabelInUse {

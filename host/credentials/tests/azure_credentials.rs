@@ -125,7 +125,7 @@ async fn entra(public_key: Vec<u8>, cert_der: Vec<u8>) -> Entra {
     let refused = Arc::new(Mutex::new(Vec::new()));
     let base = Arc::new(Mutex::new(String::new()));
     let (m, r, b) = (minted.clone(), refused.clone(), base.clone());
-    let addr = flotilla_test_support::serve::serve_http(
+    let addr = flotilla_peers::serve::serve_http(
         move |req: hyper::Request<hyper::body::Incoming>| {
             let (minted, refused, base) = (m.clone(), r.clone(), b.lock().unwrap().clone());
             let (public_key, cert_der) = (public_key.clone(), cert_der.clone());
@@ -133,7 +133,7 @@ async fn entra(public_key: Vec<u8>, cert_der: Vec<u8>) -> Entra {
                 use http_body_util::BodyExt as _;
                 let path = req.uri().path().to_string();
                 let body = req.into_body().collect().await.unwrap().to_bytes();
-                let form = flotilla_test_support::serve::form(&body);
+                let form = flotilla_peers::serve::form(&body);
                 let field = |k: &str| form.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
                 let endpoint = format!("{base}/{TENANT}/oauth2/v2.0/token");
                 let verdict: Result<&str, (&str, String)> = (|| {
@@ -222,7 +222,7 @@ async fn entra(public_key: Vec<u8>, cert_der: Vec<u8>) -> Entra {
 }
 
 async fn imds(fetches: Arc<AtomicUsize>) -> String {
-    let addr = flotilla_test_support::serve::serve_http(
+    let addr = flotilla_peers::serve::serve_http(
         move |req: hyper::Request<hyper::body::Incoming>| {
             let fetches = fetches.clone();
             async move {

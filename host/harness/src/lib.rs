@@ -1,8 +1,10 @@
-//! Helpers shared by the host crates' integration tests and benchmarks: one plugin runtime per
-//! binary, log capture, quick sandboxes, and the real peers (moto, the CNCF registry, loopback
-//! HTTP servers standing in for clouds).
+//! The test harness shared by the host crates' integration tests and benchmarks: one plugin
+//! runtime per binary, log capture, quick sandboxes, the one process runner (`process`) and
+//! the one poll (`poll`), providers and pools for the scaler's tests (`pool`, `machines`), and
+//! the official plugins bound to their peers (`clouds`).
 //!
-//! Owns: starting and stopping peers, and the helpers tests would otherwise copy.
+//! Owns: the helpers tests would otherwise copy. The peers themselves (sshd, dockerd, the
+//! registry, moto, the stand-in clouds) are `flotilla-peers`, which knows no Flotilla crate.
 //! Must not know: anything a production crate needs; nothing but tests and benches use it.
 #![allow(
     clippy::unwrap_used,
@@ -13,20 +15,13 @@
 #![allow(missing_docs)] // helpers named for what they start or return; read with the tests
 #![allow(dead_code)]
 
-pub mod azure_cloud;
-pub mod dockerd;
-pub mod example_cloud;
-pub mod gcp_cloud;
+pub mod clouds;
 pub mod machines;
-pub mod moto;
-pub mod peer;
-pub mod poll;
 pub mod pool;
-pub mod process;
-pub mod proxy;
-pub mod registry;
-pub mod serve;
-pub mod sshd;
+
+/// The one process runner and the one poll live with the peers (which use them too); tests
+/// reach them here or there.
+pub use flotilla_peers::{poll, process};
 
 use std::io::Write;
 use std::path::Path;

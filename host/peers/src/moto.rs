@@ -4,13 +4,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource};
-use flotilla_net::AllowList;
-use flotilla_plugin_runtime::{Sandbox, WasmProvider};
-use flotilla_test_artifacts as guests;
 use serde_json::Value;
-
-use crate::load;
 
 pub fn venv() -> PathBuf {
     std::env::var_os("FLOTILLA_VENV")
@@ -232,62 +226,10 @@ impl Moto {
         ]);
     }
 
-    /// A provider for the AWS plugin signing with the plugin user's keys (or a wrong secret).
-    pub fn provider(&self, secret_override: Option<&str>) -> WasmProvider {
-        let (key, secret) = self.key("plugin");
-        let secret = secret_override.map_or(secret, str::to_string);
-        self.provider_with(Self::sigv4(key, secret))
-    }
-
-    /// The sandbox of [`Moto::provider`] (the plugin user's key), to change before loading.
-    pub fn plugin_sandbox(&self) -> Sandbox {
-        let (key, secret) = self.key("plugin");
-        self.sandbox(Self::sigv4(key, secret))
-    }
-
-    fn sigv4(key: String, secret: String) -> CredentialKind {
-        CredentialKind::AwsSigv4 {
-            access_key_id: SecretSource::Value(Secret::new(key)),
-            secret_access_key: SecretSource::Value(Secret::new(secret)),
-            session_token: None,
-            region: None,
-            service: None,
-        }
-    }
-
     pub fn settings(&self) -> String {
         format!(
             r#"{{"name":"ci-runners","region":"us-east-1","endpoint":"{}","credential":"aws"}}"#,
             self.endpoint
         )
-    }
-}
-
-impl Moto {
-    /// A provider for the AWS plugin whose credential is the given kind.
-    pub fn provider_with(&self, kind: CredentialKind) -> WasmProvider {
-        load(guests::AWS_PLUGIN).provider("aws", self.sandbox(kind))
-    }
-
-    /// A provider for the AWS plugin in a pool whose connector key is `ssh_public_key`.
-    pub fn provider_with_ssh_key(&self, ssh_public_key: &str) -> WasmProvider {
-        let mut sandbox = self.plugin_sandbox();
-        sandbox.ssh_public_key = Some(ssh_public_key.into());
-        load(guests::AWS_PLUGIN).provider("aws", sandbox)
-    }
-
-    /// The sandbox of an AWS pool signing with `kind`, allowed to reach only moto.
-    fn sandbox(&self, kind: CredentialKind) -> Sandbox {
-        let allow = AllowList::parse(&[self.endpoint.as_str()]).unwrap_or_else(|e| panic!("{e:?}"));
-        let mut sandbox = Sandbox::default();
-        sandbox.egress.allow = allow.clone();
-        sandbox.egress.allowed_ip_ranges =
-            vec!["127.0.0.0/8".parse().unwrap_or_else(|e| panic!("{e}"))];
-        sandbox.egress.credentials = vec![Credential {
-            name: "aws".into(),
-            kind,
-            hosts: allow,
-        }];
-        sandbox
     }
 }

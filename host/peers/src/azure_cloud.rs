@@ -14,16 +14,10 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use flotilla_credentials::azure::{AzureConfig, AzureHandle};
-use flotilla_credentials::{Credential, CredentialKind};
-use flotilla_net::AllowList;
-use flotilla_plugin_runtime::{Sandbox, WasmProvider};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use serde_json::{Value, json};
-
-use crate::load;
 
 pub const SUBSCRIPTION: &str = "00000000-0000-0000-0000-00000000c0de";
 pub const GROUP: &str = "ci-rg";
@@ -380,40 +374,6 @@ impl AzureCloud {
             "max_size": 8,
         })
         .to_string()
-    }
-
-    /// An `azure` credential minting from this server's managed-identity endpoint.
-    pub fn credential(&self) -> Credential {
-        Credential {
-            name: "azure".into(),
-            kind: CredentialKind::Azure(AzureHandle::new(AzureConfig {
-                imds_endpoint: Some(self.imds.clone()),
-                ..AzureConfig::default()
-            })),
-            hosts: AllowList::parse(&[self.endpoint.as_str()]).unwrap(),
-        }
-    }
-
-    /// The Azure plugin with a fresh credential.
-    pub fn provider(&self) -> WasmProvider {
-        self.provider_with(self.credential())
-    }
-
-    /// The Azure plugin authorised by `credential` (share one to share its token cache).
-    pub fn provider_with(&self, credential: Credential) -> WasmProvider {
-        load(flotilla_test_artifacts::AZURE_PLUGIN).provider("azure", self.sandbox(credential))
-    }
-
-    /// The sandbox of an Azure pool authorised by `credential`, allowed to reach only this
-    /// server.
-    pub fn sandbox(&self, credential: Credential) -> Sandbox {
-        let allow = AllowList::parse(&[self.endpoint.as_str()]).unwrap();
-        let mut sandbox = Sandbox::default();
-        sandbox.egress.allow = allow;
-        sandbox.egress.allowed_ip_ranges = vec!["127.0.0.0/8".parse().unwrap()];
-        sandbox.egress.credentials = vec![credential];
-        sandbox.egress.extra_roots.extend(self.ca.clone());
-        sandbox
     }
 }
 

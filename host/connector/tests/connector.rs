@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla_connector::{Connector, ConnectorSettings, DockerTls, DockerTlsFiles, PoolKey};
+use flotilla_harness::LogCapture;
+use flotilla_harness::machines::{Engines, Machines};
+use flotilla_peers::dockerd::{DockerPki, Dockerd};
+use flotilla_peers::sshd::Sshd;
 use flotilla_scaler::{PoolCore, PoolHandle, Readiness, ScalerConfig, SystemClock};
-use flotilla_test_support::LogCapture;
-use flotilla_test_support::dockerd::{DockerPki, Dockerd};
-use flotilla_test_support::machines::{Engines, Machines};
-use flotilla_test_support::sshd::Sshd;
 
 fn settings(ready_command: Option<String>, ready_timeout: Duration) -> ConnectorSettings {
     ConnectorSettings {
@@ -307,14 +307,14 @@ type Seen = Arc<parking_lot::Mutex<Vec<(String, Vec<(String, String)>)>>>;
 fn recording_engine(path: &std::path::Path) -> Seen {
     let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let log = seen.clone();
-    flotilla_test_support::serve::serve_http_unix(
+    flotilla_peers::serve::serve_http_unix(
         path,
         move |req: http::Request<hyper::body::Incoming>| {
             let log = log.clone();
             async move {
                 let path = req.uri().path().to_string();
                 log.lock()
-                    .push((path.clone(), flotilla_test_support::serve::headers(&req)));
+                    .push((path.clone(), flotilla_peers::serve::headers(&req)));
                 let body = if path.ends_with("/version") {
                     r#"{"ApiVersion":"1.43","Version":"stand-in"}"#
                 } else {

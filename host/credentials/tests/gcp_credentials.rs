@@ -99,7 +99,7 @@ async fn token_endpoint(public_key: Vec<u8>) -> TokenEndpoint {
         refusals.clone(),
         url_cell.clone(),
     );
-    let addr = flotilla_test_support::serve::serve_http(
+    let addr = flotilla_peers::serve::serve_http(
         move |req: hyper::Request<hyper::body::Incoming>| {
             let (minted, lifetime, refusals, url) =
                 (m.clone(), l.clone(), r.clone(), u.lock().unwrap().clone());
@@ -112,7 +112,7 @@ async fn token_endpoint(public_key: Vec<u8>) -> TokenEndpoint {
                     .is_some_and(|v| v == "application/x-www-form-urlencoded");
                 let post = req.method() == "POST" && req.uri().path() == "/token";
                 let body = req.into_body().collect().await.unwrap().to_bytes();
-                let form = flotilla_test_support::serve::form(&body);
+                let form = flotilla_peers::serve::form(&body);
                 let field = |k: &str| form.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
                 let verdict = (|| {
                     if !post || !ok_type {
@@ -210,7 +210,7 @@ async fn token_endpoint(public_key: Vec<u8>) -> TokenEndpoint {
 /// A metadata server that hands out tokens only to `Metadata-Flavor: Google` requests for the
 /// configured scopes.
 async fn metadata_server(fetches: Arc<AtomicUsize>) -> String {
-    let addr = flotilla_test_support::serve::serve_http(
+    let addr = flotilla_peers::serve::serve_http(
         move |req: hyper::Request<hyper::body::Incoming>| {
             let fetches = fetches.clone();
             async move {
@@ -257,7 +257,7 @@ const AWS_KEY_ID: &str = "AKIAIOSFODNN7FEDERAT";
 /// naming the audience in `x-goog-cloud-target-resource`, signed with SigV4 for `sts` in the
 /// request's region.
 fn aws_subject_is_valid(token: &str) -> bool {
-    let decoded = flotilla_test_support::serve::form(format!("t={token}").as_bytes());
+    let decoded = flotilla_peers::serve::form(format!("t={token}").as_bytes());
     let Some((_, json)) = decoded.first() else {
         return false;
     };
@@ -301,7 +301,7 @@ fn aws_subject_is_valid(token: &str) -> bool {
 /// An STS token exchange and IAM's generateAccessToken: the STS checks the subject token the
 /// file holds; impersonation needs the federated token.
 async fn federation(exchanges: Arc<AtomicUsize>) -> String {
-    let addr = flotilla_test_support::serve::serve_http(
+    let addr = flotilla_peers::serve::serve_http(
         move |req: hyper::Request<hyper::body::Incoming>| {
             let exchanges = exchanges.clone();
             async move {
@@ -315,7 +315,7 @@ async fn federation(exchanges: Arc<AtomicUsize>) -> String {
                     .to_string();
                 let body = req.into_body().collect().await.unwrap().to_bytes();
                 let text = String::from_utf8_lossy(&body).to_string();
-                let form = flotilla_test_support::serve::form(text.as_bytes());
+                let form = flotilla_peers::serve::form(text.as_bytes());
                 let field = |k: &str| form.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
                 let (status, answer) = if path == "/v1/token" {
                     let ok = field("grant_type").as_deref()
@@ -639,7 +639,7 @@ async fn gcp_tokens_from_a_service_account_key_and_the_metadata_server() {
 
     // A URL source (Azure's IMDS, a metadata server), with the headers it requires.
     std::fs::write(&subject_file, format!("{SUBJECT}\n")).unwrap();
-    let source = flotilla_test_support::serve::serve_http(
+    let source = flotilla_peers::serve::serve_http(
         |req: hyper::Request<hyper::body::Incoming>| async move {
             let ok = req.headers().get("metadata").is_some_and(|v| v == "true");
             Ok::<_, Infallible>(

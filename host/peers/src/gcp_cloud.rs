@@ -13,17 +13,10 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flotilla_credentials::gcp::{GcpConfig, GcpHandle};
-use flotilla_credentials::{Credential, CredentialKind};
-use flotilla_net::AllowList;
-use flotilla_plugin_runtime::{Sandbox, WasmProvider};
-use flotilla_test_artifacts as guests;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use serde_json::{Value, json};
-
-use crate::load;
 
 pub const PROJECT: &str = "ci-project-1";
 pub const GROUP: &str = "ci-runners";
@@ -172,35 +165,6 @@ impl GcpCloud {
             r#"{{"project":"{PROJECT}",{location},"name":"{GROUP}","max_size":{max_size},"endpoint":"{}"}}"#,
             self.endpoint
         )
-    }
-
-    /// The `gcp` credential with the metadata server at this fake, as a pool would hold it.
-    pub fn credential(&self) -> Credential {
-        let allow = AllowList::parse(&[self.endpoint.as_str()]).unwrap();
-        Credential {
-            name: "gcp".into(),
-            kind: CredentialKind::Gcp(GcpHandle::new(GcpConfig {
-                metadata_endpoint: Some(self.endpoint.clone()),
-                scopes: vec!["https://www.googleapis.com/auth/compute".into()],
-                ..GcpConfig::default()
-            })),
-            hosts: allow,
-        }
-    }
-
-    /// A provider for the GCP plugin holding `credential`, allowed to reach only this fake.
-    pub fn provider(&self, credential: Credential) -> WasmProvider {
-        load(guests::GCP_PLUGIN).provider("gcp", self.sandbox(credential))
-    }
-
-    /// The sandbox of a pool holding `credential`, allowed to reach only this fake.
-    pub fn sandbox(&self, credential: Credential) -> Sandbox {
-        let allow = AllowList::parse(&[self.endpoint.as_str()]).unwrap();
-        let mut sandbox = Sandbox::default();
-        sandbox.egress.allow = allow;
-        sandbox.egress.allowed_ip_ranges = vec!["127.0.0.0/8".parse().unwrap()];
-        sandbox.egress.credentials = vec![credential];
-        sandbox
     }
 
     /// The group's instances that are neither deleting nor gone, as `ZONE/NAME`, sorted.

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The quick loop's tests (called by `./scripts/test.sh --quick [REV]` after formatting and
+# clippy): the tests of what changed since REV (default HEAD), and a list of what it skipped.
+#
+# - a host crate changed (host/NAME/...): that crate's tests;
+# - the binary crate: its unit tests, plus the integration test files that changed
+#   (host/flotilla/tests/X.rs, or a helper they share under tests/common/: then every file
+#   that uses it);
+# - a guest, a plugin, a template, deploy/ or a script: not run here; the full run covers it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base="${1:-HEAD}"
+changed=$( { git diff --name-only "$base" --; git ls-files --others --exclude-standard; } | sort -u)
+if [ -z "$changed" ]; then
+  echo "== quick: nothing changed since $base"
+  exit 0
+fi
+
+packages=()
+tests=()
+skipped=()
+for f in $changed; do
+  case "$f" in
+    host/flotilla/tests/common/*)
+      for t in host/flotilla/tests/*.rs; do
+        grep -q '^mod common;' "$t" && tests+=("$(basename "$t" .rs)")
+      done ;;
+    host/flotilla/tests/*/*.rs) tests+=("$(basename "$(dirname "$f")")") ;;
+    host/flotilla/tests/*.rs) tests+=("$(basename "$f" .rs)") ;;
+    host/flotilla/*) packages+=(flotilla) ;;
+    host/*/*)
+      dir=$(echo "$f" | cut -d/ -f1-2)
+      [ -f "$dir/Cargo.toml" ] && packages+=("$(sed -n 's/^name = "\(.*\)"/\1/p' "$dir/Cargo.toml" | head -1)") ;;
+    *) skipped+=("$f") ;;
+  esac
+done
+
+# Target flags apply to every package of one cargo call, so the binary crate gets its own.
+rooms=()
+binary=()
+for p in $(printf '%s\n' "${packages[@]}" | sort -u); do
+  if [ "$p" = flotilla ]; then
+    binary+=(--lib)
+  else
+    rooms+=(-p "$p")
+  fi
+done
+for t in $(printf '%s\n' "${tests[@]}" | sort -u); do
+  [ -f "host/flotilla/tests/$t.rs" ] && binary+=(--test "$t")
+done
+if [ ${#skipped[@]} -gt 0 ]; then
+  echo "== quick: not run here (the full run covers them):"
+  printf '   %s\n' "${skipped[@]}"
+fi
+if [ ${#rooms[@]} -eq 0 ] && [ ${#binary[@]} -eq 0 ]; then
+  echo "== quick: no host code changed"
+  exit 0
+fi
+if [ ${#rooms[@]} -gt 0 ]; then
+  echo "== quick: cargo test --release ${rooms[*]}"
+  cargo test --locked --release "${rooms[@]}"
+fi
+if [ ${#binary[@]} -gt 0 ]; then
+  echo "== quick: cargo test --release -p flotilla ${binary[*]}"
+  cargo test --locked --release -p flotilla "${binary[@]}"
+fi
