@@ -11,7 +11,7 @@
 )] // test code: a failed assumption is a failed test
 
 #[allow(dead_code)]
-use flotilla_peers::example_cloud;
+use flotilla_example_cloud::{ExampleCloud, Options};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -162,7 +162,14 @@ fn http(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let cloud = cloud_rt.block_on(example_cloud::ExampleCloud::start(3));
+    let options = Options {
+        group: "ci".into(),
+        max_size: 3,
+        token: None,
+    };
+    let cloud = cloud_rt
+        .block_on(ExampleCloud::start(options))
+        .unwrap_or_else(|e| panic!("{e}"));
     let endpoint = cloud.endpoint();
     let sandbox = Sandbox {
         egress: EgressPolicy {

@@ -151,7 +151,21 @@ mod static_plugin {
 
 mod template {
     use super::*;
-    use flotilla_peers::example_cloud::ExampleCloud;
+    use flotilla_example_cloud::{ExampleCloud, Options};
+
+    /// The example cloud the templates are tried against (the one `plugin test
+    /// --example-cloud` serves), with a group `ci` of at most `max_size` and no token check
+    /// (the tests that need one assert the header themselves).
+    async fn example_cloud(max_size: u32) -> ExampleCloud {
+        let options = Options {
+            group: "ci".into(),
+            max_size,
+            token: None,
+        };
+        ExampleCloud::start(options)
+            .await
+            .unwrap_or_else(|e| panic!("the example cloud: {e}"))
+    }
 
     /// A sandbox that lets the plugin reach `cloud` on loopback, and nothing else.
     fn reaching(cloud: &ExampleCloud) -> Sandbox {
@@ -166,7 +180,7 @@ mod template {
     /// `unauthorized`, with the refusal, so the scaler pauses the call.
     #[tokio::test]
     async fn a_refused_credential_reaches_the_plugin_as_unauthorized_and_never_the_cloud() {
-        let cloud = ExampleCloud::start(3).await;
+        let cloud = example_cloud(3).await;
         let allow = format!("http://{}", cloud.addr);
         let idp = flotilla_peers::serve::serve_http(|_req: hyper::Request<hyper::body::Incoming>| async {
             Ok::<_, std::convert::Infallible>(
@@ -239,7 +253,7 @@ mod template {
     /// refusal at a time, and passes once both flags are given.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn plugin_check_names_the_flag_a_refused_request_needs() {
-        let cloud = ExampleCloud::start(3).await;
+        let cloud = example_cloud(3).await;
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let settings = dir.path().join("settings.json");
         std::fs::write(
@@ -287,7 +301,7 @@ mod template {
     /// and an unknown pool is named with the ones that exist.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn plugin_test_uses_a_pools_sandbox_and_settings() {
-        let cloud = ExampleCloud::start(3).await;
+        let cloud = example_cloud(3).await;
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let config = dir.path().join("flotilla.toml");
         std::fs::write(
@@ -355,7 +369,7 @@ group = "ci"
 
     #[tokio::test]
     async fn every_export_over_http() {
-        let cloud = ExampleCloud::start(3).await;
+        let cloud = example_cloud(3).await;
         let mut sandbox = reaching(&cloud);
         sandbox.egress.credentials = vec![flotilla_credentials::Credential {
             name: "example".into(),
@@ -378,11 +392,18 @@ group = "ci"
         let list = must(p.update()).await.instances;
         assert_eq!(list.len(), 3);
         assert!(list.iter().all(|i| i.state == InstanceState::Creating));
-        let c = must(p.connect_info("i-2")).await;
-        assert_eq!(c.internal_address.as_deref(), Some("192.0.2.10"));
-        let accepted = must(p.decrease(&["i-1".into(), "i-9".into()])).await;
-        assert_eq!(accepted, ["i-1"]);
-        assert_eq!(must(p.update()).await.instances.len(), 2);
+        let c = must(p.connect_info("i-0002")).await;
+        assert_eq!(c.internal_address.as_deref(), Some("127.0.0.1"));
+        let accepted = must(p.decrease(&["i-0001".into(), "i-0009".into()])).await;
+        assert_eq!(accepted, ["i-0001"]);
+        // The removed instance is terminating for a while, then gone.
+        let list = must(p.update()).await.instances;
+        let deleting: Vec<&str> = list
+            .iter()
+            .filter(|i| i.state == InstanceState::Deleting)
+            .map(|i| i.id.as_str())
+            .collect();
+        assert_eq!((list.len(), deleting), (3, vec!["i-0001"]));
         let hb = p.heartbeat("i-2").await;
         assert!(matches!(
             hb,
@@ -418,7 +439,7 @@ group = "ci"
                 "GET /v1/groups/ci",
                 "POST /v1/groups/ci/increase",
                 "GET /v1/groups/ci/instances",
-                "GET /v1/groups/ci/instances/i-2",
+                "GET /v1/groups/ci/instances/i-0002",
                 "POST /v1/groups/ci/decrease",
                 "GET /v1/groups/ci/instances",
             ]
@@ -427,7 +448,7 @@ group = "ci"
 
     #[tokio::test]
     async fn cloud_errors_map_to_contract_errors() {
-        let cloud = ExampleCloud::start(3).await;
+        let cloud = example_cloud(3).await;
         let sandbox = reaching(&cloud);
         let p = load(guests::TEMPLATE_PLUGIN).provider("template", sandbox);
         must(p.init(&format!(
@@ -448,9 +469,7 @@ group = "ci"
             }),
             (503, |e| matches!(e, ProviderError::Transient(_))),
         ] {
-            if let Ok(mut s) = cloud.state.lock() {
-                s.fail_with = Some(status);
-            }
+            cloud.fail_with(Some(status));
             let r = p.update().await;
             let e = r.as_ref().err().and_then(CallError::provider_error);
             assert!(e.is_some_and(check), "HTTP {status} gave {r:?}");
@@ -459,7 +478,7 @@ group = "ci"
 
     #[tokio::test]
     async fn a_refused_post_says_why() {
-        let cloud = ExampleCloud::start(3).await;
+        let cloud = example_cloud(3).await;
         let mut sandbox = reaching(&cloud);
         // One request a minute: init spends it, and the POST after it is refused unsent.
         sandbox.limits.requests_per_minute = 1;
@@ -487,7 +506,7 @@ group = "ci"
 
     #[tokio::test]
     async fn requests_outside_the_allow_list_never_leave() {
-        let cloud = ExampleCloud::start(3).await;
+        let cloud = example_cloud(3).await;
         let logs = LogCapture::default();
         let _guard = logs.install();
         // Allowed: a different port on the same host.
@@ -525,7 +544,7 @@ group = "ci"
 
     #[tokio::test]
     async fn empty_allow_list_denies_all() {
-        let cloud = ExampleCloud::start(3).await;
+        let cloud = example_cloud(3).await;
         let p = load(guests::TEMPLATE_PLUGIN).provider("empty", quick_sandbox(&[]));
         let r = p
             .init(&format!(

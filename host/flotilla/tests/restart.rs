@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use common::{Flotilla, TOKEN};
-use flotilla_peers::example_cloud::ExampleCloud;
+use flotilla_example_cloud::{ExampleCloud, Options};
 use flotilla_peers::moto::Moto;
 use flotilla_peers::proxy::LatencyProxy;
 use flotilla_test_artifacts as guests;
@@ -254,7 +254,13 @@ async fn check_after_restart(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_leases_survive_kill_9_at_random_points() {
     // The cloud lives in this process, so its instances outlive every flotilla process.
-    let cloud = ExampleCloud::start(4).await;
+    let cloud = ExampleCloud::start(Options {
+        group: "ci".into(),
+        max_size: 4,
+        token: Some("tkn-123".into()),
+    })
+    .await
+    .expect("the example cloud");
     let dir = tempfile::tempdir().expect("dir");
     let config = format!(
         r#"state_dir = "state"

@@ -19,7 +19,6 @@
 
 pub mod azure_cloud;
 pub mod dockerd;
-pub mod example_cloud;
 pub mod gcp_cloud;
 pub mod moto;
 pub mod peer;

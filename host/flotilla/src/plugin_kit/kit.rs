@@ -9,7 +9,7 @@ use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource};
 use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
 
 use super::conformance::{self, KitOptions, Outcome, Report};
-use super::example_cloud::{self, ExampleCloud};
+use flotilla_example_cloud::{self as example_cloud, ExampleCloud};
 use super::sandbox::{SandboxArgs, flag_hint};
 
 /// What to test, and how.
@@ -88,8 +88,12 @@ pub async fn test(plan: &TestPlan) -> anyhow::Result<Report> {
             let mut token = None;
             if plan.example_cloud {
                 let secret = format!("example-{:016x}", random_u64());
-                let cloud = ExampleCloud::start(&secret).await?;
-                quick.allow_hosts.push(cloud.endpoint.clone());
+                let cloud = ExampleCloud::start(example_cloud::Options {
+                    token: Some(secret.clone()),
+                    ..example_cloud::Options::default()
+                })
+                .await?;
+                quick.allow_hosts.push(cloud.endpoint());
                 quick
                     .allow_ip_ranges
                     .push(format!("{}/32", cloud.addr.ip()));
@@ -97,7 +101,7 @@ pub async fn test(plan: &TestPlan) -> anyhow::Result<Report> {
                 if settings.is_none() {
                     settings = Some(
                         serde_json::json!({
-                            "endpoint": cloud.endpoint,
+                            "endpoint": cloud.endpoint(),
                             "group": example_cloud::GROUP,
                             "credential": "example",
                         })
