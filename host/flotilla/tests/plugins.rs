@@ -627,6 +627,7 @@ mod misbehave {
             let mut last = Instant::now();
             let end = last + Duration::from_millis(1500);
             while Instant::now() < end {
+                // Deliberate: the ticker's own period.
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 let now = Instant::now();
                 worst = worst.max(now - last);
@@ -787,6 +788,7 @@ mod misbehave {
             matches!(r, Err(CallError::CircuitOpen { faults: 3, .. })),
             "{r:?}"
         );
+        // Deliberate: waits out the circuit's cool-down, the behaviour under test.
         tokio::time::sleep(Duration::from_millis(450)).await;
         must(p.increase(1)).await;
         assert!(!p.health().circuit_open);

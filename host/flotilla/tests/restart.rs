@@ -158,6 +158,7 @@ async fn kill_during_traffic(
     let task = tokio::spawn(traffic(flotilla.base.clone(), pool, book.clone(), seed));
     let seed = Rng(seed).next();
     let window = window_ms.start + seed % (window_ms.end - window_ms.start);
+    // Deliberate: the kill lands at a random point of the traffic, which is the test.
     tokio::time::sleep(Duration::from_millis(window)).await;
     flotilla.restart().await; // SIGKILL, then start on the same state directory
     task.abort();
@@ -400,6 +401,7 @@ idle_time = "1s"
         highest_before = check_after_restart(run, &flotilla, "aws", &book, highest_before).await;
         // Long enough for an idle instance to be scaled down (idle_time 1 s, updates every 1 s):
         // one the restart forgot was leased would go now.
+        // Deliberate: waits out idle_time for a removal that must not happen.
         tokio::time::sleep(Duration::from_millis(2_500)).await;
         let live = moto.live();
         scaled += usize::from(live != before);

@@ -145,5 +145,6 @@ fn async_stream_stall()
         }
     }
     use std::future::Future;
+    // Deliberate: a peer that never answers.
     Stall(Box::pin(tokio::time::sleep(Duration::from_secs(3600))))
 }

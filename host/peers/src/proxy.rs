@@ -54,6 +54,7 @@ async fn relay(client: TcpStream, server: TcpStream, delay: Duration) {
             match client_read.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
+                    // Deliberate: the latency this proxy adds.
                     tokio::time::sleep(delay).await;
                     if server_write.write_all(&buf[..n]).await.is_err() {
                         return;
@@ -117,6 +118,7 @@ impl SlowCreates {
                                         && chunk.windows(18).any(|w| w == b"/containers/create")
                                     {
                                         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                        // Deliberate: the slow creation this stand-in plays.
                                         tokio::time::sleep(delay).await;
                                     }
                                     if server_write.write_all(chunk).await.is_err() {

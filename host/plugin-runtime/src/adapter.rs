@@ -23,9 +23,9 @@ use flotilla_provider::{
     PluginState, Protocol, Provider, ProviderError, ProviderHealth, ProviderInfo,
 };
 
-/// One live plugin instance, boxed: it moves into and out of every call's future, and a
-/// pointer moves cheaper than the store, bindings and outputs.
-type Slot = Box<Live>;
+/// One running plugin instance (not a lease slot), boxed: it moves into and out of every
+/// call's future, and a pointer moves cheaper than the store, bindings and outputs.
+type Running = Box<Live>;
 
 /// The parts of one live plugin instance.
 struct Live {
@@ -43,7 +43,7 @@ impl Drop for Live {
 }
 
 struct Inner {
-    slot: Option<Slot>,
+    instance: Option<Running>,
     settings: Option<String>,
 }
 
@@ -70,8 +70,8 @@ impl HealthState {
     }
 }
 
-/// What an export call's future ends with: the slot back, and the call's outcome.
-type CallOutput<T> = (Slot, wasmtime::Result<Result<T, wit::Error>>);
+/// What an export call's future ends with: the instance back, and the call's outcome.
+type CallOutput<T> = (Running, wasmtime::Result<Result<T, wit::Error>>);
 
 /// A pool's plugin as a [`Provider`]: calls are serialised, bounded and contained.
 pub struct WasmProvider {
@@ -127,7 +127,7 @@ impl WasmProvider {
             },
             sandbox,
             inner: tokio::sync::Mutex::new(Inner {
-                slot: None,
+                instance: None,
                 settings: None,
             }),
             health: Mutex::new(HealthState::default()),
@@ -151,7 +151,7 @@ impl WasmProvider {
         self.egress.stats.clone()
     }
 
-    async fn instantiate(&self) -> Result<Slot, CallError> {
+    async fn instantiate(&self) -> Result<Running, CallError> {
         let budget = self.sandbox.limits.output_bytes;
         let stdout = GuestOutput::new(self.origin.clone(), "stdout", budget);
         let stderr = GuestOutput::new(self.origin.clone(), "stderr", budget);
@@ -195,36 +195,36 @@ impl WasmProvider {
         }
     }
 
-    /// Runs one export call on `slot` under the function's deadline. The slot is returned
+    /// Runs one export call on `instance` under the function's deadline. The instance is returned
     /// only if the call completed without a trap.
     async fn call_in<T: Send + 'static, F: Future<Output = CallOutput<T>> + Send>(
         &self,
         function: Function,
-        mut slot: Slot,
-        call: impl FnOnce(Slot) -> F,
-    ) -> (Option<Slot>, Result<Result<T, wit::Error>, Fault>) {
+        mut instance: Running,
+        call: impl FnOnce(Running) -> F,
+    ) -> (Option<Running>, Result<Result<T, wit::Error>, Fault>) {
         let deadline = self.sandbox.limits.deadline(function);
-        arm_deadline(&mut slot.store, deadline);
-        slot.store.data_mut().log_lines_left = self.sandbox.limits.log_lines_per_call;
-        slot.store.data_mut().log_dropped = 0;
-        slot.store.data_mut().state_writes_left =
+        arm_deadline(&mut instance.store, deadline);
+        instance.store.data_mut().log_lines_left = self.sandbox.limits.log_lines_per_call;
+        instance.store.data_mut().log_dropped = 0;
+        instance.store.data_mut().state_writes_left =
             flotilla_provider::StateLimits::default().writes_per_call;
-        slot.store.data_mut().hooks.requests_this_call = 0;
-        slot.store.data_mut().reported_max = None;
-        match within(deadline, call(slot)).await {
+        instance.store.data_mut().hooks.requests_this_call = 0;
+        instance.store.data_mut().reported_max = None;
+        match within(deadline, call(instance)).await {
             None => (None, Err(Fault::Timeout(deadline))),
-            Some((mut slot, Ok(result))) => {
+            Some((mut instance, Ok(result))) => {
                 // No request outlives its call (a dropped store takes its requests along).
-                slot.store.data_mut().hooks.scope.end();
-                (Some(slot), Ok(result))
+                instance.store.data_mut().hooks.scope.end();
+                (Some(instance), Ok(result))
             }
-            Some((slot, Err(e))) => {
+            Some((instance, Err(e))) => {
                 let fault = match e.downcast_ref::<wasmtime::Trap>() {
                     Some(wasmtime::Trap::Interrupt) => Fault::Timeout(deadline),
                     _ => Fault::Trap(with_guest_words(
-                        describe_trap(&slot.store, &e),
-                        &slot.stderr,
-                        &slot.stdout,
+                        describe_trap(&instance.store, &e),
+                        &instance.stderr,
+                        &instance.stdout,
                     )),
                 };
                 (None, Err(fault))
@@ -233,27 +233,35 @@ impl WasmProvider {
     }
 
     /// Gets the live instance, or a fresh one re-initialised with the pool's settings.
-    async fn live_slot(&self, inner: &mut Inner, function: Function) -> Result<Slot, CallError> {
-        match inner.slot.take() {
-            Some(slot) => Ok(slot),
+    async fn current_instance(
+        &self,
+        inner: &mut Inner,
+        function: Function,
+    ) -> Result<Running, CallError> {
+        match inner.instance.take() {
+            Some(instance) => Ok(instance),
             // Boxed: the rare path's large future stays out of every call's future, which is
             // moved on each call.
-            None => Box::pin(self.fresh_slot(inner, function)).await,
+            None => Box::pin(self.fresh_instance(inner, function)).await,
         }
     }
 
     /// A fresh instance re-initialised with the pool's settings.
-    async fn fresh_slot(&self, inner: &mut Inner, function: Function) -> Result<Slot, CallError> {
+    async fn fresh_instance(
+        &self,
+        inner: &mut Inner,
+        function: Function,
+    ) -> Result<Running, CallError> {
         let Some(settings) = inner.settings.clone() else {
             return Err(CallError::NotInitialized { function });
         };
         self.record_restart();
-        let slot = self.instantiate().await?;
-        let (slot, outcome) = self
-            .call_in(Function::Init, slot, move |s| init_call(s, settings))
+        let instance = self.instantiate().await?;
+        let (instance, outcome) = self
+            .call_in(Function::Init, instance, move |s| init_call(s, settings))
             .await;
         match outcome {
-            Ok(Ok(_info)) => slot.ok_or_else(|| CallError::Host {
+            Ok(Ok(_info)) => instance.ok_or_else(|| CallError::Host {
                 function,
                 message: "lost instance".into(),
             }),
@@ -269,13 +277,13 @@ impl WasmProvider {
     async fn run<T: Send + 'static, F: Future<Output = CallOutput<T>> + Send>(
         &self,
         function: Function,
-        call: impl FnOnce(Slot) -> F,
+        call: impl FnOnce(Running) -> F,
     ) -> Result<T, CallError> {
         self.check_circuit(function)?;
         let mut inner = self.inner.lock().await;
-        let slot = self.live_slot(&mut inner, function).await?;
-        let (slot, outcome) = self.call_in(function, slot, call).await;
-        inner.slot = slot;
+        let instance = self.current_instance(&mut inner, function).await?;
+        let (instance, outcome) = self.call_in(function, instance, call).await;
+        inner.instance = instance;
         match outcome {
             Ok(Ok(value)) => {
                 self.record_success();
@@ -462,7 +470,7 @@ fn describe_trap(store: &Store<HostState>, e: &wasmtime::Error) -> String {
     }
 }
 
-async fn init_call(mut s: Slot, settings: String) -> CallOutput<wit::ProviderInfo> {
+async fn init_call(mut s: Running, settings: String) -> CallOutput<wit::ProviderInfo> {
     let r = s
         .bindings
         .flotilla_provider_instance_group()
@@ -612,17 +620,17 @@ impl Provider for WasmProvider {
         self.check_circuit(function)?;
         let mut inner = self.inner.lock().await;
         // A fresh instance every time: init is the one call that may change the settings.
-        inner.slot = None;
-        let slot = self.instantiate().await?;
+        inner.instance = None;
+        let instance = self.instantiate().await?;
         let settings = settings.to_string();
         let for_call = settings.clone();
-        let (slot, outcome) = self
-            .call_in(function, slot, move |s| init_call(s, for_call))
+        let (instance, outcome) = self
+            .call_in(function, instance, move |s| init_call(s, for_call))
             .await;
         match outcome {
             Ok(Ok(info)) => {
                 self.record_success();
-                inner.slot = slot;
+                inner.instance = instance;
                 inner.settings = Some(settings);
                 Ok(convert_info(info))
             }

@@ -62,6 +62,7 @@ fn misbehave(export: &str) {
                 core::hint::black_box(&hoard);
             }
         }
+        // Deliberate: a guest that blocks, for the host to interrupt.
         Some("sleep") => std::thread::sleep(std::time::Duration::from_secs(3600)),
         _ => {}
     }
