@@ -2,11 +2,11 @@
 
 use std::path::PathBuf;
 
-use super::oci::{self as oci_cli, RegistryArgs};
-use super::plugin_new::Lang;
 use super::plugin_test::TestArgs;
 use super::{Reported, print_json};
 use crate::plugin_kit::check::{CheckOptions, check};
+use crate::plugin_kit::new::Lang;
+use crate::plugin_kit::registry::{self as oci_cli, RegistryArgs};
 use crate::plugin_kit::sandbox::SandboxArgs;
 
 /// Work with provider plugins.
@@ -177,7 +177,7 @@ impl PluginCommand {
             PluginCommand::New { name, lang } => {
                 print!(
                     "{}",
-                    super::plugin_new::new(std::path::Path::new("."), &name, lang)?
+                    crate::plugin_kit::new::new(std::path::Path::new("."), &name, lang)?
                 );
                 return Ok(());
             }
@@ -224,7 +224,9 @@ impl PluginCommand {
             }
             PluginCommand::Logout { registry_host } => oci_cli::logout(&registry_host),
             PluginCommand::Ls { json, registry } => oci_cli::ls(&registry, json),
-            PluginCommand::Export { name, output } => return export(&name, &output),
+            PluginCommand::Export { name, output } => {
+                return crate::plugin_kit::check::export(&name, &output);
+            }
             PluginCommand::Sign {
                 reference,
                 key,
@@ -235,25 +237,4 @@ impl PluginCommand {
         print!("{out}");
         Ok(())
     }
-}
-
-/// `plugin export builtin:NAME -o FILE`: the embedded bytes, written atomically; prints the
-/// digest to pin.
-fn export(name: &str, output: &std::path::Path) -> anyhow::Result<()> {
-    let builtin = match crate::plugin_kit::check::builtin(std::path::Path::new(name)) {
-        Some(found) => found.map_err(anyhow::Error::msg)?,
-        None => anyhow::bail!(
-            "{name:?} is not a built-in plugin: name one as builtin:NAME ({})",
-            flotilla_builtin::names()
-        ),
-    };
-    flotilla_net::fs::write_atomic(output, builtin.bytes)
-        .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", output.display()))?;
-    println!(
-        "{}: {name} ({} bytes, sha256:{})",
-        output.display(),
-        builtin.bytes.len(),
-        flotilla_net::sha256_hex(builtin.bytes)
-    );
-    Ok(())
 }

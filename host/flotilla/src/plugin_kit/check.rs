@@ -196,3 +196,24 @@ impl CheckReport {
         out
     }
 }
+
+/// `plugin export builtin:NAME -o FILE`: the embedded bytes, written atomically; prints the
+/// digest to pin.
+pub fn export(name: &str, output: &std::path::Path) -> anyhow::Result<()> {
+    let builtin = match builtin(std::path::Path::new(name)) {
+        Some(found) => found.map_err(anyhow::Error::msg)?,
+        None => anyhow::bail!(
+            "{name:?} is not a built-in plugin: name one as builtin:NAME ({})",
+            flotilla_builtin::names()
+        ),
+    };
+    flotilla_net::fs::write_atomic(output, builtin.bytes)
+        .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", output.display()))?;
+    println!(
+        "{}: {name} ({} bytes, sha256:{})",
+        output.display(),
+        builtin.bytes.len(),
+        flotilla_net::sha256_hex(builtin.bytes)
+    );
+    Ok(())
+}

@@ -9,8 +9,8 @@ use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource};
 use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
 
 use super::conformance::{self, KitOptions, Outcome, Report};
-use flotilla_example_cloud::{self as example_cloud, ExampleCloud};
 use super::sandbox::{SandboxArgs, flag_hint};
+use flotilla_example_cloud::{self as example_cloud, ExampleCloud};
 
 /// What to test, and how.
 #[derive(Debug, Clone, Default)]

@@ -1,5 +1,5 @@
 //! The Python and JavaScript templates embedded for `flotilla plugin new` (the Rust one is in
-//! `plugin_new.rs`). Each list is every file of the template but its `wit/` link, which
+//! `new.rs`). Each list is every file of the template but its `wit/` link, which
 //! `plugin new` writes from the WIT package itself.
 
 /// plugin-template/python, as `(path, text)`.

@@ -1,5 +1,6 @@
-//! The `flotilla plugin push|pull|inspect|login|logout|ls|sign|generate-key` commands.
-//! Each returns its standard output, or one [`OciError`] line for standard error.
+//! The registry commands of `flotilla plugin`: push, pull, inspect, login, logout, ls, sign
+//! and generate-key. Each returns its standard output, or one [`OciError`] line for standard
+//! error.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

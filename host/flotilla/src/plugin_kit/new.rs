@@ -70,14 +70,8 @@ const RUST: [(&str, &str); 3] = [
 fn template(lang: Lang) -> (&'static [(&'static str, &'static str)], &'static str) {
     match lang {
         Lang::Rust => (&RUST, "flotilla-plugin-template"),
-        Lang::Python => (
-            &super::plugin_templates::PYTHON,
-            super::plugin_templates::PYTHON_NAME,
-        ),
-        Lang::Js => (
-            &super::plugin_templates::JS,
-            super::plugin_templates::JS_NAME,
-        ),
+        Lang::Python => (&super::templates::PYTHON, super::templates::PYTHON_NAME),
+        Lang::Js => (&super::templates::JS, super::templates::JS_NAME),
     }
 }
 
