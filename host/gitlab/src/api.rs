@@ -92,8 +92,8 @@ impl ApiClient {
         url: &str,
         token: Option<String>,
         pool: &str,
-    ) -> Result<ApiClient, crate::job::SettingError> {
-        use crate::job::SettingError;
+    ) -> Result<ApiClient, crate::setting::SettingError> {
+        use crate::setting::SettingError;
         let uri: http::Uri = url
             .parse()
             .map_err(|e: http::uri::InvalidUri| SettingError::new("--url", url, e.to_string()))?;

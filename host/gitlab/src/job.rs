@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::setting::SettingError;
+
 /// Why the job's environment cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -29,30 +31,6 @@ pub enum PullPolicy {
     IfNotPresent,
     /// Never pull; the image must be on the instance.
     Never,
-}
-
-/// A driver setting that cannot be used: the setting, the value given, and why (the words a
-/// person reads, e.g. `--url "ftp://x": only http:// is supported`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{setting} {value:?}: {why}")]
-pub struct SettingError {
-    /// The setting (a flag, or its name).
-    pub setting: &'static str,
-    /// What was given.
-    pub value: String,
-    /// Why it cannot be used.
-    pub why: String,
-}
-
-impl SettingError {
-    /// `setting` given as `value` cannot be used, because `why`.
-    pub fn new(setting: &'static str, value: &str, why: impl Into<String>) -> SettingError {
-        SettingError {
-            setting,
-            value: value.to_string(),
-            why: why.into(),
-        }
-    }
 }
 
 impl PullPolicy {

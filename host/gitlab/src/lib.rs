@@ -22,14 +22,14 @@ mod lease;
 pub mod machine;
 pub mod outcome;
 mod script;
+pub mod setting;
 pub mod stages;
 pub mod tar;
 
 pub use api::{ApiClient, ApiError, LeaseInfo};
 pub use containers::{CACHE_LABEL, JOB_LABEL};
-pub use job::{
-    CacheBounds, DriverSettings, Job, JobError, JobLimits, Mode, PullPolicy, SettingError,
-};
+pub use job::{CacheBounds, DriverSettings, Job, JobError, JobLimits, Mode, PullPolicy};
 pub use machine::{InstanceSettings, MachineOs, Shell};
 pub use outcome::Outcome;
+pub use setting::SettingError;
 pub use stages::{cleanup, config, prepare, run};

@@ -17,7 +17,7 @@
 //! the ones that left the stage's process group (`setsid`, daemons) on Linux, where
 //! `/proc/<pid>/environ` shows it.
 
-use crate::job::SettingError;
+use crate::setting::SettingError;
 
 /// The operating system a pool's machines run, which decides paths, shell and commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
