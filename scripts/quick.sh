@@ -7,9 +7,14 @@
 #   (host/flotilla/tests/X.rs, or a helper they share under tests/common/: then every file
 #   that uses it);
 # - a guest, a plugin, a template, deploy/ or a script: not run here; the full run covers it.
+#
+# FLOTILLA_QUICK_DRY_RUN=1 prints the cargo commands instead of running them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base="${1:-HEAD}"
+run() {
+  if [ -n "${FLOTILLA_QUICK_DRY_RUN:-}" ]; then echo "would run: $*"; else "$@"; fi
+}
 changed=$( { git diff --name-only "$base" --; git ls-files --others --exclude-standard; } | sort -u)
 if [ -z "$changed" ]; then
   echo "== quick: nothing changed since $base"
@@ -58,9 +63,9 @@ if [ ${#rooms[@]} -eq 0 ] && [ ${#binary[@]} -eq 0 ]; then
 fi
 if [ ${#rooms[@]} -gt 0 ]; then
   echo "== quick: cargo test --release ${rooms[*]}"
-  cargo test --locked --release "${rooms[@]}"
+  run cargo test --locked --release "${rooms[@]}"
 fi
 if [ ${#binary[@]} -gt 0 ]; then
   echo "== quick: cargo test --release -p flotilla ${binary[*]}"
-  cargo test --locked --release -p flotilla "${binary[@]}"
+  run cargo test --locked --release -p flotilla "${binary[@]}"
 fi
