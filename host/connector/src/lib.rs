@@ -28,4 +28,4 @@ pub use keys::{KeyError, PoolKey};
 pub use proxy::ForwardError;
 pub use readiness::Connector;
 pub use ssh::{ConnectError, ExecOutput, Session, SshOptions, Target};
-pub use tls::{DockerTls, DockerTlsFiles};
+pub use tls::{DockerTls, DockerTlsFiles, TlsFilesError};

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use flotilla_connector::{Connector, ConnectorSettings, DockerTls, DockerTlsFiles, PoolKey};
 use flotilla_harness::LogCapture;
 use flotilla_harness::machines::{Engines, Machines};
+use flotilla_harness::poll;
 use flotilla_peers::dockerd::{DockerPki, Dockerd};
 use flotilla_peers::sshd::Sshd;
 use flotilla_scaler::{PoolCore, PoolHandle, Readiness, ScalerConfig, SystemClock};
@@ -157,19 +158,17 @@ async fn a_changed_host_key_is_refused() {
     sshd.new_host_key();
     sshd.restart();
     // The kept session died with the daemon; the next check connects again.
-    let start = Instant::now();
-    let err = loop {
-        match readiness.check(&machines, "m1").await {
-            Err(e) => break e,
-            Ok(()) => {
-                assert!(
-                    start.elapsed() < Duration::from_secs(10),
-                    "the old session never closed"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
+    let err = poll::until(
+        "the old session to close",
+        Duration::from_secs(10),
+        || async {
+            match readiness.check(&machines, "m1").await {
+                Err(e) => Ok(e),
+                Ok(()) => Err("the check still passes on the old session"),
             }
-        }
-    };
+        },
+    )
+    .await;
     assert!(err.message.contains("host key changed"), "{err}");
     assert_eq!(err.cause, "host-key");
 }
@@ -269,18 +268,29 @@ async fn a_machine_that_dies_after_it_was_ready_is_found_by_the_ping_before_the_
     let core = PoolCore::new(config, vec![keep_both], now);
     let handle = PoolHandle::spawn("p".into(), core, Arc::new(machines), clock, readiness, None);
     let ready = |h: &PoolHandle| h.with_core(|c| c.count_in(flotilla_scaler::InstState::Ready));
-    let start = Instant::now();
-    while ready(&handle) < 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{}",
-            docker.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll::until_true(
+        "both machines to be ready",
+        Duration::from_secs(20),
+        || ready(&handle) >= 2,
+        || docker.log(),
+    )
+    .await;
     doomed.stop();
-    // Two ping intervals and a connect timeout: long enough for the ping to notice.
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    // The ping (every 300 ms, a 2 s connect timeout) takes the dead machine out of service.
+    let m1_state = || {
+        handle
+            .with_core(|c| c.instances())
+            .into_iter()
+            .find(|v| v.id == "m1")
+            .map(|v| v.state)
+    };
+    poll::until_true(
+        "the ping to take m1 out of service",
+        Duration::from_secs(6),
+        || m1_state().is_some_and(|s| s != flotilla_scaler::InstState::Ready),
+        || format!("m1 is {:?}", m1_state()),
+    )
+    .await;
     let first = handle.reserve().expect("reserve");
     let binding = handle.acquire(first).await.expect("the healthy machine");
     assert_eq!(binding.instance, "m2");
@@ -363,20 +373,19 @@ async fn the_callers_token_is_not_forwarded_to_the_instances_engine() {
     assert!(!text.contains("also-stays"), "{text}");
     // A lost session is opened again (after connect-info) for the next request.
     sshd.restart();
-    let start = Instant::now();
-    loop {
-        let request = http::Request::get("/info")
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .expect("a request");
-        match readiness.forward_docker(&machines, "m1", 1, request).await {
-            Ok(r) => {
-                assert_eq!(r.status(), 200);
-                break;
-            }
-            // The old session may look open until opening its channel fails.
-            Err(e) => assert!(start.elapsed() < Duration::from_secs(10), "{e}"),
-        }
-    }
+    // The old session may look open until opening its channel fails.
+    let r = poll::until(
+        "a request over a new session",
+        Duration::from_secs(10),
+        || async {
+            let request = http::Request::get("/info")
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .expect("a request");
+            readiness.forward_docker(&machines, "m1", 1, request).await
+        },
+    )
+    .await;
+    assert_eq!(r.status(), 200);
     assert!(seen.lock().iter().any(|(p, _)| p == "/info"));
 }
 
@@ -450,6 +459,11 @@ fn a_docker_tls_key_that_others_can_read_is_refused() {
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let err = DockerTls::load(&tls_files(&pki, "client")).expect_err("too open");
     assert!(
+        matches!(err, flotilla_connector::TlsFilesError::Key(_)),
+        "{err:?}"
+    );
+    let err = err.to_string();
+    assert!(
         err.contains("too open") && err.contains("client-key.pem"),
         "{err}"
     );
@@ -460,5 +474,9 @@ fn a_docker_tls_key_that_others_can_read_is_refused() {
         ..tls_files(&pki, "client")
     })
     .expect_err("no CA");
-    assert!(err.contains("junk.pem"), "{err}");
+    assert!(
+        matches!(&err, flotilla_connector::TlsFilesError::NoCertificate { path } if path.ends_with("junk.pem"))
+            || matches!(&err, flotilla_connector::TlsFilesError::NotPem { path, .. } if path.ends_with("junk.pem")),
+        "{err:?}"
+    );
 }

@@ -470,6 +470,7 @@ async fn gcp_tokens_from_a_service_account_key_and_the_metadata_server() {
     });
     assert_eq!(authorize(&short).await.unwrap(), "Bearer ya29.test-2");
     assert_eq!(authorize(&short).await.unwrap(), "Bearer ya29.test-2");
+    // Deliberate: half of the 2 s token lifetime must pass before it is minted again.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(authorize(&short).await.unwrap(), "Bearer ya29.test-3");
     endpoint.lifetime.store(3600, Ordering::SeqCst);

@@ -50,7 +50,8 @@ pub async fn check(cfg: &Checkable, runtime: &PluginRuntime) -> Preflight {
             if let Some(files) = &settings.docker_tls
                 && let Err(e) = flotilla_connector::DockerTls::load(files)
             {
-                out.problems.push(problem(connector.key("docker_tls"), e));
+                out.problems
+                    .push(problem(connector.key("docker_tls"), e.to_string()));
             }
         }
         match plugin_of(cfg, runtime, pool) {

@@ -11,11 +11,11 @@
 use flotilla_harness as common;
 use flotilla_harness::clouds::AwsPlugin;
 use flotilla_harness::pool::{Counting, spawn_pool};
-use flotilla_harness::{must, provider_error};
+use flotilla_harness::{must, poll, provider_error};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::LogCapture;
 use flotilla_peers::moto::Moto;
@@ -37,8 +37,7 @@ async fn contract_calls_against_moto_with_sigv4() {
     );
 
     assert_eq!(must(p.increase(5)).await, 5);
-    let start = Instant::now();
-    let instances = loop {
+    let instances = poll::until("5 running instances", Duration::from_secs(20), || async {
         let list = must(p.update()).await.instances;
         if list
             .iter()
@@ -46,11 +45,12 @@ async fn contract_calls_against_moto_with_sigv4() {
             .count()
             == 5
         {
-            break list;
+            Ok(list)
+        } else {
+            Err(format!("{list:?}"))
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "{list:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     let c = must(p.connect_info(&instances[0].id)).await;
     assert!(
         c.internal_address
@@ -220,15 +220,14 @@ async fn instance_connect_pushes_the_pools_public_key_before_each_connection() {
     };
     assert!(info.expiring_connect_info);
     assert_eq!(must(p.increase(1)).await, 1);
-    let start = Instant::now();
-    let id = loop {
+    let id = poll::until("a running instance", Duration::from_secs(20), || async {
         let list = must(p.update()).await.instances;
-        if let Some(i) = list.iter().find(|i| i.state == InstanceState::Running) {
-            break i.id.clone();
+        match list.iter().find(|i| i.state == InstanceState::Running) {
+            Some(i) => Ok(i.id.clone()),
+            None => Err(format!("{list:?}")),
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "{list:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
@@ -373,15 +372,13 @@ async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed
         ..ScalerConfig::default()
     };
     let pool = spawn_pool("aws", provider.clone(), &info, config, 2, 3_600_000);
-    let start = Instant::now();
-    while !pool.snapshot().paused.contains_key("increase") {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{:?}",
-            pool.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll::until_true(
+        "scale-up to be paused",
+        Duration::from_secs(20),
+        || pool.snapshot().paused.contains_key("increase"),
+        || format!("{:?}", pool.snapshot()),
+    )
+    .await;
     let snap = pool.snapshot();
     assert!(
         snap.paused["increase"]
@@ -390,12 +387,13 @@ async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed
         "{snap:?}"
     );
     let before = provider.updates.load(Relaxed);
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
-    let after = provider.updates.load(Relaxed);
-    assert!(
-        after >= before + 2,
-        "update must go on while scale-up is paused: {before} -> {after}"
-    );
+    poll::until_true(
+        "update to go on while scale-up is paused",
+        Duration::from_secs(6),
+        || provider.updates.load(Relaxed) >= before + 2,
+        || format!("{before} -> {}", provider.updates.load(Relaxed)),
+    )
+    .await;
     assert_eq!(moto.desired(), 0);
     // The operator re-attaches the policy: the next retry scales up.
     moto.set_policy(
@@ -407,15 +405,13 @@ async fn a_denied_action_stops_only_itself_and_the_pool_heals_when_it_is_allowed
             "ec2:DescribeInstances",
         ],
     );
-    let start = Instant::now();
-    while moto.desired() < 1 || !pool.snapshot().paused.is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{:?}",
-            pool.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    poll::until_true(
+        "the pool to scale up again",
+        Duration::from_secs(20),
+        || moto.desired() >= 1 && pool.snapshot().paused.is_empty(),
+        || format!("{:?}", pool.snapshot()),
+    )
+    .await;
     pool.shutdown(Duration::from_secs(1), false).await;
 }
 
@@ -428,11 +424,15 @@ async fn increase_reports_only_what_the_group_will_really_launch() {
     let p = moto.provider(None);
     must(p.init(&moto.settings())).await;
     assert_eq!(must(p.increase(3)).await, 3);
-    let start = Instant::now();
-    while must(p.update()).await.instances.len() < 3 {
-        assert!(start.elapsed() < Duration::from_secs(20));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    poll::until("3 instances", Duration::from_secs(20), || async {
+        let n = must(p.update()).await.instances.len();
+        if n >= 3 {
+            Ok(())
+        } else {
+            Err(format!("{n} instances"))
+        }
+    })
+    .await;
     // MaxSize lowered to what exists: nothing more can come.
     moto.resize(3, 3);
     assert_eq!(must(p.increase(2)).await, 0, "MaxSize 3 with 3 instances");
@@ -442,22 +442,14 @@ async fn increase_reports_only_what_the_group_will_really_launch() {
     assert_eq!(moto.desired(), 4);
 }
 
-/// Polls `done` every 200 ms for up to `within`, then fails with `what` and the pool's view.
+/// Polls `done` for up to `within`, then fails with `what` and the pool's view.
 async fn until(
     within: Duration,
     what: &str,
     pool: &flotilla_scaler::PoolHandle,
-    mut done: impl FnMut() -> bool,
+    done: impl FnMut() -> bool,
 ) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < within,
-            "{what} within {within:?}: {:?}",
-            pool.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    poll::until_true(what, within, done, || format!("{:?}", pool.snapshot())).await
 }
 
 /// The pool's instances, sorted.
@@ -514,11 +506,13 @@ async fn capacity_follows_the_group_through_max_0_and_a_recreated_group() {
     })
     .await;
     // The policy now wants two more idle instances that the group will not launch.
+    // Deliberate: two updates settle before the quiet window below is counted from.
     tokio::time::sleep(2 * interval).await;
     let (inc, dec) = (
         provider.increases.load(Relaxed),
         provider.decreases.load(Relaxed),
     );
+    // Deliberate: nothing may be asked or deleted within this window.
     tokio::time::sleep(Duration::from_secs(8)).await;
     let snap = pool.snapshot();
     assert_eq!(snap.pending, 0, "a phantom outlived two updates: {snap:?}");
@@ -550,8 +544,10 @@ async fn capacity_follows_the_group_through_max_0_and_a_recreated_group() {
 
     // The group is deleted: updates fail as not-found and back off.
     moto.delete_group();
+    // Deliberate: two updates meet the missing group before the window below is counted from.
     tokio::time::sleep(2 * interval).await;
     let updates = provider.updates.load(Relaxed);
+    // Deliberate: the window in which the backed-off updates are counted.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let during = provider.updates.load(Relaxed) - updates;
     let snap = pool.snapshot();

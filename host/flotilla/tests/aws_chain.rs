@@ -156,6 +156,7 @@ async fn every_link_of_the_chain_signs_requests_moto_accepts() {
         .await
         .unwrap_or_else(|e| panic!("the rotated file was not re-read at once: {e}"));
     std::fs::remove_file(&file).unwrap_or_else(|e| panic!("{e}"));
+    // Deliberate: the refresh interval must pass so the chain looks for the gone file.
     tokio::time::sleep(
         flotilla_credentials::aws::STATIC_REFRESH + std::time::Duration::from_millis(500),
     )

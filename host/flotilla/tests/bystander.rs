@@ -13,6 +13,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Flotilla, TOKEN};
+use flotilla_harness::poll;
 use flotilla_peers::peer::Peer;
 use flotilla_test_artifacts as guests;
 
@@ -101,11 +102,13 @@ async fn a_good_pool_keeps_its_latency_next_to_spinning_stalled_and_hoarding_plu
     .await;
     // The hostile pools are at it: both spinners are in an update, the holder holds what its
     // budget lets it, the staller is still in start-up.
-    let start = Instant::now();
-    while peer.arrivals().len() < 16 {
-        assert!(start.elapsed() < Duration::from_secs(30), "{}", f.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll::until_true(
+        "16 requests from the holder at the peer",
+        Duration::from_secs(30),
+        || peer.arrivals().len() >= 16,
+        || f.log(),
+    )
+    .await;
     let (_, pools) = f.call("GET", "/v1/pools", None).await;
     assert_eq!(
         pools["pools"]["stall"]["status"]["health"]["state"], "starting",
@@ -131,6 +134,7 @@ async fn a_good_pool_keeps_its_latency_next_to_spinning_stalled_and_hoarding_plu
                 assert!(ok, "/healthz failed");
                 worst = worst.max(sent.elapsed());
                 polls += 1;
+                // Deliberate: paces the /healthz polls through the lease traffic.
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 if polls >= 150 {
                     break;

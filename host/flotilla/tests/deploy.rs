@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{Flotilla, TOKEN};
+use flotilla_harness::poll;
 use flotilla_test_artifacts as guests;
 use serde_json::{Value, json};
 
@@ -269,16 +270,21 @@ async fn the_dashboard_and_alert_rules_query_only_metrics_a_live_process_exports
                 && l.ends_with(" 1")
         })
     };
-    let mut text = String::new();
-    for _ in 0..100 {
-        text = get("/metrics").await.1;
-        if circuit_open(&text)
-            && text.contains("flotilla_instance_creation_to_ready_seconds_count{")
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    let text = poll::until(
+        "the metric families and the faulting plugin's open circuit",
+        std::time::Duration::from_secs(20),
+        || async {
+            let text = get("/metrics").await.1;
+            if circuit_open(&text)
+                && text.contains("flotilla_instance_creation_to_ready_seconds_count{")
+            {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    )
+    .await;
     let have = samples(&text);
 
     let mut problems = BTreeSet::new();

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::{Flotilla, TOKEN};
 
+use flotilla_harness::poll;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -101,21 +102,21 @@ async fn a_job_runs_in_a_container_on_a_leased_instance_through_the_hosts_docker
     let f = Flotilla::start(dir, &text).await;
 
     // Both machines become ready, with where the host reaches them.
-    let start = Instant::now();
-    let instances = loop {
-        let (code, body) = f.call("GET", "/v1/pools/fleet/instances", None).await;
-        assert_eq!(code, 200, "{body}");
-        let list = body["instances"].as_array().cloned().unwrap_or_default();
-        if list.len() == 2 && list.iter().all(|i| i["state"] == "ready") {
-            break list;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{body}\n{}",
-            f.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let instances = poll::until(
+        "both machines to be ready",
+        Duration::from_secs(30),
+        || async {
+            let (code, body) = f.call("GET", "/v1/pools/fleet/instances", None).await;
+            assert_eq!(code, 200, "{body}");
+            let list = body["instances"].as_array().cloned().unwrap_or_default();
+            if list.len() == 2 && list.iter().all(|i| i["state"] == "ready") {
+                Ok(list)
+            } else {
+                Err(format!("{body}\n{}", f.log()))
+            }
+        },
+    )
+    .await;
     assert_eq!(instances[0]["id"], "m1");
     assert_eq!(
         instances[0]["address"],
@@ -275,17 +276,21 @@ async fn a_job_runs_in_a_container_on_a_leased_instance_through_the_hosts_docker
     assert_eq!(code, 404);
 
     // Metrics: readiness checks and idle pings by outcome, in a format promtool accepts.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let (_, metrics) = f.request("GET", "/metrics", None, None).await;
-    let metrics = String::from_utf8_lossy(&metrics).into_owned();
-    for family in [
+    let families = [
         r#"flotilla_instance_probes_total{outcome="ok",plugin="#,
         r#"probe="readiness"}"#,
         r#"probe="ping"}"#,
         "flotilla_instance_probe_duration_seconds_bucket{",
-    ] {
-        assert!(metrics.contains(family), "{family} missing:\n{metrics}");
-    }
+    ];
+    let metrics = poll::until("the probe metrics", Duration::from_secs(8), || async {
+        let (_, metrics) = f.request("GET", "/metrics", None, None).await;
+        let metrics = String::from_utf8_lossy(&metrics).into_owned();
+        match families.iter().find(|family| !metrics.contains(**family)) {
+            None => Ok(metrics),
+            Some(family) => Err(format!("{family} missing:\n{metrics}")),
+        }
+    })
+    .await;
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -13,9 +13,9 @@ mod common;
 
 use flotilla_harness::clouds::GcpPlugin;
 use flotilla_harness::pool::{spawn_pool, wait_until};
-use flotilla_harness::{must, provider_error};
+use flotilla_harness::{must, poll, provider_error};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flotilla_harness::LogCapture;
 use flotilla_peers::gcp_cloud::{GcpCloud, REGION, ZONE};
@@ -23,8 +23,8 @@ use flotilla_provider::{InstanceState, Provider, ProviderError};
 
 /// Updates until `n` instances run; their ids.
 async fn until_running(p: &impl Provider, n: usize) -> Vec<String> {
-    let start = Instant::now();
-    loop {
+    let what = format!("{n} running instances");
+    poll::until(&what, Duration::from_secs(10), || async {
         let list = must(p.update()).await.instances;
         let running: Vec<String> = list
             .iter()
@@ -32,11 +32,12 @@ async fn until_running(p: &impl Provider, n: usize) -> Vec<String> {
             .map(|i| i.id.clone())
             .collect();
         if running.len() == n && list.len() == n {
-            return running;
+            Ok(running)
+        } else {
+            Err(format!("{list:?}"))
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "{list:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// How many requests so far went to paths ending in `suffix`.
@@ -275,6 +276,7 @@ async fn an_expired_token_is_minted_again_once_for_concurrent_callers() {
         cloud.with(|s| s.scopes.clone()),
         vec!["https://www.googleapis.com/auth/compute".to_string()]
     );
+    // Deliberate: the 2 s tokens must expire before both pools call together.
     tokio::time::sleep(Duration::from_millis(2_100)).await;
     let (ra, rb) = tokio::join!(a.update(), b.update());
     ra.unwrap();
@@ -368,11 +370,18 @@ async fn the_scaler_waits_out_retry_after_and_pauses_on_a_missing_permission() {
     );
     assert_eq!(cloud.target_size(), 0);
     let before = calls(&cloud, "/listManagedInstances");
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
-    assert!(
-        calls(&cloud, "/listManagedInstances") >= before + 2,
-        "updates go on while scale-up is paused"
-    );
+    poll::until_true(
+        "updates to go on while scale-up is paused",
+        Duration::from_secs(3),
+        || calls(&cloud, "/listManagedInstances") >= before + 2,
+        || {
+            format!(
+                "{} updates since",
+                calls(&cloud, "/listManagedInstances") - before
+            )
+        },
+    )
+    .await;
 
     // The permission is granted again: the pool scales up without a restart.
     cloud.with(|s| s.denied.clear());
@@ -381,15 +390,12 @@ async fn the_scaler_waits_out_retry_after_and_pauses_on_a_missing_permission() {
     // Throttled by the rate quota (403, no Retry-After): no update for the minute Google says
     // to wait; here, none within 2.5 s, where updates came every 300 ms.
     cloud.with(|s| s.throttle_next = Some(0));
-    let start = Instant::now();
-    let throttled_at = loop {
+    let throttled_at = poll::until("the rate-quota refusal", Duration::from_secs(5), || {
         let at = cloud.with(|s| s.throttled_at);
-        if let Some(at) = at {
-            break at;
-        }
-        assert!(start.elapsed() < Duration::from_secs(5));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        async move { at.ok_or("no refusal yet") }
+    })
+    .await;
+    // Deliberate: no update may come within this window (they came every 300 ms).
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let updates_since = cloud
         .seen()

@@ -13,12 +13,61 @@
 
 mod common;
 
+use std::io::Read;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use flotilla_harness::poll;
 use serde_json::Value;
 
 use common::fleet::{DOCKER, Fleet, RunnerJob};
+
+/// A stage's stdout (the job log), read on a thread as it comes.
+struct Printed {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Printed {
+    /// Takes the child's piped stdout and reads it until it closes.
+    fn follow(child: &mut std::process::Child) -> Printed {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let mut pipe = child.stdout.take().expect("a piped stdout");
+        let reader = {
+            let bytes = bytes.clone();
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                loop {
+                    match pipe.read(&mut chunk) {
+                        Ok(0) => break,
+                        Ok(n) => bytes.lock().unwrap().extend_from_slice(&chunk[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+            })
+        };
+        Printed { bytes, reader }
+    }
+
+    /// What was printed so far.
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until `line` was printed (the script got that far).
+    async fn until(&self, line: &str, limit: Duration) {
+        let what = format!("{line:?} in the job log");
+        poll::until_true(&what, limit, || self.text().contains(line), || self.text()).await
+    }
+
+    /// Everything printed, once the stdout closed.
+    fn all(self) -> String {
+        self.reader.join().expect("the stdout reader");
+        String::from_utf8_lossy(&self.bytes.lock().unwrap()).into_owned()
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them() {
@@ -117,11 +166,12 @@ async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them
     let job = fleet.job(105);
     assert_eq!(job.stage(&["prepare"]).code, 0);
     let script = job.script("build_script", "echo started; sleep 300; echo never");
-    let child = job
+    let mut child = job
         .command(&["run", &script, "build_script"])
         .spawn()
         .expect("run");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let printed = Printed::follow(&mut child);
+    printed.until("started", Duration::from_secs(10)).await;
     let start = Instant::now();
     let ok = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -137,7 +187,7 @@ async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them
         "{:?}",
         start.elapsed()
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = printed.all();
     assert!(
         stdout.contains("started") && !stdout.contains("never"),
         "{stdout}"
@@ -159,6 +209,7 @@ async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them
     }
     let job = fleet.job(106);
     let mut child = job.command(&["prepare"]).spawn().expect("prepare");
+    // Deliberate: prepare must not end within this window (it waits for a slot).
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         child.try_wait().expect("wait").is_none(),
@@ -308,11 +359,12 @@ async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them
         .and_then(|i| i["seen_at"].as_u64())
         .expect("the job's instance is listed");
     let script = job.script("build_script", "echo working; sleep 300");
-    let child = job
+    let mut child = job
         .command(&["run", &script, "build_script"])
         .spawn()
         .expect("run");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let printed = Printed::follow(&mut child);
+    printed.until("working", Duration::from_secs(10)).await;
     let pid = std::fs::read_to_string(fleet.docker.pid_file()).expect("dockerd pid");
     let killed = Command::new("kill")
         .args(["-KILL", pid.trim()])
@@ -323,7 +375,8 @@ async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them
         .await
         .expect("join")
         .expect("wait");
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stdout = printed.all();
+    assert_eq!(out.status.code(), Some(2), "{out:?}\n{stdout}");
     let cleanup = job.stage(&["cleanup"]);
     assert_eq!(cleanup.code, 0, "{cleanup:?}");
     assert!(cleanup.stderr.contains("replaced"), "{cleanup:?}");
@@ -401,6 +454,7 @@ async fn prepare_waits_out_a_flotilla_restart_and_the_job_runs() {
         let result = job.stage(&["prepare"]);
         (job, result)
     });
+    // Deliberate: prepare must not end within this window while flotilla is down.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         !prepare.is_finished(),
@@ -523,12 +577,14 @@ async fn running_jobs_ride_through_a_kill_9_of_the_host() {
             "round {round}: {} at {kill_at:?}",
             if upgrade { "SIGTERM" } else { "kill -9" }
         );
+        // Deliberate: the random moment of the kill, somewhere in the jobs' stages.
         tokio::time::sleep(kill_at).await;
         if upgrade {
             tokio::task::block_in_place(|| fleet.flotilla.terminate());
         } else {
             fleet.flotilla.kill();
         }
+        // Deliberate: the host stays down 5 s, the outage the jobs must ride through.
         tokio::time::sleep(Duration::from_secs(5)).await;
         fleet.flotilla.start_again().await;
         for thread in threads {

@@ -17,6 +17,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use flotilla_harness::poll;
 use serde_json::Value;
 
 use common::machines::{Machines, exists, processes_of_job, wait_no_processes};
@@ -198,20 +199,19 @@ async fn cancelling_a_step_leaves_no_process_of_the_job_behind() {
     let first = lines.next().expect("a line").expect("text");
     assert_eq!(first, "started");
     // All four sleeps and the script's shell are up and carry the job's mark.
-    let start = Instant::now();
-    while processes_of_job(310)
-        .iter()
-        .filter(|(_, c)| c.starts_with("sleep "))
-        .count()
-        < 4
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{:?}",
+    poll::until_true(
+        "the four sleeps of job 310",
+        Duration::from_secs(10),
+        || {
             processes_of_job(310)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+                .iter()
+                .filter(|(_, c)| c.starts_with("sleep "))
+                .count()
+                >= 4
+        },
+        || format!("{:?}", processes_of_job(310)),
+    )
+    .await;
     // The runner cancels: SIGTERM to the driver.
     let pid = child.id().to_string();
     assert!(
@@ -229,8 +229,7 @@ async fn cancelling_a_step_leaves_no_process_of_the_job_behind() {
     );
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(!rest.iter().any(|l| l == "never"), "{rest:?}");
-    let left = wait_no_processes(310, Duration::from_secs(5));
-    assert!(left.is_empty(), "processes of the job left: {left:?}");
+    wait_no_processes(310, Duration::from_secs(5));
     assert_eq!(job.stage(&["cleanup"]).code, 0);
     assert!(!exists(&fleet.job_dir(310)));
     fleet.assert_no_lease().await;
@@ -261,7 +260,7 @@ async fn cancelling_a_step_leaves_no_process_of_the_job_behind() {
         exists(&fleet.job_dir(311).join("cleaned-up")),
         "the script's TERM trap did not get to finish"
     );
-    assert!(wait_no_processes(311, Duration::from_secs(5)).is_empty());
+    wait_no_processes(311, Duration::from_secs(5));
     assert_eq!(job.stage(&["cleanup"]).code, 0);
 }
 
@@ -361,6 +360,7 @@ async fn a_driver_killed_during_prepare_is_cleaned_up_after() {
             start.elapsed() < Duration::from_secs(20),
             "prepare made no directory"
         );
+        // Deliberate: checks every 5 ms, finer than the shared poll, to kill prepare mid-way.
         std::thread::sleep(Duration::from_millis(5));
     }
     child.kill().expect("kill -9");
@@ -615,20 +615,20 @@ async fn the_exec_endpoint_serves_only_an_acquired_lease_and_ends_with_it() {
         .body(body("echo up; exec sleep 207", b"").to_string())
         .send();
     let running = tokio::spawn(request);
-    let start = Instant::now();
-    while !std::process::Command::new("pgrep")
-        .args(["-f", "^sleep 207$"])
-        .output()
-        .expect("pgrep")
-        .status
-        .success()
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the command never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll::until_true(
+        "the command to start",
+        Duration::from_secs(10),
+        || {
+            std::process::Command::new("pgrep")
+                .args(["-f", "^sleep 207$"])
+                .output()
+                .expect("pgrep")
+                .status
+                .success()
+        },
+        || "no `sleep 207` process".to_string(),
+    )
+    .await;
     let (code, _) = f
         .call("POST", &format!("/v1/pools/ci/leases/{id}/release"), None)
         .await;
@@ -648,18 +648,17 @@ async fn the_exec_endpoint_serves_only_an_acquired_lease_and_ends_with_it() {
     // authentication: it refuses them ("session signalling requires privilege separation").
     // These machines log in as root, so the refusal in sshd's log is the proof the signal was
     // sent; the driver's cleanup ends such a command by its process group and mark.
-    let start = Instant::now();
-    while !fleet.machines[0]
-        .log()
-        .contains("session signalling requires privilege separation")
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "no signal request reached sshd: {}",
-            fleet.machines[0].log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll::until_true(
+        "a signal request to reach sshd",
+        Duration::from_secs(5),
+        || {
+            fleet.machines[0]
+                .log()
+                .contains("session signalling requires privilege separation")
+        },
+        || fleet.machines[0].log(),
+    )
+    .await;
     let _ = std::process::Command::new("pkill")
         .args(["-f", "^sleep 207$"])
         .status();
@@ -786,8 +785,22 @@ async fn running_scripts_ride_through_a_kill_9_of_the_host() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(1800)).await;
+    // Every script is running and has printed (it sleeps between lines).
+    poll::until_true(
+        "every job's script to be printing",
+        Duration::from_secs(6),
+        || {
+            (800..804).all(|id| {
+                processes_of_job(id)
+                    .iter()
+                    .any(|(_, c)| c.starts_with("sleep "))
+            })
+        },
+        || format!("{:?}", (800..804).map(processes_of_job).collect::<Vec<_>>()),
+    )
+    .await;
     fleet.flotilla.kill();
+    // Deliberate: the host stays down 2 s while the scripts run on.
     tokio::time::sleep(Duration::from_secs(2)).await;
     fleet.flotilla.start_again().await;
     for thread in threads {

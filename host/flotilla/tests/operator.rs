@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use flotilla_harness::poll;
 use flotilla_harness::process::Daemon;
 
 use flotilla_test_artifacts as guests;
@@ -195,22 +196,20 @@ hots = []
     let (_child, base) = run(std::path::Path::new(&path)).await;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no start-failed with {want:?}"
-        );
+    let what = format!("start-failed with {want:?}");
+    let reason = poll::until(&what, Duration::from_secs(30), || async {
         if let Ok(r) = client.get(format!("{base}/readyz")).send().await
             && let Ok(body) = r.json::<Value>().await
             && body["pools"]["lab"]["state"] == "start-failed"
         {
             let reason = body["pools"]["lab"]["reason"].as_str().unwrap_or_default();
-            assert!(reason.contains(&want), "{reason}");
-            break;
+            Ok(reason.to_string())
+        } else {
+            Err("no start-failed yet")
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    assert!(reason.contains(&want), "{reason}");
 
     // Fixed, the check passes.
     std::fs::write(&file, text.replace("hots = []\n", "")).unwrap();
@@ -397,16 +396,14 @@ idle_count = 1
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let url = format!("{base}/v1/pools/lab/leases");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let lease = loop {
-        assert!(std::time::Instant::now() < deadline, "no lease within 60 s");
-        if let Ok(r) = client.post(&url).json(&serde_json::json!({})).send().await
-            && r.status().is_success()
-        {
-            break r.json::<Value>().await.unwrap();
+    let lease = poll::until("a lease", Duration::from_secs(60), || async {
+        match client.post(&url).json(&serde_json::json!({})).send().await {
+            Ok(r) if r.status().is_success() => Ok(r.json::<Value>().await.unwrap()),
+            Ok(r) => Err(r.status().to_string()),
+            Err(e) => Err(e.to_string()),
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     let id = lease["lease"]["id"]
         .as_u64()
         .unwrap_or_else(|| panic!("{lease}"));

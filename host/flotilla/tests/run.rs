@@ -240,15 +240,7 @@ async fn metrics_pass_promtool() {
     s.wait_for("ready", |p| p["instances"]["ready"] == 1).await;
     let (code, _) = s.post("/v1/pools/local/leases").await;
     assert_eq!(code, 201);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let text = s
-        .client
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let text = text.text().await.unwrap_or_default();
-    for family in [
+    let families = [
         "flotilla_instances{",
         "flotilla_desired_instances{",
         "flotilla_slots{",
@@ -257,9 +249,21 @@ async fn metrics_pass_promtool() {
         "flotilla_instance_creation_to_ready_seconds_bucket{",
         "flotilla_scale_operations_total{",
         "flotilla_egress_denied_total{",
-    ] {
-        assert!(text.contains(family), "{family} missing from:\n{text}");
-    }
+    ];
+    let text = poll::until("every metric family", Duration::from_secs(8), || async {
+        let text = s
+            .client
+            .get(format!("{}/metrics", s.base))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let text = text.text().await.unwrap_or_default();
+        match families.iter().find(|family| !text.contains(**family)) {
+            None => Ok(text),
+            Some(family) => Err(format!("{family} missing from:\n{text}")),
+        }
+    })
+    .await;
     assert!(text.contains(r#"flotilla_slots{plugin="#) && text.contains(r#"pool="local""#));
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
@@ -308,7 +312,15 @@ async fn sigterm_drains_until_the_last_lease_is_released() {
         .await;
     assert_eq!(code, 200);
     s.signal("-TERM");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    poll::until("the drain to begin", Duration::from_secs(3), || async {
+        let (code, body) = s.get("/readyz", None).await;
+        if body["pools"]["(process)"] == "draining" {
+            Ok(())
+        } else {
+            Err(format!("{code} {body}"))
+        }
+    })
+    .await;
     let (code, body) = s.post("/v1/pools/local/leases").await;
     assert_eq!(
         (code, body["error"]["code"].as_str()),

@@ -18,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::fleet::{DOCKER, Fleet, RunnerJob, docker_cli};
 use common::{Flotilla, TOKEN, cli};
+use flotilla_harness::poll;
 use flotilla_test_artifacts as guests;
 
 fn inspect(fleet: &Fleet, what: &[&str]) -> String {
@@ -214,12 +215,14 @@ async fn cleanup_after_a_prepare_killed_anywhere_leaves_nothing() {
         job.env
             .insert("CUSTOM_ENV_CI_JOB_SERVICES".into(), services.clone());
         let mut child = job.command(&["prepare"]).spawn().expect("prepare");
+        // Deliberate: the chosen point of prepare to kill it at.
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
         child.kill().expect("SIGKILL prepare");
         let _ = child.wait();
         let cleanup = job.stage(&["cleanup"]);
         assert_eq!(cleanup.code, 0, "killed after {delay_ms} ms: {cleanup:?}");
         // Anything still landing has had its time.
+        // Deliberate: a late creation must not appear within this window.
         tokio::time::sleep(Duration::from_millis(500)).await;
         fleet.assert_clean().await;
     }
@@ -238,19 +241,19 @@ async fn a_creation_in_flight_when_prepare_dies_is_removed_by_cleanup() {
     .await;
     let job = fleet.job(980);
     let mut child = job.command(&["prepare"]).spawn().expect("prepare");
-    let start = Instant::now();
-    while slow.held.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "prepare never created a container"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll::until_true(
+        "prepare to create a container",
+        Duration::from_secs(60),
+        || slow.held.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        || "no creation held".to_string(),
+    )
+    .await;
     child.kill().expect("SIGKILL prepare");
     let _ = child.wait();
     let cleanup = job.stage(&["cleanup"]);
     assert_eq!(cleanup.code, 0, "{cleanup:?}");
     // The held creation has landed by now, one way or the other.
+    // Deliberate: waits out the 1 s the proxy holds a creation, so a late one would show.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     fleet.assert_clean().await;
 }

@@ -92,14 +92,12 @@ pub fn spawn_pool<P: Provider + 'static>(
 
 /// Waits (polling every 100 ms, at most 10 s) until `done` holds; fails the test with the
 /// pool's state if it never does.
-pub async fn wait_until(pool: &flotilla_scaler::PoolHandle, mut done: impl FnMut() -> bool) {
-    let start = std::time::Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(10),
-            "{:?}",
-            pool.snapshot()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+pub async fn wait_until(pool: &flotilla_scaler::PoolHandle, done: impl FnMut() -> bool) {
+    crate::poll::until_true(
+        "the pool's condition",
+        std::time::Duration::from_secs(10),
+        done,
+        || format!("{:?}", pool.snapshot()),
+    )
+    .await
 }

@@ -564,7 +564,7 @@ async fn imds(cloud: &Arc<Mutex<Cloud>>, req: &Request<Incoming>) -> Response<Fu
             &[],
         );
     }
-    // A mint takes a moment, as the real one does, so concurrent callers overlap.
+    // Deliberate: a mint takes a moment, as the real one does, so concurrent callers overlap.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut c = cloud.lock().unwrap();
     // While a managed identity is being set up IMDS answers 404, during a host upgrade 410

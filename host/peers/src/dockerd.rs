@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::poll;
+
 /// One dockerd.
 pub struct Dockerd {
     dir: tempfile::TempDir,
@@ -177,24 +179,19 @@ impl Dockerd {
             netns,
             tls_port,
         };
-        let start = Instant::now();
-        while std::os::unix::net::UnixStream::connect(dockerd.socket()).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "dockerd did not start: {}",
-                dockerd.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        poll::until_blocking("dockerd to start", Duration::from_secs(30), || {
+            std::os::unix::net::UnixStream::connect(dockerd.socket())
+                .map_err(|e| format!("{e}\n{}", dockerd.log()))
+        });
         if let Some(port) = dockerd.tls_port {
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-                assert!(
-                    start.elapsed() < Duration::from_secs(30),
-                    "dockerd's TLS port did not open: {}",
-                    dockerd.log()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            poll::until_blocking(
+                "dockerd's TLS port to open",
+                Duration::from_secs(30),
+                || {
+                    std::net::TcpStream::connect(("127.0.0.1", port))
+                        .map_err(|e| format!("{e}\n{}", dockerd.log()))
+                },
+            );
         }
         dockerd
     }
@@ -277,6 +274,8 @@ impl Drop for Dockerd {
         while !stopped && Instant::now() < deadline {
             stopped = matches!(self.child.try_wait(), Ok(Some(_)));
             if !stopped {
+                // Deliberate: the poll interval of a wait in `drop`, which falls back to SIGKILL
+                // where poll::until_blocking would panic.
                 std::thread::sleep(Duration::from_millis(50));
             }
         }

@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
+
+use crate::poll;
 
 /// How the registry authenticates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,14 +161,13 @@ impl Registry {
             .spawn()
             .unwrap_or_else(|e| panic!("start docker-registry: {e}"));
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("registry did not start: {}", self.log());
+        let addr = self.addr;
+        poll::until("the registry to start", Duration::from_secs(20), || async {
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("{e}\n{}", self.log()))
+        })
+        .await;
     }
 
     /// Stops the registry process (storage stays).

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::poll;
+
 /// One sshd on 127.0.0.1.
 pub struct Sshd {
     pub dir: tempfile::TempDir,
@@ -85,14 +87,10 @@ impl Sshd {
             .arg(self.path("sshd_config"))
             .arg("-E")
             .arg(self.path("sshd.log")));
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "sshd did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        poll::until_blocking("sshd to start", Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", self.port))
+                .map_err(|e| format!("{e}\n{}", self.log()))
+        });
     }
 
     /// Stops the daemon and every session it started, as a machine that dies would.
@@ -108,6 +106,8 @@ impl Sshd {
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
             && start.elapsed() < Duration::from_secs(5)
         {
+            // Deliberate: the poll interval of a wait that `drop` runs too, so it gives up
+            // quietly where poll::until_blocking would panic.
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use super::fleet::RunnerJob;
 use super::{Flotilla, TOKEN};
 use flotilla_connector::PoolKey;
+use flotilla_harness::poll;
 use flotilla_peers::sshd::Sshd;
 use flotilla_test_artifacts as guests;
 
@@ -153,16 +154,17 @@ pub fn processes_of_job(id: u64) -> Vec<(u32, String)> {
     found
 }
 
-/// Waits up to `limit` for job `id` to have no process left; what is left otherwise.
-pub fn wait_no_processes(id: u64, limit: std::time::Duration) -> Vec<(u32, String)> {
-    let start = std::time::Instant::now();
-    loop {
+/// Waits up to `limit` for job `id` to have no process left; fails naming what is left.
+pub fn wait_no_processes(id: u64, limit: std::time::Duration) {
+    let what = format!("job {id} to have no process left");
+    poll::until_blocking(&what, limit, || {
         let left = processes_of_job(id);
-        if left.is_empty() || start.elapsed() > limit {
-            return left;
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("processes of the job left: {left:?}"))
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    })
 }
 
 /// Whether `path` exists.
