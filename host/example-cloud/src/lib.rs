@@ -336,3 +336,73 @@ impl ExampleCloud {
         self.shared.lock().fail_with = status.and_then(|s| StatusCode::from_u16(s).ok());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// One HTTP/1.1 exchange over a fresh connection: the status and the whole answer.
+    async fn exchange(cloud: &ExampleCloud, request: &str) -> (u16, String) {
+        let mut stream = tokio::net::TcpStream::connect(cloud.addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        let status = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, answer)
+    }
+
+    fn get(path: &str, token: Option<&str>) -> String {
+        let auth = token
+            .map(|t| format!("authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\n{auth}connection: close\r\n\r\n")
+    }
+
+    #[tokio::test]
+    async fn with_a_token_only_requests_that_carry_it_are_served_and_all_are_recorded() {
+        let cloud = ExampleCloud::start(Options {
+            token: Some("t0k".into()),
+            ..Options::default()
+        })
+        .await
+        .unwrap();
+        let (status, _) = exchange(&cloud, &get("/v1/groups/example", None)).await;
+        assert_eq!(status, 401);
+        let (status, _) = exchange(&cloud, &get("/v1/groups/example", Some("wrong"))).await;
+        assert_eq!(status, 401);
+        let (status, answer) = exchange(&cloud, &get("/v1/groups/example", Some("t0k"))).await;
+        assert_eq!(status, 200, "{answer}");
+        assert!(answer.contains("\"max_size\":5"), "{answer}");
+        let (status, _) = exchange(&cloud, &get("/v1/groups/other", Some("t0k"))).await;
+        assert_eq!(status, 404);
+        let seen = cloud.seen();
+        assert_eq!(seen.len(), 4);
+        assert!(seen.get(2).is_some_and(|s| {
+            s.headers
+                .iter()
+                .any(|(k, v)| k == "authorization" && v == "Bearer t0k")
+        }));
+    }
+
+    #[tokio::test]
+    async fn told_to_fail_it_answers_every_request_with_the_status() {
+        let cloud = ExampleCloud::start(Options::default()).await.unwrap();
+        cloud.fail_with(Some(429));
+        let (status, answer) = exchange(&cloud, &get("/v1/groups/example", None)).await;
+        assert_eq!(status, 429);
+        assert!(
+            answer.to_ascii_lowercase().contains("retry-after: 7"),
+            "{answer}"
+        );
+        cloud.fail_with(None);
+        let (status, _) = exchange(&cloud, &get("/v1/groups/example", None)).await;
+        assert_eq!(status, 200);
+    }
+}

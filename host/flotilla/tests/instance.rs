@@ -699,7 +699,7 @@ fn the_snippet_of_an_instance_pool_carries_its_mode_and_shell() {
     for (flags, says) in [
         (
             vec!["--mode", "instance", "--os", "linux", "--shell", "pwsh"],
-            "--shell pwsh on linux",
+            "--shell \"pwsh\": on linux machines, use bash",
         ),
         (
             vec!["--mode", "instance", "--machine-dir", "builds"],
