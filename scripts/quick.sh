@@ -62,10 +62,10 @@ if [ ${#rooms[@]} -eq 0 ] && [ ${#binary[@]} -eq 0 ]; then
   exit 0
 fi
 if [ ${#rooms[@]} -gt 0 ]; then
-  echo "== quick: cargo test --release ${rooms[*]}"
-  run cargo test --locked --release "${rooms[@]}"
+  echo "== quick: cargo test --profile test-run ${rooms[*]}"
+  run cargo test --locked --profile test-run "${rooms[@]}"
 fi
 if [ ${#binary[@]} -gt 0 ]; then
-  echo "== quick: cargo test --release -p flotilla ${binary[*]}"
-  run cargo test --locked --release -p flotilla "${binary[@]}"
+  echo "== quick: cargo test --profile test-run -p flotilla ${binary[*]}"
+  run cargo test --locked --profile test-run -p flotilla "${binary[@]}"
 fi

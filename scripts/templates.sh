@@ -7,8 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
-flotilla="$target/release/flotilla"
-[ -x "$flotilla" ] || cargo build --locked --release -p flotilla
+# The binary the test run built (scripts/test.sh, profile test-run); built when missing.
+flotilla="$target/test-run/flotilla"
+[ -x "$flotilla" ] || cargo build --locked --profile test-run -p flotilla --bin flotilla
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cache="$HOME/.cache/flotilla-templates"   # venv, npm cache and cargo target, reused by reruns

@@ -105,7 +105,8 @@ echo "== guests (wasm32-wasip2)"
 cargo build --locked --profile guest --target wasm32-wasip2 --target-dir "$CARGO_TARGET_DIR/wasm-guests" "${guests[@]}"
 
 echo "== tests"
-cargo test --locked --release
+# The test-run profile: release, but the binary crate at opt-level 1 (Cargo.toml says why).
+cargo test --locked --profile test-run
 
 echo "== the plugin templates (Rust, Python, JavaScript): plugin new, build, plugin test --provision"
 ./scripts/templates.sh
@@ -114,7 +115,7 @@ echo "== the host on Windows (cross-built, run under Wine)"
 ./scripts/windows.sh
 
 echo "== deploy/: Helm chart (lint --strict, schema, package), kustomize (kubernetes-validate 1.30 and 1.33), rendered configs"
-PATH="$FLOTILLA_VENV/bin:$PATH" "$FLOTILLA_VENV/bin/python" deploy/check.py "$CARGO_TARGET_DIR/release/flotilla"
+PATH="$FLOTILLA_VENV/bin:$PATH" "$FLOTILLA_VENV/bin/python" deploy/check.py "$CARGO_TARGET_DIR/test-run/flotilla"
 
 echo "== the container image (static musl binary on scratch) under a real Docker Engine"
 dist="$CARGO_TARGET_DIR/dist"
