@@ -9,9 +9,9 @@
 //! idempotent); an id the group never had is not. With a token, every request must carry it
 //! as the bearer token the host's credential adds.
 //!
-//! It records every request it receives ([`ExampleCloud::seen`], the last [`MAX_SEEN`]), so a
-//! test can assert what really left the sandbox, and it can be told to fail every request
-//! with a status ([`ExampleCloud::fail_with`]).
+//! It records every request it receives ([`ExampleCloud::seen`], the last [`MAX_SEEN`], each
+//! body cut at [`MAX_SEEN_BODY`]), so a test can assert what really left the sandbox, and it
+//! can be told to fail every request with a status ([`ExampleCloud::fail_with`]).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::net::SocketAddr;
@@ -34,8 +34,11 @@ pub const GROUP: &str = "example";
 pub const MAX_SIZE: u32 = 5;
 /// How long an instance is pending, and terminating.
 pub const SETTLE: Duration = Duration::from_millis(500);
-/// Requests kept by [`ExampleCloud::seen`].
-pub const MAX_SEEN: usize = 10_000;
+/// Requests kept by [`ExampleCloud::seen`]; with [`MAX_SEEN_BODY`], a `plugin test` that runs
+/// for hours holds at most about 4 MiB of them.
+pub const MAX_SEEN: usize = 1_000;
+/// Bytes of each request body kept in the record (the handler gets the whole body).
+pub const MAX_SEEN_BODY: usize = 4 << 10;
 /// The most bytes of a request body read.
 const MAX_BODY: usize = 64 << 10;
 
@@ -140,7 +143,8 @@ async fn gate(State(s): State<Shared>, request: Request, next: Next) -> Response
                     )
                 })
                 .collect(),
-            body: String::from_utf8_lossy(&bytes).into_owned(),
+            body: String::from_utf8_lossy(bytes.get(..MAX_SEEN_BODY).unwrap_or(&bytes))
+                .into_owned(),
         });
         (cloud.fail_with, cloud.options.token.clone())
     };
