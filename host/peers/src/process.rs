@@ -145,3 +145,69 @@ mod tests {
         assert_eq!(field(json, "listen"), None);
     }
 }
+
+/// Kills `root` and every process below it at one instant, as a machine that loses power
+/// would: the whole tree is frozen first (`SIGSTOP`, top down, until no new child appears),
+/// then killed. Killing in one pass instead races the tree: a parent that is still running
+/// can fork a child the pass has already walked past (a listener accepting a client that
+/// reconnects at once), and a parent killed first leaves its children re-parented out of
+/// reach.
+pub fn kill_tree(root: u32) {
+    let mut frozen: Vec<u32> = Vec::new();
+    let mut next = vec![root];
+    while !next.is_empty() {
+        signal("-STOP", &next);
+        frozen.extend(&next);
+        next = descendants(root)
+            .into_iter()
+            .filter(|p| !frozen.contains(p))
+            .collect();
+    }
+    signal("-KILL", &frozen);
+    // A stopped process takes its SIGKILL too; CONT is for any that a tracer holds.
+    signal("-CONT", &frozen);
+}
+
+/// Sends `sig` to `pids`; a process that is already gone is what the caller wants.
+fn signal(sig: &str, pids: &[u32]) {
+    if pids.is_empty() {
+        return;
+    }
+    let _ = Command::new("kill")
+        .arg(sig)
+        .args(pids.iter().map(u32::to_string))
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Every process below `root` (children, their children, ...), read from `/proc`.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; the command name may hold spaces and parentheses.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue; // gone since the listing
+        };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parents.push((pid, ppid));
+        }
+    }
+    let mut found = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for &(child, _) in parents.iter().filter(|(_, pp)| *pp == p) {
+            if !found.contains(&child) && child != root {
+                found.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    found
+}

@@ -95,13 +95,20 @@ impl Sshd {
 
     /// Stops the daemon and every session it started, as a machine that dies would.
     pub fn stop(&self) {
-        if let Ok(pid) = std::fs::read_to_string(self.path("sshd.pid")) {
-            // A process that is already gone is what stopping wants.
-            let _ = Command::new("pkill")
-                .args(["-KILL", "-P", pid.trim()])
-                .status();
-            let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+        // The listener, its sessions and their commands die together: a client that
+        // reconnects at once must not find a listener still accepting after its sessions died
+        // (it did, and a job ran on through a "dead" machine).
+        // The pid file goes with it: a second stop (the drop after a test's) must not find the
+        // number again once another process has been given it.
+        let pid_file = self.path("sshd.pid");
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+            .filter(|pid| self.is_ours(*pid))
+        {
+            crate::process::kill_tree(pid);
         }
+        let _ = std::fs::remove_file(&pid_file); // absent when already stopped
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
             && start.elapsed() < Duration::from_secs(5)
@@ -110,6 +117,14 @@ impl Sshd {
             // quietly where poll::until_blocking would panic.
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Whether `pid` is this machine's listener: its command line names this config file.
+    /// (sshd rewrites its title into one string, `sshd: /usr/sbin/sshd -f <config> ...`.)
+    fn is_ours(&self, pid: u32) -> bool {
+        let config = self.path("sshd_config").display().to_string();
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains(&config))
     }
 
     /// Stops and starts again on the same port (e.g. after [`Sshd::new_host_key`]).
