@@ -128,24 +128,6 @@ pub fn field(line: &str, key: &str) -> Option<String> {
         .map(|v| v.trim_matches('"').to_string())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::field;
-
-    #[test]
-    fn a_logged_address_is_read_from_text_and_json_lines() {
-        let text = "2026-12-03T12:00:00Z  INFO flotilla::app: flotilla is listening; pools are starting listen=127.0.0.1:41234 pools=2";
-        assert_eq!(field(text, "listen").as_deref(), Some("127.0.0.1:41234"));
-        assert_eq!(field(text, "metrics_listen"), None);
-        let json = r#"{"fields":{"message":"serving","metrics_listen":"127.0.0.1:9"}}"#;
-        assert_eq!(
-            field(json, "metrics_listen").as_deref(),
-            Some("127.0.0.1:9")
-        );
-        assert_eq!(field(json, "listen"), None);
-    }
-}
-
 /// Kills `root` and every process below it at one instant, as a machine that loses power
 /// would: the whole tree is frozen first (`SIGSTOP`, top down, until no new child appears),
 /// then killed. Killing in one pass instead races the tree: a parent that is still running
@@ -210,4 +192,22 @@ pub fn descendants(root: u32) -> Vec<u32> {
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::field;
+
+    #[test]
+    fn a_logged_address_is_read_from_text_and_json_lines() {
+        let text = "2026-12-03T12:00:00Z  INFO flotilla::app: flotilla is listening; pools are starting listen=127.0.0.1:41234 pools=2";
+        assert_eq!(field(text, "listen").as_deref(), Some("127.0.0.1:41234"));
+        assert_eq!(field(text, "metrics_listen"), None);
+        let json = r#"{"fields":{"message":"serving","metrics_listen":"127.0.0.1:9"}}"#;
+        assert_eq!(
+            field(json, "metrics_listen").as_deref(),
+            Some("127.0.0.1:9")
+        );
+        assert_eq!(field(json, "listen"), None);
+    }
 }
