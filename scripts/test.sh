@@ -109,7 +109,7 @@ cargo build --locked --profile guest --target wasm32-wasip2 --target-dir "$CARGO
 # peers, and these builds take it. The checks that use the binaries wait for them further down.
 cross_log="$CARGO_TARGET_DIR/cross-build.log"
 echo "== release builds for Windows and musl, in the background (log: $cross_log)"
-FLOTILLA_BACKGROUND=1 setsid nice -n 19 ionice -c 3 ./scripts/cross-build.sh > "$cross_log" 2>&1 &
+FLOTILLA_BACKGROUND=1 setsid nice -n 19 ionice -t -c 3 ./scripts/cross-build.sh > "$cross_log" 2>&1 &
 cross=$!
 # A run that stops early leaves no build behind (setsid made the job its own process group).
 trap 'kill -- -"$cross" 2>/dev/null || true' EXIT
