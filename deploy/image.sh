@@ -15,13 +15,10 @@ target=x86_64-unknown-linux-musl
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' host/flotilla/Cargo.toml | head -1)
 tag="${1:-flotilla:$version}"
 
-rustup target list --installed | grep -qx "$target" || rustup target add "$target"
-command -v musl-gcc >/dev/null || { echo "musl-gcc is missing: apt-get install musl-tools" >&2; exit 1; }
 roots=/etc/ssl/certs/ca-certificates.crt
 [ -s "$roots" ] || { echo "$roots is missing: apt-get install ca-certificates" >&2; exit 1; }
 
-CC_x86_64_unknown_linux_musl=musl-gcc \
-  cargo build --locked --release --target "$target" -p flotilla --bin flotilla
+./scripts/cross-build.sh musl
 
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT

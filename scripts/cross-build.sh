@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# The release builds of the two binaries the test run checks on other targets: Windows
-# (scripts/windows.sh runs it under Wine) and static musl (deploy/image.sh puts it in the
-# container image). The same commands, environment included, as those scripts run, so theirs
-# find the binaries up to date.
+# The shipped binary's release build for another target, written once here:
 #
-# scripts/test.sh starts this in the background, at the lowest CPU and I/O priority, while the
-# tests build and run: the tests wait on their peers (sshd, dockerd, the registry, moto) most
-# of the time and leave about 70% of the 2 cores idle, which these builds take. Run by hand,
-# it is two ordinary release builds.
+#   scripts/cross-build.sh [windows] [musl]      default: both
+#
+#   windows  x86_64-pc-windows-gnu (scripts/windows.sh runs it under Wine; needs
+#            gcc-mingw-w64-x86-64)
+#   musl     x86_64-unknown-linux-musl, static (deploy/image.sh puts it in the container
+#            image; needs musl-tools)
+#
+# scripts/windows.sh, deploy/image.sh and scripts/release.sh call it, so each finds the binary
+# up to date when another built it. scripts/test.sh starts it in the background, at the lowest
+# CPU and I/O priority, while the tests build and run: the tests wait on their peers (sshd,
+# dockerd, the registry, moto) most of the time and leave about 70% of the 2 cores idle, which
+# these builds take.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
@@ -19,9 +24,21 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 if [ "${FLOTILLA_BACKGROUND:-}" = 1 ] && [ -w /proc/self/autogroup ]; then
   echo 19 > /proc/self/autogroup || true
 fi
-for t in x86_64-pc-windows-gnu x86_64-unknown-linux-musl; do
-  rustup target list --installed | grep -qx "$t" || rustup target add "$t"
+[ $# -gt 0 ] || set -- windows musl
+for which in "$@"; do
+  case "$which" in
+    windows)
+      t=x86_64-pc-windows-gnu
+      rustup target list --installed | grep -qx "$t" || rustup target add "$t"
+      cargo build --locked --release --target "$t" -p flotilla --bin flotilla
+      ;;
+    musl)
+      t=x86_64-unknown-linux-musl
+      rustup target list --installed | grep -qx "$t" || rustup target add "$t"
+      command -v musl-gcc >/dev/null || { echo "musl-gcc is missing: apt-get install musl-tools" >&2; exit 1; }
+      CC_x86_64_unknown_linux_musl=musl-gcc \
+        cargo build --locked --release --target "$t" -p flotilla --bin flotilla
+      ;;
+    *) echo "cross-build.sh: unknown target '$which' (windows or musl)" >&2; exit 2 ;;
+  esac
 done
-cargo build --locked --release --target x86_64-pc-windows-gnu -p flotilla --bin flotilla
-CC_x86_64_unknown_linux_musl=musl-gcc \
-  cargo build --locked --release --target x86_64-unknown-linux-musl -p flotilla --bin flotilla

@@ -18,12 +18,8 @@ max_bytes=$((50 * 1024 * 1024))
 
 musl=x86_64-unknown-linux-musl
 win=x86_64-pc-windows-gnu
-for t in wasm32-wasip2 $musl $win; do
-  rustup target list --installed | grep -qx "$t" || rustup target add "$t"
-done
-CC_x86_64_unknown_linux_musl=musl-gcc \
-  cargo build --locked --release --target $musl -p flotilla --bin flotilla
-cargo build --locked --release --target $win -p flotilla --bin flotilla
+rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+./scripts/cross-build.sh musl windows
 strip -o "$dist/flotilla-$musl" "$CARGO_TARGET_DIR/$musl/release/flotilla"
 x86_64-w64-mingw32-strip -o "$dist/flotilla-$win.exe" "$CARGO_TARGET_DIR/$win/release/flotilla.exe"
 

@@ -6,8 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
-rustup target list --installed | grep -qx x86_64-pc-windows-gnu || rustup target add x86_64-pc-windows-gnu
-cargo build --locked --release --target x86_64-pc-windows-gnu -p flotilla --bin flotilla
+./scripts/cross-build.sh windows
 
 exe_dir="$CARGO_TARGET_DIR/x86_64-pc-windows-gnu/release"
 guests="$CARGO_TARGET_DIR/wasm-guests/wasm32-wasip2/guest"

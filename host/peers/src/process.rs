@@ -163,7 +163,7 @@ fn signal(sig: &str, pids: &[u32]) {
 }
 
 /// Every process below `root` (children, their children, ...), read from `/proc`.
-pub fn descendants(root: u32) -> Vec<u32> {
+fn descendants(root: u32) -> Vec<u32> {
     let mut parents: Vec<(u32, u32)> = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
