@@ -224,6 +224,9 @@ pub struct LeaseView {
     /// With a lease TTL: when the lease fails unless renewed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Millis>,
+    /// With a deadline asked for at the reservation: when the lease fails whatever its state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_at: Option<Millis>,
 }
 
 /// `GET /v1/pools/{pool}/leases[?label=k=v]`.
@@ -251,6 +254,18 @@ pub struct ReserveRequest {
     /// Labels, e.g. `{"gitlab-job": "4242"}`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The lease fails this many seconds after the reservation whatever its state, unless
+    /// released first: the holder's own bound (a CI job's timeout plus a grace), so a holder
+    /// that never comes back cannot keep its slot for good. At most
+    /// [`ReserveRequest::MAX_DEADLINE_SECONDS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_seconds: Option<u64>,
+}
+
+impl ReserveRequest {
+    /// The longest deadline a reservation may ask for: a year and a day (GitLab's longest
+    /// job timeout is a month).
+    pub const MAX_DEADLINE_SECONDS: u64 = 366 * 24 * 3600;
 }
 
 /// The body of a release: `{"instance_broken": "why"}` when the holder found the instance

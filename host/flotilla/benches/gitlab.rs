@@ -175,13 +175,13 @@ fn bench(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(20));
     // One lease held for the handle; the same lifecycle on both paths, alternating.
     let lease = rt.block_on(async {
-        let l = api.reserve(&BTreeMap::new()).await.expect("reserve");
+        let l = api.reserve(&BTreeMap::new(), None).await.expect("reserve");
         api.acquire(l.id, Duration::from_secs(30))
             .await
             .expect("acquire");
         l.id
     });
-    let handle = flotilla_gitlab::docker::for_lease(&api, lease, 120).expect("handle");
+    let handle = flotilla_gitlab::docker::client::for_lease(&api, lease, 120).expect("handle");
     group.bench_function("lifecycle_direct", |b| {
         b.to_async(&rt)
             .iter(|| lifecycle(&engine, n.fetch_add(1, Ordering::Relaxed)))
@@ -195,19 +195,22 @@ fn bench(c: &mut Criterion) {
     // prepare + the first run stage of a job on an idle, ready instance; cleanup is outside
     // the measurement.
     let settings = DriverSettings {
-        builds_dir: "/builds".into(),
-        cache_dir: "/cache".into(),
-        default_image: None,
-        pull_policy: PullPolicy::IfNotPresent,
         acquire_timeout: Duration::from_secs(60),
         restart_window: Duration::from_secs(60),
-        limits: flotilla_gitlab::JobLimits::default(),
-        cache: flotilla_gitlab::CacheBounds {
-            max_age: Duration::from_secs(3600),
-            max_volumes: 64,
-        },
         job_identity_from_variables: true,
-        mode: flotilla_gitlab::Mode::Docker,
+        state_dir: None,
+        deadline_grace: Duration::from_secs(3600),
+        mode: flotilla_gitlab::Mode::Docker(flotilla_gitlab::DockerSettings {
+            builds_dir: "/builds".into(),
+            cache_dir: "/cache".into(),
+            default_image: None,
+            pull_policy: PullPolicy::IfNotPresent,
+            limits: flotilla_gitlab::JobLimits::default(),
+            cache: flotilla_gitlab::CacheBounds {
+                max_age: Duration::from_secs(3600),
+                max_volumes: 64,
+            },
+        }),
     };
     let dir = tempfile::tempdir().expect("dir");
     let script = dir.path().join("build_script");
@@ -276,7 +279,8 @@ fn bench(c: &mut Criterion) {
         .expect("lookup")
         .expect("the job's lease")
         .id;
-    let stage_handle = flotilla_gitlab::docker::for_lease(&api, stage_lease, 120).expect("handle");
+    let stage_handle =
+        flotilla_gitlab::docker::client::for_lease(&api, stage_lease, 120).expect("handle");
     let text = std::fs::read(&script).expect("script");
     for (name, detached) in [
         ("stage_attached_exec", false),

@@ -24,9 +24,7 @@ use flotilla::api::{AppState, router};
 use flotilla::metrics::Metrics;
 use flotilla::pools::{Pools, RunningPool};
 use flotilla_connector::{Connector, ConnectorSettings, PoolKey};
-use flotilla_gitlab::{
-    ApiClient, DriverSettings, InstanceSettings, Job, MachineOs, Mode, Outcome, PullPolicy,
-};
+use flotilla_gitlab::{ApiClient, DriverSettings, InstanceSettings, Job, MachineOs, Mode, Outcome};
 use flotilla_harness::machines::Machines;
 use flotilla_peers::sshd::Sshd;
 
@@ -110,18 +108,11 @@ fn bench(c: &mut Criterion) {
     });
     let machine_dir = tempfile::tempdir().expect("machine dir");
     let settings = DriverSettings {
-        builds_dir: String::new(),
-        cache_dir: String::new(),
-        default_image: None,
-        pull_policy: PullPolicy::Never,
         acquire_timeout: Duration::from_secs(60),
         restart_window: Duration::from_secs(60),
-        limits: flotilla_gitlab::JobLimits::default(),
-        cache: flotilla_gitlab::CacheBounds {
-            max_age: Duration::from_secs(3600),
-            max_volumes: 64,
-        },
         job_identity_from_variables: true,
+        state_dir: None,
+        deadline_grace: Duration::from_secs(3600),
         mode: Mode::Instance(
             InstanceSettings::new(
                 MachineOs::Linux,

@@ -1,7 +1,6 @@
 //! The HTTP server: the lease API (bearer-token guarded JSON), pool status, `/metrics`,
 //! `/healthz` and `/readyz`. Errors are JSON with a stable `code`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -212,14 +211,6 @@ const MAX_LABELS: usize = 16;
 const MAX_LABEL_KEY: usize = 63;
 const MAX_LABEL_VALUE: usize = 256;
 
-/// The body of a reservation: `{"labels": {"key": "value"}}`, or nothing.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReserveBody {
-    #[serde(default)]
-    labels: BTreeMap<String, String>,
-}
-
 fn parse_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
@@ -264,7 +255,22 @@ async fn reserve(
     }
     let running = running(&state, &name)?;
     let p = &running.handle;
-    let body: ReserveBody = parse_body(&body)?;
+    let body: flotilla_api::ReserveRequest = parse_body(&body)?;
+    let deadline = match body.deadline_seconds {
+        None => None,
+        Some(s) if (1..=flotilla_api::ReserveRequest::MAX_DEADLINE_SECONDS).contains(&s) => {
+            Some(std::time::Duration::from_secs(s))
+        }
+        Some(s) => {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!(
+                    "deadline_seconds {s}: expected 1 to {}",
+                    flotilla_api::ReserveRequest::MAX_DEADLINE_SECONDS
+                ),
+            ));
+        }
+    };
     if body.labels.len() > MAX_LABELS {
         return Err(ApiError::new(
             ErrorCode::BadRequest,
@@ -274,11 +280,13 @@ async fn reserve(
     for (key, value) in &body.labels {
         check_label(key, value)?;
     }
-    let id = p.reserve_labelled(body.labels).inspect_err(|e| match e {
-        LeaseError::AtCapacity(_) => state.metrics.reservation_refused(&name, "at-capacity"),
-        LeaseError::NoIdleSlot => state.metrics.reservation_refused(&name, "no-idle-slot"),
-        _ => {}
-    })?;
+    let id = p
+        .reserve_within(body.labels, deadline)
+        .inspect_err(|e| match e {
+            LeaseError::AtCapacity(_) => state.metrics.reservation_refused(&name, "at-capacity"),
+            LeaseError::NoIdleSlot => state.metrics.reservation_refused(&name, "no-idle-slot"),
+            _ => {}
+        })?;
     let lease = p.with_core(|c| c.lease(id).cloned());
     tracing::info!(pool = %name, plugin_digest = %running.plugin_digest, lease = id, "lease reserved");
     Ok((

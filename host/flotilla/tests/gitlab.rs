@@ -162,10 +162,15 @@ async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them
     assert_eq!(job.stage(&["cleanup"]).code, 0);
     fleet.assert_clean().await;
 
-    // Cancellation: SIGTERM during run stops the script; cleanup still works.
+    // Cancellation: SIGTERM during run ends the stage's whole process tree before the driver
+    // exits (a background process, one that left the session, one that ignores TERM), so
+    // after_script finds none of it; cleanup still works.
     let job = fleet.job(105);
     assert_eq!(job.stage(&["prepare"]).code, 0);
-    let script = job.script("build_script", "echo started; sleep 300; echo never");
+    let script = job.script(
+        "build_script",
+        "sleep 301 & setsid sleep 302 & (trap '' TERM; sleep 303; :) & echo started; sleep 300; echo never",
+    );
     let mut child = job
         .command(&["run", &script, "build_script"])
         .spawn()
@@ -193,6 +198,12 @@ async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them
         "{stdout}"
     );
     assert_ne!(out.status.code(), Some(0));
+    let after = job.run(
+        "after_script",
+        "if ps -o pid,args | grep '[s]leep 30[0-3]'; then echo still-running; exit 1; fi; echo none-left",
+    );
+    assert_eq!(after.code, 0, "{after:?}");
+    assert!(after.stdout.contains("none-left"), "{after:?}");
     assert_eq!(job.stage(&["cleanup"]).code, 0);
     fleet.assert_clean().await;
 
@@ -751,6 +762,133 @@ async fn a_migrated_docker_machine_runner_runs_a_job() {
     assert_eq!(build.code, 0, "{build:?}");
     assert!(build.stdout.contains("migrated-job-ran"), "{build:?}");
     assert_eq!(job.stage(&["cleanup"]).code, 0);
+    fleet.assert_clean().await;
+}
+
+/// The host stays down past the driver's restart window while a job's remaining stages and
+/// its cleanup run: the stages fail as system failures, the cleanup is queued on the
+/// manager, and the first driver call after the host is back (the next job's prepare)
+/// finishes it: the lease is released, the job's objects removed, and the one slot is free
+/// for the next job. Mutation: without the queue, the next job waits for a slot that never
+/// frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_the_host_missed_is_finished_by_the_next_driver_call() {
+    let _one = DOCKER.lock().await;
+    let mut fleet = Fleet::start(1, 1, "").await;
+    let mut job = fleet.job(800);
+    job.args
+        .extend(["--restart-window".to_string(), "3s".to_string()]);
+    assert_eq!(job.stage(&["prepare"]).code, 0);
+    let build = job.run("build_script", "echo before-the-outage");
+    assert_eq!(build.code, 0, "{build:?}");
+    fleet.flotilla.kill();
+    let after = job.run("after_script", "echo never-reached");
+    assert_eq!(after.code, 2, "{after:?}");
+    let cleanup = job.stage(&["cleanup"]);
+    assert_eq!(cleanup.code, 2, "{cleanup:?}");
+    assert!(cleanup.stderr.contains("queued"), "{cleanup:?}");
+    let state = fleet.token_file.parent().expect("dir").join("driver-state");
+    let notes = || {
+        std::fs::read_dir(&state)
+            .map(|d| d.flatten().count())
+            .unwrap_or(0)
+    };
+    assert_eq!(notes(), 1, "one queued cleanup");
+    // Deliberate: the host stays away well past the restart window.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    fleet.flotilla.start_again().await;
+    let (_, body) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/leases?label=gitlab-job=800", None)
+        .await;
+    assert_eq!(
+        body["leases"][0]["state"]["state"], "acquired",
+        "restored from the journal: {body}"
+    );
+    let next = fleet.job(801);
+    let prepare = next.stage(&["prepare"]);
+    assert_eq!(prepare.code, 0, "{prepare:?}\n{}", fleet.flotilla.log());
+    let (_, body) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/leases?label=gitlab-job=800", None)
+        .await;
+    assert_eq!(body["leases"], Value::Array(Vec::new()), "released: {body}");
+    assert_eq!(notes(), 0, "the note is done");
+    let cli = tempfile::tempdir().expect("dir");
+    let left = common::fleet::docker_cli(
+        &fleet.docker,
+        cli.path(),
+        &["ps", "-aq", "--filter", "label=io.flotilla.gitlab.job=800"],
+    );
+    assert!(
+        String::from_utf8_lossy(&left.stdout).trim().is_empty(),
+        "job 800's container is gone"
+    );
+    assert_eq!(next.run("build_script", "true").code, 0);
+    assert_eq!(next.stage(&["cleanup"]).code, 0);
+    fleet.assert_clean().await;
+}
+
+/// With no driver call at all after a job vanished, its lease fails at the job's own timeout
+/// (from the runner's job response) plus the driver's grace, and the slot is free; the next
+/// job on the machine removes what the lost job left and gives its failed lease back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_fails_at_the_jobs_timeout_plus_the_grace_with_no_driver_call() {
+    let _one = DOCKER.lock().await;
+    let fleet = Fleet::start(1, 1, "").await;
+    let mut job = fleet.job(850);
+    let response = job.dir.path().join("response.json");
+    std::fs::write(
+        &response,
+        r#"{"id": 850, "token": "glcbt-job-token", "job_info": {"project_id": 77}, "runner_info": {"timeout": 2}}"#,
+    )
+    .expect("response file");
+    job.args
+        .extend(["--deadline-grace".to_string(), "2s".to_string()]);
+    let reserved = Instant::now();
+    assert_eq!(job.stage(&["prepare"]).code, 0);
+    let (_, body) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/leases?label=gitlab-job=850", None)
+        .await;
+    let lease = &body["leases"][0];
+    let deadline = lease["deadline_at"].as_u64().expect("a deadline");
+    assert!(
+        deadline >= lease["reserved_at"].as_u64().expect("reserved_at") + 4_000,
+        "{lease}"
+    );
+    // The job runs on and never calls the driver again.
+    let script = job.script("build_script", "echo running; sleep 300");
+    let mut child = job
+        .command(&["run", &script, "build_script"])
+        .spawn()
+        .expect("run");
+    let printed = Printed::follow(&mut child);
+    printed.until("running", Duration::from_secs(10)).await;
+    child.kill().expect("SIGKILL the driver");
+    let _ = child.wait();
+    let body = fleet
+        .flotilla
+        .wait_for(
+            "/v1/pools/ci/leases?label=gitlab-job=850",
+            "the lease failed",
+            |b| b["leases"][0]["state"]["state"] == "failed",
+        )
+        .await;
+    assert!(
+        reserved.elapsed() >= Duration::from_secs(4),
+        "not before the deadline: {body}"
+    );
+    let cause = body["leases"][0]["state"]["cause"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(cause.contains("deadline"), "{body}");
+    // The slot is free: the next job gets the one machine, and removes what 850 left.
+    let next = fleet.job(851);
+    let prepare = next.stage(&["prepare"]);
+    assert_eq!(prepare.code, 0, "{prepare:?}");
+    assert_eq!(next.run("build_script", "true").code, 0);
+    assert_eq!(next.stage(&["cleanup"]).code, 0);
     fleet.assert_clean().await;
 }
 

@@ -273,7 +273,7 @@ async fn a_released_leases_docker_streams_are_cut_within_a_second() {
     let lease = found["leases"][0]["id"].as_u64().expect("the job's lease");
     let api = flotilla_gitlab::ApiClient::new(&fleet.flotilla.base, Some(TOKEN.into()), "ci")
         .expect("client");
-    let docker = flotilla_gitlab::docker::for_lease(&api, lease, 600).expect("handle");
+    let docker = flotilla_gitlab::docker::client::for_lease(&api, lease, 600).expect("handle");
     let mut events = docker.events(None::<bollard::query_parameters::EventsOptions>);
     let exec = docker
         .create_exec(

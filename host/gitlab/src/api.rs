@@ -127,6 +127,11 @@ impl ApiClient {
         &self.pool
     }
 
+    /// The API's base URL (`http://host:port`).
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// `host:port` of the API.
     pub(crate) fn authority(&self) -> &str {
         &self.authority
@@ -333,14 +338,23 @@ impl ApiClient {
         }
     }
 
-    /// Reserves a slot tagged with `labels`.
-    pub async fn reserve(&self, labels: &BTreeMap<String, String>) -> Result<LeaseInfo, ApiError> {
+    /// Reserves a slot tagged with `labels`, failing by itself `deadline` after the
+    /// reservation unless released first.
+    pub async fn reserve(
+        &self,
+        labels: &BTreeMap<String, String>,
+        deadline: Option<Duration>,
+    ) -> Result<LeaseInfo, ApiError> {
         let answer = self
             .call(
                 http::Method::POST,
                 &self.leases_path(),
                 wire(&flotilla_api::ReserveRequest {
                     labels: labels.clone(),
+                    deadline_seconds: deadline.map(|d| {
+                        d.as_secs()
+                            .clamp(1, flotilla_api::ReserveRequest::MAX_DEADLINE_SECONDS)
+                    }),
                 }),
                 self.timeout,
             )

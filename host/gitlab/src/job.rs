@@ -84,37 +84,31 @@ pub struct CacheBounds {
 /// The driver's own settings (flags of `flotilla gitlab`, or `FLOTILLA_*` variables).
 #[derive(Debug, Clone)]
 pub struct DriverSettings {
-    /// Where the job's files live inside its container (the runner's `builds_dir`).
-    pub builds_dir: String,
-    /// Where the runner keeps its cache inside the container (`cache_dir`).
-    pub cache_dir: String,
-    /// The image when the job names none.
-    pub default_image: Option<String>,
-    /// When to pull.
-    pub pull_policy: PullPolicy,
     /// How long `prepare` waits for an instance (and any stage for a pool that is starting).
     pub acquire_timeout: Duration,
     /// How long any stage waits for a host that does not answer at all (a restart, an
     /// upgrade) before it fails the job as a system failure.
     pub restart_window: Duration,
-    /// Limits of the job's containers.
-    pub limits: JobLimits,
-    /// Bounds of the project caches on each instance.
-    pub cache: CacheBounds,
     /// Take the job's identity from `CUSTOM_ENV_CI_JOB_ID` and friends when the runner writes
     /// no `JOB_RESPONSE_FILE`. Unsafe: a job can set those variables and name another job.
     pub job_identity_from_variables: bool,
+    /// The driver's own directory on the manager, where a cleanup that could not reach the
+    /// host waits for the next driver call that can (`None`: nowhere to keep it).
+    pub state_dir: Option<PathBuf>,
+    /// Added to the job's own timeout (from the runner) for its lease's deadline: past it the
+    /// host fails the lease even if no driver ever comes back.
+    pub deadline_grace: Duration,
     /// Where jobs run: in containers (the default), or on the machine itself.
     pub mode: Mode,
 }
 
 /// Where the driver runs jobs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Mode {
     /// Each job in a container on the leased instance, through its Docker handle.
-    Docker,
+    Docker(crate::docker::DockerSettings),
     /// Each job directly on the leased machine, over the host's SSH session to it.
-    Instance(crate::machine::InstanceSettings),
+    Instance(crate::instance::commands::InstanceSettings),
 }
 
 /// `variables` of a service: a map (`CI_JOB_SERVICES` of runner 19.0+) or a list of
@@ -201,6 +195,8 @@ pub struct Job {
     pub system_failure: i32,
     /// Where to write the job's real exit code.
     pub build_exit_code_file: Option<PathBuf>,
+    /// The job's own timeout, as GitLab sent it to the runner (`runner_info.timeout`).
+    pub timeout: Option<Duration>,
 }
 
 /// The largest services list taken from the environment.
@@ -227,6 +223,16 @@ struct ResponseFile {
     variables: Vec<Variable>,
     #[serde(default)]
     services: Vec<ResponseService>,
+    #[serde(default)]
+    runner_info: Option<RunnerInfo>,
+}
+
+/// `runner_info` of the job response (`common/spec/spec.go` `RunnerInfo` in GitLab Runner).
+#[derive(Debug, Deserialize)]
+struct RunnerInfo {
+    /// The job's timeout in seconds.
+    #[serde(default)]
+    timeout: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -257,6 +263,7 @@ struct Identity {
     project: String,
     protected: bool,
     service_variables: Vec<(String, ServiceVariables)>,
+    timeout: Option<Duration>,
 }
 
 impl Job {
@@ -310,6 +317,7 @@ impl Job {
             build_failure,
             system_failure,
             build_exit_code_file: env.get("BUILD_EXIT_CODE_FILE").map(PathBuf::from),
+            timeout: identity.timeout,
         })
     }
 
@@ -341,6 +349,7 @@ impl Job {
                 .get("CUSTOM_ENV_CI_COMMIT_REF_PROTECTED")
                 .is_some_and(|v| v == "true"),
             service_variables: Vec::new(),
+            timeout: None,
         })
     }
 
@@ -377,6 +386,11 @@ impl Job {
                 .into_iter()
                 .map(|s| (s.name, s.variables))
                 .collect(),
+            timeout: file
+                .runner_info
+                .and_then(|r| r.timeout)
+                .filter(|t| *t > 0)
+                .map(Duration::from_secs),
         })
     }
 
@@ -423,6 +437,7 @@ impl Job {
             build_failure: 1,
             system_failure: 2,
             build_exit_code_file: None,
+            timeout: None,
         }
     }
 }

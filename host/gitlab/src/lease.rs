@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crate::api::{Acquired, ApiClient, ApiError, LeaseInfo, LeaseState};
 use crate::job::{DriverSettings, Job};
 use crate::outcome::{Outcome, say, system};
+use crate::place::StepError;
 
 /// How often the driver asks again while flotilla restarts or the pool is full.
 const POLL: Duration = Duration::from_millis(500);
@@ -32,6 +33,16 @@ impl Patience {
             start: Instant::now(),
             acquire_timeout: settings.acquire_timeout,
             restart_window: settings.restart_window,
+        }
+    }
+
+    /// No patience at all: one try, whatever the host says (finishing another job's queued
+    /// cleanup must never hold up this one).
+    pub(crate) fn none() -> Patience {
+        Patience {
+            start: Instant::now(),
+            acquire_timeout: Duration::ZERO,
+            restart_window: Duration::ZERO,
         }
     }
 }
@@ -102,13 +113,19 @@ pub(crate) async fn find(
     through_restarts(api, patience, || api.lease_by_label(&key, &value)).await
 }
 
-/// The job's acquired lease, for `run`: waits out a restart, and says why there is none.
+/// The job's acquired lease, for `run` and `cleanup`: waits out a restart, and says why
+/// there is none. [`StepError::HostDown`]: the host did not come back within the restart
+/// window; [`StepError::Failed`]: the lease failed or is not acquired.
 pub(crate) async fn acquired(
     api: &ApiClient,
     job: &Job,
     patience: Patience,
-) -> Result<u64, Outcome> {
-    match find(api, job, patience).await.map_err(system)? {
+) -> Result<u64, StepError> {
+    let found = find(api, job, patience).await.map_err(|e| match e {
+        ApiError::Unreachable { .. } => StepError::HostDown(e.to_string()),
+        e => StepError::Failed(e.to_string()),
+    })?;
+    match found {
         Some(LeaseInfo {
             id,
             state: LeaseState::Acquired { .. },
@@ -116,8 +133,12 @@ pub(crate) async fn acquired(
         Some(LeaseInfo {
             state: LeaseState::Failed { cause },
             ..
-        }) => Err(system(format!("the job's instance failed: {cause}"))),
-        _ => Err(system("the job has no acquired lease; did prepare run?")),
+        }) => Err(StepError::Failed(format!(
+            "the job's instance failed: {cause}"
+        ))),
+        _ => Err(StepError::Failed(
+            "the job has no acquired lease; did prepare run?".into(),
+        )),
     }
 }
 
@@ -153,7 +174,7 @@ pub(crate) async fn acquire(
     };
     let lease = match lease {
         Some(l) => l,
-        None => reserve(api, job, patience).await?,
+        None => reserve(api, job, settings, patience).await?,
     };
     say(&format!(
         "Waiting for an instance of pool {} (lease {})...",
@@ -211,12 +232,20 @@ pub(crate) async fn acquire(
 
 /// Reserves a slot for the job; while every slot is promised, waits (up to the acquire
 /// timeout) for one to free up, as GitLab Runner's autoscaler does.
-async fn reserve(api: &ApiClient, job: &Job, patience: Patience) -> Result<LeaseInfo, Outcome> {
+async fn reserve(
+    api: &ApiClient,
+    job: &Job,
+    settings: &DriverSettings,
+    patience: Patience,
+) -> Result<LeaseInfo, Outcome> {
     let (key, value) = job.label();
     let labels = BTreeMap::from([(key, value)]);
+    // The job's own timeout and a grace: the host fails the lease past it even if no
+    // cleanup ever comes (the runner kills the job at its timeout, then runs cleanup).
+    let deadline = job.timeout.map(|t| t + settings.deadline_grace);
     let mut told = false;
     loop {
-        match through_restarts(api, patience, || api.reserve(&labels)).await {
+        match through_restarts(api, patience, || api.reserve(&labels, deadline)).await {
             Ok(lease) => return Ok(lease),
             // The job already has a lease: an earlier try reached the host but its answer was
             // lost in a restart. That lease is the job's.

@@ -1,35 +1,53 @@
-//! The four stages. Each finds the job's lease by its label and the job's objects on the
-//! instance by their names and labels, so nothing is kept between stages; each can run again
-//! after a failure, and `cleanup` works from any point `prepare` reached. Every stage rides
-//! through a restart of the host: a step cut by it is waited out (up to the restart window)
-//! and taken again, from a clean slate for `prepare` and `cleanup`, from the byte printed so
-//! far for a running script.
+//! The four stages, written once for both modes: each picks the job's [`Place`] at its top
+//! (a container on the instance, or the machine itself) and does the rest the same way. Each
+//! finds the job's lease by its label and the job's objects by their names, so nothing is
+//! kept between stages; each can run again after a failure, and `cleanup` works from any
+//! point `prepare` reached. Every step rides through a restart of the host ([`ride`]): a step
+//! the host cut is waited out (up to the restart window) and taken again, from a clean slate
+//! for `prepare` and `cleanup`, from the byte printed so far for a running script. A cleanup
+//! that cannot reach the host at all is queued on the manager ([`crate::pending`]) and
+//! finished by the next driver call that can.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::Cell;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use flotilla_api::{JobFinished, JobOutcome, JobStarted, ReportRequest};
 
-use crate::api::{ApiClient, ApiError, LeaseState};
-use crate::containers::{self, StepError};
+use crate::api::{ApiClient, ApiError, ErrorCode, LeaseState};
+use crate::docker::DockerPlace;
+use crate::instance::InstancePlace;
 use crate::job::{DriverSettings, Job, Mode};
 use crate::lease::{self, Patience};
 use crate::outcome::{Outcome, say, system};
-use crate::script::{Ended, StageRun};
+use crate::pending;
+use crate::place::{Ended, GRACE, Place, StageRun, StepError};
 
 /// `config`: what the runner must know before `prepare`. Instance mode needs the job (its
 /// builds directory on the machine is its own).
 pub fn config(settings: &DriverSettings, pool: &str, job: Option<&Job>) -> serde_json::Value {
-    if let (Mode::Instance(instance), Some(job)) = (&settings.mode, job) {
-        return crate::instance::config(instance, job, pool);
-    }
-    serde_json::json!({
-        "builds_dir": settings.builds_dir,
-        "cache_dir": settings.cache_dir,
+    let (builds_dir, cache_dir, shell) = match (&settings.mode, job) {
+        (Mode::Instance(instance), Some(job)) => (
+            instance.builds_dir(&job.id),
+            instance.cache_dir(),
+            Some(instance.shell.name()),
+        ),
+        (Mode::Instance(instance), None) => {
+            (instance.builds_dir("JOB"), instance.cache_dir(), None)
+        }
+        (Mode::Docker(docker), _) => (docker.builds_dir.clone(), docker.cache_dir.clone(), None),
+    };
+    let mut answer = serde_json::json!({
+        "builds_dir": builds_dir,
+        "cache_dir": cache_dir,
         "builds_dir_is_shared": false,
         "hostname": format!("flotilla-{pool}"),
         "driver": { "name": "flotilla", "version": env!("CARGO_PKG_VERSION") },
-    })
+    });
+    if let (Some(shell), Some(map)) = (shell, answer.as_object_mut()) {
+        map.insert("shell".into(), shell.into());
+    }
+    answer
 }
 
 /// How many times in a row a step may be cut by the host before the stage gives up.
@@ -37,93 +55,151 @@ const MAX_CUTS: u32 = 50;
 
 /// Runs `attempt` until it succeeds or fails for a reason other than the host: each time
 /// the host cut it, waits for the host to serve the job's lease again (the restart window,
-/// or the acquire timeout while the pool starts), then tries again.
-async fn riding_restarts<T, F, Fut>(
+/// or the acquire timeout while the pool starts), then tries again. The one place where a
+/// step rides through a restart of the host.
+pub(crate) async fn ride<T, F, Fut>(
     api: &ApiClient,
     job: &Job,
     patience: Patience,
     mut attempt: F,
-) -> Result<T, Outcome>
+) -> Result<T, StepError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, StepError>>,
+    Fut: Future<Output = Result<T, StepError>>,
 {
     let mut cuts = 0;
     loop {
         match attempt().await {
-            Ok(value) => return Ok(value),
-            Err(StepError::Failed(why)) => return Err(system(why)),
             Err(StepError::HostDown(why)) => {
                 cuts += 1;
                 if cuts > MAX_CUTS {
-                    return Err(system(format!("{why} ({cuts} times in a row)")));
+                    return Err(StepError::Failed(format!("{why} ({cuts} times in a row)")));
                 }
                 say(&format!("flotilla: {why}; waiting for the host..."));
                 lease::acquired(api, job, patience).await?;
             }
+            done => return done,
         }
     }
 }
 
-/// `prepare`: lease, images, network, volumes, services and the job container.
-pub async fn prepare(api: &ApiClient, job: &Job, settings: &DriverSettings) -> Outcome {
-    if let Mode::Instance(instance) = &settings.mode {
-        return crate::instance::prepare(api, job, settings, instance).await;
+/// Follows `run` until its script ends: a follow the stream cut is taken again from the byte
+/// printed so far, once the host serves the job's lease (which it does at once unless it is
+/// restarting).
+async fn follow_to_end<P: Place>(
+    place: &P,
+    api: &ApiClient,
+    job: &Job,
+    patience: Patience,
+    run: &StageRun<'_>,
+    printed: &Cell<u64>,
+) -> Result<Ended, StepError> {
+    let mut cuts = 0u32;
+    loop {
+        let before = printed.get();
+        let ended = ride(api, job, patience, || place.follow(run, printed)).await?;
+        let Ended::Cut(why) = ended else {
+            return Ok(ended);
+        };
+        // Only cuts in a row without progress count.
+        cuts = if printed.get() > before { 1 } else { cuts + 1 };
+        if cuts > MAX_CUTS {
+            return Err(StepError::Failed(format!(
+                "the connection broke during {} {cuts} times in a row: {why}",
+                run.stage
+            )));
+        }
+        if cuts == 1 {
+            say(&format!(
+                "flotilla: the connection broke during {} ({why}); following again...",
+                run.stage
+            ));
+        } else {
+            // A stream that breaks at once again: give the host a moment.
+            tokio::time::sleep(Duration::from_millis(100 * u64::from(cuts.min(20)))).await;
+        }
+        lease::acquired(api, job, patience).await?;
     }
-    match prepare_inner(api, job, settings).await {
+}
+
+/// `prepare`: the lease, then the job's place on its instance.
+pub async fn prepare(api: &ApiClient, job: &Job, settings: &DriverSettings) -> Outcome {
+    let prepared = pending::finishing(api, settings, async {
+        match &settings.mode {
+            Mode::Docker(own) => prepare_on::<DockerPlace>(api, job, settings, own).await,
+            Mode::Instance(own) => prepare_on::<InstancePlace>(api, job, settings, own).await,
+        }
+    });
+    match prepared.await {
         Ok(()) => Outcome::Success,
         Err(outcome) => outcome,
     }
 }
 
-async fn prepare_inner(
+async fn prepare_on<P: Place>(
     api: &ApiClient,
     job: &Job,
     settings: &DriverSettings,
+    own: &P::Settings,
 ) -> Result<(), Outcome> {
-    let image = job
-        .image
-        .clone()
-        .or_else(|| settings.default_image.clone())
-        .ok_or_else(|| system("the job names no image and the driver has no --default-image"))?;
+    P::check(job, own).map_err(system)?;
     let began = Instant::now();
-    let (lease, _instance) = lease::acquire(api, job, settings).await?;
-    let docker = crate::docker::for_lease(api, lease, 120).map_err(system)?;
+    let (lease, acquired) = lease::acquire(api, job, settings).await?;
+    let place = P::open(api, job, settings, own, lease).map_err(system)?;
     let patience = Patience::new(settings);
-    let pulling = riding_restarts(api, job, patience, || async {
-        containers::remove_leftovers(api, &docker, job).await;
-        containers::bound_caches(&docker, settings.cache, &job.cache_volume()).await;
-        // A retried prepare starts from a clean slate.
-        containers::remove_job_objects(&docker, job).await?;
-        containers::create_job(&docker, api, job, &image, settings).await
-    })
-    .await?;
+    let pulling = ride(api, job, patience, || place.prepare(&acquired))
+        .await
+        .map_err(system)?;
     let started = JobStarted {
         prepare_seconds: began.elapsed().as_secs_f64(),
         pull_seconds: pulling.as_secs_f64(),
     };
-    api.report(
-        lease,
-        ReportRequest {
-            job_started: Some(started),
-            job_finished: None,
-        },
-    )
-    .await;
+    report(api, lease, Some(started), None).await;
     Ok(())
 }
 
-/// `run <script> <stage>`: the stage's script in the job container, its output streamed.
-/// `cancel` resolving (SIGTERM) stops the script.
+async fn report(
+    api: &ApiClient,
+    lease: u64,
+    job_started: Option<JobStarted>,
+    job_finished: Option<JobFinished>,
+) {
+    api.report(
+        lease,
+        ReportRequest {
+            job_started,
+            job_finished,
+        },
+    )
+    .await;
+}
+
+/// `run <script> <stage>`: the stage's script in its place, its output streamed. `cancel`
+/// resolving (SIGTERM) stops every process of the stage before this returns.
 pub async fn run(
     api: &ApiClient,
     job: &Job,
     settings: &DriverSettings,
     script: &std::path::Path,
     stage: &str,
-    cancel: impl std::future::Future<Output = ()>,
+    cancel: impl Future<Output = ()>,
 ) -> Outcome {
-    let (outcome, lease) = match run_inner(api, job, settings, script, stage, cancel).await {
+    let ran = pending::finishing(api, settings, async {
+        let text = std::fs::read(script).map_err(|e| {
+            system(format!(
+                "reading the {stage} script {}: {e}",
+                script.display()
+            ))
+        })?;
+        let run = StageRun::new(stage, &text);
+        match &settings.mode {
+            Mode::Docker(own) => run_on::<DockerPlace>(api, job, settings, own, &run, cancel).await,
+            Mode::Instance(own) => {
+                run_on::<InstancePlace>(api, job, settings, own, &run, cancel).await
+            }
+        }
+    });
+    let (outcome, lease) = match ran.await {
         Ok(done) => done,
         Err(outcome) => (outcome, None),
     };
@@ -136,109 +212,108 @@ pub async fn run(
             Outcome::SystemFailure(why) if why.ends_with("was cancelled") => JobOutcome::Cancelled,
             Outcome::SystemFailure(_) => JobOutcome::SystemFailure,
         };
-        api.report(
-            lease,
-            ReportRequest {
-                job_started: None,
-                job_finished: Some(JobFinished { outcome }),
-            },
-        )
-        .await;
+        report(api, lease, None, Some(JobFinished { outcome })).await;
     }
     outcome
 }
 
-/// A name for this invocation's runs of a stage: a stage the runner retries runs anew.
-fn run_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{:x}{nanos:x}", std::process::id())
-}
-
-async fn run_inner(
+async fn run_on<P: Place>(
     api: &ApiClient,
     job: &Job,
     settings: &DriverSettings,
-    script: &std::path::Path,
-    stage: &str,
-    cancel: impl std::future::Future<Output = ()>,
+    own: &P::Settings,
+    run: &StageRun<'_>,
+    cancel: impl Future<Output = ()>,
 ) -> Result<(Outcome, Option<u64>), Outcome> {
-    let text = std::fs::read(script).map_err(|e| {
-        system(format!(
-            "reading the {stage} script {}: {e}",
-            script.display()
-        ))
-    })?;
-    if let Mode::Instance(instance) = &settings.mode {
-        return crate::instance::run(api, job, settings, instance, &text, stage, cancel).await;
-    }
     let patience = Patience::new(settings);
-    let lease = lease::acquired(api, job, patience).await?;
-    let docker = crate::docker::for_lease(api, lease, 3600).map_err(system)?;
-    let run = StageRun::new(job.container(), stage, &run_id());
-    riding_restarts(api, job, patience, || run.upload(&docker, &text)).await?;
+    let lease = lease::acquired(api, job, patience).await.map_err(system)?;
+    let place = P::open(api, job, settings, own, lease).map_err(system)?;
     // Bytes of the log printed so far: a follow after a cut starts there.
-    let printed = AtomicU64::new(0);
-    let follow = riding_restarts(api, job, patience, || async {
-        let mut cuts_without_progress = 0;
-        loop {
-            let before = printed.load(Ordering::Relaxed);
-            match run.follow(&docker, &printed).await? {
-                Ended::Exited(code) => return Ok(code),
-                Ended::Cut if printed.load(Ordering::Relaxed) == before => {
-                    cuts_without_progress += 1;
-                    if cuts_without_progress >= 3 {
-                        // Likely the host: let the caller wait for it.
-                        return Err(StepError::HostDown(format!(
-                            "the connection to the job container broke during {stage}"
-                        )));
-                    }
-                }
-                Ended::Cut => cuts_without_progress = 0,
-            }
-        }
-    });
+    let printed = Cell::new(0);
+    let follow = follow_to_end(&place, api, job, patience, run, &printed);
     tokio::pin!(cancel);
-    let code = tokio::select! {
-        code = follow => code?,
+    let ended = tokio::select! {
+        ended = follow => ended.map_err(system)?,
         () = &mut cancel => {
-            say(&format!("flotilla: {stage} cancelled; stopping the script"));
-            run.stop(&docker).await;
-            return Ok((Outcome::SystemFailure(format!("{stage} was cancelled")), Some(lease)));
+            say(&format!("flotilla: {} cancelled; stopping the script", run.stage));
+            // The output written while the script stops still reaches the job log.
+            let draining = tokio::time::timeout(
+                GRACE + Duration::from_secs(5),
+                follow_to_end(&place, api, job, Patience::none(), run, &printed),
+            );
+            let _ = tokio::join!(place.stop(run), draining);
+            let why = format!("{} was cancelled", run.stage);
+            return Ok((Outcome::SystemFailure(why), Some(lease)));
         }
     };
-    match code {
-        0 => Ok((Outcome::Success, Some(lease))),
-        code => Ok((Outcome::BuildFailure(code), Some(lease))),
+    let outcome = match ended {
+        Ended::Exited(0) => Outcome::Success,
+        Ended::Exited(code) => Outcome::BuildFailure(code),
+        Ended::Lost => {
+            return Err(system(format!(
+                "the {} script's processes were killed before it could report its exit status",
+                run.stage
+            )));
+        }
+        Ended::NotStarted(words) => {
+            return Err(system(format!(
+                "placing the {} script failed (did prepare run?): {words}",
+                run.stage
+            )));
+        }
+        Ended::Cut(why) => return Err(system(why)),
+    };
+    Ok((outcome, Some(lease)))
+}
+
+/// `cleanup`: removes the job's objects and gives the lease back; idempotent, and it works
+/// after a `prepare` that stopped anywhere. A lease whose instance no longer answers is
+/// released as broken, so the instance is replaced. A cleanup that cannot reach the host
+/// within the restart window is queued on the manager, and the next driver call that
+/// reaches the host finishes it.
+pub async fn cleanup(api: &ApiClient, job: &Job, settings: &DriverSettings) -> Outcome {
+    let cleaned = pending::finishing(api, settings, async {
+        let patience = Patience::new(settings);
+        cleanup_job(api, job, settings, patience).await
+    });
+    match cleaned.await {
+        Ok(()) => Outcome::Success,
+        Err(why) => match pending::queue(api, settings, job) {
+            Ok(note) => system(format!(
+                "{why}; the cleanup is queued ({}): the next driver call that reaches flotilla finishes it",
+                note.display()
+            )),
+            Err(e) => system(format!("{why}; queuing the cleanup failed too: {e}")),
+        },
     }
 }
 
-/// How long cleanup waits before its second sweep, so an object whose creation was still in
-/// flight when a killed `prepare` died has landed and is removed too.
-const SETTLE: Duration = Duration::from_millis(1500);
-
-/// `cleanup`: removes the job's objects and gives the lease back; idempotent, and it works
-/// after a `prepare` that stopped anywhere. A lease whose instance's Docker no longer answers
-/// is released as broken, so the instance is replaced. Waits for a restarting host like
-/// `prepare` does.
-pub async fn cleanup(api: &ApiClient, job: &Job, settings: &DriverSettings) -> Outcome {
-    if let Mode::Instance(instance) = &settings.mode {
-        return crate::instance::cleanup(api, job, settings, instance).await;
-    }
-    let patience = Patience::new(settings);
-    let found = match lease::find(api, job, patience).await {
-        Ok(found) => found,
-        Err(e) => return system(e),
-    };
+/// Removes the job from its instance and gives its lease back, with `patience` for a
+/// restarting host; why not, if it could not.
+pub(crate) async fn cleanup_job(
+    api: &ApiClient,
+    job: &Job,
+    settings: &DriverSettings,
+    patience: Patience,
+) -> Result<(), String> {
+    let found = lease::find(api, job, patience)
+        .await
+        .map_err(|e| e.to_string())?;
     let Some(lease) = found else {
-        return Outcome::Success;
+        return Ok(());
     };
     let id = lease.id;
-    let result = match lease.state {
+    let given_back = match lease.state {
         LeaseState::Reserved => lease::through_restarts(api, patience, || api.unreserve(id)).await,
         LeaseState::Acquired { .. } => {
-            let broken = remove_on_instance(api, job, id, patience).await.err();
+            let broken = match &settings.mode {
+                Mode::Docker(own) => {
+                    sweep_on::<DockerPlace>(api, job, settings, own, id, patience).await?
+                }
+                Mode::Instance(own) => {
+                    sweep_on::<InstancePlace>(api, job, settings, own, id, patience).await?
+                }
+            };
             if let Some(why) = &broken {
                 eprintln!("flotilla: {why}; the instance is reported broken and will be replaced");
             }
@@ -250,38 +325,34 @@ pub async fn cleanup(api: &ApiClient, job: &Job, settings: &DriverSettings) -> O
             lease::through_restarts(api, patience, || api.release(id, None)).await
         }
     };
-    match result {
-        Ok(()) => Outcome::Success,
+    match given_back {
         // Another cleanup got there first.
-        Err(ApiError::Refused {
-            code: crate::api::ErrorCode::UnknownLease,
+        Ok(())
+        | Err(ApiError::Refused {
+            code: ErrorCode::UnknownLease,
             ..
-        }) => Outcome::Success,
-        Err(e) => system(e),
+        }) => Ok(()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
-/// Removes the job's objects from its instance, twice (see [`SETTLE`]); why the instance
-/// is broken, if its engine does not answer.
-async fn remove_on_instance(
+/// Sweeps the job from the instance of lease `id`: `Ok(None)` when it is clean,
+/// `Ok(Some(why))` when the instance is broken; `Err` when the host never came back.
+async fn sweep_on<P: Place>(
     api: &ApiClient,
     job: &Job,
-    lease: u64,
+    settings: &DriverSettings,
+    own: &P::Settings,
+    id: u64,
     patience: Patience,
-) -> Result<(), String> {
-    let docker = crate::docker::for_lease(api, lease, 60)?;
-    let swept = riding_restarts(api, job, patience, || async {
-        docker.ping().await.map_err(containers::step(format!(
-            "Docker Engine does not answer after job {}",
-            job.id
-        )))?;
-        containers::remove_job_objects(&docker, job).await?;
-        tokio::time::sleep(SETTLE).await;
-        containers::remove_job_objects(&docker, job).await
-    })
-    .await;
-    swept.map_err(|outcome| match outcome {
-        Outcome::SystemFailure(why) => why,
-        other => format!("{other:?}"),
-    })
+) -> Result<Option<String>, String> {
+    let place = match P::open(api, job, settings, own, id) {
+        Ok(place) => place,
+        Err(why) => return Ok(Some(why)),
+    };
+    match ride(api, job, patience, || place.sweep()).await {
+        Ok(()) => Ok(None),
+        Err(StepError::Failed(why)) => Ok(Some(why)),
+        Err(StepError::HostDown(why)) => Err(why),
+    }
 }

@@ -449,8 +449,19 @@ impl PoolHandle {
         &self,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<u64, LeaseError> {
+        self.reserve_within(labels, None)
+    }
+
+    /// Promises a slot tagged with `labels` that fails `deadline_after` from now whatever its
+    /// state (the holder's own bound), unless released first.
+    pub fn reserve_within(
+        &self,
+        labels: std::collections::BTreeMap<String, String>,
+        deadline_after: Option<Duration>,
+    ) -> Result<u64, LeaseError> {
         let mut core = self.core();
-        let id = core.reserve_labelled(self.clock.now(), labels)?;
+        let after = deadline_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let id = core.reserve_within(self.clock.now(), labels, after)?;
         if let Err(e) = self.journal_save(core.lease(id).cloned(), None) {
             // Not durable, so not granted.
             let _ = core.unreserve(id);

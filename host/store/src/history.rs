@@ -150,6 +150,7 @@ mod tests {
             acquired_at: acquired.then_some(4_000),
             labels: BTreeMap::new(),
             expires_at: None,
+            deadline_at: None,
         }
     }
 

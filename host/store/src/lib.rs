@@ -318,6 +318,7 @@ mod tests {
             acquired_at: Some(2),
             labels: BTreeMap::from([("gitlab-job".into(), "7".into())]),
             expires_at: None,
+            deadline_at: None,
         }
     }
 

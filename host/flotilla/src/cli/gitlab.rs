@@ -10,8 +10,8 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use flotilla_gitlab::{
-    ApiClient, CacheBounds, DriverSettings, InstanceSettings, Job, JobLimits, MachineOs, Mode,
-    Outcome, PullPolicy, Shell,
+    ApiClient, CacheBounds, DockerSettings, DriverSettings, InstanceSettings, Job, JobLimits,
+    MachineOs, Mode, Outcome, PullPolicy, Shell,
 };
 
 /// The driver's flags, then the stage.
@@ -80,6 +80,17 @@ pub struct Args {
     /// oldest unused ones go first.
     #[arg(long, default_value_t = 64)]
     cache_max_volumes: usize,
+    /// The driver's own directory on the manager: a cleanup that cannot reach flotilla
+    /// within the restart window is queued here, and the next driver call that reaches it
+    /// finishes the cleanup [env: FLOTILLA_DRIVER_STATE_DIR; default
+    /// $XDG_STATE_HOME/flotilla/gitlab or ~/.local/state/flotilla/gitlab].
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Added to the job's own timeout (GitLab sends it to the runner) for the deadline of its
+    /// lease: past it, flotilla fails the lease and frees its slot even if no cleanup ever
+    /// comes.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    deadline_grace: Duration,
     /// Take the job's identity from CUSTOM_ENV_CI_JOB_ID and CUSTOM_ENV_CI_PROJECT_ID when the
     /// runner writes no JOB_RESPONSE_FILE (runners before 14.1). UNSAFE: a job can set those
     /// variables and name another job's lease and containers; only for runners whose every
@@ -180,13 +191,31 @@ impl Args {
     }
 
     fn settings(&self) -> anyhow::Result<DriverSettings> {
+        let state_dir = self
+            .state_dir
+            .clone()
+            .or_else(|| {
+                std::env::var_os("FLOTILLA_DRIVER_STATE_DIR")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            })
+            .or_else(flotilla_gitlab::default_state_dir);
         Ok(DriverSettings {
+            acquire_timeout: self.acquire_timeout,
+            restart_window: self.restart_window,
+            job_identity_from_variables: self.unsafe_job_identity_from_variables,
+            state_dir,
+            deadline_grace: self.deadline_grace,
+            mode: self.mode()?,
+        })
+    }
+
+    fn docker(&self) -> anyhow::Result<DockerSettings> {
+        Ok(DockerSettings {
             builds_dir: self.builds_dir.clone(),
             cache_dir: self.cache_dir.clone(),
             default_image: self.default_image.clone(),
             pull_policy: PullPolicy::parse(&self.pull_policy)?,
-            acquire_timeout: self.acquire_timeout,
-            restart_window: self.restart_window,
             limits: JobLimits {
                 memory_bytes: self.memory,
                 nano_cpus: self.cpus,
@@ -196,14 +225,12 @@ impl Args {
                 max_age: self.cache_max_age,
                 max_volumes: self.cache_max_volumes.max(1),
             },
-            job_identity_from_variables: self.unsafe_job_identity_from_variables,
-            mode: self.mode()?,
         })
     }
 
     fn mode(&self) -> anyhow::Result<Mode> {
         match self.mode.trim() {
-            "docker" => Ok(Mode::Docker),
+            "docker" => Ok(Mode::Docker(self.docker()?)),
             "instance" => {
                 let os = MachineOs::parse(&self.os)?;
                 let shell = self.shell.as_deref().map(Shell::parse).transpose()?;
@@ -223,7 +250,7 @@ impl Args {
         }
         let api = self.api()?;
         let env: BTreeMap<String, String> = std::env::vars().collect();
-        if let (Stage::Config, Mode::Docker) = (&self.stage, &settings.mode) {
+        if let (Stage::Config, Mode::Docker(_)) = (&self.stage, &settings.mode) {
             return super::print_json(&flotilla_gitlab::config(&settings, api.pool(), None));
         }
         let job = match Job::from_env(&env, settings.job_identity_from_variables) {
@@ -289,7 +316,7 @@ impl Args {
             common.push("--unsafe-job-identity-from-variables".into());
         }
         let (builds, cache, shell) = match self.mode()? {
-            Mode::Docker => (self.builds_dir.clone(), self.cache_dir.clone(), None),
+            Mode::Docker(_) => (self.builds_dir.clone(), self.cache_dir.clone(), None),
             Mode::Instance(instance) => {
                 // Images are Docker mode's: no pull policy here.
                 if let Some(at) = common.iter().position(|a| a == "--pull-policy") {
@@ -315,6 +342,9 @@ impl Args {
         };
         if let Some(f) = &self.token_file {
             common.extend(["--token-file".into(), f.display().to_string()]);
+        }
+        if let Some(dir) = &self.state_dir {
+            common.extend(["--state-dir".into(), dir.display().to_string()]);
         }
         if let Some(image) = &self.default_image {
             common.extend(["--default-image".into(), image.clone()]);

@@ -329,6 +329,14 @@ impl RunnerJob {
             token_file.display().to_string(),
             "--acquire-timeout".into(),
             "60s".into(),
+            // One runner's queued cleanups: every job of the fleet shares the directory.
+            "--state-dir".into(),
+            token_file
+                .parent()
+                .map(|d| d.join("driver-state"))
+                .expect("the fleet's directory")
+                .display()
+                .to_string(),
         ];
         RunnerJob { dir, env, args }
     }

@@ -18,18 +18,20 @@ pub(super) struct LeaseTable {
     max_job_ms: Option<Millis>,
 }
 
-/// When a lease must end: its TTL expiry, or its acquisition plus the maximum job duration,
-/// whichever is first; a failed lease has none.
+/// When a lease must end: its TTL expiry, its acquisition plus the maximum job duration, or
+/// its holder's own deadline, whichever is first; a failed lease has none.
 pub(super) fn deadline(lease: &Lease, max_job_ms: Option<Millis>) -> Option<Millis> {
+    if matches!(lease.state, LeaseState::Failed { .. }) {
+        return None;
+    }
     let job = match (&lease.state, lease.acquired_at, max_job_ms) {
         (LeaseState::Acquired { .. }, Some(at), Some(max)) => Some(at.saturating_add(max)),
         _ => None,
     };
-    match (&lease.state, lease.expires_at, job) {
-        (LeaseState::Failed { .. }, _, _) => None,
-        (_, Some(a), Some(b)) => Some(a.min(b)),
-        (_, a, b) => a.or(b),
-    }
+    [lease.expires_at, job, lease.deadline_at]
+        .into_iter()
+        .flatten()
+        .min()
 }
 
 impl LeaseTable {

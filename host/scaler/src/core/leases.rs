@@ -39,6 +39,17 @@ impl PoolCore {
         now: Millis,
         labels: BTreeMap<String, String>,
     ) -> Result<u64, LeaseError> {
+        self.reserve_within(now, labels, None)
+    }
+
+    /// Like [`PoolCore::reserve_labelled`], and the lease fails `deadline_after` ms from now
+    /// whatever its state (the holder's own bound, e.g. a CI job's timeout plus a grace).
+    pub fn reserve_within(
+        &mut self,
+        now: Millis,
+        labels: BTreeMap<String, String>,
+        deadline_after: Option<Millis>,
+    ) -> Result<u64, LeaseError> {
         for (key, value) in &labels {
             if let Some(held) = self.lease_by_label(key, value) {
                 return Err(LeaseError::LabelInUse {
@@ -68,6 +79,7 @@ impl PoolCore {
             acquired_at: None,
             labels,
             expires_at: self.cfg.lease_ttl_ms.map(|ttl| now.saturating_add(ttl)),
+            deadline_at: deadline_after.map(|after| now.saturating_add(after)),
         });
         self.reserved += 1;
         Ok(id)

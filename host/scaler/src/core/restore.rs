@@ -126,8 +126,9 @@ impl PoolCore {
             .leases
             .due(now)
             .map(|l| {
-                let ran_too_long = l.expires_at.is_none_or(|e| now < e);
-                let cause = if ran_too_long {
+                let cause = if l.deadline_at.is_some_and(|d| d <= now) {
+                    "the lease ran past the deadline its holder set at the reservation (a job past its own timeout whose cleanup never came)".to_string()
+                } else if l.expires_at.is_none_or(|e| now < e) {
                     "the job ran past the pool's max_job_duration".to_string()
                 } else {
                     "the lease was not renewed within the pool's lease_ttl".to_string()
@@ -190,6 +191,7 @@ mod tests {
             acquired_at: Some(2),
             labels: BTreeMap::new(),
             expires_at: None,
+            deadline_at: None,
         }
     }
 
@@ -304,5 +306,63 @@ mod tests {
         assert!(
             matches!(c.lease(id).map(|l| &l.state), Some(LeaseState::Failed { cause }) if cause.contains("max_job_duration"))
         );
+    }
+
+    #[test]
+    fn a_lease_past_its_holders_deadline_fails_whatever_its_state_and_across_a_restart() {
+        let keep = crate::Policy::new(vec!["* * * * *".into()], "UTC", 1, 3_600_000, 0.0, 0, false)
+            .expect("a policy");
+        let mut c = PoolCore::new(ScalerConfig::default(), vec![keep.clone()], 0);
+        assert_eq!(c.plan(0), [Action::Update]);
+        c.on_update(0, Ok(vec![running("i-1")].into()));
+        c.plan(0);
+        c.on_ready(0, "i-1", Ok(()));
+        // Acquired: the deadline counts from the reservation.
+        let id = c
+            .reserve_within(0, BTreeMap::new(), Some(5_000))
+            .expect("reserve");
+        c.acquire(100, id).expect("acquire").expect("bound");
+        assert_eq!(c.lease(id).and_then(|l| l.deadline_at), Some(5_000));
+        assert_eq!(c.next_wakeup(1_000), 5_000);
+        c.plan(4_999);
+        assert_eq!(c.acquired_slots(), 1);
+        c.plan(5_000);
+        assert!(
+            matches!(c.lease(id).map(|l| &l.state), Some(LeaseState::Failed { cause }) if cause.contains("deadline")),
+            "{:?}",
+            c.lease(id)
+        );
+        assert_eq!(c.acquired_slots(), 0);
+        // Reserved: it frees its reservation too.
+        let reserved = c
+            .reserve_within(6_000, BTreeMap::new(), Some(1_000))
+            .expect("reserve");
+        c.plan(7_000);
+        assert!(matches!(
+            c.lease(reserved).map(|l| &l.state),
+            Some(LeaseState::Failed { .. })
+        ));
+        assert_eq!(c.check_invariants(), Ok(()));
+        // The deadline is kept across a restart, not restarted.
+        let held = c
+            .reserve_within(8_000, BTreeMap::new(), Some(10_000))
+            .expect("reserve");
+        c.acquire(8_000, held).expect("acquire").expect("bound");
+        let journal: Vec<_> = c.lease(held).cloned().into_iter().collect();
+        let mut again = PoolCore::new(ScalerConfig::default(), vec![keep], 0);
+        again.restore(9_000, journal, HashMap::new());
+        again.plan(9_000);
+        again.on_update(9_000, Ok(vec![running("i-1")].into()));
+        again.plan(17_999);
+        assert!(matches!(
+            again.lease(held).map(|l| &l.state),
+            Some(LeaseState::Acquired { .. })
+        ));
+        again.plan(18_000);
+        assert!(matches!(
+            again.lease(held).map(|l| &l.state),
+            Some(LeaseState::Failed { .. })
+        ));
+        assert_eq!(again.check_invariants(), Ok(()));
     }
 }

@@ -87,6 +87,11 @@ pub struct Lease {
     /// With a lease TTL: when the lease fails unless renewed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Millis>,
+    /// The holder's own deadline, asked for at the reservation: the lease fails past it
+    /// whatever its state, so a holder that vanishes (a CI job past its own timeout whose
+    /// cleanup never came) cannot keep its slot for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_at: Option<Millis>,
 }
 
 /// Why the lease journal could not be written: the store's own error, kept whole (with its

@@ -19,32 +19,16 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 
 use crate::api::{ApiClient, LeaseState};
+use crate::docker::DockerSettings;
 use crate::image::Reference;
-use crate::job::{CacheBounds, DriverSettings, Job, JobLimits, PullPolicy, Service};
+use crate::job::{CacheBounds, Job, JobLimits, PullPolicy, Service};
 use crate::outcome::say;
+use crate::place::StepError;
 
 /// The label on every object the driver creates for a job, with the job id.
 pub const JOB_LABEL: &str = "io.flotilla.gitlab.job";
 /// The label on project cache volumes, with the project id.
 pub const CACHE_LABEL: &str = "io.flotilla.gitlab.cache";
-
-/// Why a step on the instance failed: the host (or its handle) did not answer, which a
-/// restart explains and a retry may cure; or the engine refused, which is the job's end.
-#[derive(Debug)]
-pub(crate) enum StepError {
-    /// The host did not answer or said it is restarting.
-    HostDown(String),
-    /// The engine or the job's input refused.
-    Failed(String),
-}
-
-impl std::fmt::Display for StepError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StepError::HostDown(why) | StepError::Failed(why) => f.write_str(why),
-        }
-    }
-}
 
 /// Classifies a Docker call's error with what was being done.
 pub(crate) fn step(
@@ -200,7 +184,7 @@ pub(crate) async fn create_job(
     api: &ApiClient,
     job: &Job,
     image: &str,
-    settings: &DriverSettings,
+    settings: &DockerSettings,
 ) -> Result<Duration, StepError> {
     let mut pulling = pull(docker, job, image, settings.pull_policy).await?;
     for service in &job.services {
@@ -455,14 +439,22 @@ pub(crate) async fn remove_leftovers(api: &ApiClient, docker: &Docker, current: 
         if id == current.id {
             continue;
         }
-        let lost = match api.lease_by_label("gitlab-job", &id).await {
-            Ok(None) => true,
-            Ok(Some(lease)) => matches!(lease.state, LeaseState::Failed { .. }),
-            Err(_) => false,
+        let (lost, failed) = match api.lease_by_label("gitlab-job", &id).await {
+            Ok(None) => (true, None),
+            Ok(Some(lease)) => match lease.state {
+                LeaseState::Failed { .. } => (true, Some(lease.id)),
+                _ => (false, None),
+            },
+            Err(_) => (false, None),
         };
         if lost {
             tracing::info!(job = %id, "removing what a lost job left behind");
-            let _ = remove_job_objects(docker, &Job::stale(&id)).await;
+            let removed = remove_job_objects(docker, &Job::stale(&id)).await;
+            // A failed lease whose job is gone from its machine serves nobody: its driver
+            // never came back (a deadline failed it), or comes back to find it released.
+            if let (Ok(()), Some(lease)) = (removed, failed) {
+                let _ = api.release(lease, None).await;
+            }
         }
     }
 }

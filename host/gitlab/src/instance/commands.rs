@@ -17,6 +17,8 @@
 //! the ones that left the stage's process group (`setsid`, daemons) on Linux, where
 //! `/proc/<pid>/environ` shows it.
 
+use crate::detached::RunFiles;
+pub use crate::detached::sh_quote;
 use crate::setting::SettingError;
 
 /// The operating system a pool's machines run, which decides paths, shell and commands.
@@ -272,24 +274,17 @@ impl InstanceSettings {
         unix(&body)
     }
 
-    /// The line a stage's command prints on standard output once the script is in place and
-    /// about to start: output before it is the command's own (a setup failure), after it the
-    /// script's.
-    pub fn start_marker(run: &str) -> String {
-        format!("flotilla-start {run}\n")
-    }
-
     /// One command per stage (each SSH channel costs a session on the machine): writes
     /// standard input to the stage's script file in the job's directory (only the login user
     /// can read it: it holds the job's variables), writes the stage's process group id
     /// (Unix) or process id (Windows) beside it for a later stop, prints the
-    /// [start marker](Self::start_marker), then runs the script there with the runner's
+    /// [start marker](crate::detached::start_marker), then runs the script there with the runner's
     /// shell, standard input closed. The exit status is the script's; a setup failure ends
     /// before the marker.
     pub fn run_command(&self, job: &str, run: &str, len: usize) -> String {
         let script = self.script_name(run);
         let mark = Self::mark(job);
-        let marker = Self::start_marker(run);
+        let marker = crate::detached::start_marker(run);
         if self.os.windows() {
             let exe = match self.shell {
                 Shell::Powershell => "powershell.exe",
@@ -338,71 +333,29 @@ impl InstanceSettings {
     }
 
     /// Unix: starts the stage's script detached (once: a retried start only follows), then
-    /// follows its log from the start. Standard input is the script. The script's standard
-    /// output and error share the log in the order written (as in Docker mode); it ignores
-    /// `HUP`, so the channel's end does not end it. Prints the
-    /// [start marker](Self::start_marker) first, and ends with the
-    /// [status line](Self::status_line) on standard error.
-    /// Sent again after a cut with `from` = the bytes printed so far, it starts nothing new
-    /// (the run's lock directory exists) and follows on from there.
+    /// follows its log ([`crate::detached`]). Standard input is the script, written to the
+    /// job's directory (only the login user can read it: it holds the job's variables); a
+    /// script cut short in transit (the host went away mid-upload) is never started: its
+    /// length must be the one sent, or the lock is given back for the next try. The script
+    /// runs with the runner's shell in the job's directory, and it and every process it
+    /// starts carry the job's mark. Sent again after a cut with `from` = the bytes printed so
+    /// far, it starts nothing new and follows on from there.
     pub fn start_command(&self, job: &str, run: &str, from: u64, len: usize) -> String {
-        let mark = Self::mark(job);
-        let script = self.script_name(run);
-        // A script cut short in transit (the host went away mid-upload) is never started:
-        // its length must be the one sent, or the lock is given back for the next try.
-        let body = format!(
-            "cd {dir} || exit 1\n\
-             if mkdir .flotilla/{run}.d 2>/dev/null; then\n\
-             (umask 077 && cat > {script}) || {{ rmdir .flotilla/{run}.d; exit 1; }}\n\
-             got=$(wc -c < {script} | tr -d ' ')\n\
-             if [ \"$got\" != {len} ]; then echo \"flotilla: the script arrived cut: $got of {len} bytes\" >&2; rm -f {script}; rmdir .flotilla/{run}.d; exit 1; fi\n\
-             (umask 077 && : > .flotilla/{run}.out) || exit 1\n\
-             echo $$ > .flotilla/{run}.pgid || exit 1\n\
+        let files = RunFiles::new(&self.join(&[job, ".flotilla"]), run);
+        let place = format!(
+            "(umask 077 && cat > \"$P.sh\") || {{ rmdir \"$P.d\"; exit 1; }}\n\
+             got=$(wc -c < \"$P.sh\" | tr -d ' ')\n\
+             if [ \"$got\" != {len} ]; then echo \"flotilla: the script arrived cut: $got of {len} bytes\" >&2; rm -f \"$P.sh\"; rmdir \"$P.d\"; exit 1; fi\n\
              FLOTILLA_JOB={mark}\n\
-             export FLOTILLA_JOB\n\
-             (trap '' HUP; bash --login {script} < /dev/null >> .flotilla/{run}.out 2>&1; echo $? > .flotilla/{run}.st; mv .flotilla/{run}.st .flotilla/{run}.status) &\n\
-             echo $! > .flotilla/{run}.pid\n\
-             else cat > /dev/null; fi\n\
-             test -e .flotilla/{run}.out || exit 1\n\
-             {follow}",
+             export FLOTILLA_JOB",
+            mark = sh_quote(&Self::mark(job)),
+        );
+        let body = format!(
+            "cd {dir} || exit 1\n{start}",
             dir = sh_quote(&self.job_dir(job)),
-            mark = sh_quote(&mark),
-            script = sh_quote(&script),
-            follow = Self::follower(run, from),
+            start = files.start(&place, "cat > /dev/null", "bash --login \"$P.sh\"", from),
         );
         unix(&body)
-    }
-
-    /// The line that ends a followed stage on standard error: `flotilla-status <code>`.
-    pub fn status_line(code: &str) -> String {
-        format!("flotilla-status {code}\n")
-    }
-
-    /// Prints the start marker, then the log from byte `from` as it grows, polling (10 ms,
-    /// growing to 1 s over the first second and a half while nothing comes, back to 10 ms
-    /// when something does), until the status file is there: then the rest, and the status
-    /// line. The status file is looked for before the log is measured, so everything written
-    /// before it is sent. If the process that would write it is gone (the script's group was
-    /// killed) or the log vanished, the status line says `lost`.
-    fn follower(run: &str, from: u64) -> String {
-        format!(
-            "printf '%s' {marker}\n\
-             o=.flotilla/{run}.out; s=.flotilla/{run}.status; q=.flotilla/{run}.pid; n={from}; i=0\n\
-             while :; do\n\
-             d=0; [ -e \"$s\" ] && d=1\n\
-             if [ $d = 0 ] && [ -f \"$q\" ] && ! kill -0 \"$(cat \"$q\")\" 2>/dev/null; then if [ -e \"$s\" ]; then d=1; else d=2; fi; fi\n\
-             [ -e \"$o\" ] || {{ printf '{lost}' >&2; exit 0; }}\n\
-             z=$(wc -c < \"$o\" | tr -d ' ')\n\
-             if [ \"$z\" -gt \"$n\" ]; then tail -c +$((n + 1)) \"$o\" | head -c $((z - n)) || exit 1; n=$z; i=0; fi\n\
-             if [ $d = 1 ]; then printf '{status}' \"$(cat \"$s\")\" >&2; exit 0; fi\n\
-             if [ $d = 2 ]; then printf '{lost}' >&2; exit 0; fi\n\
-             case $i in 0) t=0.01;; 1) t=0.02;; 2) t=0.03;; 3|4) t=0.05;; 5|6) t=0.1;; 7) t=0.2;; 8) t=0.5;; *) t=1;; esac\n\
-             i=$((i + 1)); sleep $t\n\
-             done\n",
-            marker = sh_quote(&Self::start_marker(run)),
-            status = Self::status_line("%s").replace('\n', "\\n"),
-            lost = Self::status_line("lost").replace('\n', "\\n"),
-        )
     }
 
     /// Waits up to `tenths` tenths of a second for every process of the job to end (after a
@@ -501,11 +454,6 @@ impl InstanceSettings {
     }
 }
 
-/// `text` as one POSIX shell word: single quotes, each `'` written as `'\''`.
-pub fn sh_quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
-
 /// `text` as one PowerShell string literal: single quotes, each `'` doubled. PowerShell also
 /// ends single-quoted strings at the typographic quotes U+2018..U+201B, so those are doubled
 /// too.
@@ -553,32 +501,6 @@ mod tests {
             .map(|c| u16::from_le_bytes([c[0], c[1]]))
             .collect();
         String::from_utf16(&units).expect("utf-16")
-    }
-
-    /// Runs `text` through a real POSIX shell's word splitting and returns the one word.
-    fn through_sh(word: &str) -> String {
-        let out = std::process::Command::new("/bin/sh")
-            .arg("-c")
-            .arg(format!("printf '%s' {word}"))
-            .output()
-            .expect("sh");
-        String::from_utf8(out.stdout).expect("utf-8")
-    }
-
-    #[test]
-    fn awkward_text_survives_posix_quoting_byte_for_byte() {
-        for text in [
-            "plain",
-            "it's",
-            "'",
-            "''",
-            "a b\tc\nd",
-            "$HOME `id` $(id) \\ \" ! * ? [x] ~ # ; & | < >",
-            "ünïcödé ✓",
-            "",
-        ] {
-            assert_eq!(through_sh(&sh_quote(text)), text, "{text:?}");
-        }
     }
 
     #[test]

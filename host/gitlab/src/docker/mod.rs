@@ -1,0 +1,312 @@
+//! Docker mode: each job in containers on its leased instance, reached only through the
+//! host's Docker handle of the lease. `prepare` creates the job's network, volumes, services
+//! and container ([`objects`]); each stage's script runs detached in the container, its log
+//! followed ([`crate::detached`]); a cancel ends every process in the stage's container but
+//! its init; `cleanup` removes the job's objects.
+
+pub mod client;
+pub(crate) mod objects;
+
+pub use objects::{CACHE_LABEL, JOB_LABEL};
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::query_parameters::UploadToContainerOptions;
+use futures_util::StreamExt;
+
+use crate::api::{Acquired, ApiClient, FrameKind};
+use crate::detached::{Output, RunFiles, Status};
+use crate::job::{CacheBounds, DriverSettings, Job, JobLimits, PullPolicy};
+use crate::place::{Context, Ended, GRACE, Place, StageRun, StepError};
+use objects::step;
+
+/// Docker mode's settings.
+#[derive(Debug, Clone)]
+pub struct DockerSettings {
+    /// Where the job's files live inside its container (the runner's `builds_dir`).
+    pub builds_dir: String,
+    /// Where the runner keeps its cache inside the container (`cache_dir`).
+    pub cache_dir: String,
+    /// The image when the job names none.
+    pub default_image: Option<String>,
+    /// When to pull.
+    pub pull_policy: PullPolicy,
+    /// Limits of the job's containers.
+    pub limits: JobLimits,
+    /// Bounds of the project caches on each instance.
+    pub cache: CacheBounds,
+}
+
+/// Where the scripts go in a container: `/tmp`, which every image the runner supports has.
+const SCRIPT_DIR: &str = "/tmp";
+
+/// How long cleanup waits before its second sweep, so an object whose creation was still in
+/// flight when a killed `prepare` died has landed and is removed too.
+const SETTLE: Duration = Duration::from_millis(1500);
+
+/// The job's containers on its instance.
+pub(crate) struct DockerPlace {
+    api: ApiClient,
+    job: Job,
+    own: DockerSettings,
+    docker: Docker,
+    /// Whether this invocation's script is in its container already.
+    uploaded: Cell<bool>,
+}
+
+impl Place for DockerPlace {
+    type Settings = DockerSettings;
+
+    fn check(job: &Job, own: &DockerSettings) -> Result<(), String> {
+        match (&job.image, &own.default_image) {
+            (None, None) => {
+                Err("the job names no image and the driver has no --default-image".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn open(
+        api: &ApiClient,
+        job: &Job,
+        _settings: &DriverSettings,
+        own: &DockerSettings,
+        lease: u64,
+    ) -> Result<DockerPlace, String> {
+        // Long enough for a pull or a slow stage's exec to answer.
+        let docker = client::for_lease(api, lease, 3600)?;
+        Ok(DockerPlace {
+            api: api.clone(),
+            job: job.clone(),
+            own: own.clone(),
+            docker,
+            uploaded: Cell::new(false),
+        })
+    }
+
+    async fn prepare(&self, _acquired: &Acquired) -> Result<Duration, StepError> {
+        let image = self
+            .job
+            .image
+            .as_deref()
+            .or(self.own.default_image.as_deref())
+            .unwrap_or_default();
+        objects::remove_leftovers(&self.api, &self.docker, &self.job).await;
+        objects::bound_caches(&self.docker, self.own.cache, &self.job.cache_volume()).await;
+        // A retried prepare starts from a clean slate.
+        objects::remove_job_objects(&self.docker, &self.job).await?;
+        objects::create_job(&self.docker, &self.api, &self.job, image, &self.own).await
+    }
+
+    async fn follow(&self, run: &StageRun<'_>, printed: &Cell<u64>) -> Result<Ended, StepError> {
+        let container = self.container(run.context);
+        let files = RunFiles::new(SCRIPT_DIR, &format!("flotilla-{}", run.name));
+        if !self.uploaded.get() {
+            self.upload(&container, &files, run.script).await?;
+            self.uploaded.set(true);
+        }
+        let place = "[ -f \"$P.sh\" ] || { echo 'flotilla: the script is not in the container' >&2; rmdir \"$P.d\"; exit 1; }";
+        let command = files.start(place, ":", launch(run.context), printed.get());
+        let exec = self
+            .docker
+            .create_exec(
+                &container,
+                CreateExecOptions {
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    cmd: Some(vec!["sh".to_string(), "-c".to_string(), command]),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(step("following the script's output"))?;
+        let started = self
+            .docker
+            .start_exec(&exec.id, Some(StartExecOptions::default()))
+            .await
+            .map_err(step("following the script's output"))?;
+        let StartExecResults::Attached { mut output, .. } = started else {
+            return Err(StepError::Failed("the follower's exec was detached".into()));
+        };
+        let mut out = Output::new(files.name());
+        let base = printed.get();
+        while let Some(item) = output.next().await {
+            let chunk = match item {
+                Ok(chunk) => chunk,
+                Err(e) => return Ok(Ended::Cut(e.to_string())),
+            };
+            match chunk {
+                bollard::container::LogOutput::StdErr { message } => {
+                    out.take(FrameKind::Stderr, &message);
+                }
+                bollard::container::LogOutput::StdOut { message }
+                | bollard::container::LogOutput::Console { message }
+                | bollard::container::LogOutput::StdIn { message } => {
+                    out.take(FrameKind::Stdout, &message);
+                }
+            }
+            printed.set(base + out.shown);
+        }
+        Ok(match out.status() {
+            Some(Status::Exited(code)) => Ended::Exited(code),
+            Some(Status::Lost) => Ended::Lost,
+            None if !out.started => Ended::NotStarted(out.setup_output()),
+            None => Ended::Cut("the follower ended without the script's status".into()),
+        })
+    }
+
+    async fn stop(&self, run: &StageRun<'_>) {
+        let container = self.container(run.context);
+        if let Err(e) = self.stop_all(&container).await {
+            eprintln!("flotilla: stopping the {} script: {e}", run.stage);
+        }
+    }
+
+    async fn sweep(&self) -> Result<(), StepError> {
+        self.docker.ping().await.map_err(step(format!(
+            "Docker Engine does not answer after job {}",
+            self.job.id
+        )))?;
+        objects::remove_job_objects(&self.docker, &self.job).await?;
+        tokio::time::sleep(SETTLE).await;
+        objects::remove_job_objects(&self.docker, &self.job).await
+    }
+}
+
+/// The command that runs the uploaded script `"$P.sh"`: the runner's scripts are written for
+/// bash when the image has it, `sh` otherwise (as the docker executor's detection script
+/// chooses, `BashDetectShellScript`).
+fn launch(context: Context) -> &'static str {
+    match context {
+        Context::Job | Context::Helper => {
+            "{ if command -v bash >/dev/null 2>&1; then bash \"$P.sh\"; else sh \"$P.sh\"; fi; }"
+        }
+    }
+}
+
+/// Ends every process in a container but its init (the container lives on for the next
+/// stage): `TERM`, up to [`GRACE`] for them to end, then `KILL`. `kill -1` reaches every
+/// process the caller may signal except itself and the namespace's init, whatever its
+/// session or process group, so neither `setsid` nor a double fork escapes; it runs as root,
+/// so neither does `sudo`. Zombies waiting for their parent do not count as running.
+fn stop_command(tenths: u128) -> String {
+    format!(
+        "kill -TERM -1 2>/dev/null\n\
+         i=0\n\
+         while [ $i -lt {tenths} ]; do\n\
+         n=0\n\
+         for d in /proc/[0-9]*; do p=${{d#/proc/}}; [ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; t=; read -r t 2>/dev/null < \"$d/stat\" || continue; case \"${{t##*) }}\" in Z*|X*) ;; *) n=$((n + 1));; esac; done\n\
+         [ $n = 0 ] && break\n\
+         sleep 0.1 2>/dev/null || sleep 1\n\
+         i=$((i + 1))\n\
+         done\n\
+         kill -KILL -1 2>/dev/null\n\
+         true\n"
+    )
+}
+
+impl DockerPlace {
+    /// The container a stage of `context` runs in.
+    fn container(&self, context: Context) -> String {
+        match context {
+            Context::Job | Context::Helper => self.job.container(),
+        }
+    }
+
+    /// Copies the script into the container (the first follow starts it).
+    async fn upload(
+        &self,
+        container: &str,
+        files: &RunFiles,
+        text: &[u8],
+    ) -> Result<(), StepError> {
+        let script = files.script();
+        let name = script.rsplit('/').next().unwrap_or(&script);
+        self.docker
+            .upload_to_container(
+                container,
+                Some(UploadToContainerOptions {
+                    path: SCRIPT_DIR.into(),
+                    ..Default::default()
+                }),
+                bollard::body_full(crate::tar::one_file(name, 0o700, text).into()),
+            )
+            .await
+            .map_err(step("copying the script into the job container"))?;
+        Ok(())
+    }
+
+    /// Runs [`stop_command`] in `container` as root, and waits for it to end.
+    async fn stop_all(&self, container: &str) -> Result<(), StepError> {
+        let exec = self
+            .docker
+            .create_exec(
+                container,
+                CreateExecOptions {
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    user: Some("0".into()),
+                    cmd: Some(vec![
+                        "sh".to_string(),
+                        "-c".to_string(),
+                        stop_command(GRACE.as_millis() / 100),
+                    ]),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(step("stopping the script"))?;
+        let started = self
+            .docker
+            .start_exec(&exec.id, Some(StartExecOptions::default()))
+            .await
+            .map_err(step("stopping the script"))?;
+        if let StartExecResults::Attached { mut output, .. } = started {
+            while output.next().await.is_some() {}
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`stop_command`] against real processes in a PID namespace of their own (as a
+    /// container has), so `kill -1` reaches nothing outside: a background process, one that
+    /// left the session (`setsid`) and one that ignores `TERM` are all gone after it, and
+    /// the namespace's init is still there. Needs root (unshare); skipped otherwise.
+    #[test]
+    fn a_stop_ends_every_process_of_the_container_but_its_init() {
+        let probe = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "true"])
+            .output();
+        if !probe.is_ok_and(|o| o.status.success()) {
+            eprintln!("skipped: this user cannot make a PID namespace");
+            return;
+        }
+        let inside = format!(
+            "sleep 300 & setsid sleep 301 & (trap '' TERM; sleep 302; :) & sleep 0.3\n\
+             sh -c {stop}\n\
+             n=0; for d in /proc/[0-9]*; do p=${{d#/proc/}}; [ \"$p\" = $$ ] && continue; \
+             read -r t < \"$d/stat\" 2>/dev/null || continue; case \"${{t##*) }}\" in Z*) ;; *) n=$((n + 1)); echo \"left: $t\";; esac; done\n\
+             echo \"init=$$ left=$n\"\n",
+            stop = crate::detached::sh_quote(&stop_command(5)),
+        );
+        let start = std::time::Instant::now();
+        let out = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "sh", "-c", &inside])
+            .output()
+            .expect("unshare");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("init=1 left=0"), "{text}{out:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+}
