@@ -35,7 +35,9 @@ rustup component list --installed | grep -q '^rustfmt' || rustup component add r
 #   musl-tools, ca-certificates
 #                   the static binary of the container image (deploy/image.sh) and its CA roots;
 #   iproute2        `ip netns`: a dockerd with its iptables rules on, in a network namespace of
-#                   its own (job network isolation), entered with util-linux's nsenter.
+#                   its own (job network isolation), entered with util-linux's nsenter;
+#   curl, openssl   the runner-cache store tests drive the stores as the helper does (curl) and
+#                   make the GCS stand-in's service-account RSA key (openssl).
 # Some tests need root: that dockerd, and stand-ins served on port 443 of 127.0.0.N.
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
@@ -52,6 +54,8 @@ command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 command -v ip >/dev/null || need+=(iproute2)
+command -v curl >/dev/null || need+=(curl)
+command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
@@ -82,6 +86,10 @@ if ! command -v kubectl >/dev/null; then
 fi
 # oras-py is the independent OCI client of the cross-checks.
 "$FLOTILLA_VENV/bin/python" -c "import oras" 2>/dev/null || "$FLOTILLA_VENV/bin/pip" install -q "oras==0.2.43"
+# Azurite is the Azure Blob store of the runner-cache tests (host/peers/src/cache_stores).
+export FLOTILLA_NPM="${FLOTILLA_NPM:-$HOME/.cache/flotilla-npm}"
+[ -x "$FLOTILLA_NPM/node_modules/.bin/azurite-blob" ] \
+  || npm install --prefix "$FLOTILLA_NPM" --no-audit --no-fund --silent "azurite@3.35.0"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -64,6 +64,9 @@ pub enum ErrorCode {
     /// The lease's instance has no shell the host can reach (it is not an SSH instance, or
     /// the pool has no `[pool.connector]`), so the host serves no exec for it.
     NoShell,
+    /// The pool does not allow what the request asks (a privileged container without the
+    /// pool's `allow_privileged`).
+    NotAllowed,
     /// A code this client does not know (a newer server); the HTTP status still applies.
     #[serde(other)]
     Unknown,
@@ -71,7 +74,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code a server sends (not [`ErrorCode::Unknown`]).
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::NotFound,
         ErrorCode::Unauthorized,
         ErrorCode::UnknownPool,
@@ -95,6 +98,7 @@ impl ErrorCode {
         ErrorCode::NoTtl,
         ErrorCode::LeaseEnded,
         ErrorCode::NoShell,
+        ErrorCode::NotAllowed,
     ];
 
     /// The HTTP status that goes with the code.
@@ -103,6 +107,7 @@ impl ErrorCode {
         match self {
             ErrorCode::NotFound | ErrorCode::UnknownPool | ErrorCode::UnknownLease => S::NOT_FOUND,
             ErrorCode::Unauthorized => S::UNAUTHORIZED,
+            ErrorCode::NotAllowed => S::FORBIDDEN,
             ErrorCode::BadLeaseId | ErrorCode::BadRequest => S::BAD_REQUEST,
             ErrorCode::AlreadyAcquired
             | ErrorCode::NotAcquired
@@ -149,6 +154,7 @@ impl ErrorCode {
             ErrorCode::NoTtl => "no_ttl",
             ErrorCode::LeaseEnded => "lease_ended",
             ErrorCode::NoShell => "no_shell",
+            ErrorCode::NotAllowed => "not_allowed",
             ErrorCode::Unknown => "unknown",
         }
     }

@@ -56,6 +56,10 @@ pub struct ConnectorConfig {
     /// certificates and the pool's client certificate and key (0600), all PEM.
     #[serde(default)]
     pub docker_tls: Option<DockerTlsConfig>,
+    /// Whether lease holders may create privileged containers through the Docker handle (a
+    /// `docker:dind` service needs one). Off: the host refuses them, whatever the driver asks.
+    #[serde(default)]
+    pub allow_privileged: bool,
 }
 
 /// `docker_tls = { ca = { file }, cert = { file }, key = { file } }`.
@@ -154,6 +158,8 @@ pub struct ConnectorSettings {
     pub ping_interval: Option<Duration>,
     /// The `docker-tls` files, when set.
     pub docker_tls: Option<crate::tls::DockerTlsFiles>,
+    /// Whether privileged containers may be created through the Docker handle.
+    pub allow_privileged: bool,
 }
 
 impl Validate for ConnectorConfig {
@@ -244,6 +250,7 @@ impl Validate for ConnectorConfig {
             docker_socket: self.docker.then(|| self.docker_socket.clone()),
             ping_interval: (!self.ping_interval.is_zero()).then_some(self.ping_interval),
             docker_tls,
+            allow_privileged: self.allow_privileged,
         })
     }
 }

@@ -83,6 +83,11 @@ impl Connector {
         }
     }
 
+    /// Whether lease holders may create privileged containers (`allow_privileged`).
+    pub fn allows_privileged(&self) -> bool {
+        self.settings.allow_privileged
+    }
+
     /// The pool's public key, for the operator or the plugin to install.
     pub fn public_key(&self) -> &str {
         self.key.public_openssh()

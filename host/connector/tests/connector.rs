@@ -34,6 +34,7 @@ fn settings(ready_command: Option<String>, ready_timeout: Duration) -> Connector
         docker_socket: None,
         ping_interval: None,
         docker_tls: None,
+        allow_privileged: false,
     }
 }
 

@@ -40,6 +40,7 @@ use flotilla_peers::dockerd::{Dockerd, busybox_rootfs_tar};
 use flotilla_peers::sshd::Sshd;
 
 const IMAGE: &str = "flotilla-bench/busybox:1";
+const HELPER_IMAGE: &str = "flotilla-bench/helper:1";
 
 /// bollard on the engine's own unix socket: the baseline.
 fn direct(socket: std::path::PathBuf) -> Docker {
@@ -152,19 +153,25 @@ fn bench(c: &mut Criterion) {
             std::future::pending(),
         ));
         let engine = direct(docker.socket());
-        let tar = busybox_rootfs_tar();
-        let mut import = engine.create_image(
-            Some(CreateImageOptions {
-                from_src: Some("-".into()),
-                repo: Some("flotilla-bench/busybox".into()),
-                tag: Some("1".into()),
-                ..Default::default()
-            }),
-            Some(bollard::body_full(tar.into())),
-            None,
-        );
-        while let Some(step) = import.next().await {
-            step.expect("import");
+        let helper =
+            flotilla_peers::helper_image::rootfs_tar(&flotilla_peers::helper_image::binary(), None);
+        for (tar, repo) in [
+            (busybox_rootfs_tar(), "flotilla-bench/busybox"),
+            (helper, "flotilla-bench/helper"),
+        ] {
+            let mut import = engine.create_image(
+                Some(CreateImageOptions {
+                    from_src: Some("-".into()),
+                    repo: Some(repo.into()),
+                    tag: Some("1".into()),
+                    ..Default::default()
+                }),
+                Some(bollard::body_full(tar.into())),
+                None,
+            );
+            while let Some(step) = import.next().await {
+                step.expect("import");
+            }
         }
         let api = ApiClient::new(&format!("http://{addr}"), None, "ci").expect("client");
         (api, engine)
@@ -200,7 +207,7 @@ fn bench(c: &mut Criterion) {
         job_identity_from_variables: true,
         state_dir: None,
         deadline_grace: Duration::from_secs(3600),
-        mode: flotilla_gitlab::Mode::Docker(flotilla_gitlab::DockerSettings {
+        mode: flotilla_gitlab::Mode::Docker(Box::new(flotilla_gitlab::DockerSettings {
             builds_dir: "/builds".into(),
             cache_dir: "/cache".into(),
             default_image: None,
@@ -210,54 +217,55 @@ fn bench(c: &mut Criterion) {
                 max_age: Duration::from_secs(3600),
                 max_volumes: 64,
             },
-        }),
+            helper_image: Some(HELPER_IMAGE.into()),
+            helper_registry_auth: None,
+            options: flotilla_gitlab::ContainerOptions::default(),
+            allowed_images: Vec::new(),
+            allowed_services: Vec::new(),
+        })),
     };
     let dir = tempfile::tempdir().expect("dir");
     let script = dir.path().join("build_script");
     std::fs::write(&script, "echo first-byte\n").expect("script");
-    group.bench_function("prepare_to_first_output", |b| {
-        b.to_async(&rt).iter_custom(|iters| {
-            let api = api.clone();
-            let settings = settings.clone();
-            let script = script.clone();
-            let n = n.fetch_add(iters, Ordering::Relaxed);
-            async move {
-                let mut total = Duration::ZERO;
-                for i in 0..iters {
-                    let env = HashMap::from([
-                        (
-                            "CUSTOM_ENV_CI_JOB_ID".to_string(),
-                            (1_000_000 + n + i).to_string(),
-                        ),
-                        ("CUSTOM_ENV_CI_PROJECT_ID".to_string(), "1".to_string()),
-                        ("CUSTOM_ENV_CI_JOB_IMAGE".to_string(), IMAGE.to_string()),
-                    ]);
-                    let job = Job::from_env(&env.into_iter().collect(), true).expect("job");
-                    let start = Instant::now();
-                    let prepared = flotilla_gitlab::prepare(&api, &job, &settings).await;
-                    let ran = flotilla_gitlab::run(
-                        &api,
-                        &job,
-                        &settings,
-                        &script,
-                        "build_script",
-                        std::future::pending(),
-                    )
-                    .await;
-                    total += start.elapsed();
-                    assert_eq!(
-                        (prepared, ran),
-                        (
-                            flotilla_gitlab::Outcome::Success,
-                            flotilla_gitlab::Outcome::Success
-                        )
-                    );
-                    flotilla_gitlab::cleanup(&api, &job, &settings).await;
+    let mut bare = settings.clone();
+    if let flotilla_gitlab::Mode::Docker(own) = &mut bare.mode {
+        own.helper_image = Some("none".into());
+    }
+    for (name, settings) in [
+        ("prepare_to_first_output", &settings),
+        ("prepare_to_first_output_no_helper", &bare),
+    ] {
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let n = n.fetch_add(iters, Ordering::Relaxed);
+                let (api, settings, script) = (api.clone(), settings.clone(), script.clone());
+                async move {
+                    let mut total = Duration::ZERO;
+                    for i in 0..iters {
+                        total +=
+                            job_to_first_output(&api, &settings, &script, 1_000_000 + n + i).await;
+                    }
+                    total
                 }
-                total
-            }
-        })
+            })
+        });
+    }
+    // The same two, interleaved one by one (the machine's noise falls on both alike).
+    let (mut with_helper, mut without) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        for i in 0..15 {
+            let id = 2_000_000 + 2 * i;
+            with_helper.push(job_to_first_output(&api, &settings, &script, id).await);
+            without.push(job_to_first_output(&api, &bare, &script, id + 1).await);
+        }
     });
+    with_helper.sort();
+    without.sort();
+    let (h, w) = (with_helper[7], without[7]);
+    eprintln!(
+        "gitlab/prepare_to_first_output interleaved x15: with the helper {h:?}, without {w:?}, +{:?}",
+        h.saturating_sub(w)
+    );
 
     // One stage on a prepared job: the driver's detached run against the attached exec of
     // the same script (upload, exec streamed to its end, exit code), alternating.
@@ -282,6 +290,35 @@ fn bench(c: &mut Criterion) {
     let stage_handle =
         flotilla_gitlab::docker::client::for_lease(&api, stage_lease, 120).expect("handle");
     let text = std::fs::read(&script).expect("script");
+    // A predefined stage (routed to the helper) against the same script through one attached
+    // exec in the helper container, interleaved.
+    let (mut direct_helper, mut routed) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        for _ in 0..30 {
+            let start = Instant::now();
+            attached_stage(&stage_handle, &job.helper_container(), &text).await;
+            direct_helper.push(start.elapsed());
+            let start = Instant::now();
+            let ran = flotilla_gitlab::run(
+                &api,
+                &job,
+                &settings,
+                &script,
+                "restore_cache",
+                std::future::pending(),
+            )
+            .await;
+            assert_eq!(ran, flotilla_gitlab::Outcome::Success);
+            routed.push(start.elapsed());
+        }
+    });
+    direct_helper.sort();
+    routed.sort();
+    let (d, r) = (direct_helper[15], routed[15]);
+    eprintln!(
+        "gitlab/helper_stage interleaved x30: attached exec in the helper {d:?}, the driver's predefined stage {r:?}, ratio {:.2}x",
+        r.as_secs_f64() / d.as_secs_f64()
+    );
     for (name, detached) in [
         ("stage_attached_exec", false),
         ("stage_detached_followed", true),
@@ -335,6 +372,43 @@ fn bench(c: &mut Criterion) {
     );
     rt.block_on(flotilla_gitlab::cleanup(&api, &job, &settings));
     group.finish();
+}
+
+/// One job's `prepare` and first `run` on an idle, ready instance, to the end of the script's
+/// first output; its cleanup is not measured.
+async fn job_to_first_output(
+    api: &ApiClient,
+    settings: &DriverSettings,
+    script: &std::path::Path,
+    id: u64,
+) -> Duration {
+    let env = HashMap::from([
+        ("CUSTOM_ENV_CI_JOB_ID".to_string(), id.to_string()),
+        ("CUSTOM_ENV_CI_PROJECT_ID".to_string(), "1".to_string()),
+        ("CUSTOM_ENV_CI_JOB_IMAGE".to_string(), IMAGE.to_string()),
+    ]);
+    let job = Job::from_env(&env.into_iter().collect(), true).expect("job");
+    let start = Instant::now();
+    let prepared = flotilla_gitlab::prepare(api, &job, settings).await;
+    let ran = flotilla_gitlab::run(
+        api,
+        &job,
+        settings,
+        script,
+        "build_script",
+        std::future::pending(),
+    )
+    .await;
+    let took = start.elapsed();
+    assert_eq!(
+        (prepared, ran),
+        (
+            flotilla_gitlab::Outcome::Success,
+            flotilla_gitlab::Outcome::Success
+        )
+    );
+    flotilla_gitlab::cleanup(api, &job, settings).await;
+    took
 }
 
 /// Runs `cmd` in `container`, attached to its end; its exit code.

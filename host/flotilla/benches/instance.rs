@@ -42,6 +42,7 @@ fn connector_settings() -> ConnectorSettings {
         docker_socket: None,
         ping_interval: None,
         docker_tls: None,
+        allow_privileged: false,
     }
 }
 

@@ -431,6 +431,7 @@ async fn docker(
         )
     })?;
     let (mut parts, body) = request.into_parts();
+    let body = privileged_refused(&parts, body, connector.allows_privileged(), &name).await?;
     let path = raw_docker_path(&parts.uri);
     parts.uri = path.as_deref().unwrap_or("").parse().map_err(|_| {
         ApiError::new(
@@ -448,6 +449,57 @@ async fn docker(
         .await
         .map_err(ApiError::from)?;
     Ok(forwarded.map(axum::body::Body::new))
+}
+
+/// The largest container-create body the host reads to check it (an engine takes far less:
+/// the job's variables are the biggest part).
+const CREATE_BODY_LIMIT: usize = 8 << 20;
+
+/// A container create (`POST /[v1.NN/]containers/create`) asking for a privileged container
+/// is refused unless the pool allows it: the driver's `--privileged` is the job runner's
+/// wish, `allow_privileged` the fleet operator's consent. Other requests pass untouched, their
+/// bodies still streaming.
+async fn privileged_refused(
+    parts: &axum::http::request::Parts,
+    body: axum::body::Body,
+    allowed: bool,
+    pool: &str,
+) -> Result<axum::body::Body, ApiError> {
+    let creates = parts.method == axum::http::Method::POST
+        && raw_docker_path(&parts.uri).is_some_and(|p| {
+            let path = p.split('?').next().unwrap_or_default();
+            let path = path.trim_end_matches('/');
+            path == "/containers/create"
+                || path.strip_suffix("/containers/create").is_some_and(|v| {
+                    v.strip_prefix("/v")
+                        .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
+                })
+        });
+    if allowed || !creates {
+        return Ok(body);
+    }
+    let bytes = axum::body::to_bytes(body, CREATE_BODY_LIMIT)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                ErrorCode::BadRequest,
+                format!("container create body: {e} (at most {CREATE_BODY_LIMIT} bytes)"),
+            )
+        })?;
+    let asked: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    if asked
+        .pointer("/HostConfig/Privileged")
+        .and_then(serde_json::Value::as_bool)
+        == Some(true)
+    {
+        return Err(ApiError::new(
+            ErrorCode::NotAllowed,
+            format!(
+                "pool {pool} does not allow privileged containers; set allow_privileged = true in its [pool.connector] to let jobs run them (they can then take over the machine)"
+            ),
+        ));
+    }
+    Ok(axum::body::Body::from(bytes))
 }
 
 /// A failure to reach the lease's machine, with its stable code.

@@ -754,7 +754,16 @@ async fn a_migrated_docker_machine_runner_runs_a_job() {
     assert!(args.contains(&fleet.flotilla.base), "{args:?}");
 
     let mut job = fleet.job(900);
+    // The fleet's own helper image (no registry outside this machine is reachable); a real
+    // migrated runner pulls GitLab's.
+    let helper = job
+        .args
+        .iter()
+        .position(|a| a == "--helper-image")
+        .map(|at| job.args[at..at + 4].to_vec())
+        .expect("the fleet's helper flags");
     job.args = args;
+    job.args.extend(helper);
     assert_eq!(job.stage(&["config"]).code, 0);
     let prepare = job.stage(&["prepare"]);
     assert_eq!(prepare.code, 0, "{prepare:?}\n{}", fleet.flotilla.log());
@@ -889,6 +898,129 @@ async fn a_lease_fails_at_the_jobs_timeout_plus_the_grace_with_no_driver_call() 
     assert_eq!(prepare.code, 0, "{prepare:?}");
     assert_eq!(next.run("build_script", "true").code, 0);
     assert_eq!(next.stage(&["cleanup"]).code, 0);
+    fleet.assert_clean().await;
+}
+
+/// The docker executor's options reach every container of the job as the docker executor
+/// gives them (`createHostConfig`, `createHostConfigForService`): privileged (in a pool that
+/// allows it), an extra volume, /dev/shm's size, a device, extra hosts and DNS, on the job's,
+/// helper and service containers; a service gets the job's public variables and its own
+/// expanded, never a project's masked one (`Build.GetServiceVariables`); and the job's
+/// variables are every container's environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_executor_options_and_variables_reach_every_container_of_the_job() {
+    let _one = DOCKER.lock().await;
+    let fleet = Fleet::start_with(1, |key, _, sshds| {
+        common::fleet::config(key, sshds, 2, "").replace(
+            "[pool.connector]\n",
+            "[pool.connector]\nallow_privileged = true\n",
+        )
+    })
+    .await;
+    let mut job = fleet.job(880);
+    job.args.extend(
+        [
+            "--shm-size",
+            "96m",
+            "--extra-host",
+            "db.example:10.1.2.3",
+            "--dns",
+            "10.0.0.53",
+            "--volume",
+            "/opt/extra",
+            "--device",
+            "/dev/null:/dev/flotilla-null",
+        ]
+        .map(String::from),
+    );
+    std::fs::write(
+        job.dir.path().join("response.json"),
+        r#"{"id": 880, "token": "glcbt-job-token", "job_info": {"project_id": 77},
+            "variables": [
+              {"key": "POSTGRES_PASSWORD", "value": "from-the-job", "public": true},
+              {"key": "DEPLOY_KEY", "value": "project-secret", "public": false, "masked": true},
+              {"key": "CI_JOB_ID", "value": "880", "public": true}],
+            "services": [{"name": "db", "variables": [{"key": "POSTGRES_DB", "value": "db-$CI_JOB_ID"}]}]}"#,
+    )
+    .expect("response file");
+    job.env.insert(
+        "CUSTOM_ENV_CI_JOB_SERVICES".into(),
+        format!(
+            r#"[{{"name":"{}","alias":"db","entrypoint":["/bin/sh"],"command":["-c","sleep 300"],"variables":{{"POSTGRES_DB":"db-$CI_JOB_ID"}}}}]"#,
+            fleet.image
+        ),
+    );
+    let prepare = job.stage(&["prepare"]);
+    assert_eq!(prepare.code, 0, "{prepare:?}");
+    let cli = tempfile::tempdir().expect("dir");
+    let inspect = |container: &str| -> Value {
+        let out = common::fleet::docker_cli(&fleet.docker, cli.path(), &["inspect", container]);
+        assert!(out.status.success(), "{out:?}");
+        let all: Value = serde_json::from_slice(&out.stdout).expect("inspect JSON");
+        all[0].clone()
+    };
+    for container in [
+        "flotilla-job-880",
+        "flotilla-job-880-helper",
+        "flotilla-job-880-service-0",
+    ] {
+        let c = inspect(container);
+        let host = &c["HostConfig"];
+        assert_eq!(host["ShmSize"], 96 << 20, "{container}");
+        assert_eq!(host["ExtraHosts"][0], "db.example:10.1.2.3", "{container}");
+        assert_eq!(host["Dns"][0], "10.0.0.53", "{container}");
+        assert_eq!(
+            host["Devices"][0]["PathInContainer"], "/dev/flotilla-null",
+            "{container}"
+        );
+        assert!(
+            c["Mounts"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|m| m["Destination"] == "/opt/extra")),
+            "{container}: {}",
+            c["Mounts"]
+        );
+        let env: Vec<String> = c["Config"]["Env"]
+            .as_array()
+            .map(|e| {
+                e.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            env.contains(&"POSTGRES_PASSWORD=from-the-job".to_string()),
+            "{container}: {env:?}"
+        );
+        let service = container.ends_with("service-0");
+        assert_eq!(
+            env.contains(&"DEPLOY_KEY=project-secret".to_string()),
+            !service,
+            "{container}: {env:?}"
+        );
+        if service {
+            assert!(env.contains(&"POSTGRES_DB=db-880".to_string()), "{env:?}");
+        }
+    }
+    assert_eq!(job.stage(&["cleanup"]).code, 0);
+    fleet.assert_clean().await;
+
+    // --privileged in a pool that allows it: the containers are created privileged. (Where the
+    // tests themselves run without the capabilities, the engine cannot start one: the job then
+    // fails at the start, after the host let the request through.)
+    let mut privileged = fleet.job(881);
+    privileged.args.push("--privileged".into());
+    let prepare = privileged.stage(&["prepare"]);
+    assert!(
+        prepare.code == 0 || prepare.stderr.contains("operation not permitted"),
+        "{prepare:?}"
+    );
+    assert!(!prepare.stderr.contains("not_allowed"), "{prepare:?}");
+    assert_eq!(
+        inspect("flotilla-job-881")["HostConfig"]["Privileged"],
+        true
+    );
+    assert_eq!(privileged.stage(&["cleanup"]).code, 0);
     fleet.assert_clean().await;
 }
 

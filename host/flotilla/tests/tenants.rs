@@ -87,7 +87,7 @@ async fn one_project_can_never_reach_another_projects_cache_images_or_job() {
             "ls",
             "-q",
             "--filter",
-            "label=io.flotilla.gitlab.cache",
+            "label=io.flotilla.gitlab.cache.kind=cache",
         ],
     );
     let mut volumes: Vec<&str> = volumes.lines().collect();
@@ -100,6 +100,27 @@ async fn one_project_can_never_reach_another_projects_cache_images_or_job() {
             "flotilla-cache-project-2"
         ]
     );
+    // Checkouts are kept per project, protection and slot, never shared between projects.
+    let builds = inspect(
+        &fleet,
+        &[
+            "volume",
+            "ls",
+            "--format",
+            "{{.Name}} {{.Label \"io.flotilla.gitlab.cache\"}}",
+            "--filter",
+            "label=io.flotilla.gitlab.cache.kind=builds",
+        ],
+    );
+    assert!(!builds.is_empty(), "no builds volume");
+    for line in builds.lines() {
+        let (name, project) = line.split_once(' ').expect("name and project");
+        assert!(
+            name.starts_with(&format!("runner-flotilla-project-{project}-concurrent-")),
+            "{line}"
+        );
+    }
+    assert!(builds.contains("-protected"), "{builds}");
 
     // Private images are pulled for every job: the image is on the instance now, but a job
     // without the registry's credentials cannot run it (the default pull policy is always).
@@ -326,12 +347,64 @@ async fn a_released_leases_docker_streams_are_cut_within_a_second() {
     assert!(docker.ping().await.is_err());
     let dir = tempfile::tempdir().expect("dir");
     for args in [
-        vec!["rm", "-f", "flotilla-job-960"],
+        vec!["rm", "-f", "flotilla-job-960", "flotilla-job-960-helper"],
         vec!["network", "rm", "flotilla-job-960"],
-        vec!["volume", "rm", "flotilla-job-960-builds"],
     ] {
         docker_cli(&fleet.docker, dir.path(), &args);
     }
+}
+
+/// A privileged container can take over the machine, so the Docker handle refuses one in a
+/// pool that does not allow it (`allow_privileged`), however the request spells it; other
+/// creates go through unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docker_handle_refuses_privileged_containers_unless_the_pool_allows_them() {
+    let _one = DOCKER.lock().await;
+    let fleet = Fleet::start(1, 2, "").await;
+    let job = fleet.job(970);
+    assert_eq!(job.stage(&["prepare"]).code, 0);
+    let (_, found) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/leases?label=gitlab-job=970", None)
+        .await;
+    let lease = found["leases"][0]["id"].as_u64().expect("the job's lease");
+    let create = |version: &str, privileged: bool| {
+        let body = serde_json::json!({
+            "Image": fleet.image,
+            "Cmd": ["true"],
+            "HostConfig": {"Privileged": privileged},
+            "Labels": {"io.flotilla.gitlab.job": "970"},
+        });
+        (
+            format!("/v1/pools/ci/leases/{lease}/docker{version}/containers/create"),
+            reqwest::Body::from(body.to_string()),
+        )
+    };
+    for version in ["", "/v1.41", "/v1.44"] {
+        let (url, body) = create(version, true);
+        let (code, answer) = fleet
+            .flotilla
+            .request("POST", &url, Some(body), Some(TOKEN))
+            .await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert_eq!(code, 403, "{url}: {answer}");
+        assert!(answer.contains("not_allowed"), "{answer}");
+    }
+    let (url, body) = create("/v1.41", false);
+    let (code, answer) = fleet
+        .flotilla
+        .request("POST", &url, Some(body), Some(TOKEN))
+        .await;
+    assert_eq!(code, 201, "{}", String::from_utf8_lossy(&answer));
+    // The driver's --privileged is refused by the pool, with the words to fix it.
+    let mut privileged = fleet.job(971);
+    privileged.args.push("--privileged".into());
+    let refused = privileged.stage(&["prepare"]);
+    assert_eq!(refused.code, 2, "{refused:?}");
+    assert!(refused.stderr.contains("allow_privileged"), "{refused:?}");
+    assert_eq!(privileged.stage(&["cleanup"]).code, 0);
+    assert_eq!(job.stage(&["cleanup"]).code, 0);
+    fleet.assert_clean().await;
 }
 
 fn static_config(extra_server: &str, pools: &str) -> String {

@@ -31,6 +31,8 @@ pub enum ExecEnd {
 pub struct Acquired {
     /// The instance.
     pub instance: String,
+    /// The lease's slot on the instance (one job at a time).
+    pub slot: u32,
     /// `connection.os` of the acquire answer (`linux`, `darwin`, `windows`, ...).
     pub os: Option<String>,
 }
@@ -377,6 +379,7 @@ impl ApiClient {
             .map(str::to_string);
         Ok(Acquired {
             instance: answer.instance,
+            slot: answer.slot,
             os,
         })
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::setting::SettingError;
+use crate::variables::Variable;
 
 /// Why the job's environment cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -106,9 +107,9 @@ pub struct DriverSettings {
 #[derive(Debug, Clone)]
 pub enum Mode {
     /// Each job in a container on the leased instance, through its Docker handle.
-    Docker(crate::docker::DockerSettings),
+    Docker(Box<crate::docker::DockerSettings>),
     /// Each job directly on the leased machine, over the host's SSH session to it.
-    Instance(crate::instance::commands::InstanceSettings),
+    Instance(crate::instance::settings::InstanceSettings),
 }
 
 /// `variables` of a service: a map (`CI_JOB_SERVICES` of runner 19.0+) or a list of
@@ -197,18 +198,17 @@ pub struct Job {
     pub build_exit_code_file: Option<PathBuf>,
     /// The job's own timeout, as GitLab sent it to the runner (`runner_info.timeout`).
     pub timeout: Option<Duration>,
+    /// The job's CI variables, as GitLab sent them to the runner (the response file's).
+    pub variables: Vec<Variable>,
+    /// The runner's version (`CI_RUNNER_VERSION`), which names the default helper image.
+    pub runner_version: Option<String>,
+    /// The runner's short token (`CI_RUNNER_SHORT_TOKEN`), which names the job's builds
+    /// volume, so runners sharing a fleet never share a checkout.
+    pub runner_short_token: Option<String>,
 }
 
 /// The largest services list taken from the environment.
 pub(crate) const MAX_SERVICES: usize = 16;
-
-/// A variable of the job response file.
-#[derive(Debug, Clone, Deserialize)]
-struct Variable {
-    key: String,
-    #[serde(default)]
-    value: String,
-}
 
 /// The parts of GitLab Runner's job response file (`JOB_RESPONSE_FILE`, runner 14.1+) the
 /// driver trusts: the runner writes it from what GitLab sent, so no job variable can change it.
@@ -264,6 +264,7 @@ struct Identity {
     protected: bool,
     service_variables: Vec<(String, ServiceVariables)>,
     timeout: Option<Duration>,
+    variables: Vec<Variable>,
 }
 
 impl Job {
@@ -293,6 +294,13 @@ impl Job {
                 ))
             })?,
         };
+        if identity.variables.len() > crate::variables::MAX_VARIABLES {
+            return Err(JobError::Invalid(format!(
+                "the job carries {} variables; at most {}",
+                identity.variables.len(),
+                crate::variables::MAX_VARIABLES
+            )));
+        }
         if services.len() > MAX_SERVICES {
             return Err(JobError::Invalid(format!(
                 "the job asks for {} services; at most {MAX_SERVICES}",
@@ -318,6 +326,9 @@ impl Job {
             system_failure,
             build_exit_code_file: env.get("BUILD_EXIT_CODE_FILE").map(PathBuf::from),
             timeout: identity.timeout,
+            variables: identity.variables,
+            runner_version: nonempty("CUSTOM_ENV_CI_RUNNER_VERSION"),
+            runner_short_token: nonempty("CUSTOM_ENV_CI_RUNNER_SHORT_TOKEN"),
         })
     }
 
@@ -350,6 +361,7 @@ impl Job {
                 .is_some_and(|v| v == "true"),
             service_variables: Vec::new(),
             timeout: None,
+            variables: Vec::new(),
         })
     }
 
@@ -391,6 +403,7 @@ impl Job {
                 .and_then(|r| r.timeout)
                 .filter(|t| *t > 0)
                 .map(Duration::from_secs),
+            variables: file.variables,
         })
     }
 
@@ -412,6 +425,37 @@ impl Job {
     /// The job's builds volume.
     pub fn volume(&self) -> String {
         format!("flotilla-job-{}-builds", self.id)
+    }
+
+    /// The job's helper container: git and the runner's helper binary, for the runner's own
+    /// stages.
+    pub fn helper_container(&self) -> String {
+        format!("flotilla-job-{}-helper", self.id)
+    }
+
+    /// The builds volume of the job's project and concurrency slot on the instance, kept
+    /// across jobs as the docker executor keeps `runner-<short token>-project-<id>-concurrent-<n>`,
+    /// so `GIT_STRATEGY=fetch` finds the worktree. A slot serves one job at a time, so two jobs
+    /// never share a checkout; projects, runners and protected refs never share a volume.
+    pub fn builds_volume(&self, slot: u32) -> String {
+        let token: String = self
+            .runner_short_token
+            .as_deref()
+            .unwrap_or("flotilla")
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+            .take(16)
+            .collect();
+        let token = if token.is_empty() {
+            "flotilla".into()
+        } else {
+            token
+        };
+        let kind = if self.protected { "-protected" } else { "" };
+        format!(
+            "runner-{token}-project-{}-concurrent-{slot}{kind}",
+            self.project
+        )
     }
 
     /// The `i`th service's container.
@@ -438,6 +482,9 @@ impl Job {
             system_failure: 2,
             build_exit_code_file: None,
             timeout: None,
+            variables: Vec::new(),
+            runner_version: None,
+            runner_short_token: None,
         }
     }
 }

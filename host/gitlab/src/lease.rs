@@ -153,12 +153,19 @@ pub(crate) async fn acquire(
     let lease = match find(api, job, patience).await.map_err(system)? {
         Some(LeaseInfo {
             id,
-            state: LeaseState::Acquired { instance, .. },
+            state: LeaseState::Acquired { instance, slot },
         }) => {
             say(&format!(
                 "Using instance {instance} (lease {id}, already acquired)"
             ));
-            return Ok((id, Acquired { instance, os: None }));
+            return Ok((
+                id,
+                Acquired {
+                    instance,
+                    slot,
+                    os: None,
+                },
+            ));
         }
         Some(LeaseInfo {
             id,
@@ -200,9 +207,15 @@ pub(crate) async fn acquire(
                 ..
             }) => match find(api, job, patience).await.map_err(system)? {
                 Some(LeaseInfo {
-                    state: LeaseState::Acquired { instance, .. },
+                    state: LeaseState::Acquired { instance, slot },
                     ..
-                }) => break Acquired { instance, os: None },
+                }) => {
+                    break Acquired {
+                        instance,
+                        slot,
+                        os: None,
+                    };
+                }
                 other => {
                     return Err(system(format!(
                         "lease {} was acquired, then lost: {other:?}",

@@ -26,12 +26,13 @@ mod place;
 pub mod setting;
 pub mod stages;
 pub mod tar;
+pub mod variables;
 
 pub use api::{ApiClient, ApiError, LeaseInfo};
 pub use detached::sh_quote;
-pub use docker::DockerSettings;
 pub use docker::{CACHE_LABEL, JOB_LABEL};
-pub use instance::commands::{InstanceSettings, MachineOs, Shell};
+pub use docker::{ContainerOptions, DockerSettings};
+pub use instance::settings::{InstanceSettings, MachineOs, Shell};
 pub use job::{CacheBounds, DriverSettings, Job, JobError, JobLimits, Mode, PullPolicy};
 pub use outcome::Outcome;
 pub use pending::default_dir as default_state_dir;

@@ -18,13 +18,18 @@
 #![allow(dead_code)]
 
 pub mod azure_cloud;
+pub mod cache_stores;
 pub mod dockerd;
 pub mod gcp_cloud;
+pub mod gitlab;
+pub mod helper_image;
 pub mod moto;
+pub mod netaddr;
 pub mod peer;
 pub mod poll;
 pub mod process;
 pub mod proxy;
 pub mod registry;
+pub mod runner_scripts;
 pub mod serve;
 pub mod sshd;

@@ -18,9 +18,22 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    serve_http_on(std::net::Ipv4Addr::LOCALHOST.into(), handler).await
+}
+
+/// Like [`serve_http`], on a free port of `ip` (e.g. [`crate::netaddr::PEER_IP`], which
+/// containers reach).
+pub async fn serve_http_on<S, F, B>(ip: std::net::IpAddr, handler: S) -> SocketAddr
+where
+    S: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = tokio::net::TcpListener::bind((ip, 0))
         .await
-        .expect("bind a loopback port");
+        .expect("bind a port");
     let addr = listener.local_addr().expect("the listener's address");
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {

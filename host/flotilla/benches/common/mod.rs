@@ -26,6 +26,7 @@ pub fn settings(docker: &Dockerd) -> ConnectorSettings {
         docker_socket: Some(docker.socket().display().to_string()),
         ping_interval: None,
         docker_tls: None,
+        allow_privileged: false,
     }
 }
 

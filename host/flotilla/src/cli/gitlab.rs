@@ -10,8 +10,8 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use flotilla_gitlab::{
-    ApiClient, CacheBounds, DockerSettings, DriverSettings, InstanceSettings, Job, JobLimits,
-    MachineOs, Mode, Outcome, PullPolicy, Shell,
+    ApiClient, CacheBounds, ContainerOptions, DockerSettings, DriverSettings, InstanceSettings,
+    Job, JobLimits, MachineOs, Mode, Outcome, PullPolicy, Shell,
 };
 
 /// The driver's flags, then the stage.
@@ -73,6 +73,45 @@ pub struct Args {
     /// Processes of each job and service container (Docker's --pids-limit).
     #[arg(long)]
     pids_limit: Option<u32>,
+    /// The helper image: git and GitLab Runner's helper binary, where checkout, cache and
+    /// artifacts run (one container per job) [default: GitLab's official
+    /// registry.gitlab.com/gitlab-org/gitlab-runner/gitlab-runner-helper:<arch>-v<runner
+    /// version>]. Pin it by digest, or name a mirror, for machines without registry access;
+    /// `none`: no helper, every stage in the job's image (which then needs git and
+    /// gitlab-runner, as the bare Custom executor does).
+    #[arg(long)]
+    helper_image: Option<String>,
+    /// A Docker config.json (`{"auths": {...}}`) with the registry credentials to pull the
+    /// helper image with; never a job's credentials.
+    #[arg(long)]
+    helper_registry_auth: Option<PathBuf>,
+    /// Run the job's, helper and service containers privileged (for a `docker:dind`
+    /// service). The pool must allow it too (`allow_privileged` in `[pool.connector]`).
+    #[arg(long)]
+    privileged: bool,
+    /// Images jobs may run, as globs (`ruby:*`, `registry.example.com/**`); repeat or
+    /// separate with commas. None: any image.
+    #[arg(long, value_delimiter = ',')]
+    allowed_images: Vec<String>,
+    /// Images jobs may start as services, as globs; none: any.
+    #[arg(long, value_delimiter = ',')]
+    allowed_services: Vec<String>,
+    /// An extra volume of every container of the job: `/path` or `source:/path[:ro]`
+    /// (repeat for more).
+    #[arg(long = "volume")]
+    volumes: Vec<String>,
+    /// Size of /dev/shm, e.g. `256m` (Docker's --shm-size).
+    #[arg(long, value_parser = parse_bytes)]
+    shm_size: Option<i64>,
+    /// A host device for every container of the job: `/dev/x[:/dev/y[:rwm]]` (repeat).
+    #[arg(long = "device")]
+    devices: Vec<String>,
+    /// An extra /etc/hosts line `host:ip` for every container of the job (repeat).
+    #[arg(long = "extra-host")]
+    extra_hosts: Vec<String>,
+    /// A DNS server for every container of the job (repeat).
+    #[arg(long = "dns")]
+    dns: Vec<String>,
     /// A project's cache volume older than this is removed (when no job uses it).
     #[arg(long, default_value = "7days", value_parser = humantime::parse_duration)]
     cache_max_age: Duration,
@@ -225,12 +264,44 @@ impl Args {
                 max_age: self.cache_max_age,
                 max_volumes: self.cache_max_volumes.max(1),
             },
+            helper_image: self.helper_image.clone(),
+            // Read by `run`, not by `snippet`, which only names the file.
+            helper_registry_auth: None,
+            options: ContainerOptions {
+                privileged: self.privileged,
+                volumes: self.volumes.clone(),
+                shm_size: self.shm_size,
+                devices: self.devices.clone(),
+                extra_hosts: self.extra_hosts.clone(),
+                dns: self.dns.clone(),
+            },
+            allowed_images: self.allowed_images.clone(),
+            allowed_services: self.allowed_services.clone(),
         })
+    }
+
+    /// The helper image's registry credentials (a secret: its file must not be open to
+    /// other users).
+    fn helper_registry_auth(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.helper_registry_auth else {
+            return Ok(None);
+        };
+        flotilla_net::fs::check_secret_file_mode(path)
+            .map_err(|why| anyhow::anyhow!("--helper-registry-auth: {why}"))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--helper-registry-auth {}", path.display()))?;
+        serde_json::from_str::<serde_json::Value>(&text).with_context(|| {
+            format!(
+                "--helper-registry-auth {}: not a Docker config.json",
+                path.display()
+            )
+        })?;
+        Ok(Some(text))
     }
 
     fn mode(&self) -> anyhow::Result<Mode> {
         match self.mode.trim() {
-            "docker" => Ok(Mode::Docker(self.docker()?)),
+            "docker" => Ok(Mode::Docker(Box::new(self.docker()?))),
             "instance" => {
                 let os = MachineOs::parse(&self.os)?;
                 let shell = self.shell.as_deref().map(Shell::parse).transpose()?;
@@ -243,10 +314,13 @@ impl Args {
 
     /// Runs the stage; a job or system failure becomes the runner's exit code.
     pub async fn run(self) -> anyhow::Result<()> {
-        let settings = self.settings()?;
         if let Stage::Snippet = self.stage {
             print!("{}", self.snippet()?);
             return Ok(());
+        }
+        let mut settings = self.settings()?;
+        if let Mode::Docker(own) = &mut settings.mode {
+            own.helper_registry_auth = self.helper_registry_auth()?;
         }
         let api = self.api()?;
         let env: BTreeMap<String, String> = std::env::vars().collect();
@@ -285,6 +359,44 @@ impl Args {
         }
     }
 
+    /// Docker mode's own flags as given, for the snippet.
+    fn docker_flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        let mut one = |flag: &str, value: Option<String>| {
+            if let Some(value) = value {
+                flags.extend([flag.to_string(), value]);
+            }
+        };
+        one("--helper-image", self.helper_image.clone());
+        one(
+            "--helper-registry-auth",
+            self.helper_registry_auth
+                .as_ref()
+                .map(|p| p.display().to_string()),
+        );
+        one("--shm-size", self.shm_size.map(|b| b.to_string()));
+        for (flag, values) in [
+            ("--allowed-images", &self.allowed_images),
+            ("--allowed-services", &self.allowed_services),
+        ] {
+            one(flag, (!values.is_empty()).then(|| values.join(",")));
+        }
+        for (flag, values) in [
+            ("--volume", &self.volumes),
+            ("--device", &self.devices),
+            ("--extra-host", &self.extra_hosts),
+            ("--dns", &self.dns),
+        ] {
+            for value in values {
+                one(flag, Some(value.clone()));
+            }
+        }
+        if self.privileged {
+            flags.push("--privileged".into());
+        }
+        flags
+    }
+
     /// The `[[runners]]` block: executor custom, the four stages with these flags.
     fn snippet(&self) -> anyhow::Result<String> {
         let url =
@@ -315,8 +427,21 @@ impl Args {
         if self.unsafe_job_identity_from_variables {
             common.push("--unsafe-job-identity-from-variables".into());
         }
+        let mut helper = String::new();
         let (builds, cache, shell) = match self.mode()? {
-            Mode::Docker(_) => (self.builds_dir.clone(), self.cache_dir.clone(), None),
+            Mode::Docker(_) => {
+                common.extend(self.docker_flags());
+                let image = self.helper_image.clone().unwrap_or_else(|| {
+                    format!(
+                        "{}:<arch>-v<runner version>",
+                        flotilla_gitlab::docker::helper::GITLAB_HELPER
+                    )
+                });
+                helper = format!(
+                    "  # checkout, cache and artifacts run in the helper image {image} (--helper-image)\n"
+                );
+                (self.builds_dir.clone(), self.cache_dir.clone(), None)
+            }
             Mode::Instance(instance) => {
                 // Images are Docker mode's: no pull policy here.
                 if let Some(at) = common.iter().position(|a| a == "--pull-policy") {
@@ -357,7 +482,7 @@ impl Args {
   executor = "custom"
   builds_dir = {builds}{per_job}
   cache_dir = {cache}
-{shell}{custom}"#,
+{helper}{shell}{custom}"#,
             builds = serde_json::to_string(&builds)?,
             cache = serde_json::to_string(&cache)?,
             per_job = if shell.is_some() {

@@ -41,7 +41,7 @@ pub enum Command {
     /// Replay a job trace through the real scaler on virtual time.
     Simulate(simulate::Args),
     /// GitLab Runner's Custom executor driver: run each job in a container on a leased instance, or on the machine itself.
-    Gitlab(gitlab::Args),
+    Gitlab(Box<gitlab::Args>),
     /// Move to Flotilla from another autoscaler (Docker Machine).
     #[command(subcommand)]
     Migrate(migrate::MigrateCommand),

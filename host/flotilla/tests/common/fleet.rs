@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::{Flotilla, TOKEN};
 use flotilla_connector::PoolKey;
 use flotilla_peers::dockerd::{Dockerd, busybox_rootfs_tar};
+use flotilla_peers::helper_image;
 use flotilla_peers::registry::{Mode, Registry, WRITER};
 use flotilla_peers::sshd::Sshd;
 use flotilla_test_artifacts as guests;
@@ -25,6 +26,10 @@ pub struct Fleet {
     pub image: String,
     pub auth: String,
     pub token_file: PathBuf,
+    /// The stand-in helper image (`--helper-image`), in the registry.
+    pub helper_image: String,
+    /// The operator's registry credentials for it (`--helper-registry-auth`, 0600).
+    pub helper_auth: PathBuf,
 }
 
 pub fn docker_cli(docker: &Dockerd, config: &Path, args: &[&str]) -> Output {
@@ -109,15 +114,22 @@ impl Fleet {
         let mut fleet =
             Fleet::start_on(Dockerd::start_with_iptables(), machines, capacity, "", None).await;
         let dir = tempfile::tempdir().expect("dir");
-        let rootfs = dir.path().join("rootfs.tar");
-        std::fs::write(&rootfs, busybox_rootfs_tar()).expect("rootfs");
         fleet.image = "flotilla-test/busybox:1".into();
-        let out = docker_cli(
-            &fleet.docker,
-            dir.path(),
-            &["import", &rootfs.display().to_string(), &fleet.image],
-        );
-        assert!(out.status.success(), "{out:?}");
+        fleet.helper_image = "flotilla-test/helper:1".into();
+        let helper = helper_image::rootfs_tar(&helper_image::binary(), None);
+        for (tar, image) in [
+            (busybox_rootfs_tar(), &fleet.image),
+            (helper, &fleet.helper_image),
+        ] {
+            let rootfs = dir.path().join("rootfs.tar");
+            std::fs::write(&rootfs, tar).expect("rootfs");
+            let out = docker_cli(
+                &fleet.docker,
+                dir.path(),
+                &["import", &rootfs.display().to_string(), image],
+            );
+            assert!(out.status.success(), "{out:?}");
+        }
         fleet
     }
 
@@ -151,20 +163,30 @@ impl Fleet {
     ) -> Fleet {
         let registry = Registry::start(Mode::Basic).await;
         let host = registry.host();
-        // The job image: a FROM-scratch busybox, pushed to the registry and then removed from
-        // the engine, so prepare really pulls it.
+        // The job image: a FROM-scratch busybox, and the stand-in helper image, pushed to the
+        // registry and then removed from the engine, so prepare really pulls them.
         let cli_config = tempfile::tempdir().expect("docker config dir");
         let image = format!("{}/ci/busybox:1", registry.host());
+        let helper_image = format!("{}/ops/helper:1", registry.host());
         let rootfs = cli_config.path().join("rootfs.tar");
         std::fs::write(&rootfs, busybox_rootfs_tar()).expect("rootfs");
         let rootfs = rootfs.display().to_string();
+        let helper_rootfs = cli_config.path().join("helper.tar");
         // An engine in a namespace of its own cannot reach the registry: it gets no image here.
         let reaches_registry = !docker.has_own_network();
+        if reaches_registry {
+            let tar = helper_image::rootfs_tar(&helper_image::binary(), None);
+            std::fs::write(&helper_rootfs, tar).expect("helper rootfs");
+        }
+        let helper_rootfs = helper_rootfs.display().to_string();
         for args in [
             vec!["import", rootfs.as_str(), image.as_str()],
+            vec!["import", helper_rootfs.as_str(), helper_image.as_str()],
             vec!["login", host.as_str(), "-u", WRITER.0, "-p", WRITER.1],
             vec!["push", image.as_str()],
+            vec!["push", helper_image.as_str()],
             vec!["rmi", image.as_str()],
+            vec!["rmi", helper_image.as_str()],
         ]
         .into_iter()
         .filter(|_| reaches_registry)
@@ -194,6 +216,10 @@ impl Fleet {
         let refs: Vec<&Sshd> = sshds.iter().collect();
         let token_file = dir.path().join("token");
         flotilla_harness::write_secret(&token_file, TOKEN);
+        // The operator's credentials for the helper image: the registry's writer, which no job
+        // is given.
+        let helper_auth = dir.path().join("helper-auth.json");
+        flotilla_harness::write_secret(&helper_auth, &auth);
         let text = make(&key_file, &token_file, &refs).replace(
             "DOCKER_SOCKET",
             &socket
@@ -218,11 +244,48 @@ impl Fleet {
             image,
             auth,
             token_file,
+            helper_image,
+            helper_auth,
         }
     }
 
     pub fn job(&self, id: u64) -> RunnerJob {
         RunnerJob::new(self, id)
+    }
+
+    /// A fleet whose helper image also trusts `ca_pem` (the test CA of HTTPS peers).
+    pub async fn start_trusting(machines: usize, capacity: u32, ca_pem: &str) -> Fleet {
+        let mut fleet = Fleet::start(machines, capacity, "").await;
+        fleet.helper_image = fleet.push_image("ops/helper-trusting:1", Some(ca_pem), |_| {});
+        fleet
+    }
+
+    /// Pushes an image made from the stand-in helper image's root (trusting `extra_ca` too),
+    /// changed by `change`, to the fleet's registry as `name`; its full reference.
+    pub fn push_image(
+        &self,
+        name: &str,
+        extra_ca: Option<&str>,
+        change: impl FnOnce(&Path),
+    ) -> String {
+        let root = helper_image::rootfs(&helper_image::binary(), extra_ca);
+        change(root.path());
+        let cli = tempfile::tempdir().expect("docker config dir");
+        let tar = cli.path().join("image.tar");
+        std::fs::write(&tar, helper_image::tar(root.path())).expect("image tar");
+        let tar = tar.display().to_string();
+        let image = format!("{}/{name}", self.registry.host());
+        let host = self.registry.host();
+        for args in [
+            vec!["import", tar.as_str(), image.as_str()],
+            vec!["login", host.as_str(), "-u", WRITER.0, "-p", WRITER.1],
+            vec!["push", image.as_str()],
+            vec!["rmi", image.as_str()],
+        ] {
+            let out = docker_cli(&self.docker, cli.path(), &args);
+            assert!(out.status.success(), "docker {args:?}: {out:?}");
+        }
+        image
     }
 
     /// Nothing of any job is left on the engine, and no lease in the pool.
@@ -290,6 +353,12 @@ impl RunnerJob {
             "CUSTOM_ENV_DOCKER_AUTH_CONFIG".to_string(),
             fleet.auth.clone(),
         );
+        job.args.extend([
+            "--helper-image".to_string(),
+            fleet.helper_image.clone(),
+            "--helper-registry-auth".to_string(),
+            fleet.helper_auth.display().to_string(),
+        ]);
         job
     }
 

@@ -1,7 +1,9 @@
 //! A fleet of bare machines for the GitLab driver's instance mode: loopback sshd machines
 //! listed by the static plugin, reached by the host with the pool's key, no Docker. A job's
 //! processes run on this very host (the machines are sshd daemons on loopback), so a test can
-//! look for them in /proc.
+//! look for them in /proc. The machines need what a machine image for instance mode has:
+//! git (Debian's) and the runner's helper binary on the login shell's PATH; the stand-in
+//! `gitlab-runner-helper` is put in this host's /usr/local/bin for that.
 #![allow(dead_code)] // each test file uses a different part
 
 use std::path::{Path, PathBuf};
@@ -32,6 +34,7 @@ impl Machines {
 
     /// The same, with `sshd_extra` in every machine's `sshd_config`.
     pub async fn start_with(n: usize, capacity: u32, extra: &str, sshd_extra: &str) -> Machines {
+        install_runner_helper();
         let dir = tempfile::tempdir().expect("dir");
         let key = PoolKey::load_or_generate(&dir.path().join("keys"), "ci").expect("key");
         let key_file = dir.path().join("keys/ci/id_ed25519");
@@ -170,4 +173,25 @@ pub fn wait_no_processes(id: u64, limit: std::time::Duration) {
 /// Whether `path` exists.
 pub fn exists(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok()
+}
+
+/// Puts the stand-in `gitlab-runner-helper` on the machines' PATH (this host's
+/// /usr/local/bin), as a machine image for instance mode would have the real one; written
+/// under a temporary name and renamed, so concurrent tests never see half a binary.
+pub fn install_runner_helper() {
+    // Once per test process: its tests start machines concurrently.
+    static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    INSTALLED.get_or_init(install_once);
+}
+
+fn install_once() {
+    let built = flotilla_peers::helper_image::binary();
+    let target = Path::new("/usr/local/bin/gitlab-runner-helper");
+    let same = |a: &Path, b: &Path| std::fs::read(a).ok() == std::fs::read(b).ok();
+    if target.exists() && same(&built, target) {
+        return;
+    }
+    let temp = target.with_extension(format!("new-{}", std::process::id()));
+    std::fs::copy(&built, &temp).expect("copy the stand-in helper to /usr/local/bin");
+    std::fs::rename(&temp, target).expect("install the stand-in helper");
 }

@@ -4,6 +4,7 @@
 
 pub mod fleet;
 pub mod machines;
+pub mod pipeline;
 
 use std::process::Command;
 use std::time::Duration;

@@ -6,6 +6,7 @@ use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
 use hyper_util::rt::TokioIo;
 
 use crate::api::ApiClient;
+use crate::place::StepError;
 
 /// The Host header bollard's absolute URIs carry; replaced by the API's.
 const BASE: &str = "http://flotilla.invalid";
@@ -60,4 +61,38 @@ pub fn for_lease(api: &ApiClient, lease: u64, timeout_secs: u64) -> Result<Docke
         API_DEFAULT_VERSION,
     )
     .map_err(|e| e.to_string())
+}
+
+/// Classifies a Docker call's error with what was being done.
+pub(crate) fn step(
+    what: impl std::fmt::Display,
+) -> impl FnOnce(bollard::errors::Error) -> StepError {
+    move |e| {
+        let message = format!("{what}: {e}");
+        if host_down(&e) {
+            StepError::HostDown(message)
+        } else {
+            StepError::Failed(message)
+        }
+    }
+}
+
+/// Whether a Docker call failed because the host (not the engine) did not answer: no
+/// connection, a connection cut, or the host saying the pool is starting or draining.
+pub(crate) fn host_down(e: &bollard::errors::Error) -> bool {
+    use bollard::errors::Error as E;
+    match e {
+        E::DockerResponseServerError {
+            status_code,
+            message,
+        } => {
+            *status_code == 503
+                && flotilla_api::ErrorCode::ALL
+                    .iter()
+                    .filter(|c| c.restarting())
+                    .any(|c| message.contains(c.name()))
+        }
+        E::IOError { .. } | E::HyperResponseError { .. } | E::RequestTimeoutError => true,
+        _ => false,
+    }
 }

@@ -5,9 +5,12 @@
 //! its init; `cleanup` removes the job's objects.
 
 pub mod client;
+pub mod helper;
+pub(crate) mod images;
 pub(crate) mod objects;
+pub(crate) mod sweep;
 
-pub use objects::{CACHE_LABEL, JOB_LABEL};
+pub use objects::{CACHE_LABEL, ContainerOptions, JOB_LABEL};
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -21,7 +24,7 @@ use crate::api::{Acquired, ApiClient, FrameKind};
 use crate::detached::{Output, RunFiles, Status};
 use crate::job::{CacheBounds, DriverSettings, Job, JobLimits, PullPolicy};
 use crate::place::{Context, Ended, GRACE, Place, StageRun, StepError};
-use objects::step;
+use client::step;
 
 /// Docker mode's settings.
 #[derive(Debug, Clone)]
@@ -36,8 +39,19 @@ pub struct DockerSettings {
     pub pull_policy: PullPolicy,
     /// Limits of the job's containers.
     pub limits: JobLimits,
-    /// Bounds of the project caches on each instance.
+    /// Bounds of the volumes a project's jobs share on each instance (caches, checkouts).
     pub cache: CacheBounds,
+    /// The helper image (`--helper-image`); `None`: GitLab's official one for the runner's
+    /// version and the machine's architecture; [`helper::NONE`]: no helper.
+    pub helper_image: Option<String>,
+    /// The operator's registry credentials for the helper image, as Docker's `config.json`.
+    pub helper_registry_auth: Option<String>,
+    /// The docker executor's options, given to every container of the job.
+    pub options: ContainerOptions,
+    /// The images jobs may run (globs; empty: any).
+    pub allowed_images: Vec<String>,
+    /// The images jobs may start as services (globs; empty: any).
+    pub allowed_services: Vec<String>,
 }
 
 /// Where the scripts go in a container: `/tmp`, which every image the runner supports has.
@@ -61,12 +75,16 @@ impl Place for DockerPlace {
     type Settings = DockerSettings;
 
     fn check(job: &Job, own: &DockerSettings) -> Result<(), String> {
-        match (&job.image, &own.default_image) {
-            (None, None) => {
-                Err("the job names no image and the driver has no --default-image".into())
-            }
-            _ => Ok(()),
+        let image = job
+            .image
+            .as_deref()
+            .or(own.default_image.as_deref())
+            .ok_or("the job names no image and the driver has no --default-image")?;
+        images::check_allowed(image, &own.allowed_images, "image")?;
+        for service in &job.services {
+            images::check_allowed(&service.name, &own.allowed_services, "service")?;
         }
+        Ok(())
     }
 
     fn open(
@@ -87,29 +105,54 @@ impl Place for DockerPlace {
         })
     }
 
-    async fn prepare(&self, _acquired: &Acquired) -> Result<Duration, StepError> {
+    async fn prepare(&self, acquired: &Acquired) -> Result<Duration, StepError> {
         let image = self
             .job
             .image
             .as_deref()
             .or(self.own.default_image.as_deref())
             .unwrap_or_default();
-        objects::remove_leftovers(&self.api, &self.docker, &self.job).await;
-        objects::bound_caches(&self.docker, self.own.cache, &self.job.cache_volume()).await;
+        sweep::remove_leftovers(&self.api, &self.docker, &self.job).await;
+        let keep = [
+            self.job.cache_volume(),
+            self.job.builds_volume(acquired.slot),
+        ];
+        sweep::bound_caches(&self.docker, self.own.cache, &keep).await;
         // A retried prepare starts from a clean slate.
-        objects::remove_job_objects(&self.docker, &self.job).await?;
-        objects::create_job(&self.docker, &self.api, &self.job, image, &self.own).await
+        sweep::remove_job_objects(&self.docker, &self.job).await?;
+        objects::create_job(
+            &self.docker,
+            self.api.pool(),
+            &self.job,
+            image,
+            &self.own,
+            acquired.slot,
+        )
+        .await
     }
 
     async fn follow(&self, run: &StageRun<'_>, printed: &Cell<u64>) -> Result<Ended, StepError> {
         let container = self.container(run.context);
         let files = RunFiles::new(SCRIPT_DIR, &format!("flotilla-{}", run.name));
         if !self.uploaded.get() {
+            if self.effective(run.context) == Context::Helper {
+                // An older runner calls itself by its absolute path: link it too.
+                let paths = helper::runner_paths(run.script).map_err(StepError::Failed)?;
+                if !paths.is_empty() {
+                    let image = "of this job";
+                    helper::install(&self.docker, &self.job, image, &paths).await?;
+                }
+            }
             self.upload(&container, &files, run.script).await?;
             self.uploaded.set(true);
         }
         let place = "[ -f \"$P.sh\" ] || { echo 'flotilla: the script is not in the container' >&2; rmdir \"$P.d\"; exit 1; }";
-        let command = files.start(place, ":", launch(run.context), printed.get());
+        let command = files.start(
+            place,
+            ":",
+            launch(self.effective(run.context)),
+            printed.get(),
+        );
         let exec = self
             .docker
             .create_exec(
@@ -170,19 +213,26 @@ impl Place for DockerPlace {
             "Docker Engine does not answer after job {}",
             self.job.id
         )))?;
-        objects::remove_job_objects(&self.docker, &self.job).await?;
+        sweep::remove_job_objects(&self.docker, &self.job).await?;
         tokio::time::sleep(SETTLE).await;
-        objects::remove_job_objects(&self.docker, &self.job).await
+        sweep::remove_job_objects(&self.docker, &self.job).await
     }
 }
 
 /// The command that runs the uploaded script `"$P.sh"`: the runner's scripts are written for
 /// bash when the image has it, `sh` otherwise (as the docker executor's detection script
 /// chooses, `BashDetectShellScript`).
+///
+/// In the helper, files are made with `umask 0000`, as the official image's
+/// `gitlab-runner-build` wrapper does, so a job image whose user is not root can still
+/// change what the checkout and cache stages wrote as root.
 fn launch(context: Context) -> &'static str {
     match context {
-        Context::Job | Context::Helper => {
+        Context::Job => {
             "{ if command -v bash >/dev/null 2>&1; then bash \"$P.sh\"; else sh \"$P.sh\"; fi; }"
+        }
+        Context::Helper => {
+            "{ umask 0000; if command -v bash >/dev/null 2>&1; then bash \"$P.sh\"; else sh \"$P.sh\"; fi; }"
         }
     }
 }
@@ -191,19 +241,15 @@ fn launch(context: Context) -> &'static str {
 /// stage): `TERM`, up to [`GRACE`] for them to end, then `KILL`. `kill -1` reaches every
 /// process the caller may signal except itself and the namespace's init, whatever its
 /// session or process group, so neither `setsid` nor a double fork escapes; it runs as root,
-/// so neither does `sudo`. Zombies waiting for their parent do not count as running.
+/// so neither does `sudo`. A process forked while `KILL` went round is killed on the next
+/// round, until none is left. Zombies waiting for their parent do not count as running.
 fn stop_command(tenths: u128) -> String {
     format!(
-        "kill -TERM -1 2>/dev/null\n\
-         i=0\n\
-         while [ $i -lt {tenths} ]; do\n\
-         n=0\n\
-         for d in /proc/[0-9]*; do p=${{d#/proc/}}; [ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; t=; read -r t 2>/dev/null < \"$d/stat\" || continue; case \"${{t##*) }}\" in Z*|X*) ;; *) n=$((n + 1));; esac; done\n\
-         [ $n = 0 ] && break\n\
-         sleep 0.1 2>/dev/null || sleep 1\n\
-         i=$((i + 1))\n\
-         done\n\
-         kill -KILL -1 2>/dev/null\n\
+        "left() {{ n=0; for d in /proc/[0-9]*; do p=${{d#/proc/}}; [ \"$p\" = 1 ] || [ \"$p\" = $$ ] && continue; t=; read -r t 2>/dev/null < \"$d/stat\" || continue; case \"${{t##*) }}\" in Z*|X*) ;; *) n=$((n + 1));; esac; done; [ $n != 0 ]; }}\n\
+         nap() {{ sleep 0.1 2>/dev/null || sleep 1; }}\n\
+         kill -TERM -1 2>/dev/null\n\
+         i=0; while [ $i -lt {tenths} ] && left; do nap; i=$((i + 1)); done\n\
+         i=0; while [ $i -lt 50 ]; do kill -KILL -1 2>/dev/null; left || break; nap; i=$((i + 1)); done\n\
          true\n"
     )
 }
@@ -211,8 +257,19 @@ fn stop_command(tenths: u128) -> String {
 impl DockerPlace {
     /// The container a stage of `context` runs in.
     fn container(&self, context: Context) -> String {
-        match context {
-            Context::Job | Context::Helper => self.job.container(),
+        match self.effective(context) {
+            Context::Helper => self.job.helper_container(),
+            Context::Job => self.job.container(),
+        }
+    }
+
+    /// Where a stage of `context` really runs: in the job's container when the operator
+    /// turned the helper off.
+    fn effective(&self, context: Context) -> Context {
+        if helper::disabled(&self.own) {
+            Context::Job
+        } else {
+            context
         }
     }
 

@@ -1,163 +1,67 @@
-//! The job's objects on its instance, through the lease's Docker handle: images pulled as
-//! the policy says (with the job's own registry credentials), the job's network, builds
-//! volume, project cache volume, service containers and job container, all labelled with
-//! the job id; their removal, including what lost or failed jobs left; and the bounds on
-//! project caches.
+//! The job's objects on its instance, through the lease's Docker handle: the job's network,
+//! the builds volume of its project and slot, its project's cache volume, its service
+//! containers, its job container and its helper container, all labelled with the job id
+//! (the shared volumes with their project), and given what the operator's container options
+//! say ([`ContainerOptions`], as the docker executor applies its own).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, NetworkCreateRequest, NetworkingConfig,
-    VolumeCreateRequest,
+    ContainerCreateBody, DeviceMapping, EndpointSettings, HostConfig, NetworkCreateRequest,
+    NetworkingConfig, VolumeCreateRequest,
 };
-use bollard::query_parameters::{
-    CreateContainerOptions, CreateImageOptions, ListContainersOptions, ListNetworksOptions,
-    ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
-};
-use futures_util::StreamExt;
+use bollard::query_parameters::{CreateContainerOptions, StartContainerOptions};
 
-use crate::api::{ApiClient, LeaseState};
-use crate::docker::DockerSettings;
-use crate::image::Reference;
-use crate::job::{CacheBounds, Job, JobLimits, PullPolicy, Service};
+use crate::docker::client::step;
+use crate::docker::images::{self, Auth};
+use crate::docker::{DockerSettings, helper};
+use crate::job::{Job, JobLimits, PullPolicy, Service};
 use crate::outcome::say;
 use crate::place::StepError;
+use crate::variables;
 
 /// The label on every object the driver creates for a job, with the job id.
 pub const JOB_LABEL: &str = "io.flotilla.gitlab.job";
-/// The label on project cache volumes, with the project id.
+/// The label on the volumes jobs of one project share on an instance (its cache volumes and
+/// its builds volumes), with the project id.
 pub const CACHE_LABEL: &str = "io.flotilla.gitlab.cache";
 
-/// Classifies a Docker call's error with what was being done.
-pub(crate) fn step(
-    what: impl std::fmt::Display,
-) -> impl FnOnce(bollard::errors::Error) -> StepError {
-    move |e| {
-        let message = format!("{what}: {e}");
-        if host_down(&e) {
-            StepError::HostDown(message)
-        } else {
-            StepError::Failed(message)
-        }
-    }
+/// The docker executor's options that real pipelines rely on, given to the job's, helper and
+/// service containers (`executors/docker/docker.go` `createHostConfig` and
+/// `createHostConfigForService` in GitLab Runner).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerOptions {
+    /// Run privileged (`docker:dind` as a service needs it). The pool must allow it too:
+    /// the host refuses a privileged container for a pool without `allow_privileged`.
+    pub privileged: bool,
+    /// Extra volumes: `/path` (a volume of its own per container), or
+    /// `source:/path[:ro|rw]` (a host path or a named volume).
+    pub volumes: Vec<String>,
+    /// `/dev/shm`'s size in bytes.
+    pub shm_size: Option<i64>,
+    /// Host devices: `/dev/x[:/dev/y[:rwm]]`.
+    pub devices: Vec<String>,
+    /// Extra `/etc/hosts` lines as `host:ip`.
+    pub extra_hosts: Vec<String>,
+    /// DNS servers.
+    pub dns: Vec<String>,
 }
 
-/// Whether a Docker call failed because the host (not the engine) did not answer: no
-/// connection, a connection cut, or the host saying the pool is starting or draining.
-pub(crate) fn host_down(e: &bollard::errors::Error) -> bool {
-    use bollard::errors::Error as E;
-    match e {
-        E::DockerResponseServerError {
-            status_code,
-            message,
-        } => {
-            *status_code == 503
-                && flotilla_api::ErrorCode::ALL
-                    .iter()
-                    .filter(|c| c.restarting())
-                    .any(|c| message.contains(c.name()))
-        }
-        E::IOError { .. } | E::HyperResponseError { .. } | E::RequestTimeoutError => true,
-        _ => false,
-    }
-}
-
-/// An engine answer's status, for the idempotent cases ("not found", "already exists").
-fn status(e: &bollard::errors::Error) -> Option<u16> {
-    match e {
-        bollard::errors::Error::DockerResponseServerError { status_code, .. } => Some(*status_code),
-        _ => None,
-    }
-}
-
-/// The engine's credentials for `image`'s registry from `DOCKER_AUTH_CONFIG`, if any.
-fn credentials(
-    job: &Job,
-    image: &Reference,
-) -> Result<Option<bollard::auth::DockerCredentials>, StepError> {
-    let Some(text) = &job.auth_config else {
-        return Ok(None);
-    };
-    let failed = |why: String| StepError::Failed(format!("DOCKER_AUTH_CONFIG: {why}"));
-    let config: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| failed(format!("not JSON: {e}")))?;
-    let registry = image.registry();
-    let auths = config.get("auths").and_then(|a| a.as_object());
-    let entry = auths.and_then(|a| {
-        a.iter().find_map(|(key, value)| {
-            let host = key
-                .trim_start_matches("https://")
-                .trim_start_matches("http://")
-                .split('/')
-                .next()
-                .unwrap_or_default();
-            let docker_hub = registry == "docker.io"
-                && (host == "index.docker.io" || host == "registry-1.docker.io");
-            (host == registry || docker_hub).then_some(value)
-        })
-    });
-    let Some(entry) = entry.and_then(|e| e.get("auth")).and_then(|a| a.as_str()) else {
-        return Ok(None);
-    };
-    use base64::Engine as _;
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(entry)
-        .map_err(|_| failed(format!("the auth of {registry} is not base64")))?;
-    let decoded = String::from_utf8_lossy(&decoded).into_owned();
-    let (user, password) = decoded
-        .split_once(':')
-        .ok_or_else(|| failed(format!("the auth of {registry} is not user:password")))?;
-    Ok(Some(bollard::auth::DockerCredentials {
-        username: Some(user.to_string()),
-        password: Some(password.to_string()),
-        serveraddress: Some(registry),
-        ..Default::default()
-    }))
-}
-
-/// Pulls `image` as the policy says; the time spent pulling.
-pub(crate) async fn pull(
-    docker: &Docker,
-    job: &Job,
-    image: &str,
-    policy: PullPolicy,
-) -> Result<Duration, StepError> {
-    let present = match policy {
-        PullPolicy::Always => false,
-        _ => docker.inspect_image(image).await.is_ok(),
-    };
-    match (policy, present) {
-        (PullPolicy::IfNotPresent | PullPolicy::Never, true) => return Ok(Duration::ZERO),
-        (PullPolicy::Never, false) => {
-            return Err(StepError::Failed(format!(
-                "image {image} is not on the instance and the pull policy is never"
-            )));
-        }
-        _ => {}
-    }
-    say(&format!("Pulling image {image}..."));
-    let start = Instant::now();
-    let reference = Reference::parse(image);
-    let options = CreateImageOptions {
-        from_image: Some(reference.repository.clone()),
-        tag: Some(reference.pull_tag()),
-        ..Default::default()
-    };
-    let auth = credentials(job, &reference)?;
-    let mut progress = docker.create_image(Some(options), None, auth);
-    while let Some(item) = progress.next().await {
-        let info = item.map_err(step(format!("pulling image {image}")))?;
-        if let Some(error) = info.error_detail.and_then(|d| d.message) {
-            return Err(StepError::Failed(format!("pulling image {image}: {error}")));
-        }
-    }
-    say(&format!(
-        "Pulled image {image} in {:.1} s",
-        start.elapsed().as_secs_f64()
-    ));
-    Ok(start.elapsed())
+/// What one of the job's containers is made of.
+struct Spec<'a> {
+    name: String,
+    image: &'a str,
+    env: Vec<String>,
+    /// Replaces the image's entrypoint, when given.
+    entrypoint: Option<Vec<String>>,
+    /// Replaces the image's command, when given.
+    cmd: Option<Vec<String>>,
+    /// The working directory (the builds directory; services keep their image's).
+    working_dir: Option<String>,
+    binds: Vec<String>,
+    aliases: Vec<String>,
 }
 
 fn labels(job: &Job, pool: &str) -> HashMap<String, String> {
@@ -167,30 +71,149 @@ fn labels(job: &Job, pool: &str) -> HashMap<String, String> {
     ])
 }
 
-/// The limits of a container.
-fn limited(limits: JobLimits, config: HostConfig) -> HostConfig {
+/// The host settings every container of the job gets: its network, binds, limits and the
+/// operator's options.
+fn host_config(
+    job: &Job,
+    limits: JobLimits,
+    options: &ContainerOptions,
+    binds: Vec<String>,
+) -> HostConfig {
+    let devices = options
+        .devices
+        .iter()
+        .map(|d| {
+            let mut parts = d.splitn(3, ':');
+            let host = parts.next().unwrap_or_default().to_string();
+            let inside = parts.next().map_or_else(|| host.clone(), str::to_string);
+            let permissions = parts.next().unwrap_or("rwm").to_string();
+            DeviceMapping {
+                path_on_host: Some(host),
+                path_in_container: Some(inside),
+                cgroup_permissions: Some(permissions),
+            }
+        })
+        .collect::<Vec<_>>();
+    let nonempty = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
     HostConfig {
+        binds: Some(binds),
+        network_mode: Some(job.network()),
         memory: limits.memory_bytes,
         nano_cpus: limits.nano_cpus,
         pids_limit: limits.pids,
-        ..config
+        privileged: options.privileged.then_some(true),
+        shm_size: options.shm_size,
+        devices: (!devices.is_empty()).then_some(devices),
+        extra_hosts: nonempty(&options.extra_hosts),
+        dns: nonempty(&options.dns),
+        ..Default::default()
     }
 }
 
-/// Creates the job's network, builds volume, cache volume, services and job container, and
+/// PID 1 of the job's and helper containers: it waits for the stages' execs and exits on TERM.
+fn idle() -> (Option<Vec<String>>, Option<Vec<String>>) {
+    (
+        Some(vec!["/bin/sh".into()]),
+        Some(vec![
+            "-c".into(),
+            "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done".into(),
+        ]),
+    )
+}
+
+/// Creates and starts one container of the job.
+async fn start(
+    docker: &Docker,
+    job: &Job,
+    own: &DockerSettings,
+    labels: &HashMap<String, String>,
+    spec: Spec<'_>,
+) -> Result<(), StepError> {
+    let body = ContainerCreateBody {
+        image: Some(spec.image.to_string()),
+        entrypoint: spec.entrypoint,
+        cmd: spec.cmd,
+        env: (!spec.env.is_empty()).then_some(spec.env),
+        working_dir: spec.working_dir,
+        labels: Some(labels.clone()),
+        host_config: Some(host_config(job, own.limits, &own.options, spec.binds)),
+        networking_config: (!spec.aliases.is_empty()).then(|| NetworkingConfig {
+            endpoints_config: Some(HashMap::from([(
+                job.network(),
+                EndpointSettings {
+                    aliases: Some(spec.aliases.clone()),
+                    ..Default::default()
+                },
+            )])),
+        }),
+        ..Default::default()
+    };
+    let options = CreateContainerOptions {
+        name: Some(spec.name.clone()),
+        ..Default::default()
+    };
+    docker
+        .create_container(Some(options), body)
+        .await
+        .map_err(step(format!(
+            "creating container {} from {}",
+            spec.name, spec.image
+        )))?;
+    docker
+        .start_container(&spec.name, None::<StartContainerOptions>)
+        .await
+        .map_err(step(format!("starting container {}", spec.name)))?;
+    Ok(())
+}
+
+/// Pulls what the job needs: its image and services with the job's credentials as the policy
+/// says, the helper image with the operator's when it is missing; the time spent.
+async fn pull_all(
+    docker: &Docker,
+    job: &Job,
+    image: &str,
+    helper_image: Option<&str>,
+    own: &DockerSettings,
+) -> Result<Duration, StepError> {
+    let job_auth = job.auth_config.as_deref().map(|text| Auth {
+        text,
+        source: "DOCKER_AUTH_CONFIG",
+    });
+    let mut pulling = images::pull(docker, job_auth, image, own.pull_policy).await?;
+    for service in &job.services {
+        pulling += images::pull(docker, job_auth, &service.name, own.pull_policy).await?;
+    }
+    let Some(helper_image) = helper_image else {
+        return Ok(pulling);
+    };
+    let operator = own.helper_registry_auth.as_deref().map(|text| Auth {
+        text,
+        source: "--helper-registry-auth",
+    });
+    let helper = images::pull(docker, operator, helper_image, PullPolicy::IfNotPresent)
+        .await
+        .map_err(|e| match e {
+            StepError::Failed(why) => StepError::Failed(format!(
+                "the helper image {helper_image} (checkout, cache and artifacts run there; --helper-image names another): {why}"
+            )),
+            down => down,
+        })?;
+    Ok(pulling + helper)
+}
+
+/// Creates the job's network, volumes, services, job container and helper container, and
 /// starts them; the time spent pulling.
 pub(crate) async fn create_job(
     docker: &Docker,
-    api: &ApiClient,
+    pool: &str,
     job: &Job,
     image: &str,
-    settings: &DockerSettings,
+    own: &DockerSettings,
+    slot: u32,
 ) -> Result<Duration, StepError> {
-    let mut pulling = pull(docker, job, image, settings.pull_policy).await?;
-    for service in &job.services {
-        pulling += pull(docker, job, &service.name, settings.pull_policy).await?;
-    }
-    let labels = labels(job, api.pool());
+    let helper_image = helper::image(docker, own, job).await?;
+    let pulling = pull_all(docker, job, image, helper_image.as_deref(), own).await?;
+    let labels = labels(job, pool);
     docker
         .create_network(NetworkCreateRequest {
             name: job.network(),
@@ -200,302 +223,101 @@ pub(crate) async fn create_job(
         })
         .await
         .map_err(step("creating the job's network"))?;
-    docker
-        .create_volume(VolumeCreateRequest {
-            name: Some(job.volume()),
-            labels: Some(labels.clone()),
-            ..Default::default()
-        })
-        .await
-        .map_err(step("creating the job's volume"))?;
-    let cache = cache_volume(docker, job).await?;
+    let builds = shared_volume(docker, job, &job.builds_volume(slot), "builds").await?;
+    let cache = shared_volume(docker, job, &job.cache_volume(), "cache").await?;
+    let mut binds = vec![
+        format!("{builds}:{}", own.builds_dir),
+        format!("{cache}:{}", own.cache_dir),
+    ];
+    binds.extend(own.options.volumes.iter().cloned());
     for (i, service) in job.services.iter().enumerate() {
-        start_service(docker, job, i, service, &labels, settings.limits).await?;
+        start_service(docker, job, own, &labels, i, service, &binds).await?;
     }
-    let body = ContainerCreateBody {
-        image: Some(image.to_string()),
-        // PID 1 waits for the stages' execs and exits on TERM.
-        entrypoint: Some(vec!["/bin/sh".into()]),
-        cmd: Some(vec![
-            "-c".into(),
-            "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done".into(),
-        ]),
-        working_dir: Some(settings.builds_dir.clone()),
-        labels: Some(labels.clone()),
-        host_config: Some(limited(
-            settings.limits,
-            HostConfig {
-                binds: Some(vec![
-                    format!("{}:{}", job.volume(), settings.builds_dir),
-                    format!("{cache}:{}", settings.cache_dir),
-                ]),
-                network_mode: Some(job.network()),
-                ..Default::default()
-            },
-        )),
-        ..Default::default()
-    };
-    let options = CreateContainerOptions {
-        name: Some(job.container()),
-        ..Default::default()
-    };
-    docker
-        .create_container(Some(options), body)
-        .await
-        .map_err(step(format!("creating the job container from {image}")))?;
-    let start = Instant::now();
-    docker
-        .start_container(
-            &job.container(),
-            None::<bollard::query_parameters::StartContainerOptions>,
-        )
-        .await
-        .map_err(step("starting the job container"))?;
+    let env = variables::environment(&job.variables);
+    let began = Instant::now();
+    let helper = helper_image.as_deref().map(|h| (job.helper_container(), h));
+    for (name, image) in std::iter::once((job.container(), image)).chain(helper) {
+        let (entrypoint, cmd) = idle();
+        let spec = Spec {
+            name,
+            image,
+            env: env.clone(),
+            entrypoint,
+            cmd,
+            working_dir: Some(own.builds_dir.clone()),
+            binds: binds.clone(),
+            aliases: Vec::new(),
+        };
+        start(docker, job, own, &labels, spec).await?;
+    }
+    if let Some(helper_image) = &helper_image {
+        helper::install(docker, job, helper_image, &[]).await?;
+    }
     say(&format!(
-        "Job container {} started from {image} in {:.2} s",
+        "Job container {} started from {image}{}, in {:.2} s",
         job.container(),
-        start.elapsed().as_secs_f64()
+        helper_image
+            .as_deref()
+            .map(|h| format!(", with the helper {h}"))
+            .unwrap_or_default(),
+        began.elapsed().as_secs_f64()
     ));
     Ok(pulling)
 }
 
-/// The project's cache volume (created if missing); protected refs have their own, and no
-/// other project's job ever mounts it.
-async fn cache_volume(docker: &Docker, job: &Job) -> Result<String, StepError> {
-    let name = job.cache_volume();
+/// A volume the jobs of the project share on the instance (its `kind`, builds or cache),
+/// created if missing; protected refs have their own, and no other project's job ever mounts
+/// one.
+async fn shared_volume(
+    docker: &Docker,
+    job: &Job,
+    name: &str,
+    kind: &str,
+) -> Result<String, StepError> {
     let labels = HashMap::from([
         (CACHE_LABEL.to_string(), job.project.clone()),
         (
             format!("{CACHE_LABEL}.protected"),
             job.protected.to_string(),
         ),
+        (format!("{CACHE_LABEL}.kind"), kind.to_string()),
     ]);
     docker
         .create_volume(VolumeCreateRequest {
-            name: Some(name.clone()),
+            name: Some(name.to_string()),
             labels: Some(labels),
             ..Default::default()
         })
         .await
-        .map_err(step("creating the project's cache volume"))?;
-    Ok(name)
+        .map_err(step(format!("creating the project's {kind} volume")))?;
+    Ok(name.to_string())
 }
 
 async fn start_service(
     docker: &Docker,
     job: &Job,
+    own: &DockerSettings,
+    labels: &HashMap<String, String>,
     i: usize,
     service: &Service,
-    labels: &HashMap<String, String>,
-    limits: JobLimits,
+    binds: &[String],
 ) -> Result<(), StepError> {
     let aliases = service.aliases();
-    let env: Vec<String> = service
-        .variables
-        .0
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    let body = ContainerCreateBody {
-        image: Some(service.name.clone()),
+    let spec = Spec {
+        name: job.service_container(i),
+        image: &service.name,
+        env: variables::for_service(&job.variables, &service.variables.0),
         entrypoint: service.entrypoint.clone(),
         cmd: service.command.clone(),
-        env: (!env.is_empty()).then_some(env),
-        labels: Some(labels.clone()),
-        host_config: Some(limited(
-            limits,
-            HostConfig {
-                network_mode: Some(job.network()),
-                ..Default::default()
-            },
-        )),
-        networking_config: Some(NetworkingConfig {
-            endpoints_config: Some(HashMap::from([(
-                job.network(),
-                EndpointSettings {
-                    aliases: Some(aliases.clone()),
-                    ..Default::default()
-                },
-            )])),
-        }),
-        ..Default::default()
+        working_dir: None,
+        binds: binds.to_vec(),
+        aliases: aliases.clone(),
     };
-    let name = job.service_container(i);
-    let options = CreateContainerOptions {
-        name: Some(name.clone()),
-        ..Default::default()
-    };
-    docker
-        .create_container(Some(options), body)
-        .await
-        .map_err(step(format!("creating service {}", service.name)))?;
-    docker
-        .start_container(
-            &name,
-            None::<bollard::query_parameters::StartContainerOptions>,
-        )
-        .await
-        .map_err(step(format!("starting service {}", service.name)))?;
+    start(docker, job, own, labels, spec).await?;
     say(&format!(
         "Service {} started as {}",
         service.name,
         aliases.join(", ")
     ));
     Ok(())
-}
-
-fn label_filter(value: String) -> Option<HashMap<String, Vec<String>>> {
-    Some(HashMap::from([("label".to_string(), vec![value])]))
-}
-
-/// Removes the job's containers (with their anonymous volumes), network and builds volume,
-/// found by label and by name (an object whose creation was still in flight when its creator
-/// died carries both). What is already gone counts as removed.
-pub(crate) async fn remove_job_objects(docker: &Docker, job: &Job) -> Result<(), StepError> {
-    let options = ListContainersOptions {
-        all: true,
-        filters: label_filter(format!("{JOB_LABEL}={}", job.id)),
-        ..Default::default()
-    };
-    let listed = docker
-        .list_containers(Some(options))
-        .await
-        .map_err(step("listing the job's containers"))?;
-    let mut names: Vec<String> = listed.into_iter().filter_map(|c| c.id).collect();
-    names.push(job.container());
-    names.extend((0..job.services.len()).map(|i| job.service_container(i)));
-    for name in names {
-        let removed = docker
-            .remove_container(
-                &name,
-                Some(RemoveContainerOptions {
-                    force: true,
-                    v: true,
-                    ..Default::default()
-                }),
-            )
-            .await;
-        match removed {
-            Err(e) if status(&e) != Some(404) => {
-                return Err(step(format!("removing container {name}"))(e));
-            }
-            _ => {}
-        }
-    }
-    if let Err(e) = docker.remove_network(&job.network()).await
-        && status(&e) != Some(404)
-    {
-        return Err(step("removing the job's network")(e));
-    }
-    if let Err(e) = docker
-        .remove_volume(&job.volume(), Some(RemoveVolumeOptions { force: true }))
-        .await
-        && status(&e) != Some(404)
-    {
-        return Err(step("removing the job's volume")(e));
-    }
-    Ok(())
-}
-
-/// The job ids whose objects (containers, networks, volumes) are on the instance.
-async fn jobs_on_instance(docker: &Docker) -> Vec<String> {
-    let mut ids = Vec::new();
-    let containers = ListContainersOptions {
-        all: true,
-        filters: label_filter(JOB_LABEL.to_string()),
-        ..Default::default()
-    };
-    if let Ok(list) = docker.list_containers(Some(containers)).await {
-        ids.extend(list.into_iter().filter_map(|c| c.labels?.remove(JOB_LABEL)));
-    }
-    let networks = ListNetworksOptions {
-        filters: label_filter(JOB_LABEL.to_string()),
-    };
-    if let Ok(list) = docker.list_networks(Some(networks)).await {
-        ids.extend(list.into_iter().filter_map(|n| n.labels?.remove(JOB_LABEL)));
-    }
-    let volumes = ListVolumesOptions {
-        filters: label_filter(JOB_LABEL.to_string()),
-    };
-    if let Ok(answer) = docker.list_volumes(Some(volumes)).await {
-        ids.extend(
-            answer
-                .volumes
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|mut v| v.labels.remove(JOB_LABEL)),
-        );
-    }
-    ids.sort();
-    ids.dedup();
-    ids
-}
-
-/// Removes what jobs left that have no live lease any more: no lease at all (a driver that
-/// died before cleanup), or a failed one (its instance was lost to the host, and its cleanup
-/// could not reach it). Best effort: leftovers never fail the current job.
-pub(crate) async fn remove_leftovers(api: &ApiClient, docker: &Docker, current: &Job) {
-    for id in jobs_on_instance(docker).await {
-        if id == current.id {
-            continue;
-        }
-        let (lost, failed) = match api.lease_by_label("gitlab-job", &id).await {
-            Ok(None) => (true, None),
-            Ok(Some(lease)) => match lease.state {
-                LeaseState::Failed { .. } => (true, Some(lease.id)),
-                _ => (false, None),
-            },
-            Err(_) => (false, None),
-        };
-        if lost {
-            tracing::info!(job = %id, "removing what a lost job left behind");
-            let removed = remove_job_objects(docker, &Job::stale(&id)).await;
-            // A failed lease whose job is gone from its machine serves nobody: its driver
-            // never came back (a deadline failed it), or comes back to find it released.
-            if let (Ok(()), Some(lease)) = (removed, failed) {
-                let _ = api.release(lease, None).await;
-            }
-        }
-    }
-}
-
-/// Removes project cache volumes past their age, then the oldest beyond the count, skipping
-/// the current job's and any in use (the engine refuses to remove those). Best effort.
-pub(crate) async fn bound_caches(docker: &Docker, bounds: CacheBounds, keep: &str) {
-    let options = ListVolumesOptions {
-        filters: label_filter(CACHE_LABEL.to_string()),
-    };
-    let Ok(answer) = docker.list_volumes(Some(options)).await else {
-        return;
-    };
-    let now = chrono::Utc::now();
-    let mut volumes: Vec<(chrono::DateTime<chrono::Utc>, String)> = answer
-        .volumes
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|v| v.name != keep)
-        .map(|v| {
-            let created = v
-                .created_at
-                .as_deref()
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-                .map_or(now, |t| t.with_timezone(&chrono::Utc));
-            (created, v.name)
-        })
-        .collect();
-    volumes.sort();
-    let max_age = chrono::Duration::from_std(bounds.max_age).unwrap_or(chrono::Duration::MAX);
-    let beyond = volumes
-        .len()
-        .saturating_sub(bounds.max_volumes.saturating_sub(1));
-    for (i, (created, name)) in volumes.iter().enumerate() {
-        if (now - *created > max_age || i < beyond)
-            && docker
-                .remove_volume(name, None::<RemoveVolumeOptions>)
-                .await
-                .is_ok()
-        {
-            tracing::info!(volume = %name, "removed a project cache volume past its bound");
-        }
-    }
 }

@@ -17,236 +17,12 @@
 //! the ones that left the stage's process group (`setsid`, daemons) on Linux, where
 //! `/proc/<pid>/environ` shows it.
 
+use super::settings::{InstanceSettings, Shell, Signal};
 use crate::detached::RunFiles;
 pub use crate::detached::sh_quote;
-use crate::setting::SettingError;
-
-/// The operating system a pool's machines run, which decides paths, shell and commands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MachineOs {
-    /// Linux.
-    Linux,
-    /// macOS (`darwin` in `connect-info`).
-    Macos,
-    /// FreeBSD.
-    Freebsd,
-    /// Windows with OpenSSH for Windows.
-    Windows,
-}
-
-impl MachineOs {
-    /// Parses `linux`, `macos` (or `darwin`), `freebsd` or `windows`.
-    pub fn parse(text: &str) -> Result<MachineOs, SettingError> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "linux" => Ok(MachineOs::Linux),
-            "macos" | "darwin" => Ok(MachineOs::Macos),
-            "freebsd" => Ok(MachineOs::Freebsd),
-            "windows" => Ok(MachineOs::Windows),
-            other => Err(SettingError::new(
-                "--os",
-                other,
-                "expected linux, macos, freebsd or windows",
-            )),
-        }
-    }
-
-    /// Its name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            MachineOs::Linux => "linux",
-            MachineOs::Macos => "macos",
-            MachineOs::Freebsd => "freebsd",
-            MachineOs::Windows => "windows",
-        }
-    }
-
-    /// Whether `connect-info`'s `os` (`linux`, `darwin`, `windows`, `freebsd`) is this one.
-    pub fn matches(self, reported: &str) -> bool {
-        MachineOs::parse(reported).is_ok_and(|os| os == self)
-    }
-
-    /// The shell GitLab Runner writes scripts for by default on this system.
-    pub fn default_shell(self) -> Shell {
-        match self {
-            MachineOs::Windows => Shell::Pwsh,
-            _ => Shell::Bash,
-        }
-    }
-
-    /// Where jobs' directories go by default: `/var/tmp/flotilla` (kept across reboots, unlike
-    /// `/tmp` on many systems, and writable by any login user), or `C:\flotilla`.
-    pub fn default_dir(self) -> &'static str {
-        match self {
-            MachineOs::Windows => r"C:\flotilla",
-            _ => "/var/tmp/flotilla",
-        }
-    }
-
-    fn windows(self) -> bool {
-        self == MachineOs::Windows
-    }
-}
-
-/// The shell the runner writes the job's scripts for (`shell` in the `config` answer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shell {
-    /// `bash`, run as a login shell (as GitLab's SSH and shell executors do), so the
-    /// machine's profile sets `PATH` (Homebrew on macOS).
-    Bash,
-    /// PowerShell 7 (`pwsh`).
-    Pwsh,
-    /// Windows PowerShell 5.1 (`powershell`).
-    Powershell,
-}
-
-impl Shell {
-    /// Parses `bash`, `pwsh` or `powershell`.
-    pub fn parse(text: &str) -> Result<Shell, SettingError> {
-        match text.trim() {
-            "bash" => Ok(Shell::Bash),
-            "pwsh" => Ok(Shell::Pwsh),
-            "powershell" => Ok(Shell::Powershell),
-            other => Err(SettingError::new(
-                "--shell",
-                other,
-                "expected bash, pwsh or powershell",
-            )),
-        }
-    }
-
-    /// Its name, as GitLab Runner's `shell` setting spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Shell::Bash => "bash",
-            Shell::Pwsh => "pwsh",
-            Shell::Powershell => "powershell",
-        }
-    }
-
-    /// The script file's extension (the runner's Custom executor writes `.ps1` for
-    /// PowerShell, with a byte-order mark, and runs it with `-File`).
-    fn extension(self) -> &'static str {
-        match self {
-            Shell::Bash => "sh",
-            Shell::Pwsh | Shell::Powershell => "ps1",
-        }
-    }
-}
-
-/// The instance-mode settings of the driver: the machines' system, the runner's shell, and
-/// the directory on each machine under which every job gets its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InstanceSettings {
-    /// The machines' system.
-    pub os: MachineOs,
-    /// The shell the runner writes scripts for.
-    pub shell: Shell,
-    /// The directory of jobs on the machine (absolute).
-    pub dir: String,
-}
-
-/// Signals a sweep sends the job's processes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    /// Ask them to stop (Unix `TERM`; on Windows the tree is ended at once: there is no
-    /// console equivalent that reaches every process).
-    Term,
-    /// Stop them (`KILL`; `taskkill /T /F`).
-    Kill,
-}
+use crate::place::Context;
 
 impl InstanceSettings {
-    /// Settings for `os` with its default shell and directory, unless given.
-    pub fn new(
-        os: MachineOs,
-        shell: Option<Shell>,
-        dir: Option<String>,
-    ) -> Result<Self, SettingError> {
-        let shell = shell.unwrap_or_else(|| os.default_shell());
-        let dir = dir.unwrap_or_else(|| os.default_dir().to_string());
-        let absolute = if os.windows() {
-            let b = dir.as_bytes();
-            (b.len() >= 3
-                && b.first().is_some_and(u8::is_ascii_alphabetic)
-                && b.get(1) == Some(&b':')
-                && matches!(b.get(2), Some(b'\\' | b'/')))
-                || dir.starts_with(r"\\")
-        } else {
-            dir.starts_with('/')
-        };
-        if !absolute {
-            return Err(SettingError::new(
-                "--machine-dir",
-                &dir,
-                format!("must be an absolute path on the machine ({})", os.name()),
-            ));
-        }
-        if dir.contains(['\0', '\n', '\r']) {
-            return Err(SettingError::new(
-                "--machine-dir",
-                &dir,
-                "control characters",
-            ));
-        }
-        if shell == Shell::Bash && os.windows() {
-            return Err(SettingError::new(
-                "--shell",
-                "bash",
-                "on Windows machines, use pwsh or powershell",
-            ));
-        }
-        if shell != Shell::Bash && !os.windows() {
-            return Err(SettingError::new(
-                "--shell",
-                shell.name(),
-                format!("on {} machines, use bash", os.name()),
-            ));
-        }
-        let dir = dir.trim_end_matches(['/', '\\']).to_string();
-        Ok(InstanceSettings { os, shell, dir })
-    }
-
-    fn sep(&self) -> char {
-        if self.os.windows() { '\\' } else { '/' }
-    }
-
-    fn join(&self, parts: &[&str]) -> String {
-        let mut out = self.dir.clone();
-        for part in parts {
-            out.push(self.sep());
-            out.push_str(part);
-        }
-        out
-    }
-
-    /// The job's own directory (its id is digits, checked when the job is read).
-    pub fn job_dir(&self, job: &str) -> String {
-        self.join(&[job])
-    }
-
-    /// The runner's `builds_dir`: inside the job's directory, so jobs sharing a machine never
-    /// share a checkout.
-    pub fn builds_dir(&self, job: &str) -> String {
-        self.join(&[job, "builds"])
-    }
-
-    /// The runner's `cache_dir`: one per machine, kept across its jobs (the runner keys it
-    /// by project inside).
-    pub fn cache_dir(&self) -> String {
-        self.join(&["cache"])
-    }
-
-    /// The mark every process of the job carries (`FLOTILLA_JOB=<mark>`); the `;` ends it, so
-    /// job 12's mark is not a prefix of job 123's.
-    pub fn mark(job: &str) -> String {
-        format!("job-{job};")
-    }
-
-    /// Where a stage's script goes, relative to the job's directory.
-    fn script_name(&self, run: &str) -> String {
-        format!(".flotilla{}{run}.{}", self.sep(), self.shell.extension())
-    }
-
     /// Makes the job's directory from a clean slate: stops what an earlier try left running,
     /// removes its files (read-only directories too, as Go's module cache leaves them), then
     /// creates `builds`, `.flotilla` (0700 on Unix) and the machine's cache.
@@ -255,7 +31,8 @@ impl InstanceSettings {
             let job_dir = ps_quote(&self.job_dir(job));
             // The sweep runs before errors stop the script: a process already gone is normal.
             let body = format!(
-                "{sweep}\n$ErrorActionPreference = 'Stop'\nif (Test-Path -LiteralPath {job_dir}) {{ Remove-Item -LiteralPath {job_dir} -Recurse -Force }}\nNew-Item -ItemType Directory -Force -Path {builds}, {own}, {cache} | Out-Null\n",
+                "{sweep}\n$ErrorActionPreference = 'Stop'\nif (Test-Path -LiteralPath {job_dir}) {{ Remove-Item -LiteralPath {job_dir} -Recurse -Force }}\nNew-Item -ItemType Directory -Force -Path {builds}, {own}, {cache} | Out-Null\n{tools}",
+                tools = self.windows_tools(),
                 sweep = self.windows_sweep(job),
                 builds = ps_quote(&self.builds_dir(job)),
                 own = ps_quote(&self.join(&[job, ".flotilla"])),
@@ -264,7 +41,8 @@ impl InstanceSettings {
             return powershell(&body);
         }
         let body = format!(
-            "{sweep}\numask 077\nchmod -R u+w -- {job_dir} 2>/dev/null\nrm -rf -- {job_dir}\nmkdir -p -- {builds} {own} {cache}\n",
+            "{sweep}\numask 077\nchmod -R u+w -- {job_dir} 2>/dev/null\nrm -rf -- {job_dir}\nmkdir -p -- {builds} {own} {cache}\n{tools}",
+            tools = self.unix_tools(),
             sweep = self.unix_sweep(job, Signal::Kill),
             job_dir = sh_quote(&self.job_dir(job)),
             builds = sh_quote(&self.builds_dir(job)),
@@ -272,6 +50,39 @@ impl InstanceSettings {
             cache = sh_quote(&self.cache_dir()),
         );
         unix(&body)
+    }
+
+    /// The check, once per machine, that the runner's own stages can run there: checkout
+    /// needs `git`, cache and artifacts the runner's binary (`gitlab-runner`, or the helper
+    /// binary `gitlab-runner-helper`, which stages then reach as `gitlab-runner`), both on the
+    /// login shell's `PATH` (the Custom executor's prerequisites, "Prerequisite software" in
+    /// GitLab Runner's `docs/executors/custom.md`). A machine that has neither fails `prepare`
+    /// with what is missing (exit 3), never a job midway or its cache silently. The result is
+    /// kept in the machine directory (`.flotilla-tools`).
+    fn unix_tools(&self) -> String {
+        let marker = sh_quote(&self.join(&[".flotilla-tools"]));
+        format!(
+            "if [ ! -e {marker} ]; then\n\
+             t=$(bash --login -c 'command -v git >/dev/null 2>&1 || printf \"git \"; command -v gitlab-runner >/dev/null 2>&1 || command -v gitlab-runner-helper >/dev/null 2>&1 || printf \"gitlab-runner \"' < /dev/null 2>/dev/null) || t='bash '\n\
+             if [ -n \"$t\" ]; then echo \"flotilla: this machine lacks ${{t% }} on the login shell's PATH: checkout needs git, cache and artifacts need gitlab-runner (or gitlab-runner-helper); install them in the machine's image\" >&2; exit 3; fi\n\
+             : > {marker}\n\
+             fi\n"
+        )
+    }
+
+    /// [`Self::unix_tools`] for Windows: `git` and `gitlab-runner` as commands PowerShell
+    /// finds (the runner's PowerShell scripts call it by that name, and nothing links it).
+    fn windows_tools(&self) -> String {
+        let marker = ps_quote(&self.join(&[".flotilla-tools"]));
+        format!(
+            "if (-not (Test-Path -LiteralPath {marker})) {{\n\
+             $missing = @()\n\
+             if (-not (Get-Command git -ErrorAction SilentlyContinue)) {{ $missing += 'git' }}\n\
+             if (-not (Get-Command gitlab-runner -ErrorAction SilentlyContinue)) {{ $missing += 'gitlab-runner' }}\n\
+             if ($missing.Count -gt 0) {{ [Console]::Error.WriteLine(\"flotilla: this machine lacks $($missing -join ' ') on PATH: checkout needs git, cache and artifacts need gitlab-runner; install them in the machine's image\"); exit 3 }}\n\
+             New-Item -ItemType File -Force -Path {marker} | Out-Null\n\
+             }}\n"
+        )
     }
 
     /// One command per stage (each SSH channel costs a session on the machine): writes
@@ -322,7 +133,7 @@ impl InstanceSettings {
             return powershell(&body);
         }
         // Unix stages run detached: `start_command`.
-        self.start_command(job, run, 0, len)
+        self.start_command(job, run, Context::Job, 0, len)
     }
 
     /// Whether a stage's script runs detached from the SSH channel, its output followed from a
@@ -340,8 +151,27 @@ impl InstanceSettings {
     /// runs with the runner's shell in the job's directory, and it and every process it
     /// starts carry the job's mark. Sent again after a cut with `from` = the bytes printed so
     /// far, it starts nothing new and follows on from there.
-    pub fn start_command(&self, job: &str, run: &str, from: u64, len: usize) -> String {
+    pub fn start_command(
+        &self,
+        job: &str,
+        run: &str,
+        context: Context,
+        from: u64,
+        len: usize,
+    ) -> String {
         let files = RunFiles::new(&self.join(&[job, ".flotilla"]), run);
+        // The runner's own stages call `gitlab-runner`: where the machine has only the helper
+        // binary, a link in the job's directory, first on the PATH the login shell set.
+        let launch = match context {
+            Context::Job => "bash --login \"$P.sh\"".to_string(),
+            Context::Helper => format!(
+                "bash --login -c {shim} {bin} \"$P.sh\"",
+                shim = sh_quote(
+                    "if ! command -v gitlab-runner >/dev/null 2>&1 && h=$(command -v gitlab-runner-helper); then mkdir -p \"$0\" && ln -sf \"$h\" \"$0/gitlab-runner\" && PATH=\"$0:$PATH\" && export PATH; fi; exec bash \"$1\""
+                ),
+                bin = sh_quote(&self.join(&[job, ".flotilla", "bin"])),
+            ),
+        };
         let place = format!(
             "(umask 077 && cat > \"$P.sh\") || {{ rmdir \"$P.d\"; exit 1; }}\n\
              got=$(wc -c < \"$P.sh\" | tr -d ' ')\n\
@@ -353,7 +183,7 @@ impl InstanceSettings {
         let body = format!(
             "cd {dir} || exit 1\n{start}",
             dir = sh_quote(&self.job_dir(job)),
-            start = files.start(&place, "cat > /dev/null", "bash --login \"$P.sh\"", from),
+            start = files.start(&place, "cat > /dev/null", &launch, from),
         );
         unix(&body)
     }
@@ -489,6 +319,7 @@ fn powershell(script: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use crate::instance::settings::MachineOs;
 
     fn decode_powershell(command: &str) -> String {
         use base64::Engine as _;
@@ -588,6 +419,49 @@ mod tests {
         child.wait_with_output().expect("output")
     }
 
+    /// Runs a Unix command with `bin` first on PATH (a stand-in `bash` there answers for the
+    /// login shell).
+    fn with_path(command: &str, bin: &std::path::Path) -> std::process::Output {
+        std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(command)
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .output()
+            .expect("sh")
+    }
+
+    #[test]
+    fn a_machine_without_the_runners_tools_fails_prepare_once_checked_it_is_not_asked_again() {
+        let root = tempfile::tempdir().expect("dir");
+        let s = InstanceSettings::new(
+            MachineOs::Linux,
+            None,
+            Some(root.path().join("m").display().to_string()),
+        )
+        .expect("settings");
+        let bin = root.path().join("bin");
+        std::fs::create_dir(&bin).expect("bin");
+        let login = |says: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            let stub = bin.join("bash");
+            std::fs::write(&stub, format!("#!/bin/sh\nprintf '{says}'\n")).expect("stub");
+            std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("mode");
+        };
+        login("git gitlab-runner ");
+        let refused = with_path(&s.prepare_command("5"), &bin);
+        assert_eq!(refused.status.code(), Some(3), "{refused:?}");
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            said.contains("lacks git gitlab-runner on the login shell's PATH"),
+            "{said}"
+        );
+        login("");
+        assert!(with_path(&s.prepare_command("5"), &bin).status.success());
+        // Checked once per machine: a later job does not ask the login shell again.
+        login("git ");
+        assert!(with_path(&s.prepare_command("6"), &bin).status.success());
+    }
+
     #[test]
     fn a_detached_stage_starts_once_follows_from_any_byte_and_refuses_a_cut_script() {
         let root = tempfile::tempdir().expect("dir");
@@ -597,15 +471,24 @@ mod tests {
             Some(root.path().join("it's").display().to_string()),
         )
         .expect("settings");
+        // A machine already checked for the runner's tools (see the next test).
+        std::fs::create_dir_all(root.path().join("it's")).expect("dir");
+        std::fs::write(root.path().join("it's/.flotilla-tools"), "").expect("marker");
         let made = on_machine(&s.prepare_command("5"), b"");
         assert!(made.status.success(), "{made:?}");
         let script = b"echo one; echo two >&2; exit 3\n";
-        let first = on_machine(&s.start_command("5", "r1", 0, script.len()), script);
+        let first = on_machine(
+            &s.start_command("5", "r1", Context::Job, 0, script.len()),
+            script,
+        );
         let out = String::from_utf8_lossy(&first.stdout);
         assert_eq!(out, "flotilla-start r1\none\ntwo\n");
         assert!(String::from_utf8_lossy(&first.stderr).ends_with("flotilla-status 3\n"));
         // Sent again from byte 4 (after "one\n"): no second start, the rest only.
-        let again = on_machine(&s.start_command("5", "r1", 4, script.len()), script);
+        let again = on_machine(
+            &s.start_command("5", "r1", Context::Job, 4, script.len()),
+            script,
+        );
         assert_eq!(
             String::from_utf8_lossy(&again.stdout),
             "flotilla-start r1\ntwo\n"
@@ -614,18 +497,27 @@ mod tests {
         let log = std::fs::read_to_string(root.path().join("it's/5/.flotilla/r1.out"));
         assert_eq!(log.expect("log"), "one\ntwo\n", "the script ran once");
         // A script cut in transit never starts, and a whole one may then.
-        let cut = on_machine(&s.start_command("5", "r2", 0, 100), b"echo never\n");
+        let cut = on_machine(
+            &s.start_command("5", "r2", Context::Job, 0, 100),
+            b"echo never\n",
+        );
         assert!(!cut.status.success());
         assert!(String::from_utf8_lossy(&cut.stderr).contains("arrived cut: 11 of 100"));
         assert!(!String::from_utf8_lossy(&cut.stdout).contains("flotilla-start"));
-        let whole = on_machine(&s.start_command("5", "r2", 0, 11), b"echo never\n");
+        let whole = on_machine(
+            &s.start_command("5", "r2", Context::Job, 0, 11),
+            b"echo never\n",
+        );
         assert_eq!(
             String::from_utf8_lossy(&whole.stdout),
             "flotilla-start r2\nnever\n"
         );
         // A script whose processes are killed leaves no status: the follower says so.
         let killer = b"kill -KILL $PPID\n";
-        let lost = on_machine(&s.start_command("5", "r3", 0, killer.len()), killer);
+        let lost = on_machine(
+            &s.start_command("5", "r3", Context::Job, 0, killer.len()),
+            killer,
+        );
         assert!(
             String::from_utf8_lossy(&lost.stderr).ends_with("flotilla-status lost\n"),
             "{lost:?}"
@@ -643,31 +535,5 @@ mod tests {
         assert_eq!(w.exit_code(42), 42);
         let l = InstanceSettings::new(MachineOs::Linux, None, None).expect("l");
         assert_eq!(l.exit_code(255), 255);
-    }
-
-    #[test]
-    fn settings_refuse_relative_dirs_and_the_wrong_shell() {
-        for (os, shell, dir) in [
-            (MachineOs::Linux, None, Some("builds")),
-            (MachineOs::Windows, None, Some("/var/tmp")),
-            (MachineOs::Linux, Some(Shell::Pwsh), None),
-            (MachineOs::Windows, Some(Shell::Bash), None),
-            (MachineOs::Macos, None, Some("/tmp/a\nb")),
-        ] {
-            let got = InstanceSettings::new(os, shell, dir.map(str::to_string));
-            assert!(got.is_err(), "{os:?} {shell:?} {dir:?}");
-        }
-        let mac = InstanceSettings::new(MachineOs::Macos, None, Some("/Users/ci/flotilla/".into()))
-            .expect("mac");
-        assert_eq!(mac.builds_dir("9"), "/Users/ci/flotilla/9/builds");
-        assert!(MachineOs::Macos.matches("darwin"));
-        assert!(!MachineOs::Linux.matches("windows"));
-    }
-
-    #[test]
-    fn a_mark_is_never_the_prefix_of_another_jobs() {
-        let a = format!("FLOTILLA_JOB={}", InstanceSettings::mark("12"));
-        let b = format!("FLOTILLA_JOB={}", InstanceSettings::mark("123"));
-        assert!(!b.starts_with(&a));
     }
 }

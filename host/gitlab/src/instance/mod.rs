@@ -7,6 +7,7 @@
 //! rides through a restart of the host; on Windows its output comes straight over the channel.
 
 pub mod commands;
+pub mod settings;
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use crate::api::{Acquired, ApiClient, ApiError, ErrorCode, ExecEnd};
 use crate::detached::{Output, QUOTED, Status};
 use crate::job::{DriverSettings, Job};
 use crate::place::{Ended, GRACE, Place, StageRun, StepError};
-use commands::{InstanceSettings, Signal};
+use settings::{InstanceSettings, Signal};
 
 /// What one of the driver's own commands left.
 struct Ran {
@@ -125,9 +126,13 @@ impl Place for InstancePlace {
         if !self.own.detached() {
             return self.attached(run).await;
         }
-        let command =
-            self.own
-                .start_command(&self.job.id, &run.name, printed.get(), run.script.len());
+        let command = self.own.start_command(
+            &self.job.id,
+            &run.name,
+            run.context,
+            printed.get(),
+            run.script.len(),
+        );
         let mut out = Output::new(&run.name);
         let base = printed.get();
         let ended = self
