@@ -441,3 +441,193 @@ async fn an_image_with_git_and_no_runner_never_skips_the_cache() {
     );
     fleet.assert_clean().await;
 }
+
+/// What the helper's rules refuse stays refused: an artifact path that leaves the project
+/// directory is skipped with the runner's warning (the rest is uploaded), and a cache key that
+/// tries to climb out of the cache directory is sanitized as the runner does; the volume
+/// layout widens neither. Submodules (recursive, relative URLs) and a shallow clone work on
+/// busybox too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_paths_stay_inside_the_project_and_submodules_check_out() {
+    let Some(ip) = peer_ip() else { return };
+    let _one = DOCKER.lock().await;
+    let fleet = Fleet::start(1, 1, "").await;
+    let project = Project::start(ip).await;
+    // A library with a nested library, as relative submodules of the project.
+    let inner = flotilla_peers::gitlab::WorkTree::new();
+    inner.write("inner.txt", b"inner\n");
+    let inner_sha = inner.commit("inner");
+    project.gitlab.publish("group/inner", &inner);
+    let lib = flotilla_peers::gitlab::WorkTree::new();
+    lib.write("lib.txt", b"lib\n");
+    lib.submodule("inner", "../inner.git", &inner_sha);
+    let lib_sha = lib.commit("lib");
+    project.gitlab.publish("group/lib", &lib);
+    let app = flotilla_peers::gitlab::WorkTree::new();
+    app.write("version.txt", b"three\n");
+    app.submodule("lib", "../lib.git", &lib_sha);
+    let sha = app.commit("with submodules");
+    project.gitlab.publish(pipeline::PROJECT, &app);
+    // The job token reaches the libraries only where they allow the project (GitLab's job
+    // token allowlist).
+    project.gitlab.allow("group/lib", pipeline::PROJECT);
+    project.gitlab.allow("group/inner", pipeline::PROJECT);
+    let cache: Arc<dyn CacheUrls> = Arc::new(flotilla_peers::runner_scripts::NoCacheStore);
+    let mut spec = project.job(&sha);
+    spec.pipeline_id = Some(project.gitlab.pipeline(pipeline::PROJECT, &sha));
+    spec.depth = 1;
+    spec.submodule_strategy = flotilla_peers::runner_scripts::SubmoduleStrategy::Recursive;
+    spec.caches = vec![Cache::new("../../../escape", &["dist/"])];
+    spec.cache_urls = cache;
+    spec.artifacts = vec![Artifact::new(&["../../outside", "dist/"])];
+    spec.script = vec![
+        "cat lib/lib.txt lib/inner/inner.txt".into(),
+        "test -f .git/shallow && echo shallow".into(),
+        "mkdir -p dist && echo built > dist/out".into(),
+        "mkdir -p ../../outside && echo secret > ../../outside/stolen".into(),
+    ];
+    let ran = pipeline::run(&runner_job(&fleet, &spec, &fleet.image), &spec);
+    assert!(ran.passed(), "{}", ran.log());
+    let log = ran.log();
+    assert!(log.contains("lib\ninner\n"), "{log}");
+    assert!(log.contains("shallow"), "{log}");
+    assert!(log.contains("not a subpath of project directory"), "{log}");
+    let stored = project.gitlab.artifact(spec.job_id).expect("artifacts");
+    let names = zip_names(&stored.bytes);
+    assert!(names.iter().any(|n| n == "dist/out"), "{names:?}");
+    assert!(!names.iter().any(|n| n.contains("stolen")), "{names:?}");
+    // The cache archive landed inside the project's own cache directory.
+    let cli = tempfile::tempdir().expect("dir");
+    let found = docker_cli(
+        &fleet.docker,
+        cli.path(),
+        &[
+            "run",
+            "--rm",
+            "-v",
+            "flotilla-cache-project-4242:/cache",
+            &fleet.image,
+            "sh",
+            "-c",
+            "find /cache -name cache.zip",
+        ],
+    );
+    let found = String::from_utf8_lossy(&found.stdout).into_owned();
+    assert!(found.lines().count() == 1, "{found}");
+    assert!(found.starts_with("/cache/group/app/"), "{found}");
+    fleet.assert_clean().await;
+}
+
+/// The helper image is refused clearly, and nothing is left behind: one that cannot be
+/// pulled, one without the helper binary, one whose binary is for another architecture. It
+/// is pulled with the operator's credentials, never the job's: a job without registry
+/// credentials still gets it, and a runner without the operator's cannot use the job's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_helper_image_fails_prepare_naming_it_and_only_the_operators_credentials_pull_it() {
+    let _one = DOCKER.lock().await;
+    let fleet = Fleet::start(1, 1, "").await;
+    let no_binary = fleet.push_image("ops/no-helper:1", None, |root| {
+        std::fs::remove_file(root.join("usr/bin/gitlab-runner-helper")).expect("remove");
+    });
+    let other_arch = fleet.push_image("ops/arm-helper:1", None, |root| {
+        // An ELF header for AArch64 (e_machine 183): the kernel refuses to run it here.
+        let mut elf = vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0];
+        elf.resize(16, 0);
+        elf.extend_from_slice(&[2, 0, 183, 0, 1, 0, 0, 0]);
+        elf.resize(4096, 0);
+        std::fs::write(root.join("usr/bin/gitlab-runner-helper"), elf).expect("write");
+    });
+    let missing = format!("{}/ops/no-such-helper:1", fleet.registry.host());
+    for (id, image, says) in [
+        (1101u64, missing.as_str(), "no-such-helper"),
+        (1102, no_binary.as_str(), "has no gitlab-runner-helper"),
+        (1103, other_arch.as_str(), "another architecture"),
+    ] {
+        let mut job = fleet.job(id);
+        let at = job
+            .args
+            .iter()
+            .position(|a| a == "--helper-image")
+            .expect("flag");
+        job.args[at + 1] = image.to_string();
+        let prepare = job.stage(&["prepare"]);
+        assert_eq!(prepare.code, 2, "{image}: {prepare:?}");
+        assert!(prepare.stderr.contains(image), "{prepare:?}");
+        assert!(prepare.stderr.contains(says), "{prepare:?}");
+        assert_eq!(job.stage(&["cleanup"]).code, 0);
+        fleet.assert_clean().await;
+    }
+    let cli = tempfile::tempdir().expect("dir");
+    let forget = |image: &str| docker_cli(&fleet.docker, cli.path(), &["rmi", "-f", image]);
+    // The operator's credentials pull it for a job that has none.
+    forget(&fleet.helper_image);
+    let mut anonymous = fleet.job(1104);
+    anonymous.env.remove("CUSTOM_ENV_DOCKER_AUTH_CONFIG");
+    // Its own image is on the machine already (the jobs above pulled it).
+    anonymous
+        .args
+        .extend(["--pull-policy".to_string(), "if-not-present".to_string()]);
+    let prepare = anonymous.stage(&["prepare"]);
+    assert_eq!(prepare.code, 0, "{prepare:?}");
+    assert_eq!(anonymous.stage(&["cleanup"]).code, 0);
+    // Without the operator's, the job's credentials are never used for it.
+    forget(&fleet.helper_image);
+    let mut borrowing = fleet.job(1105);
+    let at = borrowing
+        .args
+        .iter()
+        .position(|a| a == "--helper-registry-auth")
+        .expect("flag");
+    borrowing.args.drain(at..at + 2);
+    let prepare = borrowing.stage(&["prepare"]);
+    assert_eq!(prepare.code, 2, "{prepare:?}");
+    assert!(prepare.stderr.contains("the helper image"), "{prepare:?}");
+    assert_eq!(borrowing.stage(&["cleanup"]).code, 0);
+    fleet.assert_clean().await;
+}
+
+/// Instance mode runs the runner's own stages on the machine (git and the runner's helper
+/// binary there, as the machine image has them): checkout, a cache through S3 and artifacts,
+/// with no "Missing ..." line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_mode_runs_the_runners_own_stages_on_the_machine() {
+    let Some(ip) = peer_ip() else { return };
+    let fleet = common::machines::Machines::start(1, 1, "").await;
+    let project = Project::start(ip).await;
+    let s3 = Arc::new(S3Store::start(ip).await);
+    let cache = urls!(s3);
+    let mut build = build_job(&project, &project.first, &cache);
+    let mut job = fleet.job(build.job_id);
+    // The runner's scripts single-quote the builds directory without escaping
+    // (`shells/abstract.go` `changeFilesOwnership`), so a machine directory with a `'` (as the
+    // other instance tests use, to try the driver's own quoting) would break them.
+    let plain = fleet.root.path().join("machines");
+    let at = job
+        .args
+        .iter()
+        .position(|a| a == "--machine-dir")
+        .expect("flag");
+    job.args[at + 1] = plain.display().to_string();
+    let config = job.stage(&["config"]);
+    let answer: serde_json::Value = serde_json::from_str(&config.stdout).expect("config");
+    build.builds_dir = answer["builds_dir"].as_str().expect("builds_dir").into();
+    build.cache_dir = answer["cache_dir"].as_str().expect("cache_dir").into();
+    let response = serde_json::json!({
+        "id": build.job_id, "token": build.token,
+        "job_info": {"project_id": PROJECT_ID}, "git_info": {"protected": false},
+    });
+    std::fs::write(job.dir.path().join("response.json"), response.to_string()).expect("file");
+    job.env.insert(
+        "CUSTOM_ENV_CI_RUNNER_SHORT_TOKEN".into(),
+        flotilla_peers::runner_scripts::short_token(&build.runner_token),
+    );
+    let ran = pipeline::run(&job, &build);
+    assert_passed(&ran);
+    assert!(ran.log().contains("\none\n"), "{}", ran.log());
+    assert!(
+        project.gitlab.artifact(build.job_id).is_some(),
+        "{}",
+        ran.log()
+    );
+    fleet.assert_no_lease().await;
+}

@@ -1,6 +1,6 @@
 //! A stand-in for GitLab's `gitlab-runner-helper` image, built FROM scratch (no image
 //! registry is reachable here): Debian's static busybox with every applet, Debian's bash and
-//! git (with `git-remote-http` and every library `ldd` names), the CA roots (plus any extra
+//! git (with `git-remote-http`, `git submodule` and every library `ldd` names), the CA roots (plus any extra
 //! CA a test's peers use), and the stand-in `gitlab-runner-helper` binary of this crate
 //! (`src/bin/gitlab-runner-helper`) at `/usr/bin/gitlab-runner-helper`, as the official image
 //! ships it (`dockerfiles/runner-helper/Dockerfile` in GitLab Runner: only that name, no
@@ -118,11 +118,16 @@ pub fn rootfs(helper: &Path, extra_ca: Option<&str>) -> tempfile::TempDir {
             let _ = std::os::unix::fs::symlink("busybox", r.join("bin").join(applet));
         }
     }
+    // git's shell-script commands (`git submodule`) and what they source run on busybox.
     let programs = [
         "/bin/bash",
         "/usr/bin/git",
         "/usr/lib/git-core/git-remote-http",
+        "/usr/lib/git-core/git-sh-i18n--envsubst",
     ];
+    for script in ["git-submodule", "git-sh-setup", "git-sh-i18n"] {
+        place(r, &Path::new("/usr/lib/git-core").join(script));
+    }
     for program in programs {
         place(r, Path::new(program));
         for library in libraries(Path::new(program)) {

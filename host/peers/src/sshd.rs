@@ -72,12 +72,17 @@ impl Sshd {
 
     fn launch(&self) {
         let d = self.dir.path().display();
+        // The login user's home is the machine's own (`SetEnv HOME`), as a real machine's is
+        // not this host's: the shells of its sessions read no startup file of the user running
+        // the tests (one that runs a tool manager at every shell start, which a killed job can
+        // leave holding its lock, would hold every later session up).
+        std::fs::create_dir_all(self.path("home")).expect("the machine's home");
         let config = format!(
             "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/hostkey\nPidFile {d}/sshd.pid\n\
              AuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\n\
              KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
              AllowStreamLocalForwarding yes\nAllowTcpForwarding yes\n\
-             PermitRootLogin prohibit-password\n{extra}",
+             PermitRootLogin prohibit-password\nSetEnv HOME={d}/home\n{extra}",
             port = self.port,
             extra = self.extra,
         );
