@@ -91,23 +91,26 @@ export FLOTILLA_NPM="${FLOTILLA_NPM:-$HOME/.cache/flotilla-npm}"
 [ -x "$FLOTILLA_NPM/node_modules/.bin/azurite-blob" ] \
   || npm install --prefix "$FLOTILLA_NPM" --no-audit --no-fund --silent "azurite@3.35.0"
 
-echo "== cargo fmt --check"
+# Each phase says when it starts, in seconds since the script started (set-up included).
+phase() { echo "== $* (at ${SECONDS} s)"; }
+
+phase "cargo fmt --check"
 cargo fmt --all -- --check
 
 # The guest components (plugins, the template, hostile test guests), from their manifests.
 read -r -a guests <<< "$(./scripts/guests.sh)"
 
-echo "== clippy (host crates)"
+phase "clippy (host crates)"
 cargo clippy --locked --all-targets -- -D warnings
 
-echo "== clippy (guests, wasm32-wasip2)"
+phase "clippy (guests, wasm32-wasip2)"
 cargo clippy --locked --target wasm32-wasip2 "${guests[@]}" -- -D warnings
 
 if [ -n "$quick" ]; then
   exec ./scripts/quick.sh "$quick"
 fi
 
-echo "== guests (wasm32-wasip2)"
+phase "guests (wasm32-wasip2)"
 # tests/artifacts builds these too, but cargo may skip its build script when another checkout
 # last used this target directory; building here keeps the guests in step with these sources.
 cargo build --locked --profile guest --target wasm32-wasip2 --target-dir "$CARGO_TARGET_DIR/wasm-guests" "${guests[@]}"
@@ -116,41 +119,42 @@ cargo build --locked --profile guest --target wasm32-wasip2 --target-dir "$CARGO
 # (scripts/cross-build.sh): the tests below leave most of the CPU idle while they wait on their
 # peers, and these builds take it. The checks that use the binaries wait for them further down.
 cross_log="$CARGO_TARGET_DIR/cross-build.log"
-echo "== release builds for Windows and musl, in the background (log: $cross_log)"
+phase "release builds for Windows and musl, in the background (log: $cross_log)"
 FLOTILLA_BACKGROUND=1 setsid nice -n 19 ionice -t -c 3 ./scripts/cross-build.sh > "$cross_log" 2>&1 &
 cross=$!
 # A run that stops early leaves no build behind (setsid made the job its own process group).
 trap 'kill -- -"$cross" 2>/dev/null || true' EXIT
 cross_built() {
-  local started=$SECONDS
+  local waiting=$SECONDS
   if ! wait "$cross"; then
     echo "the background release builds failed:" >&2
     tail -50 "$cross_log" >&2
     exit 1
   fi
   trap - EXIT
-  echo "== release builds for Windows and musl: done ($((SECONDS - started)) s waited for them)"
+  echo "== release builds for Windows and musl: done ($((SECONDS - waiting)) s waited for them)"
 }
 
-echo "== tests"
+phase "tests"
 # The test-run profile: release, but the binary crate at opt-level 1 (Cargo.toml says why).
 cargo test --locked --profile test-run
 
-echo "== the plugin templates (Rust, Python, JavaScript): plugin new, build, plugin test --provision"
+phase "the plugin templates (Rust, Python, JavaScript): plugin new, build, plugin test --provision"
 ./scripts/templates.sh
 
-echo "== deploy/: Helm chart (lint --strict, schema, package), kustomize (kubernetes-validate 1.30 and 1.33), rendered configs"
+phase "deploy/: Helm chart (lint --strict, schema, package), kustomize (kubernetes-validate 1.30 and 1.33), rendered configs"
 PATH="$FLOTILLA_VENV/bin:$PATH" "$FLOTILLA_VENV/bin/python" deploy/check.py "$CARGO_TARGET_DIR/test-run/flotilla"
 
 cross_built
-echo "== the host on Windows (cross-built, run under Wine)"
+phase "the host on Windows (cross-built, run under Wine)"
 ./scripts/windows.sh
 
-echo "== the container image (static musl binary on scratch) under a real Docker Engine"
+phase "the container image (static musl binary on scratch) under a real Docker Engine"
 dist="$CARGO_TARGET_DIR/dist"
 rm -rf "$dist"
 FLOTILLA_DIST="$dist" ./scripts/container.sh
 
-echo "== release artifacts, and installing from them without Rust"
+phase "release artifacts, and installing from them without Rust"
 ./scripts/release.sh "$dist"
 ./scripts/install-check.sh "$dist"
+phase "done"

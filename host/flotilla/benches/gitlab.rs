@@ -105,7 +105,10 @@ async fn lifecycle(docker: &Docker, n: u64) {
         )
         .await
         .expect("start");
-    assert_eq!(exec_to_end(docker, &name, vec!["true"]).await, Some(0));
+    assert_eq!(
+        exec_to_end(docker, &name, vec!["sh", "-c", ":"]).await,
+        Some(0)
+    );
     docker
         .remove_container(
             &name,
@@ -372,6 +375,84 @@ fn bench(c: &mut Criterion) {
     );
     rt.block_on(flotilla_gitlab::cleanup(&api, &job, &settings));
     group.finish();
+    checkout_reuse(&rt, &api, &settings);
+}
+
+/// `get_sources` of a job on a 50 MB repository, as the runner writes it, in the helper:
+/// `GIT_STRATEGY=clone` (a fresh checkout) against `fetch` (the worktree the project's last
+/// job on the slot left, in its kept builds volume), interleaved, five each.
+fn checkout_reuse(rt: &tokio::runtime::Runtime, api: &ApiClient, settings: &DriverSettings) {
+    use flotilla_peers::gitlab::{GitLab, Options, WorkTree};
+    use flotilla_peers::runner_scripts::{self, GitStrategy, JobSpec};
+    let Some(ip) = flotilla_peers::netaddr::peer_ip() else {
+        eprintln!("gitlab/checkout: skipped (no address containers reach)");
+        return;
+    };
+    let gitlab = rt.block_on(GitLab::start(ip, Options::default()));
+    let work = WorkTree::new();
+    // Incompressible, as a repository of binaries and vendored archives is.
+    let mut data = vec![0u8; 50 << 20];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut data).expect("random");
+    work.write("blob.bin", &data);
+    let sha = work.commit("50 MB");
+    gitlab.publish("group/big", &work);
+    let dir = tempfile::tempdir().expect("dir");
+    let mut times: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
+    for round in 0..6 {
+        for (name, strategy) in [("clone", GitStrategy::Clone), ("fetch", GitStrategy::Fetch)] {
+            let token = gitlab.job("group/big");
+            let mut spec = JobSpec::new(
+                &gitlab.url,
+                7,
+                "group/big",
+                token.id,
+                &token.token,
+                &sha,
+                "main",
+            );
+            spec.git_strategy = strategy;
+            let env = HashMap::from([
+                ("CUSTOM_ENV_CI_JOB_ID".to_string(), token.id.to_string()),
+                ("CUSTOM_ENV_CI_PROJECT_ID".to_string(), "7".to_string()),
+                ("CUSTOM_ENV_CI_JOB_IMAGE".to_string(), IMAGE.to_string()),
+            ]);
+            let job = Job::from_env(&env.into_iter().collect(), true).expect("job");
+            let script = dir.path().join("get_sources");
+            std::fs::write(&script, runner_scripts::script(&spec, "get_sources")).expect("script");
+            let took = rt.block_on(async {
+                let prepared = flotilla_gitlab::prepare(api, &job, settings).await;
+                assert_eq!(prepared, flotilla_gitlab::Outcome::Success);
+                let start = Instant::now();
+                let ran = flotilla_gitlab::run(
+                    api,
+                    &job,
+                    settings,
+                    &script,
+                    "get_sources",
+                    std::future::pending(),
+                )
+                .await;
+                let took = start.elapsed();
+                assert_eq!(ran, flotilla_gitlab::Outcome::Success);
+                flotilla_gitlab::cleanup(api, &job, settings).await;
+                took
+            });
+            // The first round warms the kept worktree up for `fetch`.
+            if round > 0 {
+                times.entry(name).or_default().push(took);
+            }
+        }
+    }
+    let median = |name: &str| {
+        let mut t = times.get(name).cloned().unwrap_or_default();
+        t.sort();
+        t.get(t.len() / 2).copied().unwrap_or_default()
+    };
+    let (clone, fetch) = (median("clone"), median("fetch"));
+    eprintln!(
+        "gitlab/checkout 50 MB interleaved x5: clone {clone:?}, fetch {fetch:?}, fetch/clone {:.2}x",
+        fetch.as_secs_f64() / clone.as_secs_f64()
+    );
 }
 
 /// One job's `prepare` and first `run` on an idle, ready instance, to the end of the script's

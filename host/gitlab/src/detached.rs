@@ -82,8 +82,9 @@ impl RunFiles {
         )
     }
 
-    /// Prints the start marker, then the log from byte `from` as it grows, polling (10 ms,
-    /// growing to 1 s while nothing comes, back to 10 ms when something does), until the
+    /// Prints the start marker, then the log from byte `from` as it grows, polling (2 ms for
+    /// the first few polls, so a short stage ends at once, growing to 1 s while nothing comes,
+    /// back to 2 ms when something does), until the
     /// status file is there: then the rest, and the status line. The status file is looked
     /// for before the log is measured, so everything written before it is sent. If the
     /// process that would write it is gone (killed, or a zombie nobody reaped) or the log
@@ -102,7 +103,7 @@ impl RunFiles {
              if [ \"$z\" -gt \"$n\" ]; then tail -c +$((n + 1)) \"$o\" | head -c $((z - n)) || exit 1; n=$z; i=0; fi\n\
              if [ $d = 1 ]; then printf '{status}' \"$(cat \"$s\")\" >&2; exit 0; fi\n\
              if [ $d = 2 ]; then printf '{lost}' >&2; exit 0; fi\n\
-             case $i in 0) w=0.01;; 1) w=0.02;; 2) w=0.03;; 3|4) w=0.05;; 5|6) w=0.1;; 7) w=0.2;; 8) w=0.5;; *) w=1;; esac\n\
+             case $i in 0|1|2|3) w=0.002;; 4) w=0.01;; 5) w=0.02;; 6) w=0.03;; 7|8) w=0.05;; 9|10) w=0.1;; 11) w=0.2;; 12) w=0.5;; *) w=1;; esac\n\
              i=$((i + 1)); sleep $w 2>/dev/null || sleep 1\n\
              done\n",
             marker = sh_quote(&start_marker(name)),

@@ -1,6 +1,8 @@
 //! A real Docker Engine (Debian `docker.io`) for the tests, on a unix socket in its own temp
-//! directory: its own data root, exec root and pid file, the vfs storage driver, and no
-//! iptables or bridge, so it touches nothing of the host's networking. Stopped on drop.
+//! directory: its own data root, exec root and pid file, the overlay2 storage driver (vfs,
+//! which copies every image for every container, where the kernel or the data root's
+//! filesystem refuses overlay2), and no iptables or bridge, so it touches nothing of the
+//! host's networking. Stopped on drop.
 //!
 //! [`Dockerd::start_with_iptables`] runs one as Docker runs by default, with its iptables
 //! rules (the isolation between networks), inside a network namespace of its own (made with
@@ -126,6 +128,21 @@ impl Dockerd {
     }
 
     fn launch(pki: Option<&DockerPki>, netns: Option<String>) -> Dockerd {
+        match Dockerd::try_launch(pki, netns.clone(), "overlay2") {
+            Ok(dockerd) => dockerd,
+            // overlay2 needs a kernel and a filesystem under the data root that allow it;
+            // vfs works anywhere (it copies every layer for every container, so it is slower).
+            Err(log) => Dockerd::try_launch(pki, netns, "vfs")
+                .unwrap_or_else(|log2| panic!("dockerd did not start:\n{log}\n{log2}")),
+        }
+    }
+
+    /// Starts dockerd with `storage_driver`; its log if it exits before its socket answers.
+    fn try_launch(
+        pki: Option<&DockerPki>,
+        netns: Option<String>,
+        storage_driver: &str,
+    ) -> Result<Dockerd, String> {
         let dir = tempfile::tempdir().expect("dockerd dir");
         let d = dir.path();
         let log = std::fs::File::create(d.join("dockerd.log")).expect("dockerd log");
@@ -144,9 +161,9 @@ impl Dockerd {
             None => Command::new("dockerd"),
         };
         let isolation: &[&str] = if netns.is_some() {
-            &["--storage-driver=vfs", "--bridge=none"]
+            &["--bridge=none"]
         } else {
-            &["--storage-driver=vfs", "--iptables=false", "--bridge=none"]
+            &["--iptables=false", "--bridge=none"]
         };
         if let (Some(pki), Some(port)) = (pki, tls_port) {
             cmd.arg("-H")
@@ -169,20 +186,31 @@ impl Dockerd {
             .arg("--pidfile")
             .arg(d.join("dockerd.pid"))
             .args(isolation)
+            .arg(format!("--storage-driver={storage_driver}"))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("dockerd (scripts/test.sh installs docker.io)");
-        let dockerd = Dockerd {
+        let mut dockerd = Dockerd {
             dir,
             child,
             netns,
             tls_port,
         };
-        poll::until_blocking("dockerd to start", Duration::from_secs(30), || {
+        let exited = poll::until_blocking("dockerd to start", Duration::from_secs(30), || {
+            if let Ok(Some(_)) = dockerd.child.try_wait() {
+                return Ok(true);
+            }
             std::os::unix::net::UnixStream::connect(dockerd.socket())
+                .map(|_| false)
                 .map_err(|e| format!("{e}\n{}", dockerd.log()))
         });
+        if exited {
+            let log = dockerd.log();
+            // Nothing to stop: keep the namespace for the next try.
+            dockerd.netns = None;
+            return Err(log);
+        }
         if let Some(port) = dockerd.tls_port {
             poll::until_blocking(
                 "dockerd's TLS port to open",
@@ -193,7 +221,7 @@ impl Dockerd {
                 },
             );
         }
-        dockerd
+        Ok(dockerd)
     }
 
     /// Whether it runs in a network namespace of its own (it cannot reach the host's loopback).

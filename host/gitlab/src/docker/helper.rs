@@ -145,12 +145,17 @@ pub(crate) fn runner_paths(script: &[u8]) -> Result<Vec<String>, String> {
     Ok(paths)
 }
 
+/// The last line of [`exec_root`]'s output: the command's exit status (read from the output
+/// rather than asked for with one more request).
+const EXIT_MARK: &str = "flotilla-exit ";
+
 /// Runs `command` as root in `container` to its end; its exit code and output.
 pub(crate) async fn exec_root(
     docker: &Docker,
     container: &str,
     command: String,
 ) -> Result<(i64, String), StepError> {
+    let command = format!("( {command} ) 2>&1; echo \"{EXIT_MARK}$?\"");
     let exec = docker
         .create_exec(
             container,
@@ -171,20 +176,17 @@ pub(crate) async fn exec_root(
     let mut said = Vec::new();
     if let StartExecResults::Attached { mut output, .. } = started {
         while let Some(Ok(chunk)) = output.next().await {
-            if said.len() < 4096 {
-                said.extend_from_slice(&chunk.into_bytes());
-            }
+            said.extend_from_slice(&chunk.into_bytes());
+            // Only the tail matters: the words before the status line, and the line.
+            let excess = said.len().saturating_sub(4096);
+            said.drain(..excess);
         }
     }
-    let code = docker
-        .inspect_exec(&exec.id)
-        .await
-        .map_err(step(
-            "reading a command's exit code in the helper container",
-        ))?
-        .exit_code
-        .unwrap_or(-1);
-    Ok((code, String::from_utf8_lossy(&said).trim().to_string()))
+    let said = String::from_utf8_lossy(&said).trim().to_string();
+    let (words, status) = said.rsplit_once(EXIT_MARK).unwrap_or((&said, ""));
+    // No status line: the shell itself could not run (an image without `sh`).
+    let code = status.trim().parse().unwrap_or(127);
+    Ok((code, words.trim().to_string()))
 }
 
 /// Links the runner's names to the helper binary in the job's helper container and checks it

@@ -57,6 +57,10 @@ pub struct DockerSettings {
 /// Where the scripts go in a container: `/tmp`, which every image the runner supports has.
 const SCRIPT_DIR: &str = "/tmp";
 
+/// How long cleanup waits for the engine to answer a ping before it reports the instance
+/// broken.
+const PING: Duration = Duration::from_secs(60);
+
 /// How long cleanup waits before its second sweep, so an object whose creation was still in
 /// flight when a killed `prepare` died has landed and is removed too.
 const SETTLE: Duration = Duration::from_millis(1500);
@@ -209,10 +213,12 @@ impl Place for DockerPlace {
     }
 
     async fn sweep(&self) -> Result<(), StepError> {
-        self.docker.ping().await.map_err(step(format!(
-            "Docker Engine does not answer after job {}",
-            self.job.id
-        )))?;
+        let what = format!("Docker Engine does not answer after job {}", self.job.id);
+        // A hung engine is a broken instance, well within the runner's cleanup timeout.
+        match tokio::time::timeout(PING, self.docker.ping()).await {
+            Ok(answer) => answer.map(|_| ()).map_err(step(what))?,
+            Err(_) => return Err(StepError::Failed(format!("{what} within {PING:?}"))),
+        }
         sweep::remove_job_objects(&self.docker, &self.job).await?;
         tokio::time::sleep(SETTLE).await;
         sweep::remove_job_objects(&self.docker, &self.job).await

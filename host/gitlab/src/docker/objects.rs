@@ -166,8 +166,9 @@ async fn start(
     Ok(())
 }
 
-/// Pulls what the job needs: its image and services with the job's credentials as the policy
-/// says, the helper image with the operator's when it is missing; the time spent.
+/// Pulls what the job needs, all at once: its image and services with the job's credentials
+/// as the policy says, the helper image with the operator's when it is missing; the time
+/// spent (the sum, as each pull's own time).
 async fn pull_all(
     docker: &Docker,
     job: &Job,
@@ -179,30 +180,38 @@ async fn pull_all(
         text,
         source: "DOCKER_AUTH_CONFIG",
     });
-    let mut pulling = images::pull(docker, job_auth, image, own.pull_policy).await?;
-    for service in &job.services {
-        pulling += images::pull(docker, job_auth, &service.name, own.pull_policy).await?;
-    }
-    let Some(helper_image) = helper_image else {
-        return Ok(pulling);
-    };
     let operator = own.helper_registry_auth.as_deref().map(|text| Auth {
         text,
         source: "--helper-registry-auth",
     });
-    let helper = images::pull(docker, operator, helper_image, PullPolicy::IfNotPresent)
-        .await
-        .map_err(|e| match e {
-            StepError::Failed(why) => StepError::Failed(format!(
-                "the helper image {helper_image} (checkout, cache and artifacts run there; --helper-image names another): {why}"
-            )),
-            down => down,
-        })?;
-    Ok(pulling + helper)
+    let mut pulls: Vec<Pending<'_, Duration>> = std::iter::once(image)
+        .chain(job.services.iter().map(|s| s.name.as_str()))
+        .map(|name| -> Pending<'_, Duration> {
+            Box::pin(images::pull(docker, job_auth, name, own.pull_policy))
+        })
+        .collect();
+    if let Some(helper_image) = helper_image {
+        pulls.push(Box::pin(async move {
+            images::pull(docker, operator, helper_image, PullPolicy::IfNotPresent)
+                .await
+                .map_err(|e| match e {
+                    StepError::Failed(why) => StepError::Failed(format!(
+                        "the helper image {helper_image} (checkout, cache and artifacts run there; --helper-image names another): {why}"
+                    )),
+                    down => down,
+                })
+        }));
+    }
+    let pulled = futures_util::future::try_join_all(pulls).await?;
+    Ok(pulled.into_iter().sum())
 }
 
+/// One of the steps `prepare` takes at once.
+type Pending<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StepError>> + 'a>>;
+
 /// Creates the job's network, volumes, services, job container and helper container, and
-/// starts them; the time spent pulling.
+/// starts them, each step's independent parts at once; the time spent pulling.
 pub(crate) async fn create_job(
     docker: &Docker,
     pool: &str,
@@ -214,31 +223,34 @@ pub(crate) async fn create_job(
     let helper_image = helper::image(docker, own, job).await?;
     let pulling = pull_all(docker, job, image, helper_image.as_deref(), own).await?;
     let labels = labels(job, pool);
-    docker
-        .create_network(NetworkCreateRequest {
-            name: job.network(),
-            driver: Some("bridge".into()),
-            labels: Some(labels.clone()),
-            ..Default::default()
-        })
-        .await
-        .map_err(step("creating the job's network"))?;
-    let builds = shared_volume(docker, job, &job.builds_volume(slot), "builds").await?;
-    let cache = shared_volume(docker, job, &job.cache_volume(), "cache").await?;
+    let network = async {
+        docker
+            .create_network(NetworkCreateRequest {
+                name: job.network(),
+                driver: Some("bridge".into()),
+                labels: Some(labels.clone()),
+                ..Default::default()
+            })
+            .await
+            .map_err(step("creating the job's network"))
+    };
+    let (builds, cache) = (job.builds_volume(slot), job.cache_volume());
+    let (network, builds, cache) = tokio::join!(
+        network,
+        shared_volume(docker, job, &builds, "builds"),
+        shared_volume(docker, job, &cache, "cache"),
+    );
+    network?;
     let mut binds = vec![
-        format!("{builds}:{}", own.builds_dir),
-        format!("{cache}:{}", own.cache_dir),
+        format!("{}:{}", builds?, own.builds_dir),
+        format!("{}:{}", cache?, own.cache_dir),
     ];
     binds.extend(own.options.volumes.iter().cloned());
-    for (i, service) in job.services.iter().enumerate() {
-        start_service(docker, job, own, &labels, i, service, &binds).await?;
-    }
     let env = variables::environment(&job.variables);
     let began = Instant::now();
-    let helper = helper_image.as_deref().map(|h| (job.helper_container(), h));
-    for (name, image) in std::iter::once((job.container(), image)).chain(helper) {
+    let idle_in = |name: String, image| {
         let (entrypoint, cmd) = idle();
-        let spec = Spec {
+        Spec {
             name,
             image,
             env: env.clone(),
@@ -247,12 +259,31 @@ pub(crate) async fn create_job(
             working_dir: Some(own.builds_dir.clone()),
             binds: binds.clone(),
             aliases: Vec::new(),
-        };
-        start(docker, job, own, &labels, spec).await?;
+        }
+    };
+    let mut steps: Vec<Pending<'_, ()>> = job
+        .services
+        .iter()
+        .enumerate()
+        .map(|(i, service)| -> Pending<'_, ()> {
+            Box::pin(start_service(docker, job, own, &labels, i, service, &binds))
+        })
+        .collect();
+    steps.push(Box::pin(start(
+        docker,
+        job,
+        own,
+        &labels,
+        idle_in(job.container(), image),
+    )));
+    if let Some(helper_image) = helper_image.as_deref() {
+        let spec = idle_in(job.helper_container(), helper_image);
+        steps.push(Box::pin(async {
+            start(docker, job, own, &labels, spec).await?;
+            helper::install(docker, job, helper_image, &[]).await
+        }));
     }
-    if let Some(helper_image) = &helper_image {
-        helper::install(docker, job, helper_image, &[]).await?;
-    }
+    futures_util::future::try_join_all(steps).await?;
     say(&format!(
         "Job container {} started from {image}{}, in {:.2} s",
         job.container(),
