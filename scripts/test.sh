@@ -94,6 +94,29 @@ export FLOTILLA_NPM="${FLOTILLA_NPM:-$HOME/.cache/flotilla-npm}"
 # Each phase says when it starts, in seconds since the script started (set-up included).
 phase() { echo "== $* (at ${SECONDS} s)"; }
 
+# The Windows and musl release builds go in the background at the lowest CPU and I/O priority
+# (scripts/cross-build.sh), from the start: clippy's and the test build's serial stretches and
+# the tests' waits on their peers leave part of the CPU idle, and these builds take it. The
+# checks that use the binaries wait for them further down.
+cross_log="$CARGO_TARGET_DIR/cross-build.log"
+if [ -z "$quick" ]; then
+  phase "release builds for Windows and musl, in the background (log: $cross_log)"
+  FLOTILLA_BACKGROUND=1 setsid nice -n 19 ionice -t -c 3 ./scripts/cross-build.sh > "$cross_log" 2>&1 &
+  cross=$!
+  # A run that stops early leaves no build behind (setsid made the job its own process group).
+  trap 'kill -- -"$cross" 2>/dev/null || true' EXIT
+fi
+cross_built() {
+  local waiting=$SECONDS
+  if ! wait "$cross"; then
+    echo "the background release builds failed:" >&2
+    tail -50 "$cross_log" >&2
+    exit 1
+  fi
+  trap - EXIT
+  echo "== release builds for Windows and musl: done ($((SECONDS - waiting)) s waited for them)"
+}
+
 phase "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -114,26 +137,6 @@ phase "guests (wasm32-wasip2)"
 # tests/artifacts builds these too, but cargo may skip its build script when another checkout
 # last used this target directory; building here keeps the guests in step with these sources.
 cargo build --locked --profile guest --target wasm32-wasip2 --target-dir "$CARGO_TARGET_DIR/wasm-guests" "${guests[@]}"
-
-# The Windows and musl release builds go in the background at the lowest CPU and I/O priority
-# (scripts/cross-build.sh): the tests below leave most of the CPU idle while they wait on their
-# peers, and these builds take it. The checks that use the binaries wait for them further down.
-cross_log="$CARGO_TARGET_DIR/cross-build.log"
-phase "release builds for Windows and musl, in the background (log: $cross_log)"
-FLOTILLA_BACKGROUND=1 setsid nice -n 19 ionice -t -c 3 ./scripts/cross-build.sh > "$cross_log" 2>&1 &
-cross=$!
-# A run that stops early leaves no build behind (setsid made the job its own process group).
-trap 'kill -- -"$cross" 2>/dev/null || true' EXIT
-cross_built() {
-  local waiting=$SECONDS
-  if ! wait "$cross"; then
-    echo "the background release builds failed:" >&2
-    tail -50 "$cross_log" >&2
-    exit 1
-  fi
-  trap - EXIT
-  echo "== release builds for Windows and musl: done ($((SECONDS - waiting)) s waited for them)"
-}
 
 phase "tests"
 # The test-run profile: release, but the binary crate at opt-level 1 (Cargo.toml says why).

@@ -78,7 +78,18 @@ fn place(root: &Path, from: &Path) {
 /// The image as a tar stream for `docker import`: see the module doc. `extra_ca` PEM is
 /// appended to the CA roots.
 pub fn rootfs_tar(helper: &Path, extra_ca: Option<&str>) -> Vec<u8> {
-    tar(rootfs(helper, extra_ca).path())
+    // Built once per test process when it trusts no extra CA: every fleet imports the same.
+    static PLAIN: std::sync::OnceLock<(PathBuf, Vec<u8>)> = std::sync::OnceLock::new();
+    if extra_ca.is_some() {
+        return tar(rootfs(helper, extra_ca).path());
+    }
+    let (built_from, bytes) =
+        PLAIN.get_or_init(|| (helper.to_path_buf(), tar(rootfs(helper, None).path())));
+    if built_from == helper {
+        bytes.clone()
+    } else {
+        tar(rootfs(helper, None).path())
+    }
 }
 
 /// A directory as a tar stream for `docker import`.
