@@ -125,6 +125,18 @@ impl Ran {
             .collect()
     }
 
+    /// Whether a stage printed `line` as a whole line. The runner's scripts echo each command
+    /// before running it, so a word of the script is in the log whether or not it ran; only the
+    /// command's own output stands on a line of its own.
+    pub fn printed(&self, line: &str) -> bool {
+        self.stages.iter().any(|(_, r)| {
+            r.stdout
+                .lines()
+                .chain(r.stderr.lines())
+                .any(|l| l.trim_end_matches('\r') == line)
+        })
+    }
+
     /// How `stage` ended.
     pub fn code(&self, stage: &str) -> Option<i32> {
         self.stages
