@@ -455,29 +455,28 @@ async fn docker(
 /// the job's variables are the biggest part).
 const CREATE_BODY_LIMIT: usize = 8 << 20;
 
-/// A container create (`POST /[v1.NN/]containers/create`) asking for a privileged container
-/// is refused unless the pool allows it: the driver's `--privileged` is the job runner's
-/// wish, `allow_privileged` the fleet operator's consent. Other requests pass untouched, their
-/// bodies still streaming.
+/// A container create (`POST /[v1.NN/]containers/create`) or an exec create
+/// (`POST /[v1.NN/]containers/{id}/exec`) asking for privileges is refused unless the pool
+/// allows them: the driver's `--privileged` is the job runner's wish, `allow_privileged` the
+/// fleet operator's consent. The request is read as the engine reads it: the path
+/// percent-decoded, and the body's keys matched case-insensitively with Go's folding
+/// (`hostconfig`, `PRIVILEGED` and `Hoſtconfig` are all `HostConfig` to `encoding/json`). A
+/// body this side cannot read is refused rather than passed on. Other requests pass
+/// untouched, their bodies still streaming.
 async fn privileged_refused(
     parts: &axum::http::request::Parts,
     body: axum::body::Body,
     allowed: bool,
     pool: &str,
 ) -> Result<axum::body::Body, ApiError> {
-    let creates = parts.method == axum::http::Method::POST
-        && raw_docker_path(&parts.uri).is_some_and(|p| {
-            let path = p.split('?').next().unwrap_or_default();
-            let path = path.trim_end_matches('/');
-            path == "/containers/create"
-                || path.strip_suffix("/containers/create").is_some_and(|v| {
-                    v.strip_prefix("/v")
-                        .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
-                })
-        });
-    if allowed || !creates {
+    let route = if parts.method == axum::http::Method::POST {
+        raw_docker_path(&parts.uri).and_then(|p| privileged_route(&p))
+    } else {
+        None
+    };
+    let Some(route) = route.filter(|_| !allowed) else {
         return Ok(body);
-    }
+    };
     let bytes = axum::body::to_bytes(body, CREATE_BODY_LIMIT)
         .await
         .map_err(|e| {
@@ -486,12 +485,20 @@ async fn privileged_refused(
                 format!("container create body: {e} (at most {CREATE_BODY_LIMIT} bytes)"),
             )
         })?;
-    let asked: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-    if asked
-        .pointer("/HostConfig/Privileged")
-        .and_then(serde_json::Value::as_bool)
-        == Some(true)
-    {
+    let asked: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            ErrorCode::BadRequest,
+            format!("the {route} body is not JSON this host can check: {e}"),
+        )
+    })?;
+    let privileged = |config: &serde_json::Value| {
+        go_fields(config, "Privileged").any(|v| v.as_bool() == Some(true))
+    };
+    let asks = match route {
+        PrivilegedRoute::Create => go_fields(&asked, "HostConfig").any(privileged),
+        PrivilegedRoute::Exec => privileged(&asked),
+    };
+    if asks {
         return Err(ApiError::new(
             ErrorCode::NotAllowed,
             format!(
@@ -500,6 +507,98 @@ async fn privileged_refused(
         ));
     }
     Ok(axum::body::Body::from(bytes))
+}
+
+/// The Docker routes whose body can ask for privileges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PrivilegedRoute {
+    /// `POST /containers/create`: `HostConfig.Privileged`.
+    Create,
+    /// `POST /containers/{id}/exec`: `Privileged`.
+    Exec,
+}
+
+impl std::fmt::Display for PrivilegedRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Create => "container create",
+            Self::Exec => "exec create",
+        })
+    }
+}
+
+/// Which privileged route a Docker path (as sent, query included) names, after the decoding
+/// and cleaning the engine's router does: percent-decoding, empty and `.` segments dropped,
+/// `..` applied, an optional `/v1.NN` prefix.
+fn privileged_route(raw: &str) -> Option<PrivilegedRoute> {
+    let path = raw.split('?').next().unwrap_or_default();
+    let decoded = percent_decoded(path);
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let versioned = segments.first().is_some_and(|v| {
+        v.strip_prefix('v')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
+    });
+    let rest = if versioned {
+        segments.get(1..).unwrap_or_default()
+    } else {
+        &segments[..]
+    };
+    match rest {
+        ["containers", "create"] => Some(PrivilegedRoute::Create),
+        ["containers", _, "exec"] => Some(PrivilegedRoute::Exec),
+        _ => None,
+    }
+}
+
+/// `%XX` escapes decoded (an invalid escape stays as it is, as Go's router leaves it).
+fn percent_decoded(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let hex = |at: usize| bytes.get(at).and_then(|c| (*c as char).to_digit(16));
+        match (b, hex(i + 1), hex(i + 2)) {
+            (b'%', Some(hi), Some(lo)) => {
+                // Two hex digits make at most 255.
+                out.push(u8::try_from(hi * 16 + lo).unwrap_or(b'%'));
+                i += 3;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The values of an object's keys that Go's `encoding/json` would decode into the field
+/// `name`: keys equal under Unicode simple case folding, where `ſ` (U+017F) is an `s` and the
+/// Kelvin sign (U+212A) a `k`.
+fn go_fields<'a>(
+    object: &'a serde_json::Value,
+    name: &'a str,
+) -> impl Iterator<Item = &'a serde_json::Value> + 'a {
+    let fold = |c: char| match c {
+        '\u{17F}' => 's',
+        '\u{212A}' => 'k',
+        c => c.to_ascii_lowercase(),
+    };
+    object
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(move |(key, _)| key.chars().map(fold).eq(name.chars().map(fold)))
+        .map(|(_, value)| value)
 }
 
 /// A failure to reach the lease's machine, with its stable code.
@@ -742,5 +841,53 @@ async fn readyz(State(state): State<Shared>) -> Response {
             Json(json!({"status": "not-ready", "pools": not_ready})),
         )
             .into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_privileged_routes_are_found_however_the_path_is_spelled() {
+        for (path, route) in [
+            ("/containers/create", Some(PrivilegedRoute::Create)),
+            (
+                "/v1.41/containers/create?name=x",
+                Some(PrivilegedRoute::Create),
+            ),
+            (
+                "//v1.44//containers/./create/",
+                Some(PrivilegedRoute::Create),
+            ),
+            ("/containers/%63reate", Some(PrivilegedRoute::Create)),
+            ("/v1.41/containers%2Fcreate", Some(PrivilegedRoute::Create)),
+            (
+                "/images/../containers/create",
+                Some(PrivilegedRoute::Create),
+            ),
+            ("/containers/abc/exec", Some(PrivilegedRoute::Exec)),
+            ("/v1.41/containers/abc/%65xec", Some(PrivilegedRoute::Exec)),
+            ("/containers/abc/start", None),
+            ("/exec/abc/start", None),
+            ("/containers/create%3Fx/y", None),
+            ("/v/containers/create", None),
+        ] {
+            assert_eq!(privileged_route(path), route, "{path}");
+        }
+    }
+
+    #[test]
+    fn keys_match_as_gos_encoding_json_matches_them() {
+        let body = serde_json::json!({
+            "hostconfig": {"PRIVILEGED": true},
+            "Hoſtconfig": {"privileged": false},
+            "Image": "x",
+        });
+        let found: Vec<_> = go_fields(&body, "HostConfig").collect();
+        assert_eq!(found.len(), 2, "{found:?}");
+        let kelvin = serde_json::json!({"\u{212A}ey": 1, "key": 2, "keys": 3});
+        assert_eq!(go_fields(&kelvin, "Key").count(), 2);
+        assert_eq!(go_fields(&body, "Config").count(), 0);
     }
 }

@@ -390,12 +390,93 @@ async fn the_docker_handle_refuses_privileged_containers_unless_the_pool_allows_
         assert_eq!(code, 403, "{url}: {answer}");
         assert!(answer.contains("not_allowed"), "{answer}");
     }
+    // Spelled as Go's encoding/json still reads it: other cases, `ſ` for `s`, an escaped path,
+    // and bytes that are not UTF-8 (Go replaces them; this side refuses what it cannot read).
+    let base = "/v1.41/containers/create".to_string();
+    for (path, body) in [
+        (
+            base.clone(),
+            r#"{"Image":"x","hostconfig":{"PRIVILEGED":true}}"#.as_bytes().to_vec(),
+        ),
+        (
+            base.clone(),
+            r#"{"Image":"x","Hoſtconfig":{"privileged":true}}"#.as_bytes().to_vec(),
+        ),
+        (
+            "/v1.41/containers/%63reate".into(),
+            r#"{"Image":"x","HostConfig":{"Privileged":true}}"#.as_bytes().to_vec(),
+        ),
+        (
+            base.clone(),
+            b"{\"Image\":\"x\",\"Labels\":{\"a\":\"\xff\"},\"HostConfig\":{\"Privileged\":true}}"
+                .to_vec(),
+        ),
+    ] {
+        let url = format!("/v1/pools/ci/leases/{lease}/docker{path}");
+        let (code, answer) = fleet
+            .flotilla
+            .request("POST", &url, Some(reqwest::Body::from(body)), Some(TOKEN))
+            .await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(code == 403 || code == 400, "{url}: {code} {answer}");
+    }
     let (url, body) = create("/v1.41", false);
     let (code, answer) = fleet
         .flotilla
         .request("POST", &url, Some(body), Some(TOKEN))
         .await;
     assert_eq!(code, 201, "{}", String::from_utf8_lossy(&answer));
+    // A privileged exec in an unprivileged container is refused too; a plain one is not.
+    let docker = format!("/v1/pools/ci/leases/{lease}/docker/v1.41");
+    let sleeper = serde_json::json!({
+        "Image": fleet.image,
+        "Cmd": ["sleep", "300"],
+        "Labels": {"io.flotilla.gitlab.job": "970"},
+    });
+    let (code, answer) = fleet
+        .flotilla
+        .request(
+            "POST",
+            &format!("{docker}/containers/create"),
+            Some(reqwest::Body::from(sleeper.to_string())),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(code, 201, "{}", String::from_utf8_lossy(&answer));
+    let created: serde_json::Value = serde_json::from_slice(&answer).expect("create's answer");
+    let container = created["Id"].as_str().expect("the container's id");
+    let (code, answer) = fleet
+        .flotilla
+        .request(
+            "POST",
+            &format!("{docker}/containers/{container}/start"),
+            None,
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(code, 204, "{}", String::from_utf8_lossy(&answer));
+    let exec = format!("/v1/pools/ci/leases/{lease}/docker/v1.41/containers/{container}/exec");
+    for (body, want) in [
+        (r#"{"Cmd":["true"],"Privileged":true}"#, 403),
+        (r#"{"Cmd":["true"],"privileged":true}"#, 403),
+        (r#"{"Cmd":["true"],"Privileged":false}"#, 201),
+    ] {
+        let (code, answer) = fleet
+            .flotilla
+            .request("POST", &exec, Some(reqwest::Body::from(body)), Some(TOKEN))
+            .await;
+        assert_eq!(code, want, "{body}: {}", String::from_utf8_lossy(&answer));
+    }
+    let (code, answer) = fleet
+        .flotilla
+        .request(
+            "DELETE",
+            &format!("/v1/pools/ci/leases/{lease}/docker/v1.41/containers/{container}?force=1"),
+            None,
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(code, 204, "{}", String::from_utf8_lossy(&answer));
     // The driver's --privileged is refused by the pool, with the words to fix it.
     let mut privileged = fleet.job(971);
     privileged.args.push("--privileged".into());
