@@ -99,6 +99,7 @@ phase() { echo "== $* (at ${SECONDS} s)"; }
 # the tests' waits on their peers leave part of the CPU idle, and these builds take it. The
 # checks that use the binaries wait for them further down.
 cross_log="$CARGO_TARGET_DIR/cross-build.log"
+mkdir -p "$CARGO_TARGET_DIR" # a fresh machine has none yet
 if [ -z "$quick" ]; then
   phase "release builds for Windows and musl, in the background (log: $cross_log)"
   FLOTILLA_BACKGROUND=1 setsid nice -n 19 ionice -t -c 3 ./scripts/cross-build.sh > "$cross_log" 2>&1 &
