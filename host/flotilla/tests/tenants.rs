@@ -585,10 +585,35 @@ async fn lease_ids_are_unique_across_pools() {
     }
 }
 
-/// A pool that serves a Docker handle needs a token on loopback too, and a token file others
-/// can read is refused: by `config check` and by `run` alike.
+/// A pool with a connector needs a token on loopback too, Docker handle or not (an instance-mode
+/// pool's exec is a shell on every machine, with every running job's script), and a token file
+/// others can read is refused: by `config check` and by `run` alike.
 #[test]
 fn the_docker_handle_is_never_open_without_a_token() {
+    let dir = tempfile::tempdir().expect("dir");
+    let key = dir.path().join("key");
+    std::fs::write(&key, "unused").expect("key");
+    let instance = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n{}[pool.connector]\nssh_key = {{ file = \"{}\" }}\ndocker = false\n",
+        static_pool("shell", 1),
+        key.display()
+    );
+    let open = dir.path().join("instance.toml");
+    std::fs::write(&open, instance).expect("config");
+    let open = open.display().to_string();
+    for command in [&["config", "check", "-c", &open][..], &["run", "-c", &open]] {
+        let (code, out, err) = cli(command);
+        assert_ne!(code, 0, "{command:?}: {out}{err}");
+        let said = format!("{out}{err}");
+        assert!(
+            said.contains("server.token") && said.contains("shell") && said.contains("exec"),
+            "{command:?}: {said}"
+        );
+    }
+    docker_handle_needs_a_token();
+}
+
+fn docker_handle_needs_a_token() {
     let dir = tempfile::tempdir().expect("dir");
     let key = dir.path().join("key");
     std::fs::write(&key, "unused").expect("key");

@@ -395,16 +395,18 @@ impl ServerConfig {
 }
 
 impl FileConfig {
-    /// `server.token`: required off loopback and whenever a pool serves a Docker handle (the
-    /// handle can start a privileged container on every instance, so an open API on loopback
-    /// is an open door for every local user); a token file must not be readable by others.
+    /// `server.token`: required off loopback and whenever a pool has a `[pool.connector]`.
+    /// Such a pool serves exec (a shell on every instance, and in instance mode every running
+    /// job's script) and, unless `docker = false`, a Docker handle that can start a privileged
+    /// container; both are as powerful, so an open API on loopback is an open door for every
+    /// local user. A token file must not be readable by others.
     fn validate_token(&self, cx: &Context, server: &KeyPath, problems: &mut Problems) -> bool {
         let at = server.key("token");
         let Some(token) = &self.server.token else {
-            let docker: Vec<&str> = self
+            let machines: Vec<&str> = self
                 .pools
                 .iter()
-                .filter(|p| p.serves_docker())
+                .filter(|p| p.connector.is_some())
                 .map(|p| p.name.as_str())
                 .collect();
             if !self.server.listen.ip().is_loopback() {
@@ -417,12 +419,12 @@ impl FileConfig {
                 );
                 return false;
             }
-            if !docker.is_empty() {
+            if !machines.is_empty() {
                 problems.add(
                     &at,
                     format!(
-                        "is required because pool(s) {} serve a Docker handle, which can run privileged containers on their instances; set token = {{ file = \"...\" }}",
-                        docker.join(", ")
+                        "is required because pool(s) {} have a [pool.connector]: their leases' exec endpoint opens a shell on every instance and their Docker handle can run privileged containers there, so on loopback too every local user could; set token = {{ file = \"...\" }}",
+                        machines.join(", ")
                     ),
                 );
                 return false;
