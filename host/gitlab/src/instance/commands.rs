@@ -200,14 +200,15 @@ impl InstanceSettings {
              while [ $i -lt {tenths} ]; do\n\
              a=0\n\
              if [ -d /proc/self ]; then grep -qsaF {mark} /proc/[0-9]*/environ 2>/dev/null && a=1\n\
-             else for f in {own}/*.pgid; do [ -f \"$f\" ] && kill -0 -- \"-$(cat \"$f\")\" 2>/dev/null && a=1; done; fi\n\
+             else for f in {own}/*.pgid; do [ -f \"$f\" ] || continue; k=$(cat \"$f\"); {valid}; kill -0 -- \"-$k\" 2>/dev/null && a=1; done; fi\n\
              [ $a = 0 ] && exit 0\n\
              sleep 0.1; i=$((i + 1))\n\
              done\n",
             own = sh_quote(&self.join(&[job, ".flotilla"])),
             mark = sh_quote(&format!("FLOTILLA_JOB={}", Self::mark(job))),
+            valid = VALID_PGID,
         );
-        unix(&body)
+        unix(&format!("{OWN_PGID}\n{body}"))
     }
 
     /// Sends `signal` to every process of the job: each stage's process group, and (Linux)
@@ -264,12 +265,15 @@ impl InstanceSettings {
             "m=$(grep -lsaF {mark} /proc/[0-9]*/environ 2>/dev/null)\n\
              g=' '\n\
              for e in $m; do p=${{e#/proc/}}; p=${{p%/environ}}; t=$(cat \"/proc/$p/stat\" 2>/dev/null) || continue; t=${{t##*) }}; set -- $t; g=\"$g$3 \"; done\n\
-             for f in {own}/*.pgid; do [ -f \"$f\" ] || continue; k=$(cat \"$f\"); case $k in ''|*[!0-9]*) continue;; esac\n\
+             {own_pgid}\n\
+             for f in {own}/*.pgid; do [ -f \"$f\" ] || continue; k=$(cat \"$f\"); {valid}\n\
              if [ -d /proc/self ]; then case \"$g\" in *\" $k \"*) kill -s {sig} -- \"-$k\" 2>/dev/null;; esac; else kill -s {sig} -- \"-$k\" 2>/dev/null; fi; done\n\
              for e in $m; do p=${{e#/proc/}}; p=${{p%/environ}}; [ \"$p\" != \"$$\" ] && kill -s {sig} \"$p\" 2>/dev/null; done\n\
              true",
             own = sh_quote(&self.join(&[job, ".flotilla"])),
             mark = sh_quote(&format!("FLOTILLA_JOB={}", Self::mark(job))),
+            own_pgid = OWN_PGID,
+            valid = VALID_PGID,
         )
     }
 
@@ -283,6 +287,16 @@ impl InstanceSettings {
         )
     }
 }
+
+/// Sets `s` to the sweep's own process group, so a pgid file that names it is skipped.
+const OWN_PGID: &str = "s=$(ps -o pgid= -p $$ 2>/dev/null | tr -d ' ')";
+
+/// Skips (`continue`) a pgid file's `$k` unless it names a process group a stage can have: a
+/// number above 1 without a leading zero (`kill -- -1` signals every process the login may
+/// signal, `-0` the sweep's own group, and `-01` is `-1`), and not the sweep's own group (`$s`).
+/// A job can write its stages' pgid files, so their contents are the job's word.
+const VALID_PGID: &str =
+    "case $k in ''|*[!0-9]*|0*|1) continue;; esac; [ \"$k\" = \"$s\" ] && continue";
 
 /// `text` as one PowerShell string literal: single quotes, each `'` doubled. PowerShell also
 /// ends single-quoted strings at the typographic quotes U+2018..U+201B, so those are doubled
@@ -525,6 +539,66 @@ mod tests {
         let clean = on_machine(&s.cleanup_command("5"), b"");
         assert!(clean.status.success(), "{clean:?}");
         assert!(!root.path().join("it's/5").exists());
+    }
+
+    /// Where there is no /proc (macOS, FreeBSD), the sweep signals the groups in the job's
+    /// pgid files, which the job can write. `1`, `01` and `0` there must not become
+    /// `kill -- -1` (every process the login may signal) or the sweep's own group. Run in a
+    /// pid namespace of its own with /proc hidden, so a sweep that goes wrong only reaches the
+    /// namespace's bystander.
+    #[test]
+    fn a_job_that_writes_1_in_its_pgid_file_gets_no_kill_of_every_process() {
+        let root = tempfile::tempdir().expect("dir");
+        let s = InstanceSettings::new(
+            MachineOs::Linux,
+            None,
+            Some(root.path().join("m").display().to_string()),
+        )
+        .expect("settings");
+        let own = root.path().join("m/7/.flotilla");
+        std::fs::create_dir_all(&own).expect("dir");
+        for (name, pgid) in [
+            ("a", "1"),
+            ("b", "01"),
+            ("c", "0"),
+            ("d", "-1"),
+            ("e", "1 "),
+        ] {
+            std::fs::write(own.join(format!("{name}.pgid")), pgid).expect("pgid");
+        }
+        let script = format!(
+            "mount -t tmpfs none /proc || exit 90\n\
+             sleep 300 & b=$!\n\
+             ( {term} ); ( {kill} ); ( {wait} )\n\
+             kill -KILL $b 2>/dev/null; wait $b; echo \"bystander-$?\"\n",
+            term = s.stop_command("7", Signal::Term),
+            kill = s.stop_command("7", Signal::Kill),
+            wait = s.wait_command("7", 3),
+        );
+        // A process group spans pid namespaces, so the namespace's shell gets a session of its
+        // own (setsid) and unshare a group of its own: a sweep that signals its own group
+        // (`kill -- -0`) reaches them, not this test's group.
+        use std::os::unix::process::CommandExt as _;
+        let Ok(out) = std::process::Command::new("unshare")
+            .args([
+                "--pid", "--fork", "--mount", "setsid", "/bin/sh", "-c", &script,
+            ])
+            .process_group(0)
+            .output()
+        else {
+            panic!("unshare(1) is needed (util-linux)");
+        };
+        if out.status.code() == Some(1)
+            && String::from_utf8_lossy(&out.stderr).contains("unshare failed")
+        {
+            eprintln!("skipped: this user cannot make namespaces: {out:?}");
+            return;
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "bystander-137\n",
+            "the bystander must live until this test kills it (143: the sweep's TERM reached it): {out:?}"
+        );
     }
 
     #[test]
