@@ -325,31 +325,88 @@ impl ArtifactInfo {
         })
     }
 
-    /// Human-readable form.
+    /// Human-readable form. Everything but the digests and sizes comes from the registry, so
+    /// control characters and bidi overrides are shown escaped (`\u{1b}`): a registry's text
+    /// cannot move the cursor, recolour the terminal or forge a line of this output.
     pub fn render(&self) -> String {
         let mut out = format!(
             "reference: {}\ndigest:    {}\nsize:      {} bytes (wasm layer {} bytes, {})\nworld:     {}\n",
-            self.reference,
-            self.digest,
+            shown(&self.reference),
+            shown(&self.digest),
             self.total_size,
             self.layer_size,
-            self.layer_digest,
-            self.world
+            shown(&self.layer_digest),
+            shown(&self.world)
         );
         if !self.annotations.is_empty() {
             out.push_str("annotations:\n");
             for (k, v) in &self.annotations {
-                out.push_str(&format!("  {k} = {v}\n"));
+                out.push_str(&format!("  {} = {}\n", shown(k), shown(v)));
             }
         }
         out.push_str("imports:\n");
         for i in &self.imports {
-            out.push_str(&format!("  {i}\n"));
+            out.push_str(&format!("  {}\n", shown(i)));
         }
         out.push_str("exports:\n");
         for e in &self.exports {
-            out.push_str(&format!("  {e}\n"));
+            out.push_str(&format!("  {}\n", shown(e)));
         }
         out
+    }
+}
+
+/// `text` for a terminal: control characters (C0, DEL, C1) and the bidi embedding, override
+/// and isolate characters escaped as `\u{..}`, the rest as it is.
+pub fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}') {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_text_cannot_steer_the_terminal_or_forge_a_line() {
+        let hostile =
+            "\u{1b}]0;owned\u{7}\u{1b}[2J\rdigest:    sha256:forged\n\u{202E}gpj.exe\u{9b}";
+        let info = ArtifactInfo {
+            reference: "oci://r/p:1".into(),
+            digest: "sha256:aa".into(),
+            total_size: 3,
+            layer_size: 1,
+            layer_digest: "sha256:bb".into(),
+            annotations: BTreeMap::from([(
+                "org.opencontainers.image.description".into(),
+                hostile.into(),
+            )]),
+            world: hostile.into(),
+            imports: vec![hostile.into()],
+            exports: vec!["flotilla:provider/instance-group@0.1.3".into()],
+        };
+        let text = info.render();
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(!text.contains('\u{202E}'), "{text:?}");
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("digest:")).count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("\\u{1b}]0;owned\\u{7}"), "{text}");
+        assert_eq!(
+            shown("plain wasi:http/types@0.2.0"),
+            "plain wasi:http/types@0.2.0"
+        );
     }
 }
