@@ -148,7 +148,39 @@ pub fn parse(text: &str, filter: &Filter) -> Result<History, ParseError> {
     if history.jobs.is_empty() {
         return Err(ParseError::Empty(std::mem::take(&mut history.set_aside)));
     }
+    within_span(&history.jobs)?;
     Ok(history)
+}
+
+/// The longest history `tune` replays. The replay and its screen keep a sample per minute of
+/// the history's span, so two records ten thousand years apart would ask for gigabytes; a
+/// year and a month covers any seasonal pattern a policy can follow.
+pub const MAX_SPAN_DAYS: i64 = 400;
+
+/// Refuses a history whose jobs, from the first submit to the last end, span more than
+/// [`MAX_SPAN_DAYS`], before anything is sized by it.
+fn within_span(jobs: &[Job]) -> Result<(), ParseError> {
+    let first = jobs.iter().map(|j| j.submit_ms).min().unwrap_or_default();
+    let end = jobs
+        .iter()
+        .map(|j| {
+            j.submit_ms
+                .saturating_add(i64::try_from(j.duration_ms).unwrap_or(i64::MAX))
+        })
+        .max()
+        .unwrap_or_default();
+    let span_ms = end.saturating_sub(first);
+    let max_ms = MAX_SPAN_DAYS * 24 * 3_600_000;
+    if span_ms <= max_ms {
+        return Ok(());
+    }
+    Err(ParseError::Refused(vec![Refusal {
+        line: 1,
+        reason: format!(
+            "the history spans {} days (from its first submit to its last job's end); tune replays at most {MAX_SPAN_DAYS}: cut the file to the period to tune on, or check the timestamps and durations",
+            span_ms / (24 * 3_600_000)
+        ),
+    }]))
 }
 
 /// The 1-based line of byte `offset`.
@@ -631,6 +663,29 @@ mod tests {
                 .get("repeated (the same job id twice: overlapping pages?)"),
             Some(&1)
         );
+    }
+
+    #[test]
+    fn a_history_spanning_ten_thousand_years_is_refused_before_anything_is_sized_by_it() {
+        let started = std::time::Instant::now();
+        // Ten thousand years in Unix seconds, and one job of 285 years.
+        let far = "submit_at,duration_s\n1767571200,60\n317330000000,60\n";
+        let long_job = "submit_at_s,duration_s\n0,60\n60,9000000000\n";
+        for text in [far, long_job] {
+            match parse(text, &Filter::default()) {
+                Err(ParseError::Refused(r)) => {
+                    assert!(r[0].reason.contains("tune replays at most 400"), "{r:?}");
+                }
+                Err(ParseError::Empty(aside)) => panic!("{text}: set aside {aside:?}"),
+                Ok(h) => panic!("{text}: read {} jobs", h.jobs.len()),
+            }
+        }
+        let year = "submit_at_s,duration_s\n0,60\n31536000,60\n";
+        assert_eq!(
+            parse(year, &Filter::default()).map(|h| h.jobs.len()).ok(),
+            Some(2)
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 
     #[test]
