@@ -5,6 +5,12 @@
 #   flotilla-image.tar                   the container image (`docker load -i`), when a Docker
 #                                        Engine is reachable or scripts/container.sh left one
 #   SHA256SUMS                           what scripts/install.sh --from checks
+#   SHA256SUMS.sig                       Ed25519 signature over SHA256SUMS (openssl pkeyutl
+#                                        -rawin), with the release key: the private key in
+#                                        the file FLOTILLA_RELEASE_SIGNING_KEY names, whose
+#                                        public half scripts/install.sh pins. Without it, a
+#                                        throwaway key signs and its public half is written
+#                                        as release-key.pub (install with --key release-key.pub).
 # The official plugins are inside the binaries (`flotilla plugin export builtin:NAME`).
 # Needs what deploy/image.sh and scripts/windows.sh need (musl-tools, gcc-mingw-w64-x86-64).
 set -euo pipefail
@@ -37,3 +43,15 @@ if [ ! -f "$dist/flotilla-image.tar" ] && docker version >/dev/null 2>&1; then
 fi
 (cd "$dist" && sha256sum flotilla-* > SHA256SUMS)
 cat "$dist/SHA256SUMS"
+rm -f "$dist/release-key.pub" "$dist/SHA256SUMS.sig"
+signing="${FLOTILLA_RELEASE_SIGNING_KEY:-}"
+if [ -z "$signing" ]; then
+  throwaway=$(mktemp -d)
+  trap 'rm -rf "$throwaway"' EXIT
+  signing="$throwaway/key.pem"
+  openssl genpkey -algorithm ed25519 -out "$signing"
+  openssl pkey -in "$signing" -pubout -out "$dist/release-key.pub"
+  echo "release: no FLOTILLA_RELEASE_SIGNING_KEY, so SHA256SUMS is signed with a throwaway key; install with --key $dist/release-key.pub" >&2
+fi
+openssl pkeyutl -sign -inkey "$signing" -rawin -in "$dist/SHA256SUMS" -out "$dist/SHA256SUMS.sig"
+echo "release: SHA256SUMS.sig written"
