@@ -397,6 +397,9 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let bound = listener.local_addr().unwrap_or(cfg.listen);
     tracing::info!(listen = %bound, pools = cfg.pools.len(), "flotilla is listening; pools are starting");
+    for note in cfg.pools.iter().filter_map(|p| p.shared_machine_note()) {
+        tracing::warn!("{note}");
+    }
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let server = {
         let shutdown = shutdown.clone();

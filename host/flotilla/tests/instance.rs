@@ -32,7 +32,7 @@ async fn jobs_run_on_the_machine_itself_as_gitlab_runner_drives_them() {
     let fleet = Machines::start(1, 2, "").await;
     let dir = fleet.job_dir(301);
 
-    // config: the job's own builds directory on the machine, the machine's cache, bash.
+    // config: the job's own builds directory on the machine, its project's cache, bash.
     let job = fleet.job(301);
     let config = job.stage(&["config"]);
     assert_eq!(config.code, 0, "{config:?}");
@@ -40,7 +40,7 @@ async fn jobs_run_on_the_machine_itself_as_gitlab_runner_drives_them() {
     assert_eq!(json["builds_dir"], format!("{}/builds", dir.display()));
     assert_eq!(
         json["cache_dir"],
-        format!("{}/cache", fleet.machine_dir.display())
+        format!("{}/cache/project-77", fleet.machine_dir.display())
     );
     assert_eq!(json["builds_dir_is_shared"], false);
     assert_eq!(json["shell"], "bash");
@@ -150,11 +150,11 @@ async fn jobs_run_on_the_machine_itself_as_gitlab_runner_drives_them() {
     );
     assert!(!lost.stdout.contains("never"), "{lost:?}");
 
-    // cleanup: the job's directory is gone, the machine's cache stays, the lease is back.
+    // cleanup: the job's directory is gone, the project's cache stays, the lease is back.
     let cleanup = job.stage(&["cleanup"]);
     assert_eq!(cleanup.code, 0, "{cleanup:?}");
     assert!(!exists(&dir), "the job's directory is left");
-    assert!(exists(&fleet.machine_dir.join("cache")));
+    assert!(exists(&fleet.machine_dir.join("cache/project-77")));
     fleet.assert_no_lease().await;
     assert_eq!(job.stage(&["cleanup"]).code, 0, "cleanup is idempotent");
 
@@ -680,7 +680,10 @@ fn the_snippet_of_an_instance_pool_carries_its_mode_and_shell() {
     let runner = &doc["runners"][0];
     assert_eq!(runner["executor"].as_str(), Some("custom"));
     assert_eq!(runner["shell"].as_str(), Some("pwsh"));
-    assert_eq!(runner["cache_dir"].as_str(), Some(r"C:\flotilla\cache"));
+    assert_eq!(
+        runner["cache_dir"].as_str(),
+        Some(r"C:\flotilla\cache\project-PROJECT")
+    );
     for stage in ["config", "prepare", "run", "cleanup"] {
         let args: Vec<&str> = runner["custom"][format!("{stage}_args")]
             .as_array()

@@ -610,6 +610,40 @@ fn the_docker_handle_is_never_open_without_a_token() {
             "{command:?}: {said}"
         );
     }
+    // With a token it checks, with a note on what sharing a machine means, unless each
+    // machine serves one job.
+    let token = dir.path().join("token");
+    std::fs::write(&token, TOKEN).expect("token");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::fs::remove_file(&key).expect("key");
+    let made = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .output()
+        .expect("ssh-keygen");
+    assert!(made.status.success(), "{made:?}");
+    let shared = std::fs::read_to_string(&open).expect("config").replace(
+        "[server]\n",
+        &format!("[server]\ntoken = {{ file = \"{}\" }}\n", token.display()),
+    );
+    std::fs::write(&open, &shared).expect("config");
+    let (code, out, err) = cli(&["config", "check", "-c", &open]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(
+            "note: pool shell: jobs without Docker (instance mode) share each machine's login user"
+        ),
+        "{out}"
+    );
+    let fresh = shared.replace(
+        "max_instances = 2\n",
+        "max_instances = 2\nmax_use_count = 1\n",
+    );
+    std::fs::write(&open, fresh).expect("config");
+    let (code, out, err) = cli(&["config", "check", "-c", &open]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains("share each machine"), "{out}");
     docker_handle_needs_a_token();
 }
 

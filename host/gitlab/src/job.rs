@@ -438,19 +438,11 @@ impl Job {
     /// so `GIT_STRATEGY=fetch` finds the worktree. A slot serves one job at a time, so two jobs
     /// never share a checkout; projects, runners and protected refs never share a volume.
     pub fn builds_volume(&self, slot: u32) -> String {
-        let token: String = self
-            .runner_short_token
-            .as_deref()
-            .unwrap_or("flotilla")
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
-            .take(16)
-            .collect();
-        let token = if token.is_empty() {
-            "flotilla".into()
-        } else {
-            token
-        };
+        let token = name_part(
+            self.runner_short_token.as_deref().unwrap_or(""),
+            16,
+            "flotilla",
+        );
         let kind = if self.protected { "-protected" } else { "" };
         format!(
             "runner-{token}-project-{}-concurrent-{slot}{kind}",
@@ -486,6 +478,21 @@ impl Job {
             runner_version: None,
             runner_short_token: None,
         }
+    }
+}
+
+/// `text` as part of a Docker object's or a directory's name: ASCII letters, digits, `-` and
+/// `_` only, at most `max` of them, and `fallback` when nothing is left.
+pub(crate) fn name_part(text: &str, max: usize, fallback: &str) -> String {
+    let kept: String = text
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(max)
+        .collect();
+    if kept.is_empty() {
+        fallback.to_string()
+    } else {
+        kept
     }
 }
 

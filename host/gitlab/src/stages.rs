@@ -29,12 +29,14 @@ pub fn config(settings: &DriverSettings, pool: &str, job: Option<&Job>) -> serde
     let (builds_dir, cache_dir, shell) = match (&settings.mode, job) {
         (Mode::Instance(instance), Some(job)) => (
             instance.builds_dir(&job.id),
-            instance.cache_dir(),
+            instance.cache_dir(&job.project, job.protected),
             Some(instance.shell.name()),
         ),
-        (Mode::Instance(instance), None) => {
-            (instance.builds_dir("JOB"), instance.cache_dir(), None)
-        }
+        (Mode::Instance(instance), None) => (
+            instance.builds_dir("JOB"),
+            instance.cache_dir("PROJECT", false),
+            None,
+        ),
         (Mode::Docker(docker), _) => (docker.builds_dir.clone(), docker.cache_dir.clone(), None),
     };
     let mut answer = serde_json::json!({

@@ -30,16 +30,19 @@ impl ConfigCommand {
         let (loaded, checkable) = crate::config::load_checkable(&config);
         let runtime = crate::app::plugin_runtime(checkable.cache_dir.clone())?;
         let found = crate::preflight::check(&checkable, &runtime).await;
+        let mut skipped = found.skipped;
         let (mut problems, pools) = match loaded {
-            Ok(cfg) => (
-                Vec::new(),
-                cfg.pools.iter().map(|p| p.name.clone()).collect(),
-            ),
+            Ok(cfg) => {
+                skipped.extend(cfg.pools.iter().filter_map(|p| p.shared_machine_note()));
+                (
+                    Vec::new(),
+                    cfg.pools.iter().map(|p| p.name.clone()).collect(),
+                )
+            }
             Err(e) => (e.0, Vec::new()),
         };
         problems.extend(found.problems);
         crate::config::sort_problems(&mut problems);
-        let skipped = found.skipped;
         if problems.is_empty() {
             if json {
                 print_json(&json!({ "ok": true, "pools": pools, "skipped": skipped }))?;

@@ -427,7 +427,7 @@ impl Args {
         if self.unsafe_job_identity_from_variables {
             common.push("--unsafe-job-identity-from-variables".into());
         }
-        let mut helper = String::new();
+        let helper: String;
         let (builds, cache, shell) = match self.mode()? {
             Mode::Docker(_) => {
                 common.extend(self.docker_flags());
@@ -458,9 +458,10 @@ impl Args {
                     instance.dir.clone(),
                 ]);
                 // The runner requires both; `config` answers each job's own.
+                helper = "  # instance mode: the jobs on a machine share its login user; unless the pool sets\n  # max_use_count = 1, a job can read or change what later jobs on that machine run\n".to_string();
                 (
                     instance.builds_dir("JOB"),
-                    instance.cache_dir(),
+                    instance.cache_dir("PROJECT", false),
                     Some(instance.shell.name()),
                 )
             }
@@ -481,12 +482,17 @@ impl Args {
   token = "glrt-REPLACE-ME"            # the runner's authentication token
   executor = "custom"
   builds_dir = {builds}{per_job}
-  cache_dir = {cache}
+  cache_dir = {cache}{per_project}
 {helper}{shell}{custom}"#,
             builds = serde_json::to_string(&builds)?,
             cache = serde_json::to_string(&cache)?,
             per_job = if shell.is_some() {
                 "   # config answers each job's own directory"
+            } else {
+                ""
+            },
+            per_project = if shell.is_some() {
+                "   # config answers each project's own (protected refs apart)"
             } else {
                 ""
             },

@@ -151,6 +151,28 @@ pub struct Pool {
     pub connector: Option<ConnectorSettings>,
 }
 
+impl Pool {
+    /// What `config check` and `run` say of a pool whose machines take jobs without Docker
+    /// (instance mode: a connector with `docker = false`) and more than one job each: the
+    /// jobs share the machine's login user, so one job can read or change what later jobs
+    /// run. `None` when each machine serves one job, or jobs run in containers.
+    pub fn shared_machine_note(&self) -> Option<String> {
+        let instance_mode = self
+            .connector
+            .as_ref()
+            .is_some_and(|c| c.docker_socket.is_none() && c.docker_tls.is_none());
+        let uses = self.scaler.max_use_count;
+        (instance_mode && uses != 1).then(|| {
+            format!(
+                "pool {}: jobs without Docker (instance mode) share each machine's login user, and max_use_count = {} lets {} jobs use one machine: a job can leave processes or files behind that read or change what later jobs on it run, their secrets included; set max_use_count = 1 unless every project the pool serves trusts the others",
+                self.name,
+                uses,
+                if uses == 0 { "any number of".to_string() } else { uses.to_string() }
+            )
+        })
+    }
+}
+
 /// Every pool, with unique names; at least one.
 pub(super) fn validate_all(
     pools: &[PoolConfig],

@@ -25,8 +25,10 @@ use crate::place::Context;
 impl InstanceSettings {
     /// Makes the job's directory from a clean slate: stops what an earlier try left running,
     /// removes its files (read-only directories too, as Go's module cache leaves them), then
-    /// creates `builds`, `.flotilla` (0700 on Unix) and the machine's cache.
-    pub fn prepare_command(&self, job: &str) -> String {
+    /// creates `builds`, `.flotilla` and the project's `cache` directory. On Unix the machine
+    /// directory is checked first ([`MACHINE_DIR_CHECK`]): everything below it is the job's
+    /// scripts and their variables.
+    pub fn prepare_command(&self, job: &str, cache: &str) -> String {
         if self.os.windows() {
             let job_dir = ps_quote(&self.job_dir(job));
             // The sweep runs before errors stop the script: a process already gone is normal.
@@ -36,18 +38,20 @@ impl InstanceSettings {
                 sweep = self.windows_sweep(job),
                 builds = ps_quote(&self.builds_dir(job)),
                 own = ps_quote(&self.join(&[job, ".flotilla"])),
-                cache = ps_quote(&self.cache_dir()),
+                cache = ps_quote(cache),
             );
             return powershell(&body);
         }
         let body = format!(
-            "{sweep}\numask 077\nchmod -R u+w -- {job_dir} 2>/dev/null\nrm -rf -- {job_dir}\nmkdir -p -- {builds} {own} {cache}\n{tools}",
+            "umask 077\nd={root}\n{check}\n{sweep}\nchmod -R u+w -- {job_dir} 2>/dev/null\nrm -rf -- {job_dir}\nmkdir -p -- {builds} {own} {cache}\n{tools}",
+            root = sh_quote(&self.dir),
+            check = MACHINE_DIR_CHECK,
             tools = self.unix_tools(),
             sweep = self.unix_sweep(job, Signal::Kill),
             job_dir = sh_quote(&self.job_dir(job)),
             builds = sh_quote(&self.builds_dir(job)),
             own = sh_quote(&self.join(&[job, ".flotilla"])),
-            cache = sh_quote(&self.cache_dir()),
+            cache = sh_quote(cache),
         );
         unix(&body)
     }
@@ -288,6 +292,17 @@ impl InstanceSettings {
     }
 }
 
+/// The machine directory (`$d`) before anything is put in it: made 0700 when missing; refused
+/// (exit 3, saying why) when it is a symbolic link, belongs to another user, or others or the
+/// group may write in it, since another user on the machine could then swap a job's script
+/// between its upload and its run, or read what the jobs leave; tightened to 0700 otherwise.
+const MACHINE_DIR_CHECK: &str = "[ -L \"$d\" ] && { echo \"flotilla: the machine directory $d is a symbolic link; refusing to run jobs there\" >&2; exit 3; }
+mkdir -p -- \"$d\" || exit 3
+set -- $(ls -ldn -- \"$d\")
+case $1 in d????w*|d???????w*) echo \"flotilla: the machine directory $d ($1) may be written by others; refusing to run jobs there (remove it, or chmod 700 it if it is yours)\" >&2; exit 3;; esac
+[ \"$3\" = \"$(id -u)\" ] || { echo \"flotilla: the machine directory $d belongs to uid $3, not this login (uid $(id -u)); refusing to run jobs there\" >&2; exit 3; }
+chmod 700 -- \"$d\"";
+
 /// Sets `s` to the sweep's own process group, so a pgid file that names it is skipped.
 const OWN_PGID: &str = "s=$(ps -o pgid= -p $$ 2>/dev/null | tr -d ' ')";
 
@@ -360,7 +375,10 @@ mod tests {
         let s = InstanceSettings::new(MachineOs::Windows, None, None).expect("settings");
         assert_eq!(s.shell, Shell::Pwsh);
         assert_eq!(s.builds_dir("42"), r"C:\flotilla\42\builds");
-        assert_eq!(s.cache_dir(), r"C:\flotilla\cache");
+        assert_eq!(
+            s.cache_dir("42", true),
+            r"C:\flotilla\cache\project-42-protected"
+        );
         let run = s.run_command("42", "build_script-1", 1234);
         // Only base64 follows the flags: neither cmd.exe nor PowerShell can misread it.
         let encoded = run.rsplit(' ').next().expect("word");
@@ -462,7 +480,7 @@ mod tests {
             std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("mode");
         };
         login("git gitlab-runner ");
-        let refused = with_path(&s.prepare_command("5"), &bin);
+        let refused = with_path(&s.prepare_command("5", &s.cache_dir("42", false)), &bin);
         assert_eq!(refused.status.code(), Some(3), "{refused:?}");
         let said = String::from_utf8_lossy(&refused.stderr);
         assert!(
@@ -470,10 +488,18 @@ mod tests {
             "{said}"
         );
         login("");
-        assert!(with_path(&s.prepare_command("5"), &bin).status.success());
+        assert!(
+            with_path(&s.prepare_command("5", &s.cache_dir("42", false)), &bin)
+                .status
+                .success()
+        );
         // Checked once per machine: a later job does not ask the login shell again.
         login("git ");
-        assert!(with_path(&s.prepare_command("6"), &bin).status.success());
+        assert!(
+            with_path(&s.prepare_command("6", &s.cache_dir("42", false)), &bin)
+                .status
+                .success()
+        );
     }
 
     #[test]
@@ -488,7 +514,7 @@ mod tests {
         // A machine already checked for the runner's tools (see the next test).
         std::fs::create_dir_all(root.path().join("it's")).expect("dir");
         std::fs::write(root.path().join("it's/.flotilla-tools"), "").expect("marker");
-        let made = on_machine(&s.prepare_command("5"), b"");
+        let made = on_machine(&s.prepare_command("5", &s.cache_dir("42", false)), b"");
         assert!(made.status.success(), "{made:?}");
         let script = b"echo one; echo two >&2; exit 3\n";
         let first = on_machine(
@@ -539,6 +565,75 @@ mod tests {
         let clean = on_machine(&s.cleanup_command("5"), b"");
         assert!(clean.status.success(), "{clean:?}");
         assert!(!root.path().join("it's/5").exists());
+    }
+
+    /// The machine directory holds every job's scripts: one others may write in, a symbolic
+    /// link, or one of another user fails `prepare` with why and nothing is made in it; a
+    /// missing one is made 0700, and a readable one of this user tightened to 0700.
+    #[test]
+    fn a_machine_directory_others_could_write_or_swap_fails_prepare() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().expect("dir");
+        let settings = |dir: &std::path::Path| {
+            InstanceSettings::new(MachineOs::Linux, None, Some(dir.display().to_string()))
+                .expect("settings")
+        };
+        let mode = |p: &std::path::Path| {
+            std::fs::symlink_metadata(p)
+                .expect("stat")
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        // Pre-created for everyone, as another user would leave it in /var/tmp.
+        for (name, wide) in [("open", 0o777), ("group", 0o770), ("sticky", 0o1777)] {
+            let dir = root.path().join(name);
+            std::fs::create_dir(&dir).expect("dir");
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(wide)).expect("chmod");
+            let s = settings(&dir);
+            let out = on_machine(&s.prepare_command("5", &s.cache_dir("42", false)), b"");
+            assert_eq!(out.status.code(), Some(3), "{name}: {out:?}");
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert!(said.contains("may be written by others"), "{name}: {said}");
+            assert!(!dir.join("5").exists(), "{name}: made the job's directory");
+        }
+        // A symbolic link to a directory elsewhere.
+        let target = root.path().join("elsewhere");
+        std::fs::create_dir(&target).expect("dir");
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        let s = settings(&link);
+        let out = on_machine(&s.prepare_command("5", &s.cache_dir("42", false)), b"");
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("symbolic link"));
+        assert!(!target.join("5").exists());
+        // Missing: made 0700. This user's, readable by others: tightened.
+        for (name, before) in [("fresh", None), ("readable", Some(0o755))] {
+            let dir = root.path().join(name);
+            if let Some(m) = before {
+                std::fs::create_dir(&dir).expect("dir");
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(m)).expect("chmod");
+            }
+            let s = settings(&dir);
+            // The tools check that follows may fail here; it is not what this test is about.
+            let out = on_machine(&s.prepare_command("5", &s.cache_dir("42", true)), b"");
+            let said = String::from_utf8_lossy(&out.stderr).to_string();
+            assert!(!said.contains("refusing"), "{name}: {said}");
+            assert_eq!(mode(&dir), 0o700, "{name}: {said}");
+            assert!(
+                dir.join("cache/project-42-protected").is_dir(),
+                "{name}: {said}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_cache_is_one_per_project_and_protection() {
+        let s = InstanceSettings::new(MachineOs::Linux, None, Some("/m".into())).expect("s");
+        assert_eq!(s.cache_dir("42", false), "/m/cache/project-42");
+        assert_eq!(s.cache_dir("42", true), "/m/cache/project-42-protected");
+        assert_eq!(s.cache_dir("../7", false), "/m/cache/project-7");
+        assert_eq!(s.cache_dir("", false), "/m/cache/project-unknown");
     }
 
     /// Where there is no /proc (macOS, FreeBSD), the sweep signals the groups in the job's

@@ -110,7 +110,12 @@ impl Place for InstancePlace {
                 self.own.os.name()
             )));
         }
-        let made = self.ran(&self.own.prepare_command(&self.job.id)).await?;
+        let made = self
+            .ran(&self.own.prepare_command(
+                &self.job.id,
+                &self.own.cache_dir(&self.job.project, self.job.protected),
+            ))
+            .await?;
         if !made.ok() {
             return Err(StepError::Failed(made.why("making the job's directory")));
         }

@@ -213,10 +213,13 @@ impl InstanceSettings {
         self.join(&[job, "builds"])
     }
 
-    /// The runner's `cache_dir`: one per machine, kept across its jobs (the runner keys it
-    /// by project inside).
-    pub fn cache_dir(&self) -> String {
-        self.join(&["cache"])
+    /// The runner's `cache_dir`: one per project and protection on the machine, kept across
+    /// its jobs, as Docker mode's cache volumes are. A fork's job (unprotected) never writes
+    /// where a protected branch's job restores from, and projects never share one.
+    pub fn cache_dir(&self, project: &str, protected: bool) -> String {
+        let project = crate::job::name_part(project, 64, "unknown");
+        let kind = if protected { "-protected" } else { "" };
+        self.join(&["cache", &format!("project-{project}{kind}")])
     }
 
     /// The mark every process of the job carries (`FLOTILLA_JOB=<mark>`); the `;` ends it, so
