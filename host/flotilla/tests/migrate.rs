@@ -508,3 +508,128 @@ fn an_azure_driver_runner_becomes_an_azure_pool() {
             .any(|k| k.contains("(azure-use-private-ip)"))
     );
 }
+
+/// A runner config written to hurt: secrets under names a deny-list misses (`AccountKey`,
+/// `PrivateKey`, an `environment` entry, a URL's user information), a region that tries to
+/// write TOML, and driver options that try to run shell code when the printed commands are
+/// pasted. No secret is printed, the written config is checked OK, and each printed command
+/// is, to a real shell, exactly the arguments meant.
+#[test]
+fn a_hostile_runner_config_prints_no_secret_and_commands_that_run_nothing_injected() {
+    let d = dir();
+    let input = write(
+        d.path(),
+        "config.toml",
+        r##"[[runners]]
+  name = "hostile"
+  url = "https://ci-bot:URLSECRET@gitlab.example.com"
+  token = "glrt-TOKENSECRET"
+  executor = "docker+machine"
+  limit = 2
+  environment = ["X_SECRET=ENVSECRET", "PLAIN=ENVPLAIN"]
+  [runners.cache]
+    Type = "azure"
+    [runners.cache.azure]
+      AccountName = "acct"
+      AccountKey = "AZKEYSECRET"
+      ContainerName = "cache"
+    [runners.cache.gcs]
+      AccessID = "bot@p.iam.gserviceaccount.com"
+      PrivateKey = "-----BEGIN PRIVATE KEY-----GCSKEYSECRET"
+      BucketName = "bucket"
+  [runners.machine]
+    IdleCount = 0
+    MachineDriver = "amazonec2"
+    MachineOptions = [
+      "amazonec2-region=eu-west-1\"\nmalicious = true\n#",
+      "amazonec2-subnet-id=subnet-1'; touch PWNED; echo '",
+      "amazonec2-ami=ami-$(touch PWNED2)`touch PWNED3`",
+    ]
+"##,
+    );
+    let out = d.path().join("flotilla.toml").display().to_string();
+    let plugin = format!("aws={}", guests::AWS_PLUGIN);
+    let token = token_file(d.path());
+    let args = ["-o", &out, "--plugin", &plugin, "--token-file", &token];
+    let (code, text_out, text_err) = migrate(&input, &args);
+    assert_eq!(code, 0, "{text_err}");
+    std::fs::remove_file(&out).expect("written");
+    std::fs::remove_file(d.path().join("flotilla.runners.toml")).expect("blocks");
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let (code, stdout, stderr) = migrate(&input, &json_args);
+    assert_eq!(code, 0, "{stderr}");
+    let printed = format!("{text_out}{text_err}{stdout}{stderr}");
+    for secret in [
+        "URLSECRET",
+        "TOKENSECRET",
+        "ENVSECRET",
+        "AZKEYSECRET",
+        "GCSKEYSECRET",
+    ] {
+        assert!(!printed.contains(secret), "{secret} printed:\n{printed}");
+    }
+    // What is not secret still reads as it was.
+    let report: Value = serde_json::from_str(&stdout).expect("json");
+    let blocks = report["runners_toml"].as_str().expect("runners_toml");
+    for kept in [
+        "AccountName = \"acct\"",
+        "BucketName = \"bucket\"",
+        "X_SECRET=<",
+    ] {
+        assert!(blocks.contains(kept), "{kept}:\n{blocks}");
+    }
+    // The region could not write TOML: it was refused, and the config checks OK.
+    let written = std::fs::read_to_string(&out).expect("written");
+    assert!(!written.contains("malicious"), "{written}");
+    assert!(written.contains("region = \"us-east-1\""), "{written}");
+    let changed = report["runners"][0]["changed"].to_string();
+    assert!(changed.contains("is not an AWS region"), "{changed}");
+    let (check, check_out, check_err) = flotilla(&["config", "check", "-c", &out]);
+    assert_eq!(check, 0, "{check_out}{check_err}\n{written}");
+    // Each command, run by sh with the cloud CLIs replaced by argument printers, is the
+    // arguments meant and runs nothing else.
+    let commands = report["runners"][0]["group"]["commands"]
+        .as_array()
+        .expect("commands");
+    let shell = tempfile::tempdir().expect("dir");
+    let mut argvs = Vec::new();
+    for command in commands {
+        let command = command.as_str().expect("a command");
+        let ran = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("aws() {{ printf '%s\\0' aws \"$@\"; }}\n{command}"))
+            .current_dir(shell.path())
+            .output()
+            .expect("sh");
+        assert!(ran.status.success(), "{command}: {ran:?}");
+        let argv: Vec<String> = String::from_utf8_lossy(&ran.stdout)
+            .split_terminator('\0')
+            .map(str::to_string)
+            .collect();
+        argvs.push(argv);
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(shell.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(leftovers.is_empty(), "the commands ran {leftovers:?}");
+    let after = |argv: &[String], flag: &str| {
+        argv.iter()
+            .position(|a| a == flag)
+            .and_then(|i| argv.get(i + 1))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(argvs.len(), 3, "{argvs:?}");
+    assert_eq!(
+        after(&argvs[1], "--vpc-zone-identifier"),
+        "subnet-1'; touch PWNED; echo '"
+    );
+    let template: Value =
+        serde_json::from_str(&after(&argvs[0], "--launch-template-data")).expect("JSON");
+    assert_eq!(template["ImageId"], "ami-$(touch PWNED2)`touch PWNED3`");
+    for argv in &argvs {
+        assert_eq!(after(argv, "--region"), "us-east-1", "{argv:?}");
+    }
+}

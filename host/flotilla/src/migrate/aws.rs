@@ -2,7 +2,24 @@
 
 use flotilla_validate::KeyPath;
 
-use super::{DriverOptions, GroupSpec, Options, Runner, option, quote, with_option};
+use super::{
+    DriverOptions, GroupSpec, Options, Runner, option, quote, shell_line, toml_strings, with_option,
+};
+
+/// An AWS region name: `eu-central-1`, `us-gov-west-1`, `ap-southeast-5`.
+fn is_aws_region(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('-').collect();
+    parts.len() >= 3
+        && parts.len() <= 4
+        && parts
+            .last()
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        && parts
+            .iter()
+            .rev()
+            .skip(1)
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+}
 
 impl Runner<'_> {
     /// `amazonec2` options → a launch template and an Auto Scaling group, and the aws plugin.
@@ -15,7 +32,17 @@ impl Runner<'_> {
         options: &Options,
     ) -> Option<(String, String, String)> {
         let one = |k: &str| option(opts, "amazonec2-", k);
-        let region = one("region").unwrap_or_else(|| "us-east-1".to_string());
+        let region = match one("region") {
+            Some(r) if is_aws_region(&r) => r,
+            Some(r) => {
+                self.changed(
+                    &with_option(options_at, "amazonec2-region"),
+                    format!("{r:?} is not an AWS region like eu-central-1: written as us-east-1; put the real one in region, allowed_outbound_hosts and the commands"),
+                );
+                "us-east-1".to_string()
+            }
+            None => "us-east-1".to_string(),
+        };
         let group = format!("flotilla-{pool}");
         let mut data = serde_json::Map::new();
         let mut notes = Vec::new();
@@ -159,16 +186,50 @@ impl Runner<'_> {
             }
         };
         let template = serde_json::Value::Object(data).to_string();
+        let max = max.to_string();
         let commands = vec![
-            format!(
-                "aws ec2 create-launch-template --region {region} --launch-template-name {group} --launch-template-data '{template}'"
-            ),
-            format!(
-                "aws autoscaling create-auto-scaling-group --region {region} --auto-scaling-group-name {group} --launch-template 'LaunchTemplateName={group},Version=$Latest' --min-size 0 --max-size {max} --desired-capacity 0 --vpc-zone-identifier {subnet} --new-instances-protected-from-scale-in"
-            ),
-            format!(
-                "aws autoscaling suspend-processes --region {region} --auto-scaling-group-name {group} --scaling-processes AZRebalance"
-            ),
+            shell_line(&[
+                "aws",
+                "ec2",
+                "create-launch-template",
+                "--region",
+                &region,
+                "--launch-template-name",
+                &group,
+                "--launch-template-data",
+                &template,
+            ]),
+            shell_line(&[
+                "aws",
+                "autoscaling",
+                "create-auto-scaling-group",
+                "--region",
+                &region,
+                "--auto-scaling-group-name",
+                &group,
+                "--launch-template",
+                &format!("LaunchTemplateName={group},Version=$Latest"),
+                "--min-size",
+                "0",
+                "--max-size",
+                &max,
+                "--desired-capacity",
+                "0",
+                "--vpc-zone-identifier",
+                &subnet,
+                "--new-instances-protected-from-scale-in",
+            ]),
+            shell_line(&[
+                "aws",
+                "autoscaling",
+                "suspend-processes",
+                "--region",
+                &region,
+                "--auto-scaling-group-name",
+                &group,
+                "--scaling-processes",
+                "AZRebalance",
+            ]),
         ];
         let permissions = serde_json::json!({
             "Version": "2012-10-17",
@@ -189,9 +250,10 @@ impl Runner<'_> {
             permissions: serde_json::to_string_pretty(&permissions).unwrap_or_default(),
         });
         let plugin = self.plugin_for("aws", options)?;
-        let hosts = format!(
-            "[\"https://autoscaling.{region}.amazonaws.com\", \"https://ec2.{region}.amazonaws.com\"]"
-        );
+        let hosts = toml_strings(&[
+            format!("https://autoscaling.{region}.amazonaws.com"),
+            format!("https://ec2.{region}.amazonaws.com"),
+        ]);
         let sandbox = format!(
             "allowed_outbound_hosts = {hosts}\n\n[[pool.credentials]]\nname = \"aws\"\nkind = \"aws\"\nhosts = {hosts}\n"
         );

@@ -4,7 +4,9 @@
 
 use flotilla_validate::KeyPath;
 
-use super::{DriverOptions, GroupSpec, Options, Runner, option, quote, with_option};
+use super::{
+    DriverOptions, GroupSpec, Options, Runner, argv, option, quote, shell_line, with_option,
+};
 
 /// The driver's defaults, where the scale set needs a value.
 const DEFAULTS: [(&str, &str); 6] = [
@@ -51,19 +53,34 @@ impl Runner<'_> {
         let set = format!("flotilla-{pool}");
         let group = one("resource-group").unwrap_or_default();
         let user = one("ssh-user").unwrap_or_default();
-        let mut create = vec![
-            format!("--resource-group {group}"),
-            format!("--name {set}"),
-            "--orchestration-mode Uniform".to_string(),
-            format!("--location {}", one("location").unwrap_or_default()),
-            format!("--vm-sku {}", one("size").unwrap_or_default()),
-            "--instance-count 0".to_string(),
-            "--disable-overprovision".to_string(),
-            "--upgrade-policy-mode Manual".to_string(),
-            format!("--admin-username {user}"),
-            format!("--vnet-name {}", one("vnet").unwrap_or_default()),
-            format!("--subnet {}", one("subnet").unwrap_or_default()),
+        // `az vmss create`'s arguments, one per element: shell_line quotes each.
+        let mut create: Vec<String> = vec![
+            "--resource-group".into(),
+            group.clone(),
+            "--name".into(),
+            set.clone(),
+            "--orchestration-mode".into(),
+            "Uniform".into(),
+            "--location".into(),
+            one("location").unwrap_or_default(),
+            "--vm-sku".into(),
+            one("size").unwrap_or_default(),
+            "--instance-count".into(),
+            "0".into(),
+            "--disable-overprovision".into(),
+            "--upgrade-policy-mode".into(),
+            "Manual".into(),
+            "--admin-username".into(),
+            user.clone(),
+            "--vnet-name".into(),
+            one("vnet").unwrap_or_default(),
+            "--subnet".into(),
+            one("subnet").unwrap_or_default(),
         ];
+        let flag = |create: &mut Vec<String>, name: &str, value: &str| {
+            create.push(name.to_string());
+            create.push(value.to_string());
+        };
         let mut subscription = "<subscription-id>".to_string();
         for (k, value, at) in
             self.driver_options(opts, "azure-", "the image or the scale set's custom data")
@@ -71,16 +88,16 @@ impl Runner<'_> {
             match k {
                 "subscription-id" => subscription = value.clone(),
                 "location" | "resource-group" | "size" | "vnet" | "subnet" | "ssh-user" => {}
-                "image" => create.push(format!("--image {value}")),
-                "subnet-prefix" => create.push(format!("--subnet-address-prefix {value}")),
-                "storage-type" => create.push(format!("--storage-sku {value}")),
-                "disk-size" => create.push(format!("--os-disk-size-gb {value}")),
+                "image" => flag(&mut create, "--image", value),
+                "subnet-prefix" => flag(&mut create, "--subnet-address-prefix", value),
+                "storage-type" => flag(&mut create, "--storage-sku", value),
+                "disk-size" => flag(&mut create, "--os-disk-size-gb", value),
                 "custom-data" => {
                     self.changed(
                         &at,
                         format!("a file: the scale set's custom data is read from it at creation ({value})"),
                     );
-                    create.push(format!("--custom-data {value}"));
+                    flag(&mut create, "--custom-data", value);
                 }
                 "no-public-ip" => self.changed(
                     &at,
@@ -101,9 +118,9 @@ impl Runner<'_> {
                     );
                 }
                 "accelerated-networking" => {
-                    create.push("--accelerated-networking true".into());
+                    flag(&mut create, "--accelerated-networking", "true");
                 }
-                "nsg" => create.push(format!("--nsg {value}")),
+                "nsg" => flag(&mut create, "--nsg", value),
                 "managed-disks" => {}
                 "client-id" | "client-secret" => self.unmapped(
                     &at,
@@ -128,7 +145,7 @@ impl Runner<'_> {
                 &with_option(options_at, "azure-image"),
                 "unset: Docker Machine picked an Ubuntu image and installed Docker Engine; give the set an image with Docker Engine",
             );
-            create.push("--image <image-with-docker>".into());
+            flag(&mut create, "--image", "<image-with-docker>");
         }
         if !opts.contains_key("azure-subscription-id") {
             self.changed(
@@ -143,12 +160,21 @@ impl Runner<'_> {
             "NotActions": [],
             "AssignableScopes": [format!("/subscriptions/{subscription}/resourceGroups/{group}")],
         });
+        let vmss = [
+            argv(&["az", "vmss", "create", "--subscription", &subscription]),
+            create,
+        ]
+        .concat();
         let commands = vec![
-            format!(
-                "az vmss create --subscription {subscription} {}",
-                create.join(" ")
-            ),
-            format!("az role definition create --role-definition '{role}'"),
+            shell_line(&vmss),
+            shell_line(&[
+                "az",
+                "role",
+                "definition",
+                "create",
+                "--role-definition",
+                &role.to_string(),
+            ]),
         ];
         self.report.group = Some(GroupSpec {
             cloud: "azure".into(),

@@ -4,7 +4,31 @@
 
 use flotilla_validate::KeyPath;
 
-use super::{DriverOptions, GroupSpec, Options, Runner, option, quote, with_option};
+use super::{
+    DriverOptions, GroupSpec, Options, Runner, argv, option, quote, shell_line, with_option,
+};
+
+/// A Compute Engine project id: 6 to 30 lowercase letters, digits and hyphens, from a letter
+/// and not ending in a hyphen; a domain-scoped one (`example.com:my-project`) too.
+fn is_project_id(value: &str) -> bool {
+    let id = value.rsplit_once(':').map_or(value, |(domain, id)| {
+        if domain.is_empty()
+            || !domain
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+        {
+            ""
+        } else {
+            id
+        }
+    });
+    (6..=30).contains(&id.len())
+        && id.starts_with(|c: char| c.is_ascii_lowercase())
+        && !id.ends_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
 
 /// The driver's defaults, where Flotilla's group needs a value.
 const DEFAULT_ZONE: &str = "us-central1-a";
@@ -21,18 +45,20 @@ const PERMISSIONS: [&str; 5] = [
 
 /// `--image`/`--image-family` and `--image-project` of an image given as a URL or a
 /// `PROJECT/global/images/[family/]NAME` path; `None` for a bare name.
-fn image_flags(image: &str) -> Option<String> {
+fn image_flags(image: &str) -> Option<Vec<String>> {
     let path = image
         .split_once("projects/")
         .map_or(image, |(_, rest)| rest);
     let parts: Vec<&str> = path.split('/').collect();
     match parts.as_slice() {
-        [project, "global", "images", "family", family] => {
-            Some(format!("--image-family={family} --image-project={project}"))
-        }
-        [project, "global", "images", name] => {
-            Some(format!("--image={name} --image-project={project}"))
-        }
+        [project, "global", "images", "family", family] => Some(vec![
+            format!("--image-family={family}"),
+            format!("--image-project={project}"),
+        ]),
+        [project, "global", "images", name] => Some(vec![
+            format!("--image={name}"),
+            format!("--image-project={project}"),
+        ]),
         _ => None,
     }
 }
@@ -88,6 +114,10 @@ impl Runner<'_> {
                     &at,
                     format!("{value:?} is a placeholder: put the real project id in project and in the commands"),
                 ),
+                "project" if !is_project_id(value) => self.changed(
+                    &at,
+                    format!("{value:?} is not a project id (6 to 30 lowercase letters, digits and hyphens, from a letter, optionally after a domain and a colon): put the real one in project and in the commands"),
+                ),
                 "project" => project = value.clone(),
                 "zone" => match location(value) {
                     Some(l @ Location::Region(_)) => {
@@ -109,7 +139,7 @@ impl Runner<'_> {
                 ),
                 "machine-type" => {}
                 "machine-image" => match image_flags(value) {
-                    Some(flags) => template.push(flags),
+                    Some(flags) => template.extend(flags),
                     None => template.push(format!("--image={value}")),
                 },
                 "disk-size" => template.push(format!("--boot-disk-size={value}GB")),
@@ -121,12 +151,15 @@ impl Runner<'_> {
                 "use-internal-ip-only" => template.push("--no-address".into()),
                 "service-account" => template.push(format!("--service-account={value}")),
                 "scopes" => template.push(format!("--scopes={value}")),
-                "no-service-account" => template.push("--no-service-account --no-scopes".into()),
+                "no-service-account" => {
+                    template.push("--no-service-account".into());
+                    template.push("--no-scopes".into());
+                }
                 "accelerator" => {
                     template.push(format!("--accelerator={value}"));
                     template.push("--maintenance-policy=TERMINATE".into());
                 }
-                "min-cpu-platform" => template.push(format!("--min-cpu-platform={value:?}")),
+                "min-cpu-platform" => template.push(format!("--min-cpu-platform={value}")),
                 "username" => notes.push(format!("username = {}\n", quote(value))),
                 "use-internal-ip" => self.changed(
                     &at,
@@ -171,25 +204,59 @@ impl Runner<'_> {
                 "unset: put the project id in project and in the commands",
             );
         }
-        let (where_flag, settings_location) = match &place {
-            Location::Zone(z) => (format!("--zone={z}"), format!("zone = {}\n", quote(z))),
+        let (where_flags, settings_location) = match &place {
+            Location::Zone(z) => (
+                vec![format!("--zone={z}")],
+                format!("zone = {}\n", quote(z)),
+            ),
             Location::Region(r) => (
-                format!("--region={r} --instance-redistribution-type=NONE"),
+                vec![
+                    format!("--region={r}"),
+                    "--instance-redistribution-type=NONE".to_string(),
+                ],
                 format!("region = {}\n", quote(r)),
             ),
         };
+        let project_flag = format!("--project={project}");
+        let create_template = [
+            argv(&[
+                "gcloud",
+                "compute",
+                "instance-templates",
+                "create",
+                &group,
+                &project_flag,
+            ]),
+            template,
+        ]
+        .concat();
+        let create_group = [
+            argv(&[
+                "gcloud",
+                "compute",
+                "instance-groups",
+                "managed",
+                "create",
+                &group,
+                &project_flag,
+            ]),
+            where_flags,
+            vec![format!("--template={group}"), "--size=0".to_string()],
+        ]
+        .concat();
         let commands = vec![
-            format!(
-                "gcloud compute instance-templates create {group} --project={project} {}",
-                template.join(" ")
-            ),
-            format!(
-                "gcloud compute instance-groups managed create {group} --project={project} {where_flag} --template={group} --size=0"
-            ),
-            format!(
-                "gcloud iam roles create flotillaMig --project={project} --title=\"Flotilla MIG plugin\" --permissions={}",
-                PERMISSIONS.join(",")
-            ),
+            shell_line(&create_template),
+            shell_line(&create_group),
+            shell_line(&[
+                "gcloud",
+                "iam",
+                "roles",
+                "create",
+                "flotillaMig",
+                &project_flag,
+                "--title=Flotilla MIG plugin",
+                &format!("--permissions={}", PERMISSIONS.join(",")),
+            ]),
         ];
         let role = serde_json::json!({
             "title": "Flotilla MIG plugin",

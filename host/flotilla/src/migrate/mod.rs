@@ -242,30 +242,131 @@ fn runner_block(
     Ok((render(&table)?, real))
 }
 
-/// Replaces every secret-looking string (tokens, secret and access keys, passwords) in a runner
-/// block with a placeholder naming where the real one is, for the text that is printed.
+/// The runner keys whose text the printed blocks show as it is: names, addresses, paths,
+/// images and switches, never a credential. Every other string (a token, `AccountKey`,
+/// `PrivateKey`, a script, a key this list does not know) is replaced with a placeholder
+/// naming where the real one is, so a secret under a new or unexpected name stays out of the
+/// printed text. Matched case-insensitively, as the runner's TOML decoding does.
+const SHOWN: &[&str] = &[
+    "name",
+    "url",
+    "clone_url",
+    "executor",
+    "shell",
+    "builds_dir",
+    "cache_dir",
+    "config_exec",
+    "prepare_exec",
+    "run_exec",
+    "cleanup_exec",
+    "image",
+    "pull_policy",
+    "network_mode",
+    "helper_image",
+    "memory",
+    "cpus",
+    "shm_size",
+    "type",
+    "path",
+    "serveraddress",
+    "bucketname",
+    "bucketlocation",
+    "authenticationtype",
+    "accountname",
+    "containername",
+    "storagedomain",
+    "credentialsfile",
+    "volumes",
+    "allowed_images",
+    "allowed_services",
+    "allowed_pull_policies",
+    "config_args",
+    "prepare_args",
+    "run_args",
+    "cleanup_args",
+];
+
+/// Replaces every string of a runner block that [`SHOWN`] does not list with a placeholder
+/// naming where the real one is, for the text that is printed. `environment` entries keep
+/// their names (`KEY=<...>`), and a URL loses any user information.
 fn redact(table: &mut toml::Table, runner: &str, at: &str) {
     for (key, value) in table.iter_mut() {
-        let lower = key.to_ascii_lowercase();
-        let secret = [
-            "token",
-            "secret",
-            "password",
-            "accesskey",
-            "access_key",
-            "credentials",
-        ]
-        .iter()
-        .any(|s| lower.contains(s));
+        let here = format!("{at}.{key}");
+        let placeholder = || format!("<{here} of runner {runner} in the original config.toml>");
+        let shown = SHOWN.iter().any(|k| k.eq_ignore_ascii_case(key));
         match value {
-            toml::Value::Table(inner) => redact(inner, runner, &format!("{at}.{key}")),
-            toml::Value::String(_) if secret => {
-                *value =
-                    format!("<{at}.{key} of runner {runner} in the original config.toml>").into();
+            toml::Value::Table(inner) => redact(inner, runner, &here),
+            toml::Value::Array(items) => {
+                for item in items.iter_mut() {
+                    match item {
+                        toml::Value::Table(inner) => redact(inner, runner, &here),
+                        toml::Value::String(text) if key.eq_ignore_ascii_case("environment") => {
+                            let name = text.split_once('=').map_or("", |(n, _)| n);
+                            *text = format!("{name}=<{here} of runner {runner}>");
+                        }
+                        toml::Value::String(text) if !shown || has_user_info(text) => {
+                            *text = placeholder();
+                        }
+                        _ => {}
+                    }
+                }
             }
+            toml::Value::String(text) if !shown || has_user_info(text) => *text = placeholder(),
             _ => {}
         }
     }
+}
+
+/// Whether `text` is a URL carrying user information (`scheme://user:pass@host`).
+fn has_user_info(text: &str) -> bool {
+    text.split_once("://").is_some_and(|(_, rest)| {
+        rest.split(['/', '?', '#'])
+            .next()
+            .is_some_and(|authority| authority.contains('@'))
+    })
+}
+
+/// One command line for a POSIX shell: each argument as it is when it holds only characters
+/// no shell treats specially, else single-quoted (an inner `'` written as `'\''`). The
+/// printed "create the group once" commands are built from arguments this way, so a value
+/// from the runner's config (a region, a subnet, an image) is always one argument, never
+/// shell text.
+pub(crate) fn shell_line<S: AsRef<str>>(argv: &[S]) -> String {
+    argv.iter()
+        .map(|a| {
+            let a = a.as_ref();
+            let plain = !a.is_empty()
+                && a.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(
+                            b,
+                            b'-' | b'_' | b'.' | b'/' | b':' | b',' | b'=' | b'@' | b'%' | b'+'
+                        )
+                });
+            if plain {
+                a.to_string()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Owned arguments, to extend with more.
+pub(crate) fn argv(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// A TOML array of strings, written by the serializer.
+pub(crate) fn toml_strings<S: AsRef<str>>(items: &[S]) -> String {
+    toml::Value::Array(
+        items
+            .iter()
+            .map(|s| toml::Value::String(s.as_ref().to_string()))
+            .collect(),
+    )
+    .to_string()
 }
 
 /// The top of the written file: where it came from, and the API server the runner blocks
