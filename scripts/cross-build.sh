@@ -25,12 +25,15 @@ if [ "${FLOTILLA_BACKGROUND:-}" = 1 ] && [ -w /proc/self/autogroup ]; then
   echo 19 > /proc/self/autogroup || true
 fi
 [ $# -gt 0 ] || set -- windows musl
+# The Windows build's profile: release, or FLOTILLA_WINDOWS_PROFILE (the test run's
+# windows-check, see Cargo.toml). windows.sh and release.sh read the binary from its folder.
+windows_profile="${FLOTILLA_WINDOWS_PROFILE:-release}"
 for which in "$@"; do
   case "$which" in
     windows)
       t=x86_64-pc-windows-gnu
       rustup target list --installed | grep -qx "$t" || rustup target add "$t"
-      cargo build --locked --release --target "$t" -p flotilla --bin flotilla
+      cargo build --locked --profile "$windows_profile" --target "$t" -p flotilla --bin flotilla
       ;;
     musl)
       t=x86_64-unknown-linux-musl

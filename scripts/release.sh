@@ -27,7 +27,8 @@ win=x86_64-pc-windows-gnu
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 ./scripts/cross-build.sh musl windows
 strip -o "$dist/flotilla-$musl" "$CARGO_TARGET_DIR/$musl/release/flotilla"
-x86_64-w64-mingw32-strip -o "$dist/flotilla-$win.exe" "$CARGO_TARGET_DIR/$win/release/flotilla.exe"
+# The test run builds its Windows binary in the windows-check profile (FLOTILLA_WINDOWS_PROFILE).
+x86_64-w64-mingw32-strip -o "$dist/flotilla-$win.exe" "$CARGO_TARGET_DIR/$win/${FLOTILLA_WINDOWS_PROFILE:-release}/flotilla.exe"
 
 size=$(stat -c %s "$dist/flotilla-$musl")
 echo "release: flotilla-$musl is $size bytes, $((size / 1024 / 1024)) MiB (limit 50 MiB)"

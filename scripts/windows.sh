@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
 ./scripts/cross-build.sh windows
 
-exe_dir="$CARGO_TARGET_DIR/x86_64-pc-windows-gnu/release"
+exe_dir="$CARGO_TARGET_DIR/x86_64-pc-windows-gnu/${FLOTILLA_WINDOWS_PROFILE:-release}"
 guests="$CARGO_TARGET_DIR/wasm-guests/wasm32-wasip2/guest"
 # Wine 8.0 lacks bcryptprimitives.dll (see the shim's comment and ../shared/PEERS.md).
 x86_64-w64-mingw32-gcc -shared -O2 -o "$exe_dir/bcryptprimitives.dll" tests/peers/wine/bcryptprimitives.c -ladvapi32
