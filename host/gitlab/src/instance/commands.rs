@@ -435,11 +435,17 @@ mod tests {
     }
 
     /// Runs a Unix command as the machine's login shell would (`sh -c`), in `dir`.
+    /// The home of the test "machine" (this host): none, so the stages' `bash --login` reads
+    /// no startup file of this host's user (a pyenv rehash there can hang a minute on a lock
+    /// another test's killed shell left).
+    const NO_HOME: &str = "/nonexistent/flotilla-test-home";
+
     fn on_machine(command: &str, stdin: &[u8]) -> std::process::Output {
         use std::io::Write as _;
         let mut child = std::process::Command::new("/bin/sh")
             .arg("-c")
             .arg(command)
+            .env("HOME", NO_HOME)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -457,12 +463,16 @@ mod tests {
         std::process::Command::new("/bin/sh")
             .arg("-c")
             .arg(command)
+            .env("HOME", NO_HOME)
             .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
             .output()
             .expect("sh")
     }
 
     #[test]
+    // Each test uses job ids of its own: a sweep finds a job's processes by their mark
+    // anywhere on the machine, so two tests running at once with one id would end each
+    // other's.
     fn a_machine_without_the_runners_tools_fails_prepare_once_checked_it_is_not_asked_again() {
         let root = tempfile::tempdir().expect("dir");
         let s = InstanceSettings::new(
@@ -480,7 +490,7 @@ mod tests {
             std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("mode");
         };
         login("git gitlab-runner ");
-        let refused = with_path(&s.prepare_command("5", &s.cache_dir("42", false)), &bin);
+        let refused = with_path(&s.prepare_command("15", &s.cache_dir("42", false)), &bin);
         assert_eq!(refused.status.code(), Some(3), "{refused:?}");
         let said = String::from_utf8_lossy(&refused.stderr);
         assert!(
@@ -489,14 +499,14 @@ mod tests {
         );
         login("");
         assert!(
-            with_path(&s.prepare_command("5", &s.cache_dir("42", false)), &bin)
+            with_path(&s.prepare_command("15", &s.cache_dir("42", false)), &bin)
                 .status
                 .success()
         );
         // Checked once per machine: a later job does not ask the login shell again.
         login("git ");
         assert!(
-            with_path(&s.prepare_command("6", &s.cache_dir("42", false)), &bin)
+            with_path(&s.prepare_command("16", &s.cache_dir("42", false)), &bin)
                 .status
                 .success()
         );
@@ -578,6 +588,11 @@ mod tests {
             InstanceSettings::new(MachineOs::Linux, None, Some(dir.display().to_string()))
                 .expect("settings")
         };
+        let bin = root.path().join("bin");
+        std::fs::create_dir(&bin).expect("bin");
+        let stub = bin.join("bash");
+        std::fs::write(&stub, "#!/bin/sh\n").expect("stub");
+        std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).expect("mode");
         let mode = |p: &std::path::Path| {
             std::fs::symlink_metadata(p)
                 .expect("stat")
@@ -591,11 +606,14 @@ mod tests {
             std::fs::create_dir(&dir).expect("dir");
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(wide)).expect("chmod");
             let s = settings(&dir);
-            let out = on_machine(&s.prepare_command("5", &s.cache_dir("42", false)), b"");
+            let out = on_machine(&s.prepare_command("905", &s.cache_dir("42", false)), b"");
             assert_eq!(out.status.code(), Some(3), "{name}: {out:?}");
             let said = String::from_utf8_lossy(&out.stderr);
             assert!(said.contains("may be written by others"), "{name}: {said}");
-            assert!(!dir.join("5").exists(), "{name}: made the job's directory");
+            assert!(
+                !dir.join("905").exists(),
+                "{name}: made the job's directory"
+            );
         }
         // A symbolic link to a directory elsewhere.
         let target = root.path().join("elsewhere");
@@ -603,10 +621,10 @@ mod tests {
         let link = root.path().join("link");
         std::os::unix::fs::symlink(&target, &link).expect("symlink");
         let s = settings(&link);
-        let out = on_machine(&s.prepare_command("5", &s.cache_dir("42", false)), b"");
+        let out = on_machine(&s.prepare_command("905", &s.cache_dir("42", false)), b"");
         assert_eq!(out.status.code(), Some(3), "{out:?}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("symbolic link"));
-        assert!(!target.join("5").exists());
+        assert!(!target.join("905").exists());
         // Missing: made 0700. This user's, readable by others: tightened.
         for (name, before) in [("fresh", None), ("readable", Some(0o755))] {
             let dir = root.path().join(name);
@@ -615,8 +633,9 @@ mod tests {
                 std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(m)).expect("chmod");
             }
             let s = settings(&dir);
-            // The tools check that follows may fail here; it is not what this test is about.
-            let out = on_machine(&s.prepare_command("5", &s.cache_dir("42", true)), b"");
+            // The tools check that follows asks a stand-in login shell (the real one may read
+            // this host's profile); it is not what this test is about.
+            let out = with_path(&s.prepare_command("905", &s.cache_dir("42", true)), &bin);
             let said = String::from_utf8_lossy(&out.stderr).to_string();
             assert!(!said.contains("refusing"), "{name}: {said}");
             assert_eq!(mode(&dir), 0o700, "{name}: {said}");
