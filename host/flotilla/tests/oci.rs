@@ -708,6 +708,74 @@ async fn tampering_is_refused() {
     victim.assert_cache_empty();
     // Without verification configured the moved tag loads as usual.
     victim.oci(&["plugin", "pull", &r]).ok();
+
+    // 5. The signed artifact and its signature copied whole into another repository: the
+    //    signature names the repository it was made for.
+    let renamed = reg.reference("tamper/renamed:1");
+    // Copied as a registry copies: each manifest's blobs mounted, then the manifest put, so
+    // the digests stay those that were signed.
+    let copy = |tag: String| {
+        let http = http.clone();
+        let host = reg.host();
+        async move {
+            let manifest = http
+                .get(format!("http://{host}/v2/tamper/signed/manifests/{tag}"))
+                .header("accept", accept)
+                .send()
+                .await
+                .and_then(|r| r.error_for_status())
+                .unwrap_or_else(|e| panic!("{e}"))
+                .bytes()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let parsed: Value = serde_json::from_slice(&manifest).unwrap_or_else(|e| panic!("{e}"));
+            let blobs: Vec<String> = std::iter::once(&parsed["config"])
+                .chain(parsed["layers"].as_array().into_iter().flatten())
+                .filter_map(|d| d["digest"].as_str().map(str::to_string))
+                .collect();
+            for blob in blobs {
+                http.post(format!(
+                    "http://{host}/v2/tamper/renamed/blobs/uploads/?mount={blob}&from=tamper/signed"
+                ))
+                .send()
+                .await
+                .and_then(|r| r.error_for_status())
+                .unwrap_or_else(|e| panic!("{e}"));
+            }
+            let target = if tag.starts_with("sha256:") {
+                "1".to_string()
+            } else {
+                tag
+            };
+            http.put(format!(
+                "http://{host}/v2/tamper/renamed/manifests/{target}"
+            ))
+            .header("content-type", accept)
+            .body(manifest)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+    };
+    copy(old_digest.clone()).await;
+    copy(old_digest.replacen(':', "-", 1) + ".sig").await;
+    let copied = publisher
+        .oci(&["plugin", "inspect", &renamed, "--json"])
+        .json();
+    assert_eq!(copied["digest"], old_digest.as_str(), "copied as signed");
+    let another = User::new(&reg.host());
+    another
+        .oci(&["plugin", "pull", &renamed, "--verify-key", &public])
+        .fails_with(&[
+            "signature check",
+            &format!(
+                "names {}/tamper/signed, not {}/tamper/renamed",
+                reg.host(),
+                reg.host()
+            ),
+        ]);
+    another.assert_cache_empty();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1272,6 +1340,132 @@ async fn a_lying_registry_is_caught_and_nothing_is_cached() {
         user.oci(&["plugin", "pull", &reference])
             .fails_with(&needles);
         user.assert_cache_empty();
+    }
+}
+
+/// A registry whose signature layers never end: one streams the payload's bytes forever, one
+/// answers its GET with an endless error. Each costs a bounded read and an error that names
+/// the size, and nothing is cached.
+async fn bottomless_signature_registry() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use futures_util::StreamExt as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // Bytes of the bottomless bodies handed to the connection: 256 MiB each if nobody stops
+    // reading, so a reader without a bound takes them all (and the test can see it).
+    let served = std::sync::Arc::new(AtomicU64::new(0));
+    let counter = served.clone();
+    use axum::http::{StatusCode, Uri};
+    let wasm = std::fs::read(guests::STATIC_PLUGIN).unwrap_or_default();
+    let config = CNCF_CONFIG.as_bytes().to_vec();
+    let digest = |b: &[u8]| format!("sha256:{}", flotilla_net::sha256_hex(b));
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": { "mediaType": WASM_CONFIG_TYPE, "digest": digest(&config), "size": config.len() },
+        "layers": [{ "mediaType": "application/wasm", "digest": digest(&wasm), "size": wasm.len() }],
+    })
+    .to_string();
+    let signed = digest(manifest.as_bytes()).replacen(':', "-", 1) + ".sig";
+    let payload_digest = format!("sha256:{}", "cd".repeat(32));
+    let signatures = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest(b"{}"), "size": 2 },
+        "layers": [{
+            "mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
+            "digest": payload_digest,
+            "size": 200,
+            "annotations": { "dev.cosignproject.cosign/signature": "MEUCIQ==" },
+        }],
+    })
+    .to_string();
+    let endless = move || {
+        let served = counter.clone();
+        axum::body::Body::from_stream(
+            futures_util::stream::repeat_with(move || {
+                served.fetch_add(64 * 1024, Ordering::Relaxed);
+                Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'x'; 64 * 1024]))
+            })
+            .take(4096),
+        )
+    };
+    let app = axum::Router::new().fallback(move |uri: Uri| {
+        let (manifest, signatures, config, wasm) = (
+            manifest.clone(),
+            signatures.clone(),
+            config.clone(),
+            wasm.clone(),
+        );
+        let (signed, payload_digest) = (signed.clone(), payload_digest.clone());
+        let endless = endless.clone();
+        async move {
+            let path = uri.path().to_string();
+            let typed = |body: axum::body::Body| {
+                axum::response::Response::builder()
+                    .header("content-type", "application/vnd.oci.image.manifest.v1+json")
+                    .body(body)
+                    .unwrap_or_default()
+            };
+            if path == "/v2/" {
+                typed("{}".into())
+            } else if path.ends_with(&format!("/manifests/{signed}")) {
+                typed(signatures.into())
+            } else if path.contains("/manifests/") {
+                typed(manifest.into())
+            } else if path.ends_with(&format!("/blobs/{payload_digest}")) {
+                if path.starts_with("/v2/bottomless/error/") {
+                    let mut answer = typed(endless());
+                    *answer.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                    answer
+                } else {
+                    typed(endless())
+                }
+            } else if path.contains("/blobs/sha256:") && path.ends_with(&digest(&config)) {
+                typed(config.into())
+            } else if path.contains("/blobs/") {
+                typed(wasm.into())
+            } else {
+                let mut answer = typed("{}".into());
+                *answer.status_mut() = StatusCode::NOT_FOUND;
+                answer
+            }
+        }
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    (addr, served)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bottomless_signature_costs_a_bounded_read() {
+    let (addr, served) = bottomless_signature_registry().await;
+    for (repository, needles) in [
+        (
+            "bottomless/payload",
+            vec!["signature payload", "too large", "limit 200"],
+        ),
+        (
+            "bottomless/error",
+            vec!["error answer", "too large", "limit 65536"],
+        ),
+    ] {
+        let user = User::new(&addr.to_string());
+        let (_, public) = user.keys("cosign");
+        let reference = format!("oci://{addr}/{repository}:1");
+        let before = served.load(std::sync::atomic::Ordering::Relaxed);
+        user.oci(&["plugin", "pull", &reference, "--verify-key", &public])
+            .fails_with(&needles);
+        user.assert_cache_empty();
+        // What the connection buffers before the reader stops, not the 256 MiB on offer.
+        let taken = served.load(std::sync::atomic::Ordering::Relaxed) - before;
+        assert!(taken < 32 << 20, "{repository}: {taken} bytes served");
     }
 }
 

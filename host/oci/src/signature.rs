@@ -179,8 +179,16 @@ pub enum SignatureCheck {
     Failed(String),
 }
 
-/// Checks `layers` against `key` for `digest`: at least one must verify and name the digest.
-pub(crate) fn check(key: &PublicKey, digest: &str, layers: &[SignatureLayer]) -> SignatureCheck {
+/// Checks `layers` against `key` for `digest` pulled from `repository` (`registry/name`): at
+/// least one must verify, name the digest, and name the repository (`docker-reference`), so a
+/// signature made for one artifact cannot vouch for another signed with the same key (an old,
+/// vulnerable plugin copied under a new name).
+pub(crate) fn check(
+    key: &PublicKey,
+    digest: &str,
+    repository: &str,
+    layers: &[SignatureLayer],
+) -> SignatureCheck {
     if layers.is_empty() {
         return SignatureCheck::Failed("the artifact is not signed".to_string());
     }
@@ -206,6 +214,9 @@ pub(crate) fn check(key: &PublicKey, digest: &str, layers: &[SignatureLayer]) ->
             .pointer("/critical/image/docker-manifest-digest")
             .and_then(Value::as_str);
         let kind = v.pointer("/critical/type").and_then(Value::as_str);
+        let named = v
+            .pointer("/critical/identity/docker-reference")
+            .and_then(Value::as_str);
         if kind != Some(PAYLOAD_TYPE) {
             reasons.push("a signed payload has the wrong type".to_string());
         } else if signed != Some(digest) {
@@ -213,12 +224,35 @@ pub(crate) fn check(key: &PublicKey, digest: &str, layers: &[SignatureLayer]) ->
                 "a valid signature covers {}, not {digest}",
                 signed.unwrap_or("nothing")
             ));
+        } else if named.map(same_repository) != Some(same_repository(repository)) {
+            reasons.push(format!(
+                "a valid signature names {}, not {repository}",
+                named.unwrap_or("no repository")
+            ));
         } else {
             return SignatureCheck::Verified;
         }
     }
     reasons.dedup();
     SignatureCheck::Failed(reasons.join("; "))
+}
+
+/// A repository name as signatures are compared: Docker Hub's aliases as `docker.io`, the
+/// registry in lower case, and a tag or digest after the name dropped (cosign signs the
+/// repository; some tools add the tag).
+fn same_repository(name: &str) -> String {
+    let name = name.split_once('@').map_or(name, |(n, _)| n);
+    let (registry, path) = name.split_once('/').unwrap_or((name, ""));
+    let path = match path.rsplit_once('/') {
+        Some((dir, last)) => format!("{dir}/{}", last.split(':').next().unwrap_or(last)),
+        None => path.split(':').next().unwrap_or(path).to_string(),
+    };
+    let registry = registry.to_ascii_lowercase();
+    let registry = match registry.as_str() {
+        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => "docker.io",
+        other => other,
+    };
+    format!("{registry}/{path}")
 }
 
 /// The config blob of a signature manifest (the shape cosign writes).

@@ -17,6 +17,21 @@ use crate::{OciError, OciRef};
 
 use super::{Blob, Fetched, PullPolicy, Pulled, Registry, Validate};
 
+/// The most of a registry's error answer that is read (its JSON errors are a few hundred
+/// bytes).
+const MAX_ERROR_BODY: u64 = 64 * 1024;
+
+/// The largest signature payload read (a simple-signing payload is well under 1 KiB).
+const MAX_SIGNATURE_PAYLOAD: u64 = 64 * 1024;
+
+/// What a bounded GET reads: its name in errors, the `Accept` header, and the most bytes of a
+/// successful answer.
+struct Bounded<'a> {
+    what: &'static str,
+    accept: &'a str,
+    limit: u64,
+}
+
 impl Registry {
     pub(super) async fn fetch_manifest(
         &self,
@@ -61,21 +76,40 @@ impl Registry {
         r: &OciRef,
         accept: &[&str],
     ) -> Result<Vec<u8>, OciError> {
-        let reference = r.client_ref();
-        let token = client
-            .auth(&reference, auth, oci_client::RegistryOperation::Pull)
-            .await
-            .map_err(|e| self.map_err(r, false, e))?;
         let target = r.digest.as_deref().or(r.tag.as_deref()).unwrap_or("latest");
         let url = format!(
             "{}/v2/{}/manifests/{target}",
             self.base_url(r)?,
             r.repository
         );
+        let read = Bounded {
+            what: "manifest",
+            accept: &accept.join(", "),
+            limit: artifact::MAX_MANIFEST,
+        };
+        self.bounded_get(client, auth, r, url, read).await
+    }
+
+    /// GETs `url` of `r`'s repository with oci-client's authentication, reading at most
+    /// `read.limit` bytes of an answer (64 KiB of an error's), so a registry that sends an
+    /// endless body costs a bounded buffer and gets an error that names the size.
+    async fn bounded_get(
+        &self,
+        client: &oci_client::Client,
+        auth: &RegistryAuth,
+        r: &OciRef,
+        url: String,
+        read: Bounded<'_>,
+    ) -> Result<Vec<u8>, OciError> {
+        let reference = r.client_ref();
+        let token = client
+            .auth(&reference, auth, oci_client::RegistryOperation::Pull)
+            .await
+            .map_err(|e| self.map_err(r, false, e))?;
         let mut request = self
             .http()?
             .get(&url)
-            .header(reqwest::header::ACCEPT, accept.join(", "));
+            .header(reqwest::header::ACCEPT, read.accept);
         request = match (token, auth) {
             (Some(token), _) => request.bearer_auth(token),
             (None, RegistryAuth::Basic(user, password)) => request.basic_auth(user, Some(password)),
@@ -87,30 +121,26 @@ impl Registry {
         };
         let mut response = request.send().await.map_err(unreachable)?;
         let status = response.status();
-        let limit = if status.is_success() {
-            artifact::MAX_MANIFEST
+        let (limit, what) = if status.is_success() {
+            (read.limit, read.what)
         } else {
-            64 * 1024
+            (MAX_ERROR_BODY, "error answer")
+        };
+        let too_large = |size: u64| OciError::TooLarge {
+            what,
+            reference: r.to_string(),
+            size,
+            limit,
         };
         if let Some(len) = response.content_length()
             && len > limit
         {
-            return Err(OciError::TooLarge {
-                what: "manifest",
-                reference: r.to_string(),
-                size: len,
-                limit,
-            });
+            return Err(too_large(len));
         }
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
             if (body.len() + chunk.len()) as u64 > limit {
-                return Err(OciError::TooLarge {
-                    what: "manifest",
-                    reference: r.to_string(),
-                    size: (body.len() + chunk.len()) as u64,
-                    limit,
-                });
+                return Err(too_large((body.len() + chunk.len()) as u64));
             }
             body.extend_from_slice(&chunk);
         }
@@ -263,7 +293,7 @@ impl Registry {
         let verified = match key {
             Some(key) => {
                 let layers = self.cached_signatures(&digest);
-                match signature::check(key, &digest, &layers) {
+                match signature::check(key, &digest, &r.repo_name(), &layers) {
                     SignatureCheck::Verified => true,
                     SignatureCheck::Failed(_) => return Ok(None),
                 }
@@ -402,7 +432,7 @@ impl Registry {
     ) -> Result<(), OciError> {
         let digest = pinned.digest.clone().unwrap_or_default();
         let layers = self.signature_layers(client, auth, pinned).await?;
-        match signature::check(key, &digest, &layers) {
+        match signature::check(key, &digest, &pinned.repo_name(), &layers) {
             SignatureCheck::Verified => {
                 let bytes = serde_json::to_vec(&layers)
                     .map_err(|e| OciError::local(self.store.root(), e))?;
@@ -445,14 +475,23 @@ impl Registry {
                 continue;
             };
             let d = layer.digest.as_str();
-            if layer.size > 64 * 1024 {
+            let declared = layer.size;
+            if declared > MAX_SIGNATURE_PAYLOAD {
                 continue;
             }
-            let mut buf = Vec::new();
-            client
-                .pull_blob(&sig_ref.client_ref(), d, &mut buf)
-                .await
-                .map_err(|e| self.map_err(&sig_ref, false, e))?;
+            // Read no more than the layer declares: oci-client's pull_blob would take all a
+            // registry sends and check the digest only at the end.
+            let url = format!(
+                "{}/v2/{}/blobs/{d}",
+                self.base_url(&sig_ref)?,
+                sig_ref.repository
+            );
+            let read = Bounded {
+                what: "signature payload",
+                accept: "*/*",
+                limit: declared,
+            };
+            let buf = self.bounded_get(client, auth, &sig_ref, url, read).await?;
             if digest_of(&buf) != d {
                 continue;
             }
