@@ -33,6 +33,68 @@ pub fn ensure_private_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Why `dir` cannot be trusted with files this process will later execute or map (compiled
+/// plugins): it must be a real directory (not a symbolic link), belong to this process's
+/// user, and be writable by nobody else. `None` when it can. The owner is compared with that
+/// of a probe file created in it, which is this process's effective user on every Unix.
+pub fn untrusted_dir(dir: &Path) -> Option<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let m = match std::fs::symlink_metadata(dir) {
+            Ok(m) => m,
+            Err(e) => return Some(format!("cannot read it: {e}")),
+        };
+        if m.file_type().is_symlink() {
+            return Some("it is a symbolic link".into());
+        }
+        if !m.is_dir() {
+            return Some("it is not a directory".into());
+        }
+        let mode = m.permissions().mode() & 0o7777;
+        if mode & 0o022 != 0 {
+            return Some(format!(
+                "the group or others may write in it (mode {mode:o})"
+            ));
+        }
+        let probe = match tempfile::NamedTempFile::new_in(dir) {
+            Ok(p) => p,
+            Err(e) => return Some(format!("cannot write in it: {e}")),
+        };
+        let me = probe.as_file().metadata().map(|p| p.uid()).ok();
+        if me != Some(m.uid()) {
+            return Some(format!(
+                "it belongs to uid {}, not to this process's user",
+                m.uid()
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    None
+}
+
+/// Whether `file` (in a directory [`untrusted_dir`] accepted) can be trusted as this process
+/// wrote it: a regular file, not a link, owned like its directory, writable by its owner only.
+pub fn trusted_file(file: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let (Ok(m), Some(Ok(parent))) = (
+            std::fs::symlink_metadata(file),
+            file.parent().map(std::fs::metadata),
+        ) else {
+            return false;
+        };
+        m.file_type().is_file() && m.uid() == parent.uid() && m.permissions().mode() & 0o022 == 0
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        true
+    }
+}
+
 /// Creates `path` if it is missing and makes it owner-only (0600 on Unix) whatever the umask,
 /// before a library opens it with its own (wider) default mode.
 pub fn ensure_private_file(path: &Path) -> std::io::Result<()> {

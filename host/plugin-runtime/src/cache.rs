@@ -46,10 +46,21 @@ fn elapsed_ms(start: Instant) -> u128 {
 }
 
 impl CompileCache {
+    /// The cache in `dir`, made 0700 when missing. Compiled code is mapped and run as it is
+    /// (wasmtime's `deserialize_file` trusts it), so a directory someone else could write in
+    /// (another user's, a symbolic link, group- or world-writable) is not used: plugins are
+    /// compiled at every load instead, and a warning says why.
     pub(crate) fn new(dir: Option<PathBuf>) -> Result<Self, LoadError> {
         if let Some(dir) = &dir {
             flotilla_net::fs::create_private_dir(dir)
                 .map_err(|e| LoadError::Cache(format!("cannot create {}: {e}", dir.display())))?;
+            if let Some(why) = flotilla_net::fs::untrusted_dir(dir) {
+                tracing::warn!(
+                    cache_dir = %dir.display(),
+                    "not using the compiled-plugin cache: {why}; plugins are compiled at every load (remove the directory, or make it yours and chmod 700)"
+                );
+                return Ok(CompileCache { dir: None });
+            }
         }
         Ok(CompileCache { dir })
     }
@@ -71,7 +82,9 @@ impl CompileCache {
         if seen != identity.text || sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
-        let entry = self.entry(engine, sha).filter(|e| e.is_file())?;
+        let entry = self
+            .entry(engine, sha)
+            .filter(|e| flotilla_net::fs::trusted_file(e))?;
         Some((sha.to_string(), entry, identity.size))
     }
 
@@ -118,7 +131,10 @@ impl CompileCache {
         bytes: &[u8],
     ) -> Result<(Component, CacheOutcome), LoadError> {
         let entry = self.entry(engine, sha);
-        if let Some(entry) = entry.as_deref().filter(|e| e.is_file()) {
+        if let Some(entry) = entry
+            .as_deref()
+            .filter(|e| flotilla_net::fs::trusted_file(e))
+        {
             // SAFETY: the cache directory is created by the host with mode 0700 and only the
             // host writes to it, atomically (write to a temp file, then rename). Files are named
             // by content hash and engine compatibility hash, and wasmtime checks the header.
@@ -203,4 +219,55 @@ fn index_file(dir: &Path, path: &Path) -> Option<PathBuf> {
 pub fn default_cache_dir() -> Option<PathBuf> {
     directories::ProjectDirs::from("dev", "flotilla", "flotilla")
         .map(|d| d.cache_dir().join("compiled"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cache directory others could write in is not used: a planted entry is never mapped,
+    /// and the plugin is compiled instead.
+    #[cfg(unix)]
+    #[test]
+    fn a_cache_directory_others_could_write_in_is_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let engine = Engine::default();
+        // The smallest component: the preamble of version 0x0d, layer 1.
+        let wasm = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
+        let sha = flotilla_net::sha256_hex(&wasm);
+        let root = tempfile::tempdir().expect("dir");
+        let shared = root.path().join("shared");
+        let cache = CompileCache::new(Some(shared.clone())).expect("cache");
+        let (_, first) = cache.load(&engine, "p.wasm", &sha, &wasm).expect("load");
+        assert!(matches!(first, CacheOutcome::Compiled { .. }), "{first:?}");
+        let (_, again) = cache.load(&engine, "p.wasm", &sha, &wasm).expect("load");
+        assert_eq!(again, CacheOutcome::Hit);
+        // Opened to everyone: an entry there may be anyone's.
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let wide = CompileCache::new(Some(shared.clone())).expect("cache");
+        let (_, wide_load) = wide.load(&engine, "p.wasm", &sha, &wasm).expect("load");
+        assert!(
+            matches!(wide_load, CacheOutcome::Uncached { .. }),
+            "{wide_load:?}"
+        );
+        // A private directory, but an entry someone made writable by others is not mapped.
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let private = CompileCache::new(Some(shared.clone())).expect("cache");
+        let entry = private.entry(&engine, &sha).expect("entry");
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let (_, planted) = private.load(&engine, "p.wasm", &sha, &wasm).expect("load");
+        assert!(
+            matches!(planted, CacheOutcome::Compiled { .. }),
+            "{planted:?}"
+        );
+        // A symbolic link to a directory is not a cache either.
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(&shared, &link).expect("symlink");
+        let linked = CompileCache::new(Some(link)).expect("cache");
+        let (_, through) = linked.load(&engine, "p.wasm", &sha, &wasm).expect("load");
+        assert!(
+            matches!(through, CacheOutcome::Uncached { .. }),
+            "{through:?}"
+        );
+    }
 }
