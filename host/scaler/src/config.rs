@@ -75,6 +75,8 @@ pub struct KnobsConfig {
     pub instance_acquire_timeout: Duration,
     /// Safety-net polling of `update()`.
     pub update_interval: Duration,
+    /// Polling of `update()` while instances are expected.
+    pub update_interval_when_expecting: Duration,
     /// Wait before retrying a deletion.
     pub deletion_retry_interval: Duration,
     /// Consecutive readiness failures before replacement.
@@ -107,6 +109,10 @@ impl Validate for KnobsConfig {
             at,
             &[
                 ("update_interval", self.update_interval),
+                (
+                    "update_interval_when_expecting",
+                    self.update_interval_when_expecting,
+                ),
                 ("instance_acquire_timeout", self.instance_acquire_timeout),
                 ("deletion_retry_interval", self.deletion_retry_interval),
                 ("paused_retry_interval", self.paused_retry_interval),
@@ -151,6 +157,7 @@ impl Validate for KnobsConfig {
             deletion_retry_interval_ms: millis(self.deletion_retry_interval),
             instance_acquire_timeout_ms: millis(self.instance_acquire_timeout),
             update_interval_ms: millis(self.update_interval),
+            update_interval_when_expecting_ms: millis(self.update_interval_when_expecting),
             instance_ready_grace_ms: millis(self.instance_ready_grace),
             lease_ttl_ms: self.lease_ttl.map(millis),
             max_job_duration_ms: self.max_job_duration.map(millis),
@@ -238,6 +245,7 @@ mod tests {
             max_instances: 4,
             instance_acquire_timeout: Duration::from_secs(120),
             update_interval: Duration::from_secs(60),
+            update_interval_when_expecting: Duration::from_secs(2),
             deletion_retry_interval: Duration::from_secs(60),
             failure_threshold: 3,
             instance_ready_grace: Duration::from_secs(300),

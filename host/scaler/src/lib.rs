@@ -44,6 +44,10 @@ pub struct ScalerConfig {
     pub instance_acquire_timeout_ms: Millis,
     /// Safety-net polling of `update()`.
     pub update_interval_ms: Millis,
+    /// Polling of `update()` while instances are expected: requested and not yet seen, or
+    /// seen and not yet running (taskscaler's `update_interval_when_expecting`), so a machine
+    /// that boots in 40 s is used at 40 s, not at the next `update_interval`.
+    pub update_interval_when_expecting_ms: Millis,
     /// How long after it is first seen an instance may take to become ready: failed readiness
     /// checks within it are retried with backoff but not counted toward `failure_threshold`
     /// (a booting machine refuses SSH for a while).
@@ -68,6 +72,7 @@ impl Default for ScalerConfig {
             deletion_retry_interval_ms: 60_000,
             instance_acquire_timeout_ms: 120_000,
             update_interval_ms: 60_000,
+            update_interval_when_expecting_ms: 2_000,
             instance_ready_grace_ms: 300_000,
             lease_ttl_ms: None,
             max_job_duration_ms: None,

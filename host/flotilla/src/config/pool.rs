@@ -52,6 +52,9 @@ pub struct PoolConfig {
     /// Safety-net polling of `update()`.
     #[serde(default = "one_minute", with = "humantime_serde")]
     pub update_interval: Duration,
+    /// Polling of `update()` while instances are expected (requested, not yet running).
+    #[serde(default = "two_seconds", with = "humantime_serde")]
+    pub update_interval_when_expecting: Duration,
     /// Wait before retrying a deletion.
     #[serde(default = "one_minute", with = "humantime_serde")]
     pub deletion_retry_interval: Duration,
@@ -117,6 +120,9 @@ fn one() -> u32 {
 }
 fn three() -> u32 {
     3
+}
+fn two_seconds() -> Duration {
+    Duration::from_secs(2)
 }
 fn one_minute() -> Duration {
     Duration::from_secs(60)
@@ -254,6 +260,7 @@ impl PoolConfig {
             max_instances: self.max_instances,
             instance_acquire_timeout: self.instance_acquire_timeout,
             update_interval: self.update_interval,
+            update_interval_when_expecting: self.update_interval_when_expecting,
             deletion_retry_interval: self.deletion_retry_interval,
             failure_threshold: self.failure_threshold,
             instance_ready_grace: self.instance_ready_grace,

@@ -45,9 +45,7 @@ impl PoolCore {
         // The periodic update, once it may be sent: an update in flight wakes the pool by
         // finishing, a stopped pool sends none, and a backoff postpones it.
         if !self.update.in_flight() && !matches!(self.health, PoolHealth::Stopped(_)) {
-            let due = self
-                .last_update
-                .map_or(now, |t| t + self.cfg.update_interval_ms);
+            let due = self.last_update.map_or(now, |t| t + self.update_every());
             next = due.max(self.update_backoff.until);
         }
         for until in [
@@ -145,11 +143,26 @@ impl PoolCore {
         actions
     }
 
+    /// How long after the last update the next is due: `update_interval_when_expecting` while
+    /// instances are expected (requested and not yet seen, or seen and not yet running),
+    /// `update_interval` otherwise.
+    fn update_every(&self) -> Millis {
+        let expecting =
+            !self.pending.is_empty() || self.index.in_state(InstState::Creating).next().is_some();
+        if expecting {
+            self.cfg
+                .update_interval_ms
+                .min(self.cfg.update_interval_when_expecting_ms)
+        } else {
+            self.cfg.update_interval_ms
+        }
+    }
+
     /// The periodic update, or one wanted sooner, unless one is in flight or we back off.
     fn plan_update(&mut self, now: Millis, actions: &mut Vec<Action>) {
         let due = self
             .last_update
-            .is_none_or(|t| now >= t + self.cfg.update_interval_ms);
+            .is_none_or(|t| now >= t + self.update_every());
         if !self.update.in_flight()
             && self.update_backoff.ready(now)
             && (due || self.update.wanted())
@@ -346,6 +359,27 @@ mod tests {
             assert!(!b.ready(60_999), "{kind} waits out retry-after");
             assert!(b.ready(61_000), "{kind} may go after it");
         }
+    }
+
+    /// taskscaler's `update_interval_when_expecting`: a machine asked for is looked for every
+    /// 2 s until the cloud reports it, then the pool falls back to `update_interval`.
+    #[test]
+    fn while_instances_are_expected_update_polls_every_two_seconds() {
+        let mut c = core();
+        assert_eq!(c.plan(0), [Action::Update]);
+        c.on_update(100, Ok(flotilla_provider::Listing::default()));
+        assert_eq!(
+            c.next_wakeup(200),
+            30_100,
+            "nothing expected: update_interval"
+        );
+        c.on_increase(1_000, 1, Ok(1));
+        let _ = c.plan(1_000); // the update the increase wants
+        c.on_update(1_500, Ok(flotilla_provider::Listing::default()));
+        assert_eq!(c.next_wakeup(1_600), 3_500, "expected: every 2 s");
+        assert_eq!(c.plan(3_500), [Action::Update]);
+        c.on_update(3_600, Ok(flotilla_provider::Listing::default()));
+        assert_eq!(c.next_wakeup(3_700), 5_600);
     }
 
     #[test]
