@@ -193,7 +193,8 @@ impl InstanceSettings {
     }
 
     /// Waits up to `tenths` tenths of a second for every process of the job to end (after a
-    /// `TERM`): Linux by the mark, elsewhere by the stages' process groups.
+    /// `TERM` or a `KILL`): Linux by the mark, elsewhere by the stages' process groups. Exits
+    /// 0 once none is left, 1 when some still run at the end.
     pub fn wait_command(&self, job: &str, tenths: u32) -> String {
         if self.os.windows() {
             // taskkill /F ends the tree at once: nothing to wait for.
@@ -207,7 +208,8 @@ impl InstanceSettings {
              else for f in {own}/*.pgid; do [ -f \"$f\" ] || continue; k=$(cat \"$f\"); {valid}; kill -0 -- \"-$k\" 2>/dev/null && a=1; done; fi\n\
              [ $a = 0 ] && exit 0\n\
              sleep 0.1; i=$((i + 1))\n\
-             done\n",
+             done\n\
+             exit 1\n",
             own = sh_quote(&self.join(&[job, ".flotilla"])),
             mark = sh_quote(&format!("FLOTILLA_JOB={}", Self::mark(job))),
             valid = VALID_PGID,

@@ -170,6 +170,9 @@ impl Place for InstancePlace {
 
     /// `TERM` to every process of the job, up to the grace period for them to end, then
     /// `KILL` to what is left.
+    /// `TERM` to every process of the job, up to [`GRACE`] for them to end, then `KILL` until
+    /// none is left (a killed process takes a moment to go, and one may have forked meanwhile),
+    /// so nothing of the stage runs when the driver exits.
     async fn stop(&self, _run: &StageRun<'_>) {
         let tenths = u32::try_from(GRACE.as_millis() / 100).unwrap_or(100);
         for (what, command) in [
@@ -181,15 +184,31 @@ impl Place for InstancePlace {
                 "waiting for the script to stop",
                 self.own.wait_command(&self.job.id, tenths),
             ),
-            (
-                "killing the script",
-                self.own.stop_command(&self.job.id, Signal::Kill),
-            ),
         ] {
             if let Err(e) = self.ran(&command).await {
                 eprintln!("flotilla: {what}: {e}");
             }
         }
+        for _ in 0..KILL_ROUNDS {
+            if let Err(e) = self
+                .ran(&self.own.stop_command(&self.job.id, Signal::Kill))
+                .await
+            {
+                eprintln!("flotilla: killing the script: {e}");
+                return;
+            }
+            match self.ran(&self.own.wait_command(&self.job.id, 10)).await {
+                Ok(gone) if gone.ok() => return,
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("flotilla: waiting for the script to end: {e}");
+                    return;
+                }
+            }
+        }
+        eprintln!(
+            "flotilla: some processes of the job still ran after {KILL_ROUNDS} rounds of KILL; cleanup will try again"
+        );
     }
 
     /// Stops every process of the job and removes its directory; what cannot be removed is
@@ -206,6 +225,9 @@ impl Place for InstancePlace {
         Ok(())
     }
 }
+
+/// How many times a cancel sends `KILL` and waits a second for the job's processes to go.
+const KILL_ROUNDS: u32 = 5;
 
 impl InstancePlace {
     /// Runs one of the driver's own commands, its output collected (capped).
