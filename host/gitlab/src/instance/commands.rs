@@ -437,6 +437,18 @@ mod tests {
     }
 
     /// Runs a Unix command as the machine's login shell would (`sh -c`), in `dir`.
+    /// A Linux machine whose directory is `m` in a new temporary directory.
+    fn linux_machine() -> (tempfile::TempDir, InstanceSettings) {
+        let root = tempfile::tempdir().expect("dir");
+        let s = InstanceSettings::new(
+            MachineOs::Linux,
+            None,
+            Some(root.path().join("m").display().to_string()),
+        )
+        .expect("settings");
+        (root, s)
+    }
+
     /// The home of the test "machine" (this host): none, so the stages' `bash --login` reads
     /// no startup file of this host's user (a pyenv rehash there can hang a minute on a lock
     /// another test's killed shell left).
@@ -476,13 +488,7 @@ mod tests {
     // anywhere on the machine, so two tests running at once with one id would end each
     // other's.
     fn a_machine_without_the_runners_tools_fails_prepare_once_checked_it_is_not_asked_again() {
-        let root = tempfile::tempdir().expect("dir");
-        let s = InstanceSettings::new(
-            MachineOs::Linux,
-            None,
-            Some(root.path().join("m").display().to_string()),
-        )
-        .expect("settings");
+        let (root, s) = linux_machine();
         let bin = root.path().join("bin");
         std::fs::create_dir(&bin).expect("bin");
         let login = |says: &str| {
@@ -664,13 +670,7 @@ mod tests {
     /// namespace's bystander.
     #[test]
     fn a_job_that_writes_1_in_its_pgid_file_gets_no_kill_of_every_process() {
-        let root = tempfile::tempdir().expect("dir");
-        let s = InstanceSettings::new(
-            MachineOs::Linux,
-            None,
-            Some(root.path().join("m").display().to_string()),
-        )
-        .expect("settings");
+        let (root, s) = linux_machine();
         let own = root.path().join("m/7/.flotilla");
         std::fs::create_dir_all(&own).expect("dir");
         for (name, pgid) in [
