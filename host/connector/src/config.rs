@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ipnet::IpNet;
 use serde::Deserialize;
 
 use flotilla_validate::{Context, KeyPath, Problems, Validate};
@@ -60,6 +61,10 @@ pub struct ConnectorConfig {
     /// `docker:dind` service needs one). Off: the host refuses them, whatever the driver asks.
     #[serde(default)]
     pub allow_privileged: bool,
+    /// The addresses the plugin's `connect-info` may point the host at (CIDRs). Left out:
+    /// any address but loopback and link-local.
+    #[serde(default)]
+    pub allowed_ranges: Option<Vec<IpNet>>,
 }
 
 /// `docker_tls = { ca = { file }, cert = { file }, key = { file } }`.
@@ -160,6 +165,8 @@ pub struct ConnectorSettings {
     pub docker_tls: Option<crate::tls::DockerTlsFiles>,
     /// Whether privileged containers may be created through the Docker handle.
     pub allow_privileged: bool,
+    /// Where plugin-chosen addresses may point.
+    pub targets: crate::targets::AllowedTargets,
 }
 
 impl Validate for ConnectorConfig {
@@ -233,6 +240,13 @@ impl Validate for ConnectorConfig {
                 Some(existing(at.key("host_key").key("known_hosts"), known_hosts))
             }
         };
+        if self.allowed_ranges.as_ref().is_some_and(Vec::is_empty) {
+            problems.add(
+                &at.key("allowed_ranges"),
+                "is empty, so no machine could be reached; leave it out for the default (any address but loopback and link-local)",
+            );
+            ok = false;
+        }
         if self.port == Some(0) {
             problems.add(&at.key("port"), "must be 1-65535");
             ok = false;
@@ -251,6 +265,9 @@ impl Validate for ConnectorConfig {
             ping_interval: (!self.ping_interval.is_zero()).then_some(self.ping_interval),
             docker_tls,
             allow_privileged: self.allow_privileged,
+            targets: crate::targets::AllowedTargets::ranges(
+                self.allowed_ranges.clone().unwrap_or_default(),
+            ),
         })
     }
 }

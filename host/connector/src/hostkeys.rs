@@ -1,10 +1,11 @@
 //! Which host keys the host trusts. `Pin` trusts the key an instance shows first and refuses
 //! any other for that instance's life (cloud addresses are reused, instance ids are not);
 //! `KnownHosts` trusts only keys in an OpenSSH known_hosts file, for machines an operator
-//! manages.
+//! manages. Pins are kept in the state directory when there is one, so a restart of the host
+//! does not trust a changed key afresh.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -19,14 +20,65 @@ pub enum HostKeyPolicy {
     KnownHosts(PathBuf),
 }
 
-/// The pinned host key of each instance.
+/// The pinned host key of each instance, and the file that keeps them, if any.
 #[derive(Debug, Default)]
-pub struct Pins(Mutex<HashMap<String, PublicKey>>);
+pub struct Pins {
+    keys: Mutex<HashMap<String, PublicKey>>,
+    file: Option<PathBuf>,
+}
 
 impl Pins {
+    /// The pins kept in `file` (a JSON object of instance id to OpenSSH public key, 0600),
+    /// none if it does not exist yet. A file that cannot be read is an error: starting with
+    /// no pins would trust every changed key again.
+    pub fn load(file: &Path) -> Result<Pins, String> {
+        let shown = file.display();
+        let keys = match std::fs::read(file) {
+            Ok(bytes) => {
+                let listed: BTreeMap<String, String> = serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("{shown}: not a host-key pin file: {e}"))?;
+                let mut keys = HashMap::with_capacity(listed.len());
+                for (instance, key) in listed {
+                    let key = PublicKey::from_openssh(&key).map_err(|e| {
+                        format!("{shown}: the key pinned for {instance:?} cannot be read: {e}")
+                    })?;
+                    keys.insert(instance, key);
+                }
+                keys
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => HashMap::new(),
+            Err(e) => return Err(format!("cannot read {shown}: {e}")),
+        };
+        Ok(Pins {
+            keys: Mutex::new(keys),
+            file: Some(file.to_path_buf()),
+        })
+    }
+
     /// Forgets an instance's key once the instance is gone.
     pub fn forget(&self, instance: &str) {
-        self.0.lock().remove(instance);
+        let mut keys = self.keys.lock();
+        if keys.remove(instance).is_some() {
+            self.save(&keys);
+        }
+    }
+
+    /// Writes the pins to their file (atomically, 0600); a failure is logged, and the pins
+    /// in memory still hold.
+    fn save(&self, keys: &HashMap<String, PublicKey>) {
+        let Some(file) = &self.file else {
+            return;
+        };
+        let listed: BTreeMap<&str, String> = keys
+            .iter()
+            .filter_map(|(id, key)| Some((id.as_str(), key.to_openssh().ok()?)))
+            .collect();
+        let written = serde_json::to_vec_pretty(&listed)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| flotilla_net::fs::write_atomic(file, &bytes));
+        if let Err(e) = written {
+            tracing::warn!(file = %file.display(), error = %e, "cannot keep the host-key pins; they hold until the host restarts");
+        }
     }
 }
 
@@ -80,8 +132,8 @@ impl HostKeyPolicy {
     ) -> Result<(), Refusal> {
         match self {
             HostKeyPolicy::Pin(pins) => {
-                let mut pins = pins.0.lock();
-                match pins.get(instance) {
+                let mut keys = pins.keys.lock();
+                match keys.get(instance) {
                     // Compare the key itself: a key's comment is not part of its identity.
                     Some(pinned) if pinned.key_data() == key.key_data() => Ok(()),
                     Some(pinned) => Err(Refusal::Changed {
@@ -90,7 +142,8 @@ impl HostKeyPolicy {
                     }),
                     None => {
                         tracing::info!(instance, fingerprint = %fingerprint(key), "pinned the instance's host key");
-                        pins.insert(instance.to_string(), key.clone());
+                        keys.insert(instance.to_string(), key.clone());
+                        pins.save(&keys);
                         Ok(())
                     }
                 }

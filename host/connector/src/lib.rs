@@ -18,6 +18,7 @@ mod keys;
 mod proxy;
 mod readiness;
 mod ssh;
+mod targets;
 mod tls;
 
 pub use channels::{LeaseBody, LeaseChannels, LeaseEnded};
@@ -28,4 +29,5 @@ pub use keys::{KeyError, PoolKey};
 pub use proxy::ForwardError;
 pub use readiness::Connector;
 pub use ssh::{ConnectError, ExecOutput, Session, SshOptions, Target};
+pub use targets::AllowedTargets;
 pub use tls::{DockerTls, DockerTlsFiles, TlsFilesError};

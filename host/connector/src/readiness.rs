@@ -75,6 +75,18 @@ impl Connector {
         }
     }
 
+    /// Keeps the pinned host keys in `file`, across restarts of the host (`Pin` policy only;
+    /// a known_hosts file needs no pins).
+    pub fn with_pins_file(self, file: &std::path::Path) -> Result<Self, String> {
+        match self.policy {
+            HostKeyPolicy::Pin(_) => Ok(Connector {
+                policy: HostKeyPolicy::Pin(Arc::new(Pins::load(file)?)),
+                ..self
+            }),
+            HostKeyPolicy::KnownHosts(_) => Ok(self),
+        }
+    }
+
     /// Reaches `docker-tls` instances with this client configuration.
     pub fn with_docker_tls(self, tls: DockerTls) -> Self {
         Connector {
@@ -117,26 +129,41 @@ impl Connector {
         })
     }
 
-    fn target(&self, instance: &str, c: &Connection, host: &str) -> Result<Target, NotReady> {
-        let user = self
-            .settings
-            .username
-            .clone()
-            .unwrap_or_else(|| c.username.clone());
+    /// Where to log in, from the plugin's answer and the settings: the address must pass
+    /// `allowed_ranges` (or the default rule), and a plugin may not choose `root`.
+    async fn target(&self, instance: &str, c: &Connection, host: &str) -> Result<Target, NotReady> {
+        let refused = |why: String| NotReady::new("connect-info", why);
+        let user = match &self.settings.username {
+            Some(user) => user.clone(),
+            None => {
+                if let Some(why) = crate::targets::refused_user(&c.username) {
+                    return Err(refused(why));
+                }
+                c.username.clone()
+            }
+        };
         if user.is_empty() {
-            return Err(NotReady::new(
-                "connect-info",
-                "no login user: the plugin reports none and [pool.connector] username is not set",
+            return Err(refused(
+                "no login user: the plugin reports none and [pool.connector] username is not set"
+                    .to_string(),
             ));
         }
+        let port = match (self.settings.port, c.port) {
+            (Some(port), _) => port,
+            (None, 0) => 22,
+            (None, port) => port,
+        };
+        let addr = self
+            .settings
+            .targets
+            .resolve(host, port)
+            .await
+            .map_err(refused)?;
         Ok(Target {
             instance: instance.to_string(),
             host: host.to_string(),
-            port: match (self.settings.port, c.port) {
-                (Some(port), _) => port,
-                (None, 0) => 22,
-                (None, port) => port,
-            },
+            addr,
+            port,
             user,
         })
     }
@@ -227,7 +254,7 @@ impl Connector {
         let host = self.chosen_address(instance, &connection)?;
         match connection.protocol {
             Protocol::Ssh => {
-                let target = self.target(instance, &connection, host)?;
+                let target = self.target(instance, &connection, host).await?;
                 let session = self.session(&target).await?;
                 Ok(Reached::Ssh(target, session))
             }
@@ -243,6 +270,13 @@ impl Connector {
                 } else {
                     connection.port
                 };
+                // The engine's certificate, checked against the pool's CA, proves who
+                // answers; the address must still be one the pool may reach.
+                self.settings
+                    .targets
+                    .resolve(host, port)
+                    .await
+                    .map_err(|why| NotReady::new("connect-info", why))?;
                 self.tls_targets
                     .lock()
                     .insert(instance.to_string(), (host.clone(), port));
@@ -435,6 +469,7 @@ impl Connector {
             .map_err(|e| unreachable(e.message))?;
         let target = self
             .target(instance, &connection, host)
+            .await
             .map_err(|e| unreachable(e.message))?;
         let opts = SshOptions {
             connect_timeout: self.settings.connect_timeout,

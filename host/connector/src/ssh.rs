@@ -19,8 +19,10 @@ const OUTPUT_CAP: usize = 16 * 1024;
 pub struct Target {
     /// The instance id (host keys are pinned per id).
     pub instance: String,
-    /// Address (IP or name).
+    /// Address (IP or name), as the plugin reported it.
     pub host: String,
+    /// The checked address it resolved to: where the connection goes.
+    pub addr: std::net::SocketAddr,
     /// SSH port.
     pub port: u16,
     /// Login user.
@@ -203,7 +205,7 @@ impl Session {
         opts: &SshOptions,
         label: &str,
     ) -> Result<Session, ConnectError> {
-        let tcp = tokio::net::TcpStream::connect((target.host.as_str(), target.port))
+        let tcp = tokio::net::TcpStream::connect(target.addr)
             .await
             .map_err(|e| ConnectError::Unreachable {
                 target: label.to_string(),

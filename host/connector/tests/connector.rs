@@ -22,7 +22,8 @@ use flotilla_scaler::{PoolCore, PoolHandle, Readiness, ScalerConfig, SystemClock
 
 fn settings(ready_command: Option<String>, ready_timeout: Duration) -> ConnectorSettings {
     ConnectorSettings {
-        username: None,
+        // The test machines' login is root: the operator's word, not the plugin's.
+        username: Some("root".into()),
         port: None,
         use_external_address: false,
         ssh_key: None,
@@ -35,6 +36,10 @@ fn settings(ready_command: Option<String>, ready_timeout: Duration) -> Connector
         ping_interval: None,
         docker_tls: None,
         allow_privileged: false,
+        // The test machines are sshd daemons on loopback.
+        targets: flotilla_connector::AllowedTargets::ranges(vec![
+            "127.0.0.0/8".parse().expect("cidr"),
+        ]),
     }
 }
 
@@ -172,6 +177,99 @@ async fn a_changed_host_key_is_refused() {
     .await;
     assert!(err.message.contains("host key changed"), "{err}");
     assert_eq!(err.cause, "host-key");
+}
+
+/// The plugin points an instance id it reported before at another machine, after a restart
+/// of the host: the pin kept in the state directory refuses the impostor, and the ready
+/// command (standing for a job's script) never runs there. Pins kept in memory only would
+/// trust the impostor's key as a first contact.
+#[tokio::test]
+async fn a_pin_kept_in_the_state_directory_refuses_an_impostor_after_a_restart() {
+    let pool = pool_key();
+    let genuine = Sshd::start(pool.key.public_openssh());
+    let impostor = Sshd::start(pool.key.public_openssh());
+    let state = tempfile::tempdir().expect("state dir");
+    let pins = state.path().join("p.json");
+    let first = Connector::new(pool.key.clone(), settings(None, Duration::from_secs(5)))
+        .with_pins_file(&pins)
+        .expect("no pins yet");
+    first
+        .check(&one_machine(&genuine), "m1")
+        .await
+        .expect("first contact pins the key");
+    drop(first);
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&pins).expect("pins kept").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600, "the pins file is the host's only");
+
+    let reached = impostor.file("reached");
+    let touch = format!("touch {}", reached.display());
+    let restarted = Connector::new(
+        pool.key.clone(),
+        settings(Some(touch), Duration::from_secs(5)),
+    )
+    .with_pins_file(&pins)
+    .expect("the kept pins");
+    let err = restarted
+        .check(&one_machine(&impostor), "m1")
+        .await
+        .expect_err("another machine's key for a pinned id");
+    assert!(err.message.contains("host key changed"), "{err}");
+    assert_eq!(err.cause, "host-key");
+    assert!(!reached.exists(), "a command ran on the impostor");
+
+    // A file that is not pins is refused, not read as "no pins".
+    std::fs::write(&pins, "garbage").expect("spoil");
+    let refused = Connector::new(pool.key.clone(), settings(None, Duration::from_secs(5)))
+        .with_pins_file(&pins)
+        .expect_err("unreadable pins");
+    assert!(refused.contains("not a host-key pin file"), "{refused}");
+}
+
+/// A plugin's `connect-info` is its word: by default it may not send the host to loopback
+/// (nor link-local, where the clouds' metadata services are), and it may not choose `root`.
+/// Nothing runs on the machine in either case.
+#[tokio::test]
+async fn a_plugin_may_not_point_the_host_at_loopback_or_choose_root_by_itself() {
+    let pool = pool_key();
+    let sshd = Sshd::start(pool.key.public_openssh());
+    let reached = sshd.file("reached");
+    let touch = format!("touch {}", reached.display());
+    let mut by_default = settings(Some(touch.clone()), Duration::from_secs(5));
+    by_default.targets = flotilla_connector::AllowedTargets::default();
+    let err = Connector::new(pool.key.clone(), by_default)
+        .check(&one_machine(&sshd), "m1")
+        .await
+        .expect_err("loopback refused by default");
+    assert!(
+        err.message.contains("127.0.0.1 is a loopback address")
+            && err.message.contains("allowed_ranges"),
+        "{err}"
+    );
+    assert_eq!(err.cause, "connect-info");
+
+    let mut elsewhere = settings(Some(touch.clone()), Duration::from_secs(5));
+    elsewhere.targets =
+        flotilla_connector::AllowedTargets::ranges(vec!["10.0.0.0/8".parse().expect("cidr")]);
+    let err = Connector::new(pool.key.clone(), elsewhere)
+        .check(&one_machine(&sshd), "m1")
+        .await
+        .expect_err("outside the ranges");
+    assert!(
+        err.message
+            .contains("outside [pool.connector] allowed_ranges"),
+        "{err}"
+    );
+
+    let mut plugin_user = settings(Some(touch), Duration::from_secs(5));
+    plugin_user.username = None;
+    let err = Connector::new(pool.key.clone(), plugin_user)
+        .check(&one_machine(&sshd), "m1")
+        .await
+        .expect_err("the plugin chose root");
+    assert!(err.message.contains("may not pick root"), "{err}");
+    assert!(!reached.exists(), "a command ran on a refused target");
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -30,7 +30,8 @@ use flotilla_peers::sshd::Sshd;
 
 fn connector_settings() -> ConnectorSettings {
     ConnectorSettings {
-        username: None,
+        // The test machines' login is root: the operator's word, not the plugin's.
+        username: Some("root".into()),
         port: None,
         use_external_address: false,
         ssh_key: None,
@@ -43,6 +44,10 @@ fn connector_settings() -> ConnectorSettings {
         ping_interval: None,
         docker_tls: None,
         allow_privileged: false,
+        // The test machines are sshd daemons on loopback.
+        targets: flotilla_connector::AllowedTargets::ranges(vec![
+            "127.0.0.0/8".parse().expect("cidr"),
+        ]),
     }
 }
 

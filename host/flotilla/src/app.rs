@@ -67,6 +67,14 @@ fn connector(
     };
     tracing::info!(pool = %pool.name, public_key = %key.public_openssh(), fingerprint = %key.fingerprint(), "pool SSH key (install the public key on the instances)");
     let mut connector = Connector::new(key, settings.clone());
+    if let Some(dir) = state_dir {
+        let pins = dir.join("host-keys");
+        flotilla_net::fs::ensure_private_dir(&pins)
+            .with_context(|| format!("cannot make {}", pins.display()))?;
+        connector = connector
+            .with_pins_file(&pins.join(format!("{}.json", pool.name)))
+            .map_err(|e| anyhow::anyhow!("pool {}: host-key pins: {e}", pool.name))?;
+    }
     if let Some(files) = &settings.docker_tls {
         let tls = DockerTls::load(files)
             .map_err(|e| anyhow::anyhow!("[pool.connector] docker_tls: {e}"))?;

@@ -58,6 +58,8 @@ update_interval = "1s"
 hosts = [{hosts}]
 
 [pool.connector]
+username = "root"
+allowed_ranges = ["127.0.0.0/8"]
 ssh_key = {{ file = "{key}" }}
 ready_command = "test -d /tmp"
 docker_socket = "{socket}"

@@ -727,7 +727,7 @@ async fn a_migrated_docker_machine_runner_runs_a_job() {
                     flotilla_test_artifacts::STATIC_PLUGIN
                 ),
                 "docker = true" => format!(
-                    "docker = true\nssh_key = {{ file = \"{}\" }}\ndocker_socket = \"DOCKER_SOCKET\"\n\n[pool.plugin_config]\nhosts = [{{ id = \"m1\", address = \"127.0.0.1\" }}]",
+                    "docker = true\nallowed_ranges = [\"127.0.0.0/8\"]\nssh_key = {{ file = \"{}\" }}\ndocker_socket = \"DOCKER_SOCKET\"\n\n[pool.plugin_config]\nhosts = [{{ id = \"m1\", address = \"127.0.0.1\" }}]",
                     key.display()
                 ),
                 other => other.to_string(),

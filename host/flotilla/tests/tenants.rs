@@ -797,6 +797,8 @@ update_interval = "1s"
 [pool.plugin_config]
 hosts = [{{ id = "m1", address = "127.0.0.1", port = {sshd}, username = "root" }}]
 [pool.connector]
+username = "root"
+allowed_ranges = ["127.0.0.0/8"]
 ssh_key = {{ file = "{key}" }}
 docker_socket = "{socket}"
 [[pool.policy]]

@@ -14,7 +14,8 @@ use flotilla_scaler::{
 
 pub fn settings(docker: &Dockerd) -> ConnectorSettings {
     ConnectorSettings {
-        username: None,
+        // The test machines' login is root: the operator's word, not the plugin's.
+        username: Some("root".into()),
         port: None,
         use_external_address: false,
         ssh_key: None,
@@ -27,6 +28,10 @@ pub fn settings(docker: &Dockerd) -> ConnectorSettings {
         ping_interval: None,
         docker_tls: None,
         allow_privileged: false,
+        // The test machines are sshd daemons on loopback.
+        targets: flotilla_connector::AllowedTargets::ranges(vec![
+            "127.0.0.0/8".parse().expect("cidr"),
+        ]),
     }
 }
 

@@ -73,6 +73,8 @@ update_interval = "1s"
 hosts = [{hosts}]
 
 [pool.connector]
+username = "root"
+allowed_ranges = ["127.0.0.0/8"]
 ssh_key = {{ file = "{key}" }}
 docker_socket = "DOCKER_SOCKET"
 ping_interval = "2s"

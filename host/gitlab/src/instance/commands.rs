@@ -43,15 +43,20 @@ impl InstanceSettings {
             return powershell(&body);
         }
         let body = format!(
-            "umask 077\nd={root}\n{check}\n{sweep}\nchmod -R u+w -- {job_dir} 2>/dev/null\nrm -rf -- {job_dir}\nmkdir -p -- {builds} {own} {cache}\n{tools}",
+            "umask 077\nd={root}\n{check}\n{sweep}\nchmod -R u+w -- {job_dir} 2>/dev/null\nrm -rf -- {job_dir}\nmkdir -p -- {builds} {own} {cache} {home}\n{tools}{contained}",
             root = sh_quote(&self.dir),
             check = MACHINE_DIR_CHECK,
-            tools = self.unix_tools(),
+            tools = self.unix_tools(job),
             sweep = self.unix_sweep(job, Signal::Kill),
             job_dir = sh_quote(&self.job_dir(job)),
             builds = sh_quote(&self.builds_dir(job)),
             own = sh_quote(&self.join(&[job, ".flotilla"])),
             cache = sh_quote(cache),
+            home = sh_quote(&self.home_dir(job)),
+            contained = format_args!(
+                "{lookup}\nif [ -d /proc/self ] && ! {{ [ -n \"$G\" ] && mkdir -p -- \"$G\" 2>/dev/null; }}; then echo \"flotilla: note: this machine gives the job no cgroup of its own (no cgroup v2 the login may write: log in as root, or delegate one); its processes are found by their mark only, which a process that clears its environment escapes\" >&2; fi\n",
+                lookup = self.cgroup_lookup(job)
+            ),
         );
         unix(&body)
     }
@@ -63,11 +68,12 @@ impl InstanceSettings {
     /// GitLab Runner's `docs/executors/custom.md`). A machine that has neither fails `prepare`
     /// with what is missing (exit 3), never a job midway or its cache silently. The result is
     /// kept in the machine directory (`.flotilla-tools`).
-    fn unix_tools(&self) -> String {
+    fn unix_tools(&self, job: &str) -> String {
         let marker = sh_quote(&self.join(&[".flotilla-tools"]));
+        let home = sh_quote(&self.home_dir(job));
         format!(
             "if [ ! -e {marker} ]; then\n\
-             t=$(bash --login -c 'command -v git >/dev/null 2>&1 || printf \"git \"; command -v gitlab-runner >/dev/null 2>&1 || command -v gitlab-runner-helper >/dev/null 2>&1 || printf \"gitlab-runner \"' < /dev/null 2>/dev/null) || t='bash '\n\
+             t=$(HOME={home} bash --login -c 'command -v git >/dev/null 2>&1 || printf \"git \"; command -v gitlab-runner >/dev/null 2>&1 || command -v gitlab-runner-helper >/dev/null 2>&1 || printf \"gitlab-runner \"' < /dev/null 2>/dev/null) || t='bash '\n\
              if [ -n \"$t\" ]; then echo \"flotilla: this machine lacks ${{t% }} on the login shell's PATH: checkout needs git, cache and artifacts need gitlab-runner (or gitlab-runner-helper); install them in the machine's image\" >&2; exit 3; fi\n\
              : > {marker}\n\
              fi\n"
@@ -167,9 +173,9 @@ impl InstanceSettings {
         // The runner's own stages call `gitlab-runner`: where the machine has only the helper
         // binary, a link in the job's directory, first on the PATH the login shell set.
         let launch = match context {
-            Context::Job => "bash --login \"$P.sh\"".to_string(),
+            Context::Job => format!("{ENTER_CGROUP} bash --login \"$P.sh\""),
             Context::Helper => format!(
-                "bash --login -c {shim} {bin} \"$P.sh\"",
+                "{ENTER_CGROUP} bash --login -c {shim} {bin} \"$P.sh\"",
                 shim = sh_quote(
                     "if ! command -v gitlab-runner >/dev/null 2>&1 && h=$(command -v gitlab-runner-helper); then mkdir -p \"$0\" && ln -sf \"$h\" \"$0/gitlab-runner\" && PATH=\"$0:$PATH\" && export PATH; fi; exec bash \"$1\""
                 ),
@@ -181,8 +187,13 @@ impl InstanceSettings {
              got=$(wc -c < \"$P.sh\" | tr -d ' ')\n\
              if [ \"$got\" != {len} ]; then echo \"flotilla: the script arrived cut: $got of {len} bytes\" >&2; rm -f \"$P.sh\"; rmdir \"$P.d\"; exit 1; fi\n\
              FLOTILLA_JOB={mark}\n\
-             export FLOTILLA_JOB",
+             HOME={home}\n\
+             export FLOTILLA_JOB HOME\n\
+             {lookup}\n\
+             [ -n \"$G\" ] && {{ mkdir -p -- \"$G\" 2>/dev/null || G=''; }}",
             mark = sh_quote(&Self::mark(job)),
+            home = sh_quote(&self.home_dir(job)),
+            lookup = self.cgroup_lookup(job),
         );
         let body = format!(
             "cd {dir} || exit 1\n{start}",
@@ -201,9 +212,11 @@ impl InstanceSettings {
             return powershell("exit 0\n");
         }
         let body = format!(
-            "i=0\n\
+            "{lookup}\n\
+             i=0\n\
              while [ $i -lt {tenths} ]; do\n\
              a=0\n\
+             [ -n \"$G\" ] && [ -n \"$(cat \"$G/cgroup.procs\" 2>/dev/null)\" ] && a=1\n\
              if [ -d /proc/self ]; then grep -qsaF {mark} /proc/[0-9]*/environ 2>/dev/null && a=1\n\
              else for f in {own}/*.pgid; do [ -f \"$f\" ] || continue; k=$(cat \"$f\"); {valid}; kill -0 -- \"-$k\" 2>/dev/null && a=1; done; fi\n\
              [ $a = 0 ] && exit 0\n\
@@ -213,6 +226,7 @@ impl InstanceSettings {
             own = sh_quote(&self.join(&[job, ".flotilla"])),
             mark = sh_quote(&format!("FLOTILLA_JOB={}", Self::mark(job))),
             valid = VALID_PGID,
+            lookup = self.cgroup_lookup(job),
         );
         unix(&format!("{OWN_PGID}\n{body}"))
     }
@@ -239,7 +253,8 @@ impl InstanceSettings {
         }
         // What cannot be removed is reported, not failed on: the machine is not broken.
         let body = format!(
-            "{term}\nsleep 1\n{kill}\nchmod -R u+w -- {dir} 2>/dev/null\nrm -rf -- {dir} 2>/dev/null || echo \"flotilla: could not remove all of \"{dir} >&2\ntrue\n",
+            "{term}\nsleep 1\n{kill}\nchmod -R u+w -- {dir} 2>/dev/null\nrm -rf -- {dir} 2>/dev/null || echo \"flotilla: could not remove all of \"{dir} >&2\n\
+             i=0; while [ -n \"$G\" ] && [ -d \"$G\" ] && ! rmdir -- \"$G\" 2>/dev/null && [ $i -lt 30 ]; do sleep 0.1; i=$((i + 1)); done\ntrue\n",
             term = self.unix_sweep(job, Signal::Term),
             kill = self.unix_sweep(job, Signal::Kill),
             dir = sh_quote(&self.job_dir(job)),
@@ -268,7 +283,14 @@ impl InstanceSettings {
         // a group is signalled only while a marked process is in it (field 3 after the
         // command name in /proc/<pid>/stat); where there is no /proc, every recorded group.
         format!(
-            "m=$(grep -lsaF {mark} /proc/[0-9]*/environ 2>/dev/null)\n\
+            "{lookup}\n\
+             if [ -n \"$G\" ] && [ -d \"$G\" ]; then\n\
+             if [ {sig} = KILL ] && [ -e \"$G/cgroup.kill\" ]; then echo 1 > \"$G/cgroup.kill\"\n\
+             else f=0; [ {sig} = KILL ] && [ -e \"$G/cgroup.freeze\" ] && echo 1 > \"$G/cgroup.freeze\" && f=1\n\
+             for p in $(cat \"$G/cgroup.procs\"); do kill -s {sig} \"$p\"; done\n\
+             [ $f = 1 ] && echo 0 > \"$G/cgroup.freeze\"; fi\n\
+             fi 2>/dev/null\n\
+             m=$(grep -lsaF {mark} /proc/[0-9]*/environ 2>/dev/null)\n\
              g=' '\n\
              for e in $m; do p=${{e#/proc/}}; p=${{p%/environ}}; t=$(cat \"/proc/$p/stat\" 2>/dev/null) || continue; t=${{t##*) }}; set -- $t; g=\"$g$3 \"; done\n\
              {own_pgid}\n\
@@ -280,6 +302,23 @@ impl InstanceSettings {
             mark = sh_quote(&format!("FLOTILLA_JOB={}", Self::mark(job))),
             own_pgid = OWN_PGID,
             valid = VALID_PGID,
+            lookup = self.cgroup_lookup(job),
+        )
+    }
+
+    /// Sets `G` to the job's cgroup on Linux: `flotilla/job-<id>-<machine dir hash>` in the
+    /// first cgroup v2 mount (`/sys/fs/cgroup` on systemd machines), or to nothing where there
+    /// is none. Every stage's script starts inside it ([`ENTER_CGROUP`]), so a process the job
+    /// starts stays in it whatever it does to its environment or session, and a sweep ends
+    /// the whole cgroup (`cgroup.kill`; on kernels before 5.14, frozen, each process killed,
+    /// thawed). Where the login cannot make it (not root, nothing delegated), stages run
+    /// without one and the mark is all a sweep has; `prepare` says so in the job's log.
+    fn cgroup_lookup(&self, job: &str) -> String {
+        let name = format!("job-{job}-{:08x}", fnv32(self.dir.as_bytes()));
+        format!(
+            "G=''\n\
+             if [ -r /proc/self/mountinfo ]; then while read -r _ _ _ _ m r; do case \" $r \" in *\" - cgroup2 \"*) G=\"$m/flotilla/\"{name}; break;; esac; done < /proc/self/mountinfo; fi",
+            name = sh_quote(&name),
         )
     }
 
@@ -304,6 +343,18 @@ set -- $(ls -ldn -- \"$d\")
 case $1 in d????w*|d???????w*) echo \"flotilla: the machine directory $d ($1) may be written by others; refusing to run jobs there (remove it, or chmod 700 it if it is yours)\" >&2; exit 3;; esac
 [ \"$3\" = \"$(id -u)\" ] || { echo \"flotilla: the machine directory $d belongs to uid $3, not this login (uid $(id -u)); refusing to run jobs there\" >&2; exit 3; }
 chmod 700 -- \"$d\"";
+
+/// Starts the stage's command inside the job's cgroup `$G` (set by [`InstanceSettings::cgroup_lookup`]),
+/// before it runs anything: a process that moves itself (`$$` of this `sh`) has started no
+/// child yet. Outside a cgroup (`$G` empty, or the move refused) the command runs as is.
+const ENTER_CGROUP: &str = "sh -c '[ -n \"$1\" ] && echo $$ > \"$1/cgroup.procs\" 2>/dev/null; shift; exec \"$@\"' flotilla-cgroup \"$G\"";
+
+/// FNV-1a, 32 bits: a short, stable name part for the machine directory.
+fn fnv32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
 
 /// Sets `s` to the sweep's own process group, so a pgid file that names it is skipped.
 const OWN_PGID: &str = "s=$(ps -o pgid= -p $$ 2>/dev/null | tr -d ' ')";
@@ -668,6 +719,102 @@ mod tests {
     /// `kill -- -1` (every process the login may signal) or the sweep's own group. Run in a
     /// pid namespace of its own with /proc hidden, so a sweep that goes wrong only reaches the
     /// namespace's bystander.
+    /// The pids of this host's processes whose command line holds `tag`.
+    fn running_with(tag: &str) -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.filter_map(Result::ok)
+            .filter_map(|e| {
+                let line = std::fs::read(e.path().join("cmdline")).ok()?;
+                String::from_utf8_lossy(&line)
+                    .contains(tag)
+                    .then(|| e.file_name().to_string_lossy().into_owned())
+            })
+            .collect()
+    }
+
+    /// A job that clears its environment (so it loses its mark) and leaves its session
+    /// (`env -i setsid`) is still ended by cleanup: it never left the job's cgroup. And what it
+    /// writes to `~/.bash_profile` is read by no later job: stages run with a home of their
+    /// own. The login's real home here is a writable directory, as on a machine.
+    #[test]
+    fn an_escaped_process_is_ended_by_cleanup_and_a_planted_profile_is_read_by_no_later_job() {
+        let (root, s) = linux_machine();
+        let login_home = root.path().join("login-home");
+        std::fs::create_dir_all(&login_home).expect("home");
+        std::fs::create_dir_all(root.path().join("m")).expect("machine dir");
+        std::fs::write(root.path().join("m/.flotilla-tools"), "").expect("checked");
+        let sh = |command: &str, stdin: &[u8]| {
+            use std::io::Write as _;
+            let mut child = std::process::Command::new("/bin/sh")
+                .arg("-c")
+                .arg(command)
+                .env("HOME", &login_home)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("sh");
+            let mut input = child.stdin.take().expect("stdin");
+            input.write_all(stdin).expect("write");
+            drop(input);
+            child.wait_with_output().expect("output")
+        };
+        let prepared = sh(&s.prepare_command("31", &s.cache_dir("1", false)), b"");
+        assert!(prepared.status.success(), "{prepared:?}");
+        if String::from_utf8_lossy(&prepared.stderr).contains("no cgroup of its own") {
+            eprintln!("skipped: this user cannot make a cgroup: {prepared:?}");
+            return;
+        }
+        let tag = format!("flotilla-escape-{}", std::process::id());
+        let script = format!(
+            "env -i setsid sh -c 'sleep 30; : {tag}' > /dev/null 2>&1 < /dev/null &\n\
+             echo 'echo PLANTED-PROFILE-RAN' >> ~/.bash_profile\n"
+        );
+        let ran = sh(
+            &s.start_command("31", "r1", Context::Job, 0, script.len()),
+            script.as_bytes(),
+        );
+        assert!(
+            String::from_utf8_lossy(&ran.stderr).ends_with("flotilla-status 0\n"),
+            "{ran:?}"
+        );
+        assert!(
+            !running_with(&tag).is_empty(),
+            "the escaped process must be running before cleanup"
+        );
+        let cleaned = sh(&s.cleanup_command("31"), b"");
+        assert!(cleaned.status.success(), "{cleaned:?}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while !running_with(&tag).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert_eq!(
+            running_with(&tag),
+            Vec::<String>::new(),
+            "a process of the job outlived cleanup"
+        );
+
+        assert!(
+            sh(&s.prepare_command("32", &s.cache_dir("1", false)), b"")
+                .status
+                .success()
+        );
+        let next = b"echo \"home=$HOME\"\n";
+        let out = sh(
+            &s.start_command("32", "r1", Context::Job, 0, next.len()),
+            next,
+        );
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(!said.contains("PLANTED-PROFILE-RAN"), "{said}");
+        assert!(
+            said.contains(&format!("home={}\n", s.home_dir("32"))),
+            "{said}"
+        );
+        assert!(sh(&s.cleanup_command("32"), b"").status.success());
+    }
+
     #[test]
     fn a_job_that_writes_1_in_its_pgid_file_gets_no_kill_of_every_process() {
         let (root, s) = linux_machine();

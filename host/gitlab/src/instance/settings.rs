@@ -207,6 +207,12 @@ impl InstanceSettings {
         self.join(&[job])
     }
 
+    /// The job's own `HOME` (Unix): stages run with it, so the login user's profile and
+    /// dotfiles, which an earlier job could have written, are never read by a later job.
+    pub fn home_dir(&self, job: &str) -> String {
+        self.join(&[job, "home"])
+    }
+
     /// The runner's `builds_dir`: inside the job's directory, so jobs sharing a machine never
     /// share a checkout.
     pub fn builds_dir(&self, job: &str) -> String {
