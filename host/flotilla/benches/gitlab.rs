@@ -153,6 +153,7 @@ fn bench(c: &mut Criterion) {
             listener,
             router(state),
             flotilla::serve::Limits::default(),
+            None,
             std::future::pending(),
         ));
         let engine = direct(docker.socket());

@@ -108,6 +108,7 @@ fn bench(c: &mut Criterion) {
             listener,
             router(state),
             flotilla::serve::Limits::default(),
+            None,
             std::future::pending(),
         ));
         ApiClient::new(&format!("http://{addr}"), None, "ci").expect("client")

@@ -408,13 +408,29 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     for note in cfg.pools.iter().filter_map(|p| p.shared_machine_note()) {
         tracing::warn!("{note}");
     }
+    let tls = match &cfg.tls {
+        Some((cert, key)) => {
+            let tls = Arc::new(
+                crate::tls::ServerTls::load(cert, key)
+                    .map_err(|why| anyhow::anyhow!("[server] tls: {why}"))?,
+            );
+            tracing::info!(cert = %cert.display(), "the lease API is served over TLS; the certificate is reloaded when its files change");
+            tls.clone().watch();
+            Some(tls)
+        }
+        None => None,
+    };
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let server = {
         let shutdown = shutdown.clone();
         let app = router(state.clone());
-        tokio::spawn(crate::serve::serve(listener, app, cfg.limits, async move {
-            shutdown.notified().await
-        }))
+        tokio::spawn(crate::serve::serve(
+            listener,
+            app,
+            cfg.limits,
+            tls,
+            async move { shutdown.notified().await },
+        ))
     };
     // One Notify per server: notify_one keeps a permit, so a stop that comes before a server
     // polls its signal is not lost.
@@ -428,10 +444,12 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
             tracing::info!(metrics_listen = %bound, "serving /metrics, /healthz and /readyz");
             let shutdown = metrics_shutdown.clone();
             let app = crate::api::health_router(state.clone());
+            // Scrapers and kubelets speak plain HTTP here: no lease API, no token.
             Some(tokio::spawn(crate::serve::serve(
                 listener,
                 app,
                 cfg.limits,
+                None,
                 async move { shutdown.notified().await },
             )))
         }

@@ -23,6 +23,7 @@ pub mod preflight;
 pub mod serve;
 pub mod signals;
 pub mod simulate;
+pub mod tls;
 
 // The tools it carries.
 pub mod migrate;

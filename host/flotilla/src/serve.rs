@@ -95,12 +95,13 @@ impl Unauthenticated {
     }
 }
 
-/// Serves `router` on `listener` until `stop` resolves, then lets open connections finish
-/// for a few seconds.
+/// Serves `router` on `listener` (over TLS with `tls`) until `stop` resolves, then lets open
+/// connections finish for a few seconds.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     limits: Limits,
+    tls: Option<Arc<crate::tls::ServerTls>>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
@@ -151,15 +152,35 @@ pub async fn serve(
             tower::ServiceExt::oneshot(router.clone(), request)
         });
         let builder = builder.clone();
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let watcher = graceful.watcher();
         let tracker = unauthenticated.clone();
+        let tls = tls.as_ref().map(|t| t.acceptor());
+        let handshake_limit = limits.header_read_timeout;
         tokio::spawn(async move {
+            let served = async {
+                match tls {
+                    None => {
+                        let connection =
+                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                        // A client that hung up or broke the protocol: nothing to report.
+                        let _ = watcher.watch(connection.into_owned()).await;
+                    }
+                    Some(acceptor) => {
+                        // The handshake is bounded like a request's headers, so a client
+                        // that opens a connection and says nothing holds no slot for long.
+                        let Ok(Ok(stream)) =
+                            tokio::time::timeout(handshake_limit, acceptor.accept(stream)).await
+                        else {
+                            return;
+                        };
+                        let connection =
+                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                        let _ = watcher.watch(connection.into_owned()).await;
+                    }
+                }
+            };
             tokio::select! {
-                // A client that hung up or broke the protocol: nothing to report.
-                _ = connection => {}
+                () = served => {}
                 () = evict.cancelled() => {}
             }
             tracker.remove(id);

@@ -922,3 +922,138 @@ async fn a_job_cannot_reach_another_jobs_services() {
     assert_eq!(intruder.stage(&["cleanup"]).code, 0);
     fleet.assert_clean().await;
 }
+
+/// A CA and a certificate it signs for `localhost`, as the API listener's PEM files in `dir`
+/// (`cert.pem`, `key.pem` 0600, the key written first, as a renewal replaces them); the CA's
+/// file is `ca-<name>.pem`.
+fn listener_certificate(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let ca_key = rcgen::KeyPair::generate().expect("a CA key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).expect("a CA");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .expect("params")
+        .signed_by(&key, &issuer)
+        .expect("a certificate");
+    let key_file = dir.join("key.pem");
+    let staged = dir.join(format!("key-{name}.tmp"));
+    std::fs::write(&staged, key.serialize_pem()).expect("key");
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600)).expect("mode");
+    std::fs::rename(&staged, &key_file).expect("key in place");
+    std::fs::write(dir.join("cert.pem"), cert.pem()).expect("cert");
+    let ca_file = dir.join(format!("ca-{name}.pem"));
+    std::fs::write(&ca_file, ca.pem()).expect("ca");
+    ca_file
+}
+
+/// The lease API over TLS (`[server] tls`): the driver's client reaches it with the
+/// operator's CA file; plain HTTP to it gets no lease; a renewed certificate written over the
+/// files is served without a restart (the old CA no longer verifies it). And the driver
+/// refuses to send its token over plain HTTP to a non-loopback address unless told
+/// `--insecure-http`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_reaches_a_tls_listener_and_a_renewed_certificate_is_served_without_restart() {
+    use flotilla_gitlab::{ApiClient, TransportOptions};
+    let dir = tempfile::tempdir().expect("dir");
+    let first = listener_certificate(dir.path(), "first");
+    let config = static_config(
+        &format!(
+            "tls = {{ cert = {{ file = \"{}\" }}, key = {{ file = \"{}\" }} }}",
+            dir.path().join("cert.pem").display(),
+            dir.path().join("key.pem").display()
+        ),
+        &static_pool("local", 1),
+    );
+    let config_file = dir.path().join("flotilla.toml");
+    std::fs::write(&config_file, config).expect("config");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    command
+        .args(["run", "-c"])
+        .arg(&config_file)
+        .env("FLOTILLA_LOG", "info")
+        .env("XDG_CACHE_HOME", dir.path().join("cache"))
+        .env("XDG_DATA_HOME", dir.path().join("data"));
+    let mut daemon =
+        flotilla_peers::process::Daemon::spawn(command, &dir.path().join("flotilla.log"));
+    let listen = daemon
+        .logged("flotilla is listening", "listen", Duration::from_secs(60))
+        .await;
+    let port = listen.rsplit(':').next().expect("a port").to_string();
+    let url = format!("https://localhost:{port}");
+    let client = |ca: &std::path::Path| {
+        let options = TransportOptions {
+            ca_file: Some(ca.to_path_buf()),
+            insecure_http: false,
+        };
+        ApiClient::with_transport(&url, Some(TOKEN.into()), "local", &options).expect("client")
+    };
+    let no_labels = std::collections::BTreeMap::new();
+    let reserve = |ca: std::path::PathBuf| {
+        let api = client(&ca);
+        let labels = no_labels.clone();
+        async move {
+            let lease = api
+                .reserve(&labels, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            api.unreserve(lease.id).await.map_err(|e| e.to_string())
+        }
+    };
+    poll::until("a lease over TLS", Duration::from_secs(60), || {
+        reserve(first.clone())
+    })
+    .await;
+    let plain = ApiClient::new(
+        &format!("http://127.0.0.1:{port}"),
+        Some(TOKEN.into()),
+        "local",
+    )
+    .expect("client")
+    .reserve(&no_labels, None)
+    .await;
+    assert!(plain.is_err(), "plain HTTP got an answer: {plain:?}");
+
+    let second = listener_certificate(dir.path(), "second");
+    poll::until(
+        "the renewed certificate to be served",
+        Duration::from_secs(20),
+        || reserve(second.clone()),
+    )
+    .await;
+    let old = reserve(first.clone()).await;
+    assert!(
+        old.as_ref().is_err_and(|e| e.contains("certificate")),
+        "the old CA still verifies: {old:?}"
+    );
+    daemon.terminate();
+
+    let token = dir.path().join("token");
+    flotilla_harness::write_secret(&token, TOKEN);
+    let token = token.display().to_string();
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "gitlab",
+            "--url",
+            "http://flotilla.ci.svc:8080",
+            "--pool",
+            "local",
+            "--token-file",
+            &token,
+        ];
+        a.extend_from_slice(extra);
+        a.push("snippet");
+        cli(&a)
+    };
+    let (code, out, err) = args(&[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("plain HTTP") && err.contains("--insecure-http"),
+        "{err}"
+    );
+    let (code, out, err) = args(&["--insecure-http"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"--insecure-http\""), "{out}");
+}

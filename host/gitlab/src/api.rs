@@ -1,5 +1,5 @@
-//! The lease API of a running `flotilla run`, as the driver uses it: plain HTTP/1.1 on the
-//! host's listener (normally loopback or the pod network) with the API's bearer token.
+//! The lease API of a running `flotilla run`, as the driver uses it: HTTP/1.1 on the host's
+//! listener, plain on loopback or over TLS ([`crate::transport`]), with the API's bearer token.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -74,6 +74,7 @@ pub struct LeaseInfo {
 pub struct ApiClient {
     authority: String,
     base: String,
+    tls: Option<crate::transport::Tls>,
     token: Option<String>,
     pool: String,
     timeout: Duration,
@@ -89,39 +90,63 @@ impl std::fmt::Debug for ApiClient {
 }
 
 impl ApiClient {
-    /// A client of `pool` at `url` (`http://host:port`), authenticating with `token`.
+    /// A client of `pool` at `url` (`http://host:port` on loopback, or `https://`),
+    /// authenticating with `token`, with the default transport options.
     pub fn new(
         url: &str,
         token: Option<String>,
         pool: &str,
     ) -> Result<ApiClient, crate::setting::SettingError> {
+        Self::with_transport(url, token, pool, &crate::TransportOptions::default())
+    }
+
+    /// [`Self::new`] with the operator's CA file and `--insecure-http`.
+    pub fn with_transport(
+        url: &str,
+        token: Option<String>,
+        pool: &str,
+        options: &crate::TransportOptions,
+    ) -> Result<ApiClient, crate::setting::SettingError> {
         use crate::setting::SettingError;
         let uri: http::Uri = url
             .parse()
             .map_err(|e: http::uri::InvalidUri| SettingError::new("--url", url, e.to_string()))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(SettingError::new(
-                "--url",
-                url,
-                "only http:// is supported (run the driver beside flotilla, on loopback or the pod network)",
-            ));
-        }
+        let tls = crate::transport::for_url(url, &uri, token.is_some(), options)?;
         let authority = uri
             .authority()
             .map(|a| a.to_string())
             .ok_or_else(|| SettingError::new("--url", url, "no host"))?;
-        let authority = if authority.contains(':') {
+        if authority.contains('@') {
+            return Err(SettingError::new(
+                "--url",
+                url,
+                "a user or password in the URL is not used: the token comes from --token-file",
+            ));
+        }
+        let has_port = uri.port_u16().is_some();
+        let (scheme, default_port) = if tls.is_some() {
+            ("https", 443)
+        } else {
+            ("http", 80)
+        };
+        let authority = if has_port {
             authority
         } else {
-            format!("{authority}:80")
+            format!("{authority}:{default_port}")
         };
         Ok(ApiClient {
-            base: format!("http://{authority}"),
+            base: format!("{scheme}://{authority}"),
             authority,
+            tls,
             token,
             pool: pool.to_string(),
             timeout: Duration::from_secs(30),
         })
+    }
+
+    /// A connection to the API, over TLS when the URL is `https://`.
+    pub(crate) async fn connect(&self) -> std::io::Result<crate::transport::ApiStream> {
+        crate::transport::connect(&self.authority, self.tls.as_ref()).await
     }
 
     /// The pool's name.
@@ -129,7 +154,7 @@ impl ApiClient {
         &self.pool
     }
 
-    /// The API's base URL (`http://host:port`).
+    /// The API's base URL (`http://host:port` or `https://host:port`).
     pub fn base(&self) -> &str {
         &self.base
     }
@@ -170,11 +195,7 @@ impl ApiClient {
         let request = request
             .body(Full::new(body))
             .map_err(|e| self.unreachable(e))?;
-        let stream = tokio::net::TcpStream::connect(&self.authority)
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        // Latency only: a socket that refuses TCP_NODELAY still works.
-        let _ = stream.set_nodelay(true);
+        let stream = self.connect().await.map_err(|e| self.unreachable(e))?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| self.unreachable(e))?;

@@ -26,6 +26,7 @@ mod place;
 pub mod setting;
 pub mod stages;
 pub mod tar;
+mod transport;
 pub mod variables;
 
 pub use api::{ApiClient, ApiError, LeaseInfo};
@@ -39,3 +40,4 @@ pub use pending::default_dir as default_state_dir;
 pub use place::Context;
 pub use setting::SettingError;
 pub use stages::{cleanup, config, prepare, run};
+pub use transport::TransportOptions;

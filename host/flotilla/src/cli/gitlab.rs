@@ -27,6 +27,15 @@ pub struct Args {
     /// A file holding the API token [env: FLOTILLA_TOKEN_FILE; or the token in FLOTILLA_TOKEN].
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// PEM CA certificates that sign the API's certificate, for an `https://` URL [env:
+    /// FLOTILLA_CA_FILE; default: the public web roots].
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// Send the API token over plain HTTP to a non-loopback URL. The token opens a shell and
+    /// Docker on every machine, and instance-mode scripts cross this connection: only for a
+    /// network that is yours alone; prefer TLS (`[server] tls`).
+    #[arg(long)]
+    insecure_http: bool,
     /// Where jobs run: `docker` (each job in a container on the instance) or `instance`
     /// (each job directly on the machine over SSH: macOS, Windows, one VM per job).
     #[arg(long, default_value = "docker")]
@@ -226,7 +235,23 @@ impl Args {
                 .ok()
                 .filter(|t| !t.is_empty()),
         };
-        Ok(ApiClient::new(&url, token, &pool)?)
+        Ok(ApiClient::with_transport(
+            &url,
+            token,
+            &pool,
+            &self.transport(),
+        )?)
+    }
+
+    /// `--ca-file` (or `FLOTILLA_CA_FILE`) and `--insecure-http`.
+    fn transport(&self) -> flotilla_gitlab::TransportOptions {
+        flotilla_gitlab::TransportOptions {
+            ca_file: self
+                .ca_file
+                .clone()
+                .or_else(|| std::env::var_os("FLOTILLA_CA_FILE").map(PathBuf::from)),
+            insecure_http: self.insecure_http,
+        }
     }
 
     fn settings(&self) -> anyhow::Result<DriverSettings> {
@@ -402,6 +427,11 @@ impl Args {
         let url =
             env_or(&self.url, "FLOTILLA_URL").unwrap_or_else(|| "http://127.0.0.1:8080".into());
         let pool = env_or(&self.pool, "FLOTILLA_POOL").unwrap_or_else(|| "POOL".into());
+        // The stages will refuse what this block would pass them: say so now.
+        let has_token = self.token_file.is_some()
+            || std::env::var_os("FLOTILLA_TOKEN_FILE").is_some()
+            || std::env::var_os("FLOTILLA_TOKEN").is_some_and(|t| !t.is_empty());
+        ApiClient::with_transport(&url, has_token.then(String::new), &pool, &self.transport())?;
         let mut common = vec![
             "gitlab".to_string(),
             "--url".into(),
@@ -468,6 +498,12 @@ impl Args {
         };
         if let Some(f) = &self.token_file {
             common.extend(["--token-file".into(), f.display().to_string()]);
+        }
+        if let Some(f) = &self.ca_file {
+            common.extend(["--ca-file".into(), f.display().to_string()]);
+        }
+        if self.insecure_http {
+            common.push("--insecure-http".into());
         }
         if let Some(dir) = &self.state_dir {
             common.extend(["--state-dir".into(), dir.display().to_string()]);

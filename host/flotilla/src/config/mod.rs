@@ -73,6 +73,20 @@ pub struct ServerConfig {
     /// kept-alive connection).
     #[serde(default = "default_header_read_timeout", with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// TLS on the API listener: `{ cert = { file = "..." }, key = { file = "..." } }`, PEM,
+    /// reloaded when either file changes.
+    #[serde(default)]
+    pub tls: Option<ServerTlsConfig>,
+}
+
+/// `[server] tls`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTlsConfig {
+    /// The certificate chain, leaf first.
+    pub cert: flotilla_connector::config::KeyFile,
+    /// Its private key (0600).
+    pub key: flotilla_connector::config::KeyFile,
 }
 
 fn default_max_connections() -> usize {
@@ -102,6 +116,7 @@ impl Default for ServerConfig {
             max_connections: default_max_connections(),
             max_unauthenticated_connections: default_max_unauthenticated(),
             header_read_timeout: default_header_read_timeout(),
+            tls: None,
         }
     }
 }
@@ -121,6 +136,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Connection limits of the listeners.
     pub limits: crate::serve::Limits,
+    /// The API listener's certificate and key files, for TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
     /// Compile and OCI cache directory.
     pub cache_dir: Option<PathBuf>,
     /// State directory (pool SSH keys), when one is configured or known.
@@ -336,6 +353,20 @@ impl Validate for FileConfig {
             }
             _ => true,
         };
+        let tls = self.server.tls.as_ref().map(|t| {
+            let at = server.key("tls");
+            let mut file = |key: &str, f: &flotilla_connector::config::KeyFile| {
+                let path = cx.resolve(&f.file);
+                if cx.check_files && !path.is_file() {
+                    problems.add(
+                        &at.key(key).key("file"),
+                        format!("{} does not exist or is not a file", path.display()),
+                    );
+                }
+                path
+            };
+            (file("cert", &t.cert), file("key", &t.key))
+        });
         if !token_ok || !metrics_ok {
             return None;
         }
@@ -347,6 +378,7 @@ impl Validate for FileConfig {
             token: self.server.token.as_ref().map(|t| t.resolved(cx)),
             shutdown_grace: self.server.shutdown_grace,
             limits,
+            tls,
             cache_dir: self.cache_dir.as_deref().map(|d| cx.resolve(d)),
             state_dir: self
                 .state_dir

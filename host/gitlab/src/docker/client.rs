@@ -1,5 +1,5 @@
 //! bollard, with the host's Docker handle of a lease as its transport: every request goes to
-//! `http://<api>/v1/pools/<pool>/leases/<id>/docker/...` with the API token, and the host
+//! `<api>/v1/pools/<pool>/leases/<id>/docker/...` (over TLS for an `https://` API) with the API token, and the host
 //! forwards it to the instance's engine (upgrades included, for exec and attach).
 
 use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
@@ -14,10 +14,12 @@ const BASE: &str = "http://flotilla.invalid";
 /// A Docker client for the instance of `lease`.
 pub fn for_lease(api: &ApiClient, lease: u64, timeout_secs: u64) -> Result<Docker, String> {
     let authority = api.authority().to_string();
+    let api = api.clone();
     let prefix = api.docker_path(lease);
     let token = api.token().map(|t| format!("Bearer {t}"));
     let transport = move |request: BollardRequest| {
         let authority = authority.clone();
+        let api = api.clone();
         let prefix = prefix.clone();
         let token = token.clone();
         async move {
@@ -38,9 +40,7 @@ pub fn for_lease(api: &ApiClient, lease: u64, timeout_secs: u64) -> Result<Docke
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 parts.headers.insert(http::header::AUTHORIZATION, value);
             }
-            let stream = tokio::net::TcpStream::connect(&authority).await?;
-            // Latency only: a socket that refuses TCP_NODELAY still works.
-            let _ = stream.set_nodelay(true);
+            let stream = api.connect().await?;
             let (mut sender, connection) =
                 hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
             tokio::spawn(async move {
