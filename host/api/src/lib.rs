@@ -266,6 +266,10 @@ pub struct ReserveRequest {
     /// [`ReserveRequest::MAX_DEADLINE_SECONDS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_seconds: Option<u64>,
+    /// Whom the lease's work belongs to (the GitLab driver in instance mode: the project and
+    /// its protection). An instance that served one tenant is never given to another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 impl ReserveRequest {

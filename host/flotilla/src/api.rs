@@ -280,8 +280,17 @@ async fn reserve(
     for (key, value) in &body.labels {
         check_label(key, value)?;
     }
+    if let Some(tenant) = &body.tenant {
+        check_label("tenant", tenant)?;
+        if tenant.is_empty() {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                "tenant: empty; leave it out for a lease without one",
+            ));
+        }
+    }
     let id = p
-        .reserve_within(body.labels, deadline)
+        .reserve_for(body.labels, deadline, body.tenant)
         .inspect_err(|e| match e {
             LeaseError::AtCapacity(_) => state.metrics.reservation_refused(&name, "at-capacity"),
             LeaseError::NoIdleSlot => state.metrics.reservation_refused(&name, "no-idle-slot"),

@@ -145,7 +145,12 @@ async fn start_pool(
             if !restored.leases.is_empty() {
                 tracing::info!(pool = %pool.name, leases = restored.leases.len(), "leases restored from the journal; acquired ones are bound again at the first update");
             }
-            core.restore(clock.now(), restored.leases, restored.uses);
+            core.restore_with_tenants(
+                clock.now(),
+                restored.leases,
+                restored.uses,
+                restored.tenants,
+            );
             Some(Arc::new(store.journal(&pool.name)) as Arc<dyn LeaseJournal>)
         }
         None => None,

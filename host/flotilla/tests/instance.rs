@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use flotilla_harness::poll;
 use serde_json::Value;
 
+use common::fleet::RunnerJob;
 use common::machines::{Machines, exists, processes_of_job, wait_no_processes};
 
 /// A bash script as GitLab Runner writes one for the Custom executor.
@@ -485,6 +486,89 @@ async fn with_max_use_count_1_each_job_gets_a_fresh_machine() {
     seen.dedup();
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert!(fleet.flotilla.log().contains("removing instances"));
+}
+
+/// The instance a prepared job's lease holds.
+async fn instance_of(fleet: &Machines, id: u64) -> String {
+    let (_, leases) = fleet
+        .flotilla
+        .call(
+            "GET",
+            &format!("/v1/pools/ci/leases?label=gitlab-job={id}"),
+            None,
+        )
+        .await;
+    leases["leases"][0]["state"]["instance"]
+        .as_str()
+        .unwrap_or_else(|| panic!("job {id} holds no instance: {leases}"))
+        .to_string()
+}
+
+/// Two machines of one slot each. A machine that ran a job of project 1 never runs a job of
+/// project 2, nor of project 1's protected refs (a fork's merge request and the protected
+/// branch are two tenants): they share the login user, so the first could plant what the
+/// second runs. Project 2's job gets the other machine, though the first is free and would
+/// come first; project 1's next job gets its own machine again. The bindings show in the
+/// instances API. (Both machines are this host, so only where jobs land can be told apart.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_that_ran_one_projects_job_never_runs_anothers() {
+    let fleet = Machines::start(2, 1, "").await;
+    let ran = |job: &RunnerJob| {
+        let build = job.run("build_script", &bash("echo hi"));
+        assert_eq!(build.code, 0, "{build:?}");
+        assert_eq!(job.stage(&["cleanup"]).code, 0);
+    };
+    let first = fleet.job_of(9101, 1, false);
+    assert_eq!(first.stage(&["prepare"]).code, 0);
+    let mine = instance_of(&fleet, 9101).await;
+    ran(&first);
+
+    let other = fleet.job_of(9102, 2, false);
+    let prepared = other.stage(&["prepare"]);
+    assert_eq!(prepared.code, 0, "{prepared:?}\n{}", fleet.flotilla.log());
+    let theirs = instance_of(&fleet, 9102).await;
+    assert_ne!(theirs, mine, "project 2 got project 1's machine");
+    ran(&other);
+
+    let again = fleet.job_of(9103, 1, false);
+    assert_eq!(again.stage(&["prepare"]).code, 0);
+    assert_eq!(instance_of(&fleet, 9103).await, mine);
+    ran(&again);
+
+    let (_, instances) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/instances", None)
+        .await;
+    let tenants: std::collections::BTreeMap<String, String> = instances["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .map(|i| {
+            (
+                i["id"].as_str().unwrap_or_default().to_string(),
+                i["tenant"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(tenants.get(&mine).map(String::as_str), Some("project-1"));
+    assert_eq!(tenants.get(&theirs).map(String::as_str), Some("project-2"));
+
+    // Project 1's protected branch: no free machine it may take, so it waits for a new one
+    // (the pool is at its maximum of two here) rather than take project 1's.
+    let protected = fleet.job_of(9104, 1, true);
+    let mut child = protected
+        .command(&["prepare"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prepare");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "the protected ref's job got a machine of an unprotected one"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Frames of an exec answer: stdout, stderr, and the last frame's kind and payload.

@@ -368,6 +368,17 @@ impl ApiClient {
         labels: &BTreeMap<String, String>,
         deadline: Option<Duration>,
     ) -> Result<LeaseInfo, ApiError> {
+        self.reserve_for(labels, deadline, None).await
+    }
+
+    /// [`Self::reserve`] for `tenant`: the host gives the lease only an instance no other
+    /// tenant used.
+    pub async fn reserve_for(
+        &self,
+        labels: &BTreeMap<String, String>,
+        deadline: Option<Duration>,
+        tenant: Option<&str>,
+    ) -> Result<LeaseInfo, ApiError> {
         let answer = self
             .call(
                 http::Method::POST,
@@ -378,6 +389,7 @@ impl ApiClient {
                         d.as_secs()
                             .clamp(1, flotilla_api::ReserveRequest::MAX_DEADLINE_SECONDS)
                     }),
+                    tenant: tenant.map(str::to_string),
                 }),
                 self.timeout,
             )

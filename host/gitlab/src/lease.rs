@@ -256,9 +256,18 @@ async fn reserve(
     // The job's own timeout and a grace: the host fails the lease past it even if no
     // cleanup ever comes (the runner kills the job at its timeout, then runs cleanup).
     let deadline = job.timeout.map(|t| t + settings.deadline_grace);
+    let tenant = match &settings.mode {
+        crate::Mode::Instance(own) => own.tenant(&job.project, job.protected),
+        // Containers, networks and cache volumes keep jobs apart on a shared machine.
+        crate::Mode::Docker(_) => None,
+    };
     let mut told = false;
     loop {
-        match through_restarts(api, patience, || api.reserve(&labels, deadline)).await {
+        match through_restarts(api, patience, || {
+            api.reserve_for(&labels, deadline, tenant.as_deref())
+        })
+        .await
+        {
             Ok(lease) => return Ok(lease),
             // The job already has a lease: an earlier try reached the host but its answer was
             // lost in a restart. That lease is the job's.

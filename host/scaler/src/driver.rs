@@ -459,9 +459,20 @@ impl PoolHandle {
         labels: std::collections::BTreeMap<String, String>,
         deadline_after: Option<Duration>,
     ) -> Result<u64, LeaseError> {
+        self.reserve_for(labels, deadline_after, None)
+    }
+
+    /// [`PoolHandle::reserve_within`] for `tenant`: the lease takes only an instance no other
+    /// tenant used, and binds it to `tenant` for good.
+    pub fn reserve_for(
+        &self,
+        labels: std::collections::BTreeMap<String, String>,
+        deadline_after: Option<Duration>,
+        tenant: Option<String>,
+    ) -> Result<u64, LeaseError> {
         let mut core = self.core();
         let after = deadline_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let id = core.reserve_within(self.clock.now(), labels, after)?;
+        let id = core.reserve_for(self.clock.now(), labels, after, tenant)?;
         if let Err(e) = self.journal_save(core.lease(id).cloned(), None) {
             // Not durable, so not granted.
             let _ = core.unreserve(id);

@@ -151,6 +151,7 @@ mod tests {
             labels: BTreeMap::new(),
             expires_at: None,
             deadline_at: None,
+            tenant: None,
         }
     }
 

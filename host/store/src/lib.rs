@@ -31,6 +31,8 @@ use flotilla_scaler::{JournalError, Lease};
 const LEASES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("leases");
 /// (pool, instance id) → jobs the instance has taken.
 const USES: TableDefinition<(&str, &str), u32> = TableDefinition::new("instance_uses");
+/// The tenant each instance is bound to (a table older releases ignore).
+const TENANTS: TableDefinition<(&str, &str), &str> = TableDefinition::new("instance_tenants");
 /// (pool, key) → a value of the pool's plugin `state` (schema 2).
 const PLUGIN_STATE: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("plugin_state");
 /// `schema` → the file's schema version.
@@ -64,6 +66,8 @@ pub struct Restored {
     pub leases: Vec<Lease>,
     /// Its instances' use counts.
     pub uses: HashMap<String, u32>,
+    /// The tenant each instance is bound to.
+    pub tenants: HashMap<String, String>,
 }
 
 impl Store {
@@ -95,6 +99,7 @@ impl Store {
         let txn = db.begin_write().map_err(|e| fail(e.to_string()))?;
         txn.open_table(LEASES).map_err(|e| fail(e.to_string()))?;
         txn.open_table(USES).map_err(|e| fail(e.to_string()))?;
+        txn.open_table(TENANTS).map_err(|e| fail(e.to_string()))?;
         txn.open_table(PLUGIN_STATE)
             .map_err(|e| fail(e.to_string()))?;
         if found != Some(SCHEMA) {
@@ -147,6 +152,16 @@ impl Store {
                 break;
             }
             out.uses.insert(instance.to_string(), value.value());
+        }
+        let tenants = txn.open_table(TENANTS).map_err(|e| self.error(e))?;
+        for row in tenants.range((pool, "")..).map_err(|e| self.error(e))? {
+            let (key, value) = row.map_err(|e| self.error(e))?;
+            let (p, instance) = key.value();
+            if p != pool {
+                break;
+            }
+            out.tenants
+                .insert(instance.to_string(), value.value().to_string());
         }
         Ok(out)
     }
@@ -269,6 +284,12 @@ impl LeaseJournal for PoolJournal {
                     .insert((pool, lease.id), bytes.as_slice())?;
                 if let Some((instance, n)) = uses {
                     txn.open_table(USES)?.insert((pool, instance), n)?;
+                    // Written with the lease that binds it, so a binding is never lost to
+                    // a restart once its job has the machine.
+                    if let Some(tenant) = &lease.tenant {
+                        txn.open_table(TENANTS)?
+                            .insert((pool, instance), tenant.as_str())?;
+                    }
                 }
                 Ok(())
             })
@@ -294,6 +315,7 @@ impl LeaseJournal for PoolJournal {
         self.store
             .write(|txn| {
                 txn.open_table(USES)?.remove((pool, instance))?;
+                txn.open_table(TENANTS)?.remove((pool, instance))?;
                 Ok(())
             })
             .map_err(JournalError::new)
@@ -319,7 +341,38 @@ mod tests {
             labels: BTreeMap::from([("gitlab-job".into(), "7".into())]),
             expires_at: None,
             deadline_at: None,
+            tenant: None,
         }
+    }
+
+    /// An instance's tenant is written with the lease that bound it and survives a reopen;
+    /// forgetting the instance forgets it.
+    #[test]
+    fn a_tenant_binding_survives_a_reopen_until_its_instance_is_forgotten() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("leases.redb");
+        let bound = Lease {
+            tenant: Some("project-4-protected".into()),
+            ..lease(5)
+        };
+        {
+            let store = Arc::new(Store::open(&path).expect("open"));
+            store
+                .journal("a")
+                .save(&bound, Some(("i-1", 1)))
+                .expect("save");
+            store.journal("a").remove(5).expect("released");
+        }
+        let store = Arc::new(Store::open(&path).expect("reopen"));
+        let a = store.load("a").expect("load");
+        assert!(a.leases.is_empty());
+        assert_eq!(
+            a.tenants,
+            HashMap::from([("i-1".to_string(), "project-4-protected".to_string())])
+        );
+        assert!(store.load("b").expect("load").tenants.is_empty());
+        store.journal("a").forget_instance("i-1").expect("forget");
+        assert!(store.load("a").expect("load").tenants.is_empty());
     }
 
     #[test]

@@ -31,6 +31,12 @@ pub struct Args {
     /// FLOTILLA_CA_FILE; default: the public web roots].
     #[arg(long)]
     ca_file: Option<PathBuf>,
+    /// Instance mode, UNSAFE: let a machine that ran a job of one project (or one protection)
+    /// run jobs of others. They share the login user: a job can read later jobs' scripts and
+    /// secrets, and leave code they run. Without it, each machine serves the first project
+    /// and protection it ran for, for its life.
+    #[arg(long)]
+    unsafe_share_machines_across_projects: bool,
     /// Send the API token over plain HTTP to a non-loopback URL. The token opens a shell and
     /// Docker on every machine, and instance-mode scripts cross this connection: only for a
     /// network that is yours alone; prefer TLS (`[server] tls`).
@@ -330,7 +336,8 @@ impl Args {
             "instance" => {
                 let os = MachineOs::parse(&self.os)?;
                 let shell = self.shell.as_deref().map(Shell::parse).transpose()?;
-                let settings = InstanceSettings::new(os, shell, self.machine_dir.clone())?;
+                let mut settings = InstanceSettings::new(os, shell, self.machine_dir.clone())?;
+                settings.shared_across_projects = self.unsafe_share_machines_across_projects;
                 Ok(Mode::Instance(settings))
             }
             other => anyhow::bail!("--mode {other:?}: expected docker or instance"),
@@ -487,8 +494,13 @@ impl Args {
                     "--machine-dir".into(),
                     instance.dir.clone(),
                 ]);
+                if instance.shared_across_projects {
+                    common.push("--unsafe-share-machines-across-projects".into());
+                    helper = "  # instance mode, UNSAFE (--unsafe-share-machines-across-projects): jobs of every project\n  # share each machine and its login user; unless the pool sets max_use_count = 1, a job can\n  # read later jobs' scripts and secrets and leave code they run\n".to_string();
+                } else {
+                    helper = "  # instance mode: each machine serves the first project and protection it ran a job for,\n  # for its life; jobs of that project share its login user, so unless the pool sets\n  # max_use_count = 1, a job can read or change what later jobs of its project run there\n".to_string();
+                }
                 // The runner requires both; `config` answers each job's own.
-                helper = "  # instance mode: the jobs on a machine share its login user; unless the pool sets\n  # max_use_count = 1, a job can read or change what later jobs on that machine run\n".to_string();
                 (
                     instance.builds_dir("JOB"),
                     instance.cache_dir("PROJECT", false),

@@ -170,7 +170,7 @@ impl Pool {
         let uses = self.scaler.max_use_count;
         (instance_mode && uses != 1).then(|| {
             format!(
-                "pool {}: jobs without Docker (instance mode) share each machine's login user, and max_use_count = {} lets {} jobs use one machine: a job can leave processes or files behind that read or change what later jobs on it run, their secrets included; set max_use_count = 1 unless every project the pool serves trusts the others",
+                "pool {}: jobs without Docker (instance mode) share each machine's login user, and max_use_count = {} lets {} jobs use one machine: a job can leave processes or files behind that read or change what later jobs on it run, their secrets included. The GitLab driver binds each machine to the first project and protection it served, so this is between jobs of one project (unless a runner passes --unsafe-share-machines-across-projects); set max_use_count = 1 unless those jobs trust each other",
                 self.name,
                 uses,
                 if uses == 0 { "any number of".to_string() } else { uses.to_string() }

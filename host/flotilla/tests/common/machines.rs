@@ -110,7 +110,18 @@ idle_time = "1h"
 
     /// A job as the runner drives it, with the driver in instance mode.
     pub fn job(&self, id: u64) -> RunnerJob {
-        let mut job = RunnerJob::on(&self.flotilla.base, &self.token_file, id, 77, false);
+        self.job_of(id, 77, false)
+    }
+
+    /// A job of `project` (of a protected ref or not), with the driver in instance mode.
+    pub fn job_of(&self, id: u64, project: u64, protected: bool) -> RunnerJob {
+        let mut job = RunnerJob::on(
+            &self.flotilla.base,
+            &self.token_file,
+            id,
+            project,
+            protected,
+        );
         job.args.extend([
             "--mode".into(),
             "instance".into(),

@@ -126,6 +126,9 @@ pub struct InstanceSettings {
     pub shell: Shell,
     /// The directory of jobs on the machine (absolute).
     pub dir: String,
+    /// The operator's unsafe opt-out (`--unsafe-share-machines-across-projects`): machines
+    /// take jobs of any project and protection, one after another.
+    pub shared_across_projects: bool,
 }
 
 /// Signals a sweep sends the job's processes.
@@ -186,7 +189,23 @@ impl InstanceSettings {
             ));
         }
         let dir = dir.trim_end_matches(['/', '\\']).to_string();
-        Ok(InstanceSettings { os, shell, dir })
+        Ok(InstanceSettings {
+            os,
+            shell,
+            dir,
+            shared_across_projects: false,
+        })
+    }
+
+    /// The tenant a job's lease names: its project and protection, so a machine that ran a
+    /// job of one never runs a job of another (they share the login user, its files and its
+    /// processes); `None` with the operator's unsafe opt-out.
+    pub fn tenant(&self, project: &str, protected: bool) -> Option<String> {
+        (!self.shared_across_projects).then(|| {
+            let project = crate::job::name_part(project, 64, "unknown");
+            let kind = if protected { "-protected" } else { "" };
+            format!("project-{project}{kind}")
+        })
     }
 
     pub(super) fn sep(&self) -> char {

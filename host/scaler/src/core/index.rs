@@ -39,6 +39,8 @@ pub(super) struct Inst {
     /// The last `update` that listed it (a count of updates), to find the vanished ones
     /// without a set of ids.
     pub(super) listed_in: u64,
+    /// The tenant it is bound to: the first tenant whose lease it served.
+    pub(super) tenant: Option<String>,
 }
 
 impl Inst {
@@ -64,6 +66,7 @@ impl Inst {
             next_check: 0,
             failed_checks: 0,
             listed_in: 0,
+            tenant: None,
         }
     }
 }

@@ -50,6 +50,18 @@ impl PoolCore {
         labels: BTreeMap<String, String>,
         deadline_after: Option<Millis>,
     ) -> Result<u64, LeaseError> {
+        self.reserve_for(now, labels, deadline_after, None)
+    }
+
+    /// Like [`PoolCore::reserve_within`], for `tenant`: the lease is bound only to an instance
+    /// no other tenant has used, and binds that instance to `tenant` for good.
+    pub fn reserve_for(
+        &mut self,
+        now: Millis,
+        labels: BTreeMap<String, String>,
+        deadline_after: Option<Millis>,
+        tenant: Option<String>,
+    ) -> Result<u64, LeaseError> {
         for (key, value) in &labels {
             if let Some(held) = self.lease_by_label(key, value) {
                 return Err(LeaseError::LabelInUse {
@@ -80,7 +92,9 @@ impl PoolCore {
             labels,
             expires_at: self.cfg.lease_ttl_ms.map(|ttl| now.saturating_add(ttl)),
             deadline_at: deadline_after.map(|after| now.saturating_add(after)),
+            tenant: tenant.clone(),
         });
+        self.tenants_seen |= tenant.is_some();
         self.reserved += 1;
         Ok(id)
     }
@@ -88,11 +102,15 @@ impl PoolCore {
     /// Binds a reserved lease to a ready slot; `Ok(None)` means "wait and try again".
     pub fn acquire(&mut self, now: Millis, id: u64) -> Result<Option<Binding>, LeaseError> {
         self.acquirable(id)?;
-        let Some(&(_, key)) = self.index.available.iter().next() else {
+        let tenant = self.leases.get(id).and_then(|l| l.tenant.clone());
+        let Some(key) = self.available_for(tenant.as_deref()) else {
             return Ok(None);
         };
         let max_use = self.cfg.max_use_count;
         let bound = self.with_inst(key, |inst| {
+            if inst.tenant.is_none() {
+                inst.tenant.clone_from(&tenant);
+            }
             let (slot, cell) = inst
                 .slots
                 .iter_mut()
@@ -125,6 +143,55 @@ impl PoolCore {
         self.reserved -= 1;
         self.acquired += 1;
         Ok(Some(Binding { instance, slot }))
+    }
+
+    /// The instance with a free slot a lease of `tenant` may take: the fullest first, among
+    /// those bound to `tenant` or to nobody. Without a tenant, any.
+    fn available_for(&self, tenant: Option<&str>) -> Option<u64> {
+        let mut available = self.index.available.iter().map(|&(_, key)| key);
+        match tenant {
+            None => available.next(),
+            Some(t) => available.find(|key| {
+                self.insts
+                    .get(key)
+                    .is_some_and(|inst| inst.tenant.as_deref().is_none_or(|bound| bound == t))
+            }),
+        }
+    }
+
+    /// Reserved leases of a tenant that no free slot they may take is waiting for: the
+    /// instances that must be added for them, in slots. Free slots of instances bound to
+    /// another tenant do not count; unbound ones (ready or coming) serve any tenant.
+    pub(super) fn unplaced_tenant_slots(&self) -> u32 {
+        if !self.tenants_seen {
+            return 0;
+        }
+        let mut waiting: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+        for lease in self.leases.values() {
+            if let (LeaseState::Reserved, Some(t)) = (&lease.state, lease.tenant.as_deref()) {
+                *waiting.entry(t).or_default() += 1;
+            }
+        }
+        if waiting.is_empty() {
+            return 0;
+        }
+        let capacity = self.capacity();
+        let mut open = (self.pending.len() as u32).saturating_mul(capacity);
+        for inst in self.insts.values() {
+            if !matches!(
+                inst.state,
+                InstState::Creating | InstState::Running | InstState::Ready
+            ) {
+                continue;
+            }
+            let free = capacity.saturating_sub(inst.used);
+            match inst.tenant.as_deref().and_then(|t| waiting.get_mut(t)) {
+                Some(w) => *w = w.saturating_sub(free),
+                None if inst.tenant.is_none() => open = open.saturating_add(free),
+                None => {}
+            }
+        }
+        waiting.values().sum::<u32>().saturating_sub(open)
     }
 
     /// Whether `acquire` could bind this lease once a slot is free (it is reserved).
@@ -289,5 +356,106 @@ impl PoolCore {
             inst.slots.iter_mut().for_each(|s| *s = None);
             inst.used = 0;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use super::super::{Action, PoolCore};
+    use crate::ScalerConfig;
+    use flotilla_provider::{Instance, InstanceState};
+
+    /// A pool of one ready instance `m1` (one slot), room for two more.
+    fn one_ready() -> PoolCore {
+        let cfg = ScalerConfig {
+            capacity_per_instance: 1,
+            max_instances: 3,
+            ..ScalerConfig::default()
+        };
+        let mut c = PoolCore::new(cfg, Vec::new(), 0);
+        let _ = c.plan(0);
+        let m1 = [Instance {
+            id: "m1".into(),
+            state: InstanceState::Running,
+        }];
+        c.on_update(0, Ok(m1.to_vec().into()));
+        c.on_ready(0, "m1", Ok(()));
+        c
+    }
+
+    fn reserve(c: &mut PoolCore, tenant: Option<&str>) -> u64 {
+        c.reserve_for(1, BTreeMap::new(), None, tenant.map(str::to_string))
+            .expect("reserve")
+    }
+
+    fn increase(c: &mut PoolCore, now: u64) -> Option<u32> {
+        c.plan(now).into_iter().find_map(|a| match a {
+            Action::Increase(n) => Some(n),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn an_instance_serves_only_the_first_tenant_it_served_and_another_gets_a_new_one() {
+        let mut c = one_ready();
+        let a = reserve(&mut c, Some("project-1"));
+        let bound = c.acquire(1, a).expect("acquire").expect("a slot");
+        assert_eq!(bound.instance, "m1");
+        c.release(2, a).expect("release");
+        assert_eq!(
+            c.instances()[0].tenant.as_deref(),
+            Some("project-1"),
+            "bound for its life"
+        );
+
+        // m1 is free, but it served project 1: project 1's protected ref may not have it,
+        // and the pool asks for an instance for it.
+        let b = reserve(&mut c, Some("project-1-protected"));
+        assert_eq!(c.acquire(3, b).expect("acquire"), None);
+        assert_eq!(increase(&mut c, 3), Some(1));
+        // Project 1 takes it again at once; a lease without a tenant may take any.
+        let again = reserve(&mut c, Some("project-1"));
+        assert_eq!(
+            c.acquire(4, again).expect("acquire").map(|b| b.instance),
+            Some("m1".to_string())
+        );
+        c.release(5, again).expect("release");
+        let anyone = reserve(&mut c, None);
+        assert_eq!(
+            c.acquire(6, anyone).expect("acquire").map(|b| b.instance),
+            Some("m1".to_string())
+        );
+    }
+
+    #[test]
+    fn a_binding_restored_from_the_journal_holds_for_an_idle_instance() {
+        let cfg = ScalerConfig {
+            capacity_per_instance: 1,
+            max_instances: 3,
+            ..ScalerConfig::default()
+        };
+        let mut c = PoolCore::new(cfg, Vec::new(), 0);
+        c.restore_with_tenants(
+            0,
+            Vec::new(),
+            HashMap::new(),
+            HashMap::from([("m1".to_string(), "project-7".to_string())]),
+        );
+        let _ = c.plan(0);
+        let m1 = [Instance {
+            id: "m1".into(),
+            state: InstanceState::Running,
+        }];
+        c.on_update(0, Ok(m1.to_vec().into()));
+        c.on_ready(0, "m1", Ok(()));
+        let other = reserve(&mut c, Some("project-8"));
+        assert_eq!(c.acquire(1, other).expect("acquire"), None);
+        let own = reserve(&mut c, Some("project-7"));
+        assert_eq!(
+            c.acquire(2, own).expect("acquire").map(|b| b.instance),
+            Some("m1".to_string())
+        );
     }
 }

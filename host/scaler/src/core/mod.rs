@@ -140,6 +140,10 @@ pub struct PoolCore {
     restoring: LeaseTable,
     /// Use counts restored from the journal, applied when their instance is adopted.
     restored_uses: HashMap<String, u32>,
+    /// Tenant bindings restored from the journal, applied when their instance is adopted.
+    restored_tenants: HashMap<String, String>,
+    /// Whether any lease ever named a tenant: until then, planning skips tenants entirely.
+    tenants_seen: bool,
     next_lease: LeaseIds,
     reserved: u32,
     acquired: u32,
@@ -194,6 +198,8 @@ impl PoolCore {
             leases: LeaseTable::new(max_job_ms),
             restoring: LeaseTable::new(max_job_ms),
             restored_uses: HashMap::new(),
+            restored_tenants: HashMap::new(),
+            tenants_seen: false,
             next_lease: LeaseIds::default(),
             reserved: 0,
             acquired: 0,

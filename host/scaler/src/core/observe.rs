@@ -172,6 +172,7 @@ impl PoolCore {
         self.next_key += 1;
         let mut inst = Inst::new(reported.id.clone(), now, self.capacity());
         inst.uses = self.restored_uses.remove(&reported.id).unwrap_or(0);
+        inst.tenant = self.restored_tenants.remove(&reported.id);
         self.add_inst(key, inst);
         Some(key)
     }

@@ -34,9 +34,16 @@ impl PoolCore {
         let in_use = self.reserved + self.acquired;
         let want_slots = in_use.saturating_add(self.policy(now).idle_target(in_use));
         // Slots on draining instances that are still busy do not help new jobs.
-        want_slots
-            .div_ceil(self.capacity())
-            .min(self.max_instances())
+        let wanted = want_slots.div_ceil(self.capacity());
+        // Tenants' leases that no free slot may take need instances of their own, whatever
+        // the free slots bound to other tenants say.
+        let unplaced = self.unplaced_tenant_slots();
+        let wanted = if unplaced > 0 {
+            wanted.max(self.live() + unplaced.div_ceil(self.capacity()))
+        } else {
+            wanted
+        };
+        wanted.min(self.max_instances())
     }
 
     /// The earliest time something time-based may change (idle expiry, backoff, update).

@@ -26,6 +26,19 @@ impl PoolCore {
     /// lease TTL, each restored lease gets a fresh one: its holder could not renew while the
     /// host was down.
     pub fn restore(&mut self, now: Millis, leases: Vec<Lease>, uses: HashMap<String, u32>) {
+        self.restore_with_tenants(now, leases, uses, HashMap::new());
+    }
+
+    /// [`PoolCore::restore`], with the instances' tenant bindings.
+    pub fn restore_with_tenants(
+        &mut self,
+        now: Millis,
+        leases: Vec<Lease>,
+        uses: HashMap<String, u32>,
+        tenants: HashMap<String, String>,
+    ) {
+        self.tenants_seen |= !tenants.is_empty() || leases.iter().any(|l| l.tenant.is_some());
+        self.restored_tenants = tenants;
         for mut lease in leases {
             if let Some(ttl) = self.cfg.lease_ttl_ms {
                 lease.expires_at = Some(now.saturating_add(ttl));
@@ -53,6 +66,7 @@ impl PoolCore {
     /// instance is serving a job, so it is ready), or fails it when the instance is gone.
     pub(super) fn rebind_restored(&mut self, now: Millis) {
         self.restored_uses.clear();
+        self.restored_tenants.clear();
         let restoring: Vec<Lease> = self.restoring.drain();
         for mut lease in restoring {
             let LeaseState::Acquired { instance, slot } = lease.state.clone() else {
@@ -74,6 +88,9 @@ impl PoolCore {
                     }
                     inst.used += 1;
                     inst.idle_since = None;
+                    if inst.tenant.is_none() {
+                        inst.tenant = lease.tenant.clone();
+                    }
                     if matches!(inst.state, InstState::Creating | InstState::Running) {
                         inst.state = InstState::Ready;
                         inst.ready_at = Some(now);
@@ -192,6 +209,7 @@ mod tests {
             labels: BTreeMap::new(),
             expires_at: None,
             deadline_at: None,
+            tenant: None,
         }
     }
 

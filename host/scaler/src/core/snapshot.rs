@@ -46,6 +46,7 @@ impl PoolCore {
                     .filter(|_| matches!(i.state, InstState::Ready | InstState::Draining)),
                 slots_used: i.used,
                 use_count: i.uses,
+                tenant: i.tenant.clone(),
                 failures: i.failures,
                 last_error: i.failure.clone().or_else(|| i.last_error.clone()),
             })

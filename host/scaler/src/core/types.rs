@@ -92,6 +92,11 @@ pub struct Lease {
     /// cleanup never came) cannot keep its slot for good.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_at: Option<Millis>,
+    /// Whom the lease's work belongs to (e.g. a CI project and its protection). An instance
+    /// that served a tenant serves no other for the rest of its life; a lease without one
+    /// binds nothing and may use any instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// Why the lease journal could not be written: the store's own error, kept whole (with its
@@ -312,6 +317,9 @@ pub struct InstanceView {
     pub slots_used: u32,
     /// Leases it has taken in its life (counted against `max_use_count`).
     pub use_count: u32,
+    /// The tenant it is bound to, once a tenant's lease took it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// Consecutive readiness, ping or heartbeat failures.
     pub failures: u32,
     /// The last readiness or ping error, or why it failed.
