@@ -33,7 +33,8 @@ impl InstanceSettings {
             let job_dir = ps_quote(&self.job_dir(job));
             // The sweep runs before errors stop the script: a process already gone is normal.
             let body = format!(
-                "{sweep}\n$ErrorActionPreference = 'Stop'\nif (Test-Path -LiteralPath {job_dir}) {{ Remove-Item -LiteralPath {job_dir} -Recurse -Force }}\nNew-Item -ItemType Directory -Force -Path {builds}, {own}, {cache} | Out-Null\n{tools}",
+                "{check}\n{sweep}\n$ErrorActionPreference = 'Stop'\nif (Test-Path -LiteralPath {job_dir}) {{ Remove-Item -LiteralPath {job_dir} -Recurse -Force }}\nNew-Item -ItemType Directory -Force -Path {builds}, {own}, {cache} | Out-Null\n{tools}",
+                check = windows_machine_dir_check(&ps_quote(&self.dir)),
                 tools = self.windows_tools(),
                 sweep = self.windows_sweep(job),
                 builds = ps_quote(&self.builds_dir(job)),
@@ -356,6 +357,28 @@ fn fnv32(bytes: &[u8]) -> u32 {
     })
 }
 
+/// The machine directory on Windows, before anything is put in it: refused (exit 3, saying
+/// why) when it is a reparse point (a symbolic link or junction another user could aim
+/// elsewhere); made when missing; then given an explicit ACL, inheritance cut: full control
+/// for the login user and SYSTEM only. A directory under `C:\` otherwise inherits read and
+/// execute for every user of the machine, and the job's scripts there hold its variables.
+fn windows_machine_dir_check(dir: &str) -> String {
+    format!(
+        "$d = {dir}\n\
+         $i = Get-Item -LiteralPath $d -Force -ErrorAction SilentlyContinue\n\
+         if ($i -and ($i.Attributes -band [IO.FileAttributes]::ReparsePoint)) {{ [Console]::Error.WriteLine(\"flotilla: the machine directory $d is a symbolic link or junction; refusing to run jobs there\"); exit 3 }}\n\
+         if (-not $i) {{ New-Item -ItemType Directory -Force -Path $d | Out-Null }}\n\
+         try {{\n\
+         $me = [Security.Principal.WindowsIdentity]::GetCurrent().User\n\
+         $system = New-Object Security.Principal.SecurityIdentifier('S-1-5-18')\n\
+         $acl = New-Object Security.AccessControl.DirectorySecurity\n\
+         $acl.SetAccessRuleProtection($true, $false)\n\
+         foreach ($who in @($me, $system)) {{ $acl.AddAccessRule((New-Object Security.AccessControl.FileSystemAccessRule($who, 'FullControl', 'ContainerInherit,ObjectInherit', 'None', 'Allow'))) }}\n\
+         Set-Acl -LiteralPath $d -AclObject $acl\n\
+         }} catch {{ [Console]::Error.WriteLine(\"flotilla: cannot make the machine directory $d private to this login: $_\"); exit 3 }}"
+    )
+}
+
 /// Sets `s` to the sweep's own process group, so a pgid file that names it is skipped.
 const OWN_PGID: &str = "s=$(ps -o pgid= -p $$ 2>/dev/null | tr -d ' ')";
 
@@ -461,6 +484,18 @@ mod tests {
         );
         let stop = decode_powershell(&s.stop_command("42", Signal::Term));
         assert!(stop.contains("taskkill.exe /T /F /PID"), "{stop}");
+        // The machine directory: no reparse point, and an explicit ACL without inheritance
+        // (the login user and SYSTEM), before the job's directory is made in it.
+        let prepare = decode_powershell(&s.prepare_command("42", &s.cache_dir("42", true)));
+        let acl = prepare.find("SetAccessRuleProtection($true, $false)");
+        let made =
+            prepare.find("New-Item -ItemType Directory -Force -Path 'C:\\flotilla\\42\\builds'");
+        assert!(acl.is_some() && made.is_some() && acl < made, "{prepare}");
+        assert!(
+            prepare.contains("[IO.FileAttributes]::ReparsePoint"),
+            "{prepare}"
+        );
+        assert!(prepare.contains("'S-1-5-18'"), "{prepare}");
         let s = InstanceSettings::new(
             MachineOs::Windows,
             Some(Shell::Powershell),
