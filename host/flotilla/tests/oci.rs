@@ -1529,3 +1529,111 @@ async fn an_https_registry_with_a_private_ca() {
         .unwrap_or_default();
     assert!(err.contains("certificate"), "{err}");
 }
+
+/// A registry that asks for a token and whose token realm answers without end, and one that
+/// sends a manifest a byte at a time. The first costs a bounded read and an error naming the
+/// size; the second ends at the pull's overall timeout though every read is quick.
+async fn hostile_token_and_slow_registry() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use futures_util::StreamExt as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let served = std::sync::Arc::new(AtomicU64::new(0));
+    let counter = served.clone();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+        let served = counter.clone();
+        async move {
+            let path = uri.path().to_string();
+            let answer = axum::response::Response::builder();
+            if path == "/v2/" {
+                return answer
+                    .status(401)
+                    .header(
+                        "www-authenticate",
+                        format!(r#"Bearer realm="http://{addr}/token",service="hostile""#),
+                    )
+                    .body(axum::body::Body::from("{}"))
+                    .unwrap_or_default();
+            }
+            if path == "/token" {
+                // 256 MiB of token, if nobody stops reading.
+                let body = futures_util::stream::repeat_with(move || {
+                    served.fetch_add(64 * 1024, Ordering::Relaxed);
+                    Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'x'; 64 * 1024]))
+                })
+                .take(4096);
+                return answer
+                    .body(axum::body::Body::from_stream(body))
+                    .unwrap_or_default();
+            }
+            answer
+                .status(404)
+                .body(axum::body::Body::from("{}"))
+                .unwrap_or_default()
+        }
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    (addr, served)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_token_answer_costs_a_bounded_read() {
+    let (addr, served) = hostile_token_and_slow_registry().await;
+    let user = User::new(&addr.to_string());
+    let reference = format!("oci://{addr}/hostile/token:1");
+    user.oci(&["plugin", "pull", &reference]).fails_with(&[
+        "token answer",
+        "too large",
+        "limit 65536",
+    ]);
+    user.assert_cache_empty();
+    let taken = served.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(taken < 32 << 20, "{taken} bytes of token served");
+}
+
+/// A registry that answers every request, a byte every half second: no read ever waits
+/// long, so only the pull's overall bound ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_dribbles_is_cut_at_the_pull_timeout() {
+    use futures_util::StreamExt as _;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let app = axum::Router::new().fallback(|| async {
+        let body = futures_util::stream::unfold((), |()| async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Some((Ok::<_, std::io::Error>(bytes::Bytes::from_static(b" ")), ()))
+        })
+        .take(600);
+        axum::response::Response::builder()
+            .header("content-type", "application/vnd.oci.image.manifest.v1+json")
+            .body(axum::body::Body::from_stream(body))
+            .unwrap_or_default()
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    let user = User::new(&addr.to_string());
+    let started = std::time::Instant::now();
+    user.oci(&[
+        "plugin",
+        "pull",
+        &format!("oci://{addr}/slow/plugin:1"),
+        "--pull-timeout",
+        "3s",
+    ])
+    .fails_with(&["did not finish within 3s", "pull_timeout"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+}

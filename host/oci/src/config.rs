@@ -23,6 +23,9 @@ pub struct OciConfig {
     /// Extra PEM root certificates for registries (relative to the config file).
     #[serde(default)]
     pub tls_ca_files: Vec<PathBuf>,
+    /// The longest a whole pull may take (default 10 min).
+    #[serde(default, with = "humantime_serde")]
+    pub pull_timeout: Option<Duration>,
 }
 
 impl Validate for OciConfig {
@@ -35,6 +38,10 @@ impl Validate for OciConfig {
         problems: &mut Problems,
     ) -> Option<RegistryOptions> {
         let mut ok = true;
+        if self.pull_timeout.is_some_and(|t| t.is_zero()) {
+            problems.add(&at.key("pull_timeout"), "must be more than 0s");
+            ok = false;
+        }
         for (i, r) in self.insecure_registries.iter().enumerate() {
             if OciRef::parse(&format!("oci://{r}/x:y")).is_err() || r.contains('/') {
                 problems.add(
@@ -62,6 +69,9 @@ impl Validate for OciConfig {
             timeout: self.timeout.unwrap_or(Duration::from_secs(30)),
             progress: false,
             ca_files,
+            pull_timeout: self
+                .pull_timeout
+                .unwrap_or(crate::registry::DEFAULT_PULL_TIMEOUT),
         })
     }
 }

@@ -27,6 +27,9 @@ pub struct RegistryArgs {
     /// Connect and read timeout, e.g. 30s.
     #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// The longest a whole pull may take, e.g. 10m.
+    #[arg(long, global = true, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub pull_timeout: Duration,
     /// Extra PEM root certificate for the registry's TLS (repeatable).
     #[arg(long = "ca-file", global = true)]
     pub ca_files: Vec<PathBuf>,
@@ -51,6 +54,7 @@ pub fn registry(args: &RegistryArgs, json: bool) -> Result<Registry, OciError> {
         timeout: args.timeout,
         progress: !json && std::io::stderr().is_terminal(),
         ca_files: args.ca_files.clone(),
+        pull_timeout: args.pull_timeout,
     };
     Ok(Registry::new(opts, AuthStore::default_paths(), store))
 }

@@ -46,7 +46,14 @@ pub struct RegistryOptions {
     pub progress: bool,
     /// Extra PEM root certificates trusted for registries (private CAs).
     pub ca_files: Vec<PathBuf>,
+    /// The longest a whole pull may take (manifest, signature, config and layer), so a
+    /// registry that answers a byte at a time cannot hold a pool's start for good.
+    pub pull_timeout: Duration,
 }
+
+/// The default [`RegistryOptions::pull_timeout`]: ten minutes, room for a large plugin over a
+/// slow link.
+pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl Default for RegistryOptions {
     fn default() -> Self {
@@ -56,6 +63,7 @@ impl Default for RegistryOptions {
             timeout: Duration::from_secs(30),
             progress: false,
             ca_files: Vec::new(),
+            pull_timeout: DEFAULT_PULL_TIMEOUT,
         }
     }
 }
