@@ -200,3 +200,92 @@ async fn a_good_pool_keeps_its_latency_next_to_spinning_stalled_and_hoarding_plu
     );
     assert!(!log.contains("Too many open files"), "{log}");
 }
+
+/// The good pool's lease cycles: 100 of them, their p99.
+async fn cycle_p99(f: &Flotilla) -> Duration {
+    let mut cycles = Vec::new();
+    for _ in 0..100 {
+        let sent = Instant::now();
+        f.lease_cycle("good").await;
+        cycles.push(sent.elapsed());
+    }
+    p99(cycles)
+}
+
+fn good_pool() -> String {
+    format!(
+        r#"
+[[pool]]
+name = "good"
+plugin = "{good}"
+capacity_per_instance = 4
+max_instances = 2
+instance_acquire_timeout = "10s"
+update_interval = "1s"
+[pool.plugin_config]
+hosts = [{{ address = "127.0.0.1" }}, {{ address = "127.0.0.2" }}]
+[[pool.policy]]
+idle_count = 2
+idle_time = "1h"
+"#,
+        good = guests::STATIC_PLUGIN,
+    )
+}
+
+/// A plugin that writes 64 values of 64 KiB to its state in every update (each write a
+/// durable commit to the file every pool's leases are committed to): the good pool's lease
+/// cycles, each three commits of that file, keep their p99 within twice the figure of the same
+/// process without the churner (with a 20 ms floor for a scheduler's hiccup). The writes run
+/// off the runtime's workers, and the pool's byte budget (1 MiB a minute) refuses the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_churning_its_state_does_not_slow_another_pools_leases() {
+    let server = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\ntoken = {{ value = \"{TOKEN}\" }}\nshutdown_grace = \"2s\"\n"
+    );
+    let quiet = {
+        let f = Flotilla::start(
+            tempfile::tempdir().expect("dir"),
+            &format!("{server}{}", good_pool()),
+        )
+        .await;
+        f.wait_for("/v1/pools", "the good pool to be ready", |v| {
+            v["pools"]["good"]["status"]["health"]["state"] == "ready"
+        })
+        .await;
+        cycle_p99(&f).await
+    };
+    let churner = format!(
+        r#"
+[[pool]]
+name = "churn"
+plugin = "{plugin}"
+max_instances = 1
+update_interval = "1s"
+[pool.plugin_config]
+on = {{ update = "state-churn" }}
+"#,
+        plugin = guests::MISBEHAVE
+    );
+    let f = Flotilla::start(
+        tempfile::tempdir().expect("dir"),
+        &format!("{server}{}{churner}", good_pool()),
+    )
+    .await;
+    f.wait_for("/v1/pools", "the good pool to be ready", |v| {
+        v["pools"]["good"]["status"]["health"]["state"] == "ready"
+    })
+    .await;
+    // The churner is at it (an update a second) before the measurement starts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let loud = cycle_p99(&f).await;
+    eprintln!("lease cycle p99: {quiet:?} alone, {loud:?} next to the churner");
+    let bound = (quiet * 2).max(Duration::from_millis(20));
+    assert!(
+        loud <= bound,
+        "p99 {loud:?} next to the churner, {quiet:?} alone"
+    );
+    assert!(
+        f.log().contains("bytes of writes a minute"),
+        "the budget never refused a write"
+    );
+}

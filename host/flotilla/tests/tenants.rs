@@ -1057,3 +1057,64 @@ async fn the_driver_reaches_a_tls_listener_and_a_renewed_certificate_is_served_w
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"--insecure-http\""), "{out}");
 }
+
+/// A plugin whose `increase` never returns (up to its two-minute deadline) when SIGTERM comes:
+/// at the end of `shutdown_grace` the call is dropped, the plugin's `shutdown` runs, and the
+/// process exits 0 within seconds. Without it, the drain waits behind the call until the
+/// pool is abandoned (grace + 15 s) and the process exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_call_still_running_at_the_end_of_the_grace_is_dropped() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+token = {{ value = "{TOKEN}" }}
+shutdown_grace = "1s"
+
+[[pool]]
+name = "stuck"
+plugin = "{plugin}"
+max_instances = 1
+update_interval = "1s"
+[pool.plugin_config]
+on = {{ increase = "sleep" }}
+[pool.limits]
+default_deadline = "120s"
+[[pool.policy]]
+idle_count = 1
+idle_time = "1h"
+"#,
+        plugin = guests::MISBEHAVE
+    );
+    let config_file = dir.path().join("flotilla.toml");
+    std::fs::write(&config_file, config).expect("config");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    command
+        .args(["run", "-c"])
+        .arg(&config_file)
+        .env("FLOTILLA_LOG", "info")
+        .env("XDG_CACHE_HOME", dir.path().join("cache"))
+        .env("XDG_DATA_HOME", dir.path().join("data"));
+    let log = dir.path().join("flotilla.log");
+    let mut daemon = flotilla_peers::process::Daemon::spawn(command, &log);
+    daemon
+        .logged("flotilla is listening", "listen", Duration::from_secs(60))
+        .await;
+    // The pool is up; its first update finds no instance, so its increase is under way
+    // (and will not come back).
+    poll::until_true(
+        "the pool to start",
+        Duration::from_secs(60),
+        || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("pool started")),
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    let status = daemon.terminate().expect("exit status");
+    let took = started.elapsed();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "{status:?}\n{text}");
+    assert!(took < Duration::from_secs(8), "took {took:?}\n{text}");
+    assert!(text.contains("stopped"), "{text}");
+}

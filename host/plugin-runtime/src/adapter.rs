@@ -87,6 +87,8 @@ pub struct WasmProvider {
     /// The pool's `state` (the host's store, or memory): shared by every instance, so it
     /// outlives a trapped one.
     state: Arc<dyn PluginState>,
+    /// Set by [`Provider::close`]: running calls end, and only `decrease` and `shutdown` run.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for WasmProvider {
@@ -101,6 +103,8 @@ impl std::fmt::Debug for WasmProvider {
 enum Fault {
     Trap(String),
     Timeout(Duration),
+    /// The pool closed while the call ran: not the plugin's fault.
+    Abandoned,
 }
 
 impl WasmProvider {
@@ -109,10 +113,14 @@ impl WasmProvider {
         origin: Origin,
         sandbox: Sandbox,
     ) -> Self {
-        let state = sandbox
+        let stored = sandbox
             .state
             .clone()
             .unwrap_or_else(|| Arc::new(MemoryState::default()));
+        let state: Arc<dyn PluginState> = Arc::new(flotilla_provider::Budgeted::new(
+            stored,
+            flotilla_provider::StateLimits::default().write_bytes_per_minute,
+        ));
         WasmProvider {
             state,
             pre,
@@ -132,6 +140,7 @@ impl WasmProvider {
             }),
             health: Mutex::new(HealthState::default()),
             calm: AtomicBool::new(true),
+            closing: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -211,7 +220,14 @@ impl WasmProvider {
             flotilla_provider::StateLimits::default().writes_per_call;
         instance.store.data_mut().hooks.requests_this_call = 0;
         instance.store.data_mut().reported_max = None;
-        match within(deadline, call(instance)).await {
+        // A close ends the calls running when it comes, not the ones it leaves to run.
+        let mut closing = self.closing.subscribe();
+        closing.mark_unchanged();
+        let ran = tokio::select! {
+            ran = within(deadline, call(instance)) => ran,
+            _ = closing.changed() => return (None, Err(Fault::Abandoned)),
+        };
+        match ran {
             None => (None, Err(Fault::Timeout(deadline))),
             Some((mut instance, Ok(result))) => {
                 // No request outlives its call (a dropped store takes its requests along).
@@ -273,12 +289,23 @@ impl WasmProvider {
         }
     }
 
+    /// The error of a call the closing pool did not run, or ended.
+    fn closed(function: Function) -> CallError {
+        CallError::Host {
+            function,
+            message: "the pool is closing: its shutdown grace is over".into(),
+        }
+    }
+
     /// Runs `call` with containment: circuit check, live instance, deadline, fault accounting.
     async fn run<T: Send + 'static, F: Future<Output = CallOutput<T>> + Send>(
         &self,
         function: Function,
         call: impl FnOnce(Running) -> F,
     ) -> Result<T, CallError> {
+        if *self.closing.borrow() && !matches!(function, Function::Decrease | Function::Shutdown) {
+            return Err(Self::closed(function));
+        }
         self.check_circuit(function)?;
         let mut inner = self.inner.lock().await;
         let instance = self.current_instance(&mut inner, function).await?;
@@ -338,6 +365,7 @@ impl WasmProvider {
         let error = match fault {
             Fault::Trap(message) => CallError::Trap { function, message },
             Fault::Timeout(after) => CallError::Timeout { function, after },
+            Fault::Abandoned => return Self::closed(function),
         };
         self.note_fault(&error);
         error
@@ -794,6 +822,10 @@ impl Provider for WasmProvider {
             (s, r)
         })
         .await
+    }
+
+    fn close(&self) {
+        self.closing.send_replace(true);
     }
 
     fn health(&self) -> ProviderHealth {

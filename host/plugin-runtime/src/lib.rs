@@ -49,6 +49,12 @@ mod bindings {
         path: "../../wit",
         world: "flotilla:provider/provider",
         exports: { default: async },
+        // State writes are durable commits: they run on the blocking pool, not on a worker
+        // the other pools' leases need.
+        imports: {
+            "flotilla:provider/state.set": async,
+            "flotilla:provider/state.delete": async,
+        },
         with: {
             "wasi:http": wasmtime_wasi_http::p2::bindings::http,
             "wasi:io": wasmtime_wasi::p2::bindings::io,
@@ -420,18 +426,20 @@ impl bindings::flotilla::provider::state::Host for HostState {
         self.state.get(&key).map_err(state_error)
     }
 
-    fn set(&mut self, key: String, value: Vec<u8>) -> Result<(), wit_state::StateError> {
+    async fn set(&mut self, key: String, value: Vec<u8>) -> Result<(), wit_state::StateError> {
         self.state_write()?;
-        let result = self.state.set(&key, &value).map_err(state_error);
+        let state = self.state.clone();
+        let result = blocking(move || state.set(&key, &value)).await;
         if let Err(e) = &result {
             tracing::warn!(target: "flotilla::plugin", pool = %self.origin.pool, plugin = %self.origin.plugin, "plugin state write refused: {e:?}");
         }
         result
     }
 
-    fn delete(&mut self, key: String) -> Result<(), wit_state::StateError> {
+    async fn delete(&mut self, key: String) -> Result<(), wit_state::StateError> {
         self.state_write()?;
-        self.state.delete(&key).map_err(state_error)
+        let state = self.state.clone();
+        blocking(move || state.delete(&key)).await
     }
 
     fn keys(&mut self) -> Result<Vec<String>, wit_state::StateError> {
@@ -453,6 +461,20 @@ impl HostState {
         self.state_writes_left -= 1;
         Ok(())
     }
+}
+
+/// Runs a state write on tokio's blocking pool (a durable commit waits for the disk).
+async fn blocking(
+    write: impl FnOnce() -> Result<(), flotilla_provider::StateError> + Send + 'static,
+) -> Result<(), wit_state::StateError> {
+    tokio::task::spawn_blocking(write)
+        .await
+        .unwrap_or_else(|e| {
+            Err(flotilla_provider::StateError::Unavailable(format!(
+                "the write did not finish: {e}"
+            )))
+        })
+        .map_err(state_error)
 }
 
 fn state_error(e: flotilla_provider::StateError) -> wit_state::StateError {

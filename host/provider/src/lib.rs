@@ -8,7 +8,7 @@
 //! implementation; tests and the simulator use in-process ones.
 
 mod state;
-pub use state::{MemoryState, PluginState, StateError, StateLimits};
+pub use state::{Budgeted, MemoryState, PluginState, StateError, StateLimits};
 
 use std::fmt;
 use std::time::Duration;
@@ -391,4 +391,8 @@ pub trait Provider: Send + Sync {
     async fn shutdown(&self) -> Result<(), CallError>;
     /// Fault counters, so pools can report degraded plugins.
     fn health(&self) -> ProviderHealth;
+    /// The host is closing the pool (its shutdown grace is over): calls running now end at
+    /// once, and only `decrease` and `shutdown` are taken from now on, so the plugin's
+    /// shutdown never waits behind a call that may run to its deadline.
+    fn close(&self) {}
 }

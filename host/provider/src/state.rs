@@ -35,6 +35,10 @@ pub struct StateLimits {
     /// Writes (`set`, `delete`) in one export call: each is a durable commit to the file the
     /// lease journal shares, so a plugin that writes in a loop must not hold it.
     pub writes_per_call: u32,
+    /// Bytes (key and value) a pool's plugin may write per minute, with a burst of as much:
+    /// the state's whole size may be rewritten once a minute, never in a loop that keeps the
+    /// file every pool's leases are committed to busy.
+    pub write_bytes_per_minute: usize,
 }
 
 impl Default for StateLimits {
@@ -45,6 +49,7 @@ impl Default for StateLimits {
             keys: 1024,
             total_bytes: 1 << 20,
             writes_per_call: 64,
+            write_bytes_per_minute: 1 << 20,
         }
     }
 }
@@ -144,9 +149,88 @@ impl PluginState for MemoryState {
     }
 }
 
+/// A pool's state with a write budget ([`StateLimits::write_bytes_per_minute`]): a token
+/// bucket of bytes, full at start, refilled continuously. A write past it is refused whole,
+/// before it reaches the store, and the plugin is told to try later.
+#[derive(Debug)]
+pub struct Budgeted {
+    inner: std::sync::Arc<dyn PluginState>,
+    per_minute: usize,
+    /// Bytes that may be written now, and when that was computed.
+    bucket: Mutex<(f64, std::time::Instant)>,
+}
+
+impl Budgeted {
+    /// `inner`, writing at most `per_minute` bytes a minute.
+    pub fn new(inner: std::sync::Arc<dyn PluginState>, per_minute: usize) -> Budgeted {
+        Budgeted {
+            inner,
+            per_minute,
+            bucket: Mutex::new((per_minute as f64, std::time::Instant::now())),
+        }
+    }
+
+    /// Takes `bytes` from the bucket, or says why not.
+    fn take(&self, bytes: usize) -> Result<(), StateError> {
+        let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        let rate = self.per_minute as f64 / 60.0;
+        let refilled = (bucket.0 + now.duration_since(bucket.1).as_secs_f64() * rate)
+            .min(self.per_minute as f64);
+        *bucket = (refilled, now);
+        if (bytes as f64) > refilled {
+            return Err(StateError::TooLarge(format!(
+                "the pool's state takes at most {} bytes of writes a minute; this write of {bytes} bytes is over that budget, try again later",
+                self.per_minute
+            )));
+        }
+        bucket.0 = refilled - bytes as f64;
+        Ok(())
+    }
+}
+
+impl PluginState for Budgeted {
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StateError> {
+        self.inner.get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StateError> {
+        self.take(key.len() + value.len())?;
+        self.inner.set(key, value)
+    }
+
+    fn delete(&self, key: &str) -> Result<(), StateError> {
+        self.take(key.len())?;
+        self.inner.delete(key)
+    }
+
+    fn keys(&self) -> Result<Vec<String>, StateError> {
+        self.inner.keys()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_past_the_byte_budget_are_refused_until_it_refills() {
+        let state = Budgeted::new(std::sync::Arc::new(MemoryState::default()), 60_000);
+        // The burst: 60,000 bytes at once.
+        for i in 0..6 {
+            state
+                .set(&format!("k{i}"), &[0; 9_998])
+                .expect("within the burst");
+        }
+        let refused = state.set("k6", &[0; 9_998]).expect_err("over budget");
+        assert!(
+            matches!(refused, StateError::TooLarge(m) if m.contains("60000 bytes of writes a minute"))
+        );
+        assert_eq!(state.get("k6").expect("read"), None, "refused whole");
+        // 1,000 bytes a second come back.
+        std::thread::sleep(std::time::Duration::from_millis(1_100));
+        state.set("k6", &[0; 998]).expect("refilled");
+    }
 
     #[test]
     fn writes_past_the_limits_are_refused_whole() {

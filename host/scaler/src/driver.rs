@@ -643,6 +643,9 @@ impl PoolHandle {
         if busy > 0 {
             tracing::warn!(pool = %self.name, busy, "grace period over with leases still held");
         }
+        // A plugin call still running (an update up to its deadline) must not hold up the
+        // deletions and the plugin's shutdown.
+        self.provider.close();
         if delete_instances {
             let ids = self.core().instance_ids();
             if !ids.is_empty() {

@@ -4,7 +4,7 @@
 //! init, update, increase, decrease, connect-info, heartbeat, shutdown and fault is one of
 //! `trap`, `panic`, `loop`, `alloc`, `sleep`, `dup-ids`, `over-increase`, `foreign-ids`, and
 //! for update `huge-list`, `long-id`, `long-error`, `log-forge`, `fields-flood`,
-//! `fields-oversized`, `state-flood`.
+//! `fields-oversized`, `state-flood`, `state-churn`.
 //! `"again": {"init": "<fault>"}` applies a fault only to `init` of a re-instantiated plugin
 //! (after a trap or a timeout): the guest counts its inits in the pool's `state`, which
 //! outlives an instance.
@@ -173,6 +173,14 @@ impl Guest for Misbehave {
                             )));
                         }
                     }
+                }
+            }
+            // 64 writes of 64 KiB to one key in every update, whatever the host answers: a
+            // plugin that churns its state, each write a durable commit.
+            Some("state-churn") => {
+                let value = vec![b's'; 64 << 10];
+                for _ in 0..64 {
+                    let _ = flotilla::provider::state::set("churn", &value);
                 }
             }
             // One header set of 256 KiB.
