@@ -519,7 +519,12 @@ async fn a_machine_that_ran_one_projects_job_never_runs_anothers() {
         assert_eq!(job.stage(&["cleanup"]).code, 0);
     };
     let first = fleet.job_of(9101, 1, false);
-    assert_eq!(first.stage(&["prepare"]).code, 0);
+    let prepared = first.stage(&["prepare"]);
+    assert_eq!(prepared.code, 0, "{prepared:?}");
+    assert!(
+        format!("{}{}", prepared.stdout, prepared.stderr).contains("serves project-1 only"),
+        "prepare does not say what sharing the machine means: {prepared:?}"
+    );
     let mine = instance_of(&fleet, 9101).await;
     ran(&first);
 

@@ -124,6 +124,18 @@ impl Place for InstancePlace {
             self.own.job_dir(&self.job.id),
             acquired.instance
         ));
+        crate::outcome::say(
+            &match self.own.tenant(&self.job.project, self.job.protected) {
+                Some(tenant) => format!(
+                    "flotilla: instance {} serves {tenant} only. Unless its pool sets max_use_count = 1, later jobs of {tenant} run there as the same user: what this job leaves on the machine (files, processes) can read their scripts and secrets",
+                    acquired.instance
+                ),
+                None => format!(
+                    "flotilla: UNSAFE (--unsafe-share-machines-across-projects): instance {} runs jobs of any project as the same user; unless its pool sets max_use_count = 1, what this job leaves there can read later jobs' scripts and secrets, and what earlier jobs left can read this one's",
+                    acquired.instance
+                ),
+            },
+        );
         Ok(Duration::ZERO)
     }
 
