@@ -370,3 +370,108 @@ fn tune_refuses_bad_histories_by_line_and_names_the_closest_goal_when_out_of_rea
         "{out}"
     );
 }
+
+/// A pool too small for its history: every candidate, screened or verified, has jobs giving up.
+/// `tune` says how many at least (never "at least 0"), and exits 1.
+#[test]
+fn tune_says_how_many_jobs_give_up_when_every_candidate_times_out() {
+    let pool = temp(
+        "small.toml",
+        br#"[[pool]]
+name = "tiny"
+plugin = "builtin:static"
+capacity_per_instance = 1
+max_instances = 1
+instance_acquire_timeout = "1m"
+update_interval = "30s"
+
+[[pool.policy]]
+periods = ["* * * * *"]
+timezone = "UTC"
+idle_count = 1
+idle_time = "30m"
+"#,
+    );
+    let mut csv = String::from("submit_at,duration_s\n");
+    for day in 2..=9 {
+        for i in 0..20 {
+            csv.push_str(&format!("2026-11-{day:02}T10:00:{i:02}Z,3600\n"));
+        }
+    }
+    let history = temp("crowd.csv", csv.as_bytes());
+    let (code, out, err) = flotilla(&[
+        "tune",
+        "-c",
+        &pool,
+        "--history",
+        &history,
+        "--wait-p95",
+        "60s",
+        "--holdout",
+        "0s",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    let said = format!("{out}{err}");
+    assert!(said.contains("no policy tried avoids timeouts"), "{said}");
+    assert!(!said.contains("at least 0 "), "{said}");
+    let fewest: u64 = said
+        .split("at least ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count: {said}"));
+    // 20 jobs a day at once for one slot: 19 of them cannot wait an hour.
+    assert!(fewest >= 19, "{said}");
+}
+
+/// The recommendation, replayed on held-out days much busier than the fitted ones, misses the
+/// goal: `tune` warns in plain words, and `--strict` exits 1.
+#[test]
+fn tune_warns_when_the_held_out_days_miss_the_goal_and_strict_fails() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/tune");
+    let pool = format!("{root}/pool.toml");
+    // Two quiet weeks (a job every ten minutes), then a week of bursts of 60 jobs an hour.
+    let mut csv = String::from("submit_at,duration_s\n");
+    for day in 2..=15 {
+        for minute in (0..24 * 60).step_by(10) {
+            csv.push_str(&format!(
+                "2026-11-{day:02}T{:02}:{:02}:00Z,300\n",
+                minute / 60,
+                minute % 60
+            ));
+        }
+    }
+    for day in 16..=22 {
+        for hour in 0..24 {
+            for i in 0..60 {
+                csv.push_str(&format!("2026-11-{day:02}T{hour:02}:00:{i:02}Z,900\n"));
+            }
+        }
+    }
+    let history = temp("shift.csv", csv.as_bytes());
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "tune",
+            "-c",
+            &pool,
+            "--history",
+            &history,
+            "--wait-p95",
+            "60s",
+            "--holdout",
+            "7days",
+        ];
+        args.extend_from_slice(extra);
+        flotilla(&args)
+    };
+    let (code, out, err) = run(&[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("WARNING: the recommendation misses the goal on the held-out days"),
+        "{out}"
+    );
+    assert!(err.contains("warning:"), "{err}");
+    let (code, _, err) = run(&["--strict"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--strict: the recommendation misses the goal"), "{err}");
+}

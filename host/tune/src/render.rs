@@ -137,6 +137,9 @@ pub fn text(o: &Outcome) -> String {
         if let Some(r) = &o.recommended_holdout {
             out.push_str(&row("recommended", r));
         }
+        if let Some(miss) = &o.holdout_miss {
+            let _ = writeln!(out, "\nWARNING: {miss}.");
+        }
     }
     if o.recommended.is_some() {
         out.push_str("\nSensitivity:\n");

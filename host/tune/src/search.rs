@@ -199,6 +199,9 @@ pub struct Outcome {
     /// When the goal is out of reach: the best p95 any verified policy reached without
     /// timeouts, and why.
     pub unreachable: Option<String>,
+    /// When the recommendation misses the goal on the held-out part: by how much. The fitted
+    /// history then did not represent the held-out days.
+    pub holdout_miss: Option<String>,
     /// Which part +50% load was applied to ("held-out" or "fitted").
     pub plus_half_on: &'static str,
     /// Where the time went.
@@ -746,9 +749,23 @@ pub fn search(input: &Input, goal: &Goal, jobs: &[Job]) -> Result<Outcome, Searc
                     best.ceil().max(1.0)
                 ),
                 None => {
-                    let most = points.iter().map(|p| p.fit.timed_out).min().unwrap_or(0);
+                    // Every policy tried times out: the fewest that give up, among the
+                    // verified ones, the current one and the screened ones (when every
+                    // screened candidate times out, none is verified).
+                    let fewest = points
+                        .iter()
+                        .map(|p| p.fit.timed_out)
+                        .chain(std::iter::once(current_point.fit.timed_out))
+                        .chain(screened.iter().map(|s| s.figures.timed_out))
+                        .min()
+                        .unwrap_or(0);
+                    let some = if fewest > 0 {
+                        format!("at least {fewest} job(s)")
+                    } else {
+                        "some jobs".to_string()
+                    };
                     format!(
-                        "no policy tried avoids timeouts: at least {most} job(s) give up waiting (instance_acquire_timeout) even with the most idle capacity; raise max_instances or instance_acquire_timeout"
+                        "no policy tried avoids timeouts: {some} give up waiting (instance_acquire_timeout) even with the most idle capacity; raise max_instances or instance_acquire_timeout"
                     )
                 }
             },
@@ -785,6 +802,20 @@ pub fn search(input: &Input, goal: &Goal, jobs: &[Job]) -> Result<Outcome, Searc
         None
     };
     let plus_half_load = if recommended.is_some() { take()? } else { None };
+    let holdout_miss = recommended_holdout
+        .as_ref()
+        .filter(|held| !held.meets(goal))
+        .map(|held| {
+            let timeouts = if held.timed_out > 0 {
+                format!(", {} job(s) gave up waiting", held.timed_out)
+            } else {
+                String::new()
+            };
+            format!(
+                "the recommendation misses the goal on the held-out days: wait p95 {:.1}s against {}s{timeouts}. The fitted days did not look like them (a busier week, a new pipeline); hold out less (--holdout), tune on a longer history, or take a policy with more idle capacity from the frontier",
+                held.wait_p95_s, goal.wait_p95_s
+            )
+        });
     let estimates = front
         .iter()
         .filter(|(_, _, s)| {
@@ -823,6 +854,7 @@ pub fn search(input: &Input, goal: &Goal, jobs: &[Job]) -> Result<Outcome, Searc
         frontier: verified_front,
         estimates,
         unreachable,
+        holdout_miss,
         plus_half_on: if sim_held.is_some() {
             "held-out"
         } else {

@@ -70,6 +70,10 @@ pub struct Args {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Exit non-zero when the recommendation misses the goal on the held-out days (for a
+    /// pipeline that applies what `tune` recommends).
+    #[arg(long)]
+    pub strict: bool,
 }
 
 const DAY_MS: i64 = 86_400_000;
@@ -188,9 +192,15 @@ impl Args {
                 );
             }
         }
-        match &outcome.unreachable {
-            Some(why) => Err(super::Reported(why.clone()).into()),
-            None => Ok(()),
+        if let Some(miss) = &outcome.holdout_miss {
+            eprintln!("warning: {miss}");
+        }
+        match (&outcome.unreachable, &outcome.holdout_miss) {
+            (Some(why), _) => Err(super::Reported(why.clone()).into()),
+            (None, Some(miss)) if self.strict => {
+                Err(super::Reported(format!("--strict: {miss}")).into())
+            }
+            _ => Ok(()),
         }
     }
 }
