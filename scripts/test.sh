@@ -20,7 +20,8 @@ rustup component list --installed | grep -q '^clippy' || rustup component add cl
 rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
 
 # Debian packages the tests run against:
-#   prometheus      promtool lints the /metrics output;
+#   prometheus      promtool lints the /metrics output, and a real server discovers the
+#                   machines through /sd/prometheus (prometheus-node-exporter on them);
 #   docker-registry the CNCF distribution registry for the OCI tests (htpasswd: apache2-utils);
 #   bsdutils        `script`, a pseudo-terminal for the progress-bar test;
 #   openssh-server  loopback sshd daemons as the connector's machines (started by the tests);
@@ -41,6 +42,7 @@ rustup component list --installed | grep -q '^rustfmt' || rustup component add r
 # Some tests need root: that dockerd, and stand-ins served on port 443 of 127.0.0.N.
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
+command -v prometheus-node-exporter >/dev/null || need+=(prometheus-node-exporter)
 command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
 command -v script >/dev/null || need+=(bsdutils)

@@ -39,6 +39,9 @@ pub struct Connector {
     permits: tokio::sync::Semaphore,
     /// The Docker channels lease holders opened, cut when their lease ends.
     channels: LeaseChannels,
+    /// The last `connect-info` of each instance (addresses, system, architecture), for the
+    /// instances API and Prometheus's service discovery.
+    described: Mutex<HashMap<String, Connection>>,
 }
 
 /// stderr bytes quoted in a failure message.
@@ -72,6 +75,7 @@ impl Connector {
             tls_targets: Mutex::new(HashMap::new()),
             permits: tokio::sync::Semaphore::new(CONCURRENT_CHECKS),
             channels: LeaseChannels::default(),
+            described: Mutex::new(HashMap::new()),
         }
     }
 
@@ -236,8 +240,21 @@ impl Connector {
         self.kept_session(instance).map(|s| s.target().to_string())
     }
 
+    /// The plugin's last `connect-info` answer for an instance, if the host asked for one.
+    pub fn described(&self, instance: &str) -> Option<Connection> {
+        self.described.lock().get(instance).cloned()
+    }
+
+    /// The address the host reaches an instance at (internal, or external with
+    /// `use_external_address`), from its last `connect-info`.
+    pub fn reached_address(&self, instance: &str) -> Option<String> {
+        let described = self.described(instance)?;
+        self.chosen_address(instance, &described).ok().cloned()
+    }
+
     /// Drops what is kept for an instance that is gone.
     pub fn forget(&self, instance: &str) {
+        self.described.lock().remove(instance);
         self.sessions.lock().remove(instance);
         self.tls_targets.lock().remove(instance);
         if let HostKeyPolicy::Pin(pins) = &self.policy {
@@ -251,6 +268,9 @@ impl Connector {
             .connect_info(instance)
             .await
             .map_err(|e| NotReady::new("connect-info", format!("connect-info: {e}")))?;
+        self.described
+            .lock()
+            .insert(instance.to_string(), connection.clone());
         let host = self.chosen_address(instance, &connection)?;
         match connection.protocol {
             Protocol::Ssh => {

@@ -57,6 +57,11 @@ impl Secret {
         &self.0
     }
 
+    /// Whether two secrets hold the same value (so one can be refused as a copy of the other).
+    pub fn same_as(&self, other: &Secret) -> bool {
+        self.matches(other.0.as_bytes())
+    }
+
     /// Whether `given` equals the secret, compared in constant time (for bearer tokens a
     /// client presents), so the secret itself never leaves this crate.
     pub fn matches(&self, given: &[u8]) -> bool {

@@ -93,8 +93,11 @@ fn bench(c: &mut Criterion) {
             metrics: metrics.pool("ci", "bench"),
             delete_on_shutdown: false,
             plugin_digest: "sha256:bench".into(),
+            plugin: String::new(),
+            exporter_ports: Vec::new(),
         };
         let state = Arc::new(AppState {
+            sd_token: None,
             pools: Pools::running([("ci".to_string(), running)]),
             token: None,
             metrics,

@@ -26,6 +26,8 @@ pub struct AppState {
     pub pools: Pools,
     /// The API token; `None` leaves `/v1` open (only allowed on loopback by `run`).
     pub token: Option<Secret>,
+    /// The read-only token of `/sd/prometheus`; `None`: the endpoint is off.
+    pub sd_token: Option<Secret>,
     /// Metrics registry.
     pub metrics: Metrics,
     /// Set once SIGTERM arrives.
@@ -115,6 +117,7 @@ fn health_routes() -> Router<Shared> {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
+        .route("/sd/prometheus", get(crate::sd::prometheus))
 }
 
 /// The router of `server.metrics_listen`: health and metrics only, never the lease API.
@@ -123,7 +126,7 @@ pub fn health_router(state: Shared) -> Router {
         .fallback(|| async {
             ApiError::new(
                 ErrorCode::NotFound,
-                "this listener serves /metrics, /healthz and /readyz only",
+                "this listener serves /metrics, /healthz, /readyz and /sd/prometheus only",
             )
         })
         .with_state(state)

@@ -177,6 +177,8 @@ async fn start_pool(
         metrics: pool_metrics,
         delete_on_shutdown: pool.delete_instances_on_shutdown,
         plugin_digest,
+        plugin: pool.plugin.to_string(),
+        exporter_ports: pool.exporter_ports.clone(),
     })
 }
 
@@ -301,9 +303,26 @@ async fn build(config_path: &Path) -> anyhow::Result<Built> {
         Some(s) => s.max_lease_id()?.saturating_add(1),
         None => 1,
     });
+    let sd_token = match &cfg.sd_token {
+        Some(source) => {
+            if let flotilla_credentials::SecretSource::File(path) = source {
+                flotilla_net::fs::check_secret_file_mode(path)
+                    .map_err(|why| anyhow::anyhow!("server.sd_token: {why}"))?;
+            }
+            let sd = source.resolve("server.sd_token")?;
+            if token.as_ref().is_some_and(|t| t.same_as(&sd)) {
+                anyhow::bail!(
+                    "server.sd_token is the lease token: give service discovery a token of its own, which opens nothing but the machine list"
+                );
+            }
+            Some(sd)
+        }
+        None => None,
+    };
     let state = Arc::new(AppState {
         pools: Pools::starting(cfg.pools.iter().map(|p| p.name.as_str()), now_ms()),
         token,
+        sd_token,
         metrics,
         draining: AtomicBool::new(false),
     });

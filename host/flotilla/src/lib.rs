@@ -20,6 +20,7 @@ pub mod config;
 pub mod metrics;
 pub mod pools;
 pub mod preflight;
+pub mod sd;
 pub mod serve;
 pub mod signals;
 pub mod simulate;

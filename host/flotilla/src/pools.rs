@@ -23,6 +23,10 @@ pub struct RunningPool {
     pub delete_on_shutdown: bool,
     /// The plugin's digest (`sha256:...`), carried by the pool's log lines.
     pub plugin_digest: String,
+    /// The plugin as configured (a path or an `oci://` reference).
+    pub plugin: String,
+    /// Exporter ports `/sd/prometheus` lists per instance.
+    pub exporter_ports: Vec<u16>,
 }
 
 /// Where a pool is.

@@ -920,3 +920,160 @@ async fn running_scripts_ride_through_a_kill_9_of_the_host() {
     }
     fleet.assert_no_lease().await;
 }
+
+/// Prometheus discovers the machines: a real server (Debian's `prometheus`) reads
+/// `/sd/prometheus` with the read-only token and scrapes a real node_exporter at each machine's
+/// address; the endpoint refuses requests without that token, the lease token included; and a
+/// machine the scaler removes leaves the target list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
+    use flotilla_harness::process::Daemon;
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("a free port")
+            .local_addr()
+            .expect("addr")
+            .port()
+    };
+    let work = tempfile::tempdir().expect("dir");
+    let exporter_port = free();
+    let _exporter = Daemon::spawn(
+        {
+            let mut c = std::process::Command::new("prometheus-node-exporter");
+            c.arg(format!("--web.listen-address=127.0.0.1:{exporter_port}"));
+            c
+        },
+        &work.path().join("node-exporter.log"),
+    );
+    let sd_token = work.path().join("sd-token");
+    flotilla_harness::write_secret(&sd_token, "sd-read-only-7f3c");
+    let fleet = Machines::start_full(
+        2,
+        1,
+        &format!("exporter_ports = [{exporter_port}]\n"),
+        "",
+        &format!(
+            "metrics_listen = \"127.0.0.1:0\"\nsd_token = {{ file = \"{}\" }}\n",
+            sd_token.display()
+        ),
+    )
+    .await;
+    let metrics = fleet.flotilla.metrics.clone().expect("metrics_listen");
+    let sd = format!("{metrics}/sd/prometheus");
+    let client = reqwest::Client::new();
+    let get = |token: Option<&'static str>| {
+        let mut request = client.get(&sd);
+        if let Some(t) = token {
+            request = request.bearer_auth(t);
+        }
+        async move {
+            let answer = request.send().await.expect("sd");
+            let status = answer.status().as_u16();
+            (status, answer.text().await.unwrap_or_default())
+        }
+    };
+    assert_eq!(get(None).await.0, 401);
+    assert_eq!(get(Some(common::TOKEN)).await.0, 401, "the lease token opened SD");
+    let (status, body) = get(Some("sd-read-only-7f3c")).await;
+    assert_eq!(status, 200, "{body}");
+    let groups: Value = serde_json::from_str(&body).expect("JSON");
+    let groups = groups.as_array().expect("a list");
+    assert_eq!(groups.len(), 2, "{body}");
+    for g in groups {
+        assert_eq!(
+            g["targets"],
+            serde_json::json!([format!("127.0.0.1:{exporter_port}")]),
+            "{body}"
+        );
+        assert_eq!(g["labels"]["__meta_flotilla_pool"], "ci", "{body}");
+        assert_eq!(g["labels"]["__meta_flotilla_state"], "ready", "{body}");
+        assert_eq!(g["labels"]["__meta_flotilla_os"], "linux", "{body}");
+    }
+
+    let prometheus_port = free();
+    let config = work.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: machines\n    http_sd_configs:\n      - url: {sd}\n        refresh_interval: 1s\n        authorization:\n          credentials_file: {token}\n    relabel_configs:\n      - source_labels: [__meta_flotilla_instance_id]\n        target_label: flotilla_instance\n      - source_labels: [__meta_flotilla_pool]\n        target_label: pool\n",
+            token = sd_token.display()
+        ),
+    )
+    .expect("prometheus.yml");
+    let _prometheus = Daemon::spawn(
+        {
+            let mut c = std::process::Command::new("prometheus");
+            c.arg(format!("--config.file={}", config.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    work.path().join("tsdb").display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"));
+            c
+        },
+        &work.path().join("prometheus.log"),
+    );
+    let targets = || {
+        let client = client.clone();
+        async move {
+            let answer = client
+                .get(format!(
+                    "http://127.0.0.1:{prometheus_port}/api/v1/targets?state=active"
+                ))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            let v: Value = answer.json().await.map_err(|e| e.to_string())?;
+            let active = v["data"]["activeTargets"].as_array().cloned().unwrap_or_default();
+            Ok::<Vec<(String, String)>, String>(
+                active
+                    .iter()
+                    .map(|t| {
+                        (
+                            t["labels"]["flotilla_instance"].as_str().unwrap_or("").to_string(),
+                            t["health"].as_str().unwrap_or("").to_string(),
+                        )
+                    })
+                    .collect(),
+            )
+        }
+    };
+    let logs = || std::fs::read_to_string(work.path().join("prometheus.log")).unwrap_or_default();
+    poll::until("Prometheus to scrape both machines' node_exporter", Duration::from_secs(60), || async {
+        match targets().await {
+            Ok(mut t) => {
+                t.sort();
+                if t == [("m1".to_string(), "up".to_string()), ("m2".to_string(), "up".to_string())] {
+                    Ok(())
+                } else {
+                    Err(format!("{t:?}\n{}", logs()))
+                }
+            }
+            Err(e) => Err(e),
+        }
+    })
+    .await;
+
+    // One machine fewer: the policy keeps one idle slot, for a second.
+    let config_file = fleet.flotilla.dir.path().join("flotilla.toml");
+    let text = std::fs::read_to_string(&config_file).expect("config");
+    let text = text
+        .replace("idle_count = 2", "idle_count = 1")
+        .replace("idle_time = \"1h\"", "idle_time = \"1s\"");
+    std::fs::write(&config_file, text).expect("config");
+    poll::until("the removed machine to leave Prometheus's targets", Duration::from_secs(60), || async {
+        match targets().await {
+            Ok(t) if t.len() == 1 => Ok(()),
+            Ok(t) => Err(format!("{t:?}\n{}", fleet.flotilla.log())),
+            Err(e) => Err(e),
+        }
+    })
+    .await;
+    let (status, body) = get(Some("sd-read-only-7f3c")).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).expect("JSON").as_array().map(Vec::len),
+        Some(1),
+        "{body}"
+    );
+}

@@ -77,6 +77,10 @@ pub struct ServerConfig {
     /// reloaded when either file changes.
     #[serde(default)]
     pub tls: Option<ServerTlsConfig>,
+    /// The read-only bearer token of `/sd/prometheus` (Prometheus's HTTP service discovery of
+    /// the pools' machines); never the lease token. Absent: the endpoint is off.
+    #[serde(default)]
+    pub sd_token: Option<SecretSource>,
 }
 
 /// `[server] tls`.
@@ -117,6 +121,7 @@ impl Default for ServerConfig {
             max_unauthenticated_connections: default_max_unauthenticated(),
             header_read_timeout: default_header_read_timeout(),
             tls: None,
+            sd_token: None,
         }
     }
 }
@@ -138,6 +143,8 @@ pub struct Config {
     pub limits: crate::serve::Limits,
     /// The API listener's certificate and key files, for TLS.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// The read-only token of `/sd/prometheus`.
+    pub sd_token: Option<SecretSource>,
     /// Compile and OCI cache directory.
     pub cache_dir: Option<PathBuf>,
     /// State directory (pool SSH keys), when one is configured or known.
@@ -367,7 +374,23 @@ impl Validate for FileConfig {
             };
             (file("cert", &t.cert), file("key", &t.key))
         });
-        if !token_ok || !metrics_ok {
+        let sd_ok = match &self.server.sd_token {
+            None => true,
+            Some(sd) => {
+                let at = server.key("sd_token");
+                let mut ok = sd.check(&at, problems);
+                if ok
+                    && let (true, SecretSource::File(path)) = (cx.check_files, sd.resolved(cx))
+                    && path.exists()
+                    && let Err(why) = flotilla_net::fs::check_secret_file_mode(&path)
+                {
+                    problems.add(&at, why.to_string());
+                    ok = false;
+                }
+                ok
+            }
+        };
+        if !token_ok || !metrics_ok || !sd_ok {
             return None;
         }
         let limits = limits?;
@@ -379,6 +402,7 @@ impl Validate for FileConfig {
             shutdown_grace: self.server.shutdown_grace,
             limits,
             tls,
+            sd_token: self.server.sd_token.as_ref().map(|t| t.resolved(cx)),
             cache_dir: self.cache_dir.as_deref().map(|d| cx.resolve(d)),
             state_dir: self
                 .state_dir

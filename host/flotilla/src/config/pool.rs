@@ -76,6 +76,10 @@ pub struct PoolConfig {
     /// Delete the pool's instances after draining on shutdown.
     #[serde(default)]
     pub delete_instances_on_shutdown: bool,
+    /// The ports of the exporters on each instance that `/sd/prometheus` lists as targets
+    /// (node_exporter's 9100 by default; `[]`: none).
+    #[serde(default = "node_exporter_port")]
+    pub exporter_ports: Vec<u16>,
     /// Token bucket on instance creation.
     #[serde(default)]
     pub scale_throttle: Option<ThrottleConfig>,
@@ -155,6 +159,12 @@ pub struct Pool {
     pub delete_instances_on_shutdown: bool,
     /// SSH readiness settings, when `[pool.connector]` is set.
     pub connector: Option<ConnectorSettings>,
+    /// Exporter ports `/sd/prometheus` lists per instance.
+    pub exporter_ports: Vec<u16>,
+}
+
+fn node_exporter_port() -> Vec<u16> {
+    vec![9100]
 }
 
 impl Pool {
@@ -344,7 +354,17 @@ impl Validate for PoolConfig {
                 );
             })
             .ok();
-        if !named {
+        let mut ports_ok = true;
+        for (i, port) in self.exporter_ports.iter().enumerate() {
+            if *port == 0 || self.exporter_ports[..i].contains(port) {
+                problems.add(
+                    &at.key("exporter_ports").index(i),
+                    format!("{port}: a port must be 1-65535 and listed once"),
+                );
+                ports_ok = false;
+            }
+        }
+        if !named || !ports_ok {
             return None;
         }
         Some(Pool {
@@ -357,6 +377,7 @@ impl Validate for PoolConfig {
             sandbox: sandbox?,
             delete_instances_on_shutdown: self.delete_instances_on_shutdown,
             connector: connector?,
+            exporter_ports: self.exporter_ports.clone(),
         })
     }
 }

@@ -34,6 +34,17 @@ impl Machines {
 
     /// The same, with `sshd_extra` in every machine's `sshd_config`.
     pub async fn start_with(n: usize, capacity: u32, extra: &str, sshd_extra: &str) -> Machines {
+        Machines::start_full(n, capacity, extra, sshd_extra, "").await
+    }
+
+    /// The same, with `server_extra` in the `[server]` table.
+    pub async fn start_full(
+        n: usize,
+        capacity: u32,
+        extra: &str,
+        sshd_extra: &str,
+        server_extra: &str,
+    ) -> Machines {
         install_runner_helper();
         let dir = tempfile::tempdir().expect("dir");
         let key = PoolKey::load_or_generate(&dir.path().join("keys"), "ci").expect("key");
@@ -57,7 +68,7 @@ impl Machines {
 listen = "127.0.0.1:0"
 token = {{ value = "{TOKEN}" }}
 shutdown_grace = "5s"
-
+{server_extra}
 [[pool]]
 name = "ci"
 plugin = "{plugin}"

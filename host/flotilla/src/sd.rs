@@ -1,0 +1,141 @@
+//! `GET /sd/prometheus`: Prometheus's HTTP service discovery of every pool's machines, so one
+//! Prometheus scrapes node_exporter (or any exporter) on the autoscaled machines as they come
+//! and go. The answer is the whole list each time, in the `http_sd_configs` format: one target
+//! group per instance and exporter port, `[]` when there is none.
+//!
+//! It has a read-only bearer token of its own (`server.sd_token`), never the lease token: the
+//! list tells where the machines are, and nothing here opens a lease, a shell or Docker.
+//!
+//! Owns: the answer's shape and labels. Must not know: how instances are reached (the
+//! connector says what the plugin last described).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use crate::api::AppState;
+
+/// `http_sd_configs` answers: every target group of every running pool.
+pub async fn prometheus(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let Some(token) = &state.sd_token else {
+        return plain(
+            StatusCode::NOT_FOUND,
+            "service discovery is off: set server.sd_token (a read-only token of its own)",
+        );
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !token.matches(given.as_bytes()) {
+        return plain(
+            StatusCode::UNAUTHORIZED,
+            "missing or invalid bearer token (server.sd_token)",
+        );
+    }
+    let mut groups = Vec::new();
+    for (name, pool) in state.pools.running_pools() {
+        let views = pool.handle.with_core(|c| c.instances());
+        for view in views {
+            let described = pool
+                .connector
+                .as_ref()
+                .and_then(|c| c.described(&view.id));
+            let address = pool
+                .connector
+                .as_ref()
+                .and_then(|c| c.reached_address(&view.id));
+            let mut labels = Map::new();
+            let mut label = |key: &str, value: String| {
+                labels.insert(format!("__meta_flotilla_{key}"), Value::String(value));
+            };
+            label("pool", name.clone());
+            label("plugin", pool.plugin.clone());
+            label("instance_id", view.id.clone());
+            label("state", state_name(&view));
+            label("use_count", view.use_count.to_string());
+            if let Some(tenant) = &view.tenant {
+                label("tenant", tenant.clone());
+            }
+            if let Some(d) = &described {
+                label("os", serde_name(&d.os));
+                label("arch", serde_name(&d.arch));
+                if let Some(a) = &d.internal_address {
+                    label("internal_address", a.clone());
+                }
+                if let Some(a) = &d.external_address {
+                    label("external_address", a.clone());
+                }
+            }
+            for port in &pool.exporter_ports {
+                let mut labels = labels.clone();
+                labels.insert(
+                    "__meta_flotilla_exporter_port".into(),
+                    Value::String(port.to_string()),
+                );
+                // An instance not described yet (still being created) is listed without a
+                // target, so its labels are there for dashboards.
+                let targets: Vec<String> = address
+                    .iter()
+                    .map(|a| host_port(a, *port))
+                    .collect();
+                groups.push(json!({ "targets": targets, "labels": labels }));
+            }
+        }
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        Value::Array(groups).to_string(),
+    )
+        .into_response()
+}
+
+/// The instance's state as the instances API writes it (`ready`, `creating`, ...).
+fn state_name(view: &flotilla_scaler::InstanceView) -> String {
+    serde_name(&view.state)
+}
+
+/// A unit enum's name as the API writes it.
+fn serde_name(value: &impl serde::Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(s)) => s,
+        other => format!("{other:?}"),
+    }
+}
+
+/// `host:port`, with an IPv6 address in brackets.
+fn host_port(address: &str, port: u16) -> String {
+    if address.contains(':') && !address.starts_with('[') {
+        format!("[{address}]:{port}")
+    } else {
+        format!("{address}:{port}")
+    }
+}
+
+/// An error answer in the API's shape.
+fn plain(status: StatusCode, message: &str) -> Response {
+    let code = if status == StatusCode::UNAUTHORIZED {
+        "unauthorized"
+    } else {
+        "not_found"
+    };
+    let body = json!({ "error": { "code": code, "message": message } });
+    (status, axum::Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_port;
+
+    #[test]
+    fn an_ipv6_address_is_bracketed() {
+        assert_eq!(host_port("10.0.0.5", 9100), "10.0.0.5:9100");
+        assert_eq!(host_port("fd00::5", 9100), "[fd00::5]:9100");
+        assert_eq!(host_port("node-1.internal", 9182), "node-1.internal:9182");
+    }
+}
