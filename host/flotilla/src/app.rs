@@ -182,6 +182,32 @@ async fn start_pool(
     })
 }
 
+/// Raises the soft limit of open files to the hard one: every job's Docker streams, long polls
+/// and SSH channels are descriptors, and distributions start services at a soft 1024 that a
+/// hundred jobs pass. A hard limit the operator set stays the bound.
+fn raise_open_file_limit() {
+    #[cfg(unix)]
+    {
+        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+        let limit = getrlimit(Resource::Nofile);
+        // Linux refuses a soft limit above nr_open even under an unlimited hard limit.
+        let target = limit.maximum.unwrap_or(1 << 20);
+        match limit.current {
+            Some(current) if current < target => {
+                let raised = Rlimit {
+                    current: Some(target),
+                    maximum: limit.maximum,
+                };
+                match setrlimit(Resource::Nofile, raised) {
+                    Ok(()) => tracing::info!(from = current, to = target, "open-file limit raised to the hard limit"),
+                    Err(e) => tracing::warn!(current, hard = target, "cannot raise the open-file limit: {e}"),
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 fn mtime(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
@@ -423,6 +449,7 @@ const PLUGIN_SHUTDOWN_ALLOWANCE: Duration = Duration::from_secs(15);
 /// start concurrently, so `/healthz`, `/readyz` and `/v1/pools` answer (and say which pools
 /// are still starting) while plugins compile and initialise.
 pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
+    raise_open_file_limit();
     let Built { cfg, ctx, state } = build(&config_path).await?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await

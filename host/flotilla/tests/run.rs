@@ -467,3 +467,40 @@ fn config_check_locates_connector_mistakes() {
         "{out}"
     );
 }
+
+/// A service started with a soft open-file limit of 256 (the hard one higher) raises it to the
+/// hard limit at start: a hundred jobs' streams need more than a distribution's default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("flotilla.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[[pool]]\nname = \"a\"\nplugin = \"{}\"\nmax_instances = 1\n[pool.plugin_config]\nhosts = [{{ address = \"127.0.0.1\" }}]\n",
+            guests::STATIC_PLUGIN
+        ),
+    )
+    .expect("config");
+    let mut command = std::process::Command::new("sh");
+    command
+        .args(["-c", "ulimit -Hn 4096 && ulimit -Sn 256 && exec \"$0\" run -c \"$1\""])
+        .arg(env!("CARGO_BIN_EXE_flotilla"))
+        .arg(&config)
+        .env("FLOTILLA_LOG", "info")
+        .env("XDG_CACHE_HOME", dir.path().join("cache"))
+        .env("XDG_DATA_HOME", dir.path().join("data"));
+    let mut daemon =
+        flotilla_harness::process::Daemon::spawn(command, &dir.path().join("flotilla.log"));
+    daemon
+        .logged("flotilla is listening", "listen", std::time::Duration::from_secs(60))
+        .await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.id())).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a line");
+    let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(numbers, ["4096", "4096"], "{line}");
+    assert!(daemon.log().contains("open-file limit raised"), "{}", daemon.log());
+}
