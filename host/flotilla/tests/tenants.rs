@@ -1118,3 +1118,38 @@ idle_time = "1h"
     assert!(took < Duration::from_secs(8), "took {took:?}\n{text}");
     assert!(text.contains("stopped"), "{text}");
 }
+
+/// The runner takes no job the fleet cannot run: `snippet` asks flotilla for the pool's slots
+/// (`max_instances × capacity_per_instance`, here 2 × 2) and writes them as the runner's
+/// `limit`, with a `request_concurrency` to suit; `--limit` overrides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snippet_limits_the_runner_to_the_pools_slots() {
+    let dir = tempfile::tempdir().expect("dir");
+    let f = Flotilla::start(dir, &static_config("", &static_pool("local", 1))).await;
+    let token = f.dir.path().join("token");
+    flotilla_harness::write_secret(&token, TOKEN);
+    let token = token.display().to_string();
+    let snippet = |extra: &[&str]| {
+        let mut args = vec![
+            "gitlab",
+            "--url",
+            &f.base,
+            "--pool",
+            "local",
+            "--token-file",
+            &token,
+        ];
+        args.extend_from_slice(extra);
+        args.push("snippet");
+        let (code, out, err) = cli(&args);
+        assert_eq!(code, 0, "{err}");
+        let doc: toml::Value = toml::from_str(&out).unwrap_or_else(|e| panic!("{e}\n{out}"));
+        let runner = doc["runners"][0].clone();
+        (
+            runner["limit"].as_integer(),
+            runner["request_concurrency"].as_integer(),
+        )
+    };
+    assert_eq!(snippet(&[]), (Some(4), Some(1)));
+    assert_eq!(snippet(&["--limit", "100"]), (Some(100), Some(10)));
+}

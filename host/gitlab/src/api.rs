@@ -398,6 +398,27 @@ impl ApiClient {
         Self::lease(&lease).map_err(|e| self.unreachable(e))
     }
 
+    /// The pool's job slots at most: `max_instances × capacity_per_instance`, as the host
+    /// knows them now (a group's own maximum may lower `max_instances`).
+    pub async fn pool_slots(&self) -> Result<u32, ApiError> {
+        let answer = self
+            .call(http::Method::GET, "/v1/pools", None, Duration::from_secs(5))
+            .await?;
+        let status = &answer["pools"][&self.pool]["status"];
+        match (
+            status["max_instances"].as_u64(),
+            status["capacity_per_instance"].as_u64(),
+        ) {
+            (Some(max), Some(capacity)) => {
+                Ok(u32::try_from(max.saturating_mul(capacity)).unwrap_or(u32::MAX))
+            }
+            _ => Err(self.unreachable(format!(
+                "pool {} is not running there (or this flotilla is too old to say its capacity)",
+                self.pool
+            ))),
+        }
+    }
+
     /// Binds the lease to a ready instance, waiting up to `limit`; the instance.
     pub async fn acquire(&self, id: u64, limit: Duration) -> Result<Acquired, ApiError> {
         let path = format!("{}/{id}/acquire", self.leases_path());

@@ -31,6 +31,10 @@ pub struct Args {
     /// FLOTILLA_CA_FILE; default: the public web roots].
     #[arg(long)]
     ca_file: Option<PathBuf>,
+    /// `snippet`: the runner's `limit` (the jobs it runs at once) [default: the pool's
+    /// `max_instances × capacity_per_instance`, asked from flotilla].
+    #[arg(long)]
+    limit: Option<u32>,
     /// Instance mode, UNSAFE: let a machine that ran a job of one project (or one protection)
     /// run jobs of others. They share the login user: a job can read later jobs' scripts and
     /// secrets, and leave code they run. Without it, each machine serves the first project
@@ -347,7 +351,7 @@ impl Args {
     /// Runs the stage; a job or system failure becomes the runner's exit code.
     pub async fn run(self) -> anyhow::Result<()> {
         if let Stage::Snippet = self.stage {
-            print!("{}", self.snippet()?);
+            print!("{}", self.snippet(&self.limit_lines().await)?);
             return Ok(());
         }
         let mut settings = self.settings()?;
@@ -429,8 +433,46 @@ impl Args {
         flags
     }
 
+    /// The runner's `limit` and `request_concurrency`: the pool's slots (`--limit`, or
+    /// `max_instances × capacity_per_instance` as the running flotilla says), so the runner
+    /// takes no job the fleet cannot run (the Custom executor fetches a job before `prepare`
+    /// can refuse it); a comment that says what to set when neither is known.
+    async fn limit_lines(&self) -> String {
+        let slots = match self.limit {
+            Some(n) => Ok((n, "--limit".to_string())),
+            None => match self.api() {
+                Ok(api) => api
+                    .pool_slots()
+                    .await
+                    .map(|n| {
+                        (
+                            n,
+                            "the pool's max_instances × capacity_per_instance, as flotilla says"
+                                .to_string(),
+                        )
+                    })
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        match slots {
+            Ok((n, from)) => {
+                let concurrency = (n / 10).clamp(1, 10);
+                format!(
+                    "  limit = {n}   # {from}: the runner takes no job the fleet cannot run\n  request_concurrency = {concurrency}   # job requests in flight at once (a tenth of the slots, 1 to 10): a burst fills the fleet in seconds, not one job per poll\n"
+                )
+            }
+            Err(why) => {
+                let why: String = why.chars().filter(|c| !c.is_control()).take(200).collect();
+                format!(
+                    "  # limit = N   # set N to the pool's max_instances × capacity_per_instance (flotilla could not be asked: {why}); without it the runner takes up to `concurrent` jobs, and those the fleet cannot run wait in prepare\n"
+                )
+            }
+        }
+    }
+
     /// The `[[runners]]` block: executor custom, the four stages with these flags.
-    fn snippet(&self) -> anyhow::Result<String> {
+    fn snippet(&self, limit: &str) -> anyhow::Result<String> {
         let url =
             env_or(&self.url, "FLOTILLA_URL").unwrap_or_else(|| "http://127.0.0.1:8080".into());
         let pool = env_or(&self.pool, "FLOTILLA_POOL").unwrap_or_else(|| "POOL".into());
@@ -529,7 +571,7 @@ impl Args {
   url = "https://gitlab.example.com"   # your GitLab
   token = "glrt-REPLACE-ME"            # the runner's authentication token
   executor = "custom"
-  builds_dir = {builds}{per_job}
+{limit}  builds_dir = {builds}{per_job}
   cache_dir = {cache}{per_project}
 {helper}{shell}{custom}"#,
             builds = serde_json::to_string(&builds)?,

@@ -77,6 +77,7 @@ impl PoolCore {
             desired: self.desired(now),
             pending: self.pending.len() as u32,
             max_instances: self.max_instances(),
+            capacity_per_instance: self.capacity(),
             last_error: self.last_error.clone(),
             restart: RestartView {
                 leases_restored: self.counters.leases_restored,

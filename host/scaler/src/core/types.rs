@@ -278,6 +278,8 @@ pub struct PoolSnapshot {
     pub pending: u32,
     /// Upper bound in force.
     pub max_instances: u32,
+    /// Job slots per instance.
+    pub capacity_per_instance: u32,
     /// The last provider error.
     pub last_error: Option<String>,
     /// What the last start restored and how long the pool took to adopt its instances.
