@@ -199,8 +199,16 @@ fn raise_open_file_limit() {
                     maximum: limit.maximum,
                 };
                 match setrlimit(Resource::Nofile, raised) {
-                    Ok(()) => tracing::info!(from = current, to = target, "open-file limit raised to the hard limit"),
-                    Err(e) => tracing::warn!(current, hard = target, "cannot raise the open-file limit: {e}"),
+                    Ok(()) => tracing::info!(
+                        from = current,
+                        to = target,
+                        "open-file limit raised to the hard limit"
+                    ),
+                    Err(e) => tracing::warn!(
+                        current,
+                        hard = target,
+                        "cannot raise the open-file limit: {e}"
+                    ),
                 }
             }
             _ => {}

@@ -26,10 +26,12 @@ pub async fn prometheus(State(state): State<Arc<AppState>>, headers: HeaderMap) 
             "service discovery is off: set server.sd_token (a read-only token of its own)",
         );
     };
+    // `Bearer <token>`; Prometheus 2.42's HTTP SD sends a `credentials_file` bare unless the
+    // config says `type: Bearer`, so the bare token is taken too: either way it is the secret.
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v))
         .unwrap_or("");
     if !token.matches(given.as_bytes()) {
         return plain(
@@ -41,10 +43,7 @@ pub async fn prometheus(State(state): State<Arc<AppState>>, headers: HeaderMap) 
     for (name, pool) in state.pools.running_pools() {
         let views = pool.handle.with_core(|c| c.instances());
         for view in views {
-            let described = pool
-                .connector
-                .as_ref()
-                .and_then(|c| c.described(&view.id));
+            let described = pool.connector.as_ref().and_then(|c| c.described(&view.id));
             let address = pool
                 .connector
                 .as_ref()
@@ -79,10 +78,7 @@ pub async fn prometheus(State(state): State<Arc<AppState>>, headers: HeaderMap) 
                 );
                 // An instance not described yet (still being created) is listed without a
                 // target, so its labels are there for dashboards.
-                let targets: Vec<String> = address
-                    .iter()
-                    .map(|a| host_port(a, *port))
-                    .collect();
+                let targets: Vec<String> = address.iter().map(|a| host_port(a, *port)).collect();
                 groups.push(json!({ "targets": targets, "labels": labels }));
             }
         }
@@ -96,7 +92,7 @@ pub async fn prometheus(State(state): State<Arc<AppState>>, headers: HeaderMap) 
 }
 
 /// The instance's state as the instances API writes it (`ready`, `creating`, ...).
-fn state_name(view: &flotilla_scaler::InstanceView) -> String {
+fn state_name(view: &flotilla_scaler::core::InstanceView) -> String {
     serde_name(&view.state)
 }
 

@@ -473,5 +473,8 @@ fn tune_warns_when_the_held_out_days_miss_the_goal_and_strict_fails() {
     assert!(err.contains("warning:"), "{err}");
     let (code, _, err) = run(&["--strict"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("--strict: the recommendation misses the goal"), "{err}");
+    assert!(
+        err.contains("--strict: the recommendation misses the goal"),
+        "{err}"
+    );
 }

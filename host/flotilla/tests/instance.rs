@@ -973,7 +973,11 @@ async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
         }
     };
     assert_eq!(get(None).await.0, 401);
-    assert_eq!(get(Some(common::TOKEN)).await.0, 401, "the lease token opened SD");
+    assert_eq!(
+        get(Some(common::TOKEN)).await.0,
+        401,
+        "the lease token opened SD"
+    );
     let (status, body) = get(Some("sd-read-only-7f3c")).await;
     assert_eq!(status, 200, "{body}");
     let groups: Value = serde_json::from_str(&body).expect("JSON");
@@ -995,7 +999,7 @@ async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
     std::fs::write(
         &config,
         format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: machines\n    http_sd_configs:\n      - url: {sd}\n        refresh_interval: 1s\n        authorization:\n          credentials_file: {token}\n    relabel_configs:\n      - source_labels: [__meta_flotilla_instance_id]\n        target_label: flotilla_instance\n      - source_labels: [__meta_flotilla_pool]\n        target_label: pool\n",
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: machines\n    http_sd_configs:\n      - url: {sd}\n        refresh_interval: 1s\n        authorization:\n          type: Bearer\n          credentials_file: {token}\n    relabel_configs:\n      - source_labels: [__meta_flotilla_instance_id]\n        target_label: flotilla_instance\n      - source_labels: [__meta_flotilla_pool]\n        target_label: pool\n",
             token = sd_token.display()
         ),
     )
@@ -1024,13 +1028,19 @@ async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
                 .await
                 .map_err(|e| e.to_string())?;
             let v: Value = answer.json().await.map_err(|e| e.to_string())?;
-            let active = v["data"]["activeTargets"].as_array().cloned().unwrap_or_default();
+            let active = v["data"]["activeTargets"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             Ok::<Vec<(String, String)>, String>(
                 active
                     .iter()
                     .map(|t| {
                         (
-                            t["labels"]["flotilla_instance"].as_str().unwrap_or("").to_string(),
+                            t["labels"]["flotilla_instance"]
+                                .as_str()
+                                .unwrap_or("")
+                                .to_string(),
                             t["health"].as_str().unwrap_or("").to_string(),
                         )
                     })
@@ -1039,19 +1049,26 @@ async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
         }
     };
     let logs = || std::fs::read_to_string(work.path().join("prometheus.log")).unwrap_or_default();
-    poll::until("Prometheus to scrape both machines' node_exporter", Duration::from_secs(60), || async {
-        match targets().await {
-            Ok(mut t) => {
-                t.sort();
-                if t == [("m1".to_string(), "up".to_string()), ("m2".to_string(), "up".to_string())] {
-                    Ok(())
-                } else {
-                    Err(format!("{t:?}\n{}", logs()))
+    poll::until(
+        "Prometheus to scrape both machines' node_exporter",
+        Duration::from_secs(60),
+        || async {
+            match targets().await {
+                Ok(mut t) => {
+                    t.sort();
+                    if t == [
+                        ("m1".to_string(), "up".to_string()),
+                        ("m2".to_string(), "up".to_string()),
+                    ] {
+                        Ok(())
+                    } else {
+                        Err(format!("{t:?}\n{}", logs()))
+                    }
                 }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        }
-    })
+        },
+    )
     .await;
 
     // One machine fewer: the policy keeps one idle slot, for a second.
@@ -1061,18 +1078,25 @@ async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
         .replace("idle_count = 2", "idle_count = 1")
         .replace("idle_time = \"1h\"", "idle_time = \"1s\"");
     std::fs::write(&config_file, text).expect("config");
-    poll::until("the removed machine to leave Prometheus's targets", Duration::from_secs(60), || async {
-        match targets().await {
-            Ok(t) if t.len() == 1 => Ok(()),
-            Ok(t) => Err(format!("{t:?}\n{}", fleet.flotilla.log())),
-            Err(e) => Err(e),
-        }
-    })
+    poll::until(
+        "the removed machine to leave Prometheus's targets",
+        Duration::from_secs(60),
+        || async {
+            match targets().await {
+                Ok(t) if t.len() == 1 => Ok(()),
+                Ok(t) => Err(format!("{t:?}\n{}", fleet.flotilla.log())),
+                Err(e) => Err(e),
+            }
+        },
+    )
     .await;
     let (status, body) = get(Some("sd-read-only-7f3c")).await;
     assert_eq!(status, 200);
     assert_eq!(
-        serde_json::from_str::<Value>(&body).expect("JSON").as_array().map(Vec::len),
+        serde_json::from_str::<Value>(&body)
+            .expect("JSON")
+            .as_array()
+            .map(Vec::len),
         Some(1),
         "{body}"
     );

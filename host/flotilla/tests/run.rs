@@ -484,7 +484,10 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
     .expect("config");
     let mut command = std::process::Command::new("sh");
     command
-        .args(["-c", "ulimit -Hn 4096 && ulimit -Sn 256 && exec \"$0\" run -c \"$1\""])
+        .args([
+            "-c",
+            "ulimit -Sn 256 && ulimit -Hn 4096 && exec \"$0\" run -c \"$1\"",
+        ])
         .arg(env!("CARGO_BIN_EXE_flotilla"))
         .arg(&config)
         .env("FLOTILLA_LOG", "info")
@@ -493,7 +496,11 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
     let mut daemon =
         flotilla_harness::process::Daemon::spawn(command, &dir.path().join("flotilla.log"));
     daemon
-        .logged("flotilla is listening", "listen", std::time::Duration::from_secs(60))
+        .logged(
+            "flotilla is listening",
+            "listen",
+            std::time::Duration::from_secs(60),
+        )
         .await;
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.id())).expect("limits");
     let line = limits
@@ -502,5 +509,9 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
         .expect("a line");
     let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
     assert_eq!(numbers, ["4096", "4096"], "{line}");
-    assert!(daemon.log().contains("open-file limit raised"), "{}", daemon.log());
+    assert!(
+        daemon.log().contains("open-file limit raised"),
+        "{}",
+        daemon.log()
+    );
 }

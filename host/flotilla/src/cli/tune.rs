@@ -193,7 +193,11 @@ impl Args {
             }
         }
         if let Some(miss) = &outcome.holdout_miss {
-            eprintln!("warning: {miss}");
+            if self.strict {
+                eprintln!("error: --strict: {miss}");
+            } else {
+                eprintln!("warning: {miss}");
+            }
         }
         match (&outcome.unreachable, &outcome.holdout_miss) {
             (Some(why), _) => Err(super::Reported(why.clone()).into()),
