@@ -404,11 +404,12 @@ impl ApiClient {
         let answer = self
             .call(http::Method::GET, "/v1/pools", None, Duration::from_secs(5))
             .await?;
-        let status = &answer["pools"][&self.pool]["status"];
-        match (
-            status["max_instances"].as_u64(),
-            status["capacity_per_instance"].as_u64(),
-        ) {
+        let status = answer
+            .get("pools")
+            .and_then(|p| p.get(&self.pool))
+            .and_then(|p| p.get("status"));
+        let number = |key: &str| status.and_then(|s| s.get(key)).and_then(Value::as_u64);
+        match (number("max_instances"), number("capacity_per_instance")) {
             (Some(max), Some(capacity)) => {
                 Ok(u32::try_from(max.saturating_mul(capacity)).unwrap_or(u32::MAX))
             }

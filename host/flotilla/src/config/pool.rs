@@ -356,7 +356,7 @@ impl Validate for PoolConfig {
             .ok();
         let mut ports_ok = true;
         for (i, port) in self.exporter_ports.iter().enumerate() {
-            if *port == 0 || self.exporter_ports[..i].contains(port) {
+            if *port == 0 || self.exporter_ports.iter().take(i).any(|p| p == port) {
                 problems.add(
                     &at.key("exporter_ports").index(i),
                     format!("{port}: a port must be 1-65535 and listed once"),
