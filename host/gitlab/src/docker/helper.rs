@@ -174,19 +174,44 @@ pub(crate) async fn exec_root(
         .await
         .map_err(step("running a command in the helper container"))?;
     let mut said = Vec::new();
+    let mut cut = None;
     if let StartExecResults::Attached { mut output, .. } = started {
-        while let Some(Ok(chunk)) = output.next().await {
-            said.extend_from_slice(&chunk.into_bytes());
-            // Only the tail matters: the words before the status line, and the line.
-            let excess = said.len().saturating_sub(4096);
-            said.drain(..excess);
+        while let Some(piece) = output.next().await {
+            match piece {
+                Ok(chunk) => {
+                    said.extend_from_slice(&chunk.into_bytes());
+                    // Only the tail matters: the words before the status line, and the line.
+                    let excess = said.len().saturating_sub(4096);
+                    said.drain(..excess);
+                }
+                Err(e) => {
+                    cut = Some(e);
+                    break;
+                }
+            }
         }
     }
     let said = String::from_utf8_lossy(&said).trim().to_string();
     let (words, status) = said.rsplit_once(EXIT_MARK).unwrap_or((&said, ""));
-    // No status line: the shell itself could not run (an image without `sh`).
-    let code = status.trim().parse().unwrap_or(127);
-    Ok((code, words.trim().to_string()))
+    if let Ok(code) = status.trim().parse() {
+        return Ok((code, words.trim().to_string()));
+    }
+    // No status line. The stream broke (the host went away mid-command: a restart to ride
+    // through), or the shell never ran (an image without `sh`): the engine says which.
+    if let Some(e) = cut {
+        return Err(step("running a command in the helper container")(e));
+    }
+    let ended = docker
+        .inspect_exec(&exec.id)
+        .await
+        .map_err(step("running a command in the helper container"))?;
+    match (ended.running, ended.exit_code) {
+        (Some(false) | None, Some(code)) => Ok((code, words.trim().to_string())),
+        _ => Err(StepError::HostDown(
+            "the command's output ended before its status: the host went away mid-command"
+                .to_string(),
+        )),
+    }
 }
 
 /// Links the runner's names to the helper binary in the job's helper container and checks it
