@@ -923,6 +923,22 @@ async fn a_job_cannot_reach_another_jobs_services() {
     fleet.assert_clean().await;
 }
 
+/// `flotilla run` on `config`, written to `dir/flotilla.toml`, logging to `dir/flotilla.log`,
+/// with its caches and state under `dir` (for tests that need the process itself: its exit
+/// status, or a listener the harness cannot speak to).
+fn run_in(dir: &std::path::Path, config: &str) -> flotilla_peers::process::Daemon {
+    let config_file = dir.join("flotilla.toml");
+    std::fs::write(&config_file, config).expect("config");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    command
+        .args(["run", "-c"])
+        .arg(&config_file)
+        .env("FLOTILLA_LOG", "info")
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("XDG_DATA_HOME", dir.join("data"));
+    flotilla_peers::process::Daemon::spawn(command, &dir.join("flotilla.log"))
+}
+
 /// A CA and a certificate it signs for `localhost`, as the API listener's PEM files in `dir`
 /// (`cert.pem`, `key.pem` 0600, the key written first, as a renewal replaces them); the CA's
 /// file is `ca-<name>.pem`.
@@ -967,17 +983,7 @@ async fn the_driver_reaches_a_tls_listener_and_a_renewed_certificate_is_served_w
         ),
         &static_pool("local", 1),
     );
-    let config_file = dir.path().join("flotilla.toml");
-    std::fs::write(&config_file, config).expect("config");
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"));
-    command
-        .args(["run", "-c"])
-        .arg(&config_file)
-        .env("FLOTILLA_LOG", "info")
-        .env("XDG_CACHE_HOME", dir.path().join("cache"))
-        .env("XDG_DATA_HOME", dir.path().join("data"));
-    let mut daemon =
-        flotilla_peers::process::Daemon::spawn(command, &dir.path().join("flotilla.log"));
+    let mut daemon = run_in(dir.path(), &config);
     let listen = daemon
         .logged("flotilla is listening", "listen", Duration::from_secs(60))
         .await;
@@ -1086,17 +1092,8 @@ idle_time = "1h"
 "#,
         plugin = guests::MISBEHAVE
     );
-    let config_file = dir.path().join("flotilla.toml");
-    std::fs::write(&config_file, config).expect("config");
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"));
-    command
-        .args(["run", "-c"])
-        .arg(&config_file)
-        .env("FLOTILLA_LOG", "info")
-        .env("XDG_CACHE_HOME", dir.path().join("cache"))
-        .env("XDG_DATA_HOME", dir.path().join("data"));
     let log = dir.path().join("flotilla.log");
-    let mut daemon = flotilla_peers::process::Daemon::spawn(command, &log);
+    let mut daemon = run_in(dir.path(), &config);
     daemon
         .logged("flotilla is listening", "listen", Duration::from_secs(60))
         .await;

@@ -541,11 +541,16 @@ mod tests {
     const NO_HOME: &str = "/nonexistent/flotilla-test-home";
 
     fn on_machine(command: &str, stdin: &[u8]) -> std::process::Output {
+        on_machine_at(command, stdin, std::path::Path::new(NO_HOME))
+    }
+
+    /// [`on_machine`] for a login whose home is `home`.
+    fn on_machine_at(command: &str, stdin: &[u8], home: &std::path::Path) -> std::process::Output {
         use std::io::Write as _;
         let mut child = std::process::Command::new("/bin/sh")
             .arg("-c")
             .arg(command)
-            .env("HOME", NO_HOME)
+            .env("HOME", home)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -780,22 +785,7 @@ mod tests {
         std::fs::create_dir_all(&login_home).expect("home");
         std::fs::create_dir_all(root.path().join("m")).expect("machine dir");
         std::fs::write(root.path().join("m/.flotilla-tools"), "").expect("checked");
-        let sh = |command: &str, stdin: &[u8]| {
-            use std::io::Write as _;
-            let mut child = std::process::Command::new("/bin/sh")
-                .arg("-c")
-                .arg(command)
-                .env("HOME", &login_home)
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("sh");
-            let mut input = child.stdin.take().expect("stdin");
-            input.write_all(stdin).expect("write");
-            drop(input);
-            child.wait_with_output().expect("output")
-        };
+        let sh = |command: &str, stdin: &[u8]| on_machine_at(command, stdin, &login_home);
         let prepared = sh(&s.prepare_command("31", &s.cache_dir("1", false)), b"");
         assert!(prepared.status.success(), "{prepared:?}");
         if String::from_utf8_lossy(&prepared.stderr).contains("no cgroup of its own") {
