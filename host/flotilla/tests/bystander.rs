@@ -63,25 +63,13 @@ on_update = {{ url = "http://{peer}/stall", count = 1000, hold = true }}
 [pool.limits]
 default_deadline = "20s"
 
-[[pool]]
-name = "good"
-plugin = "{good}"
-capacity_per_instance = 4
-max_instances = 2
-instance_acquire_timeout = "10s"
-update_interval = "1s"
-[pool.plugin_config]
-hosts = [{{ address = "127.0.0.1" }}, {{ address = "127.0.0.2" }}]
-[[pool.policy]]
-idle_count = 2
-idle_time = "1h"
-"#,
+{good}"#,
         spin_a = spinner("spin-a"),
         spin_b = spinner("spin-b"),
         stall = guests::STALL_START,
         egress = guests::EGRESS,
         peer = peer.addr,
-        good = guests::STATIC_PLUGIN,
+        good = good_pool(),
     )
 }
 
