@@ -240,16 +240,13 @@ impl Connector {
         self.kept_session(instance).map(|s| s.target().to_string())
     }
 
-    /// The plugin's last `connect-info` answer for an instance, if the host asked for one.
-    pub fn described(&self, instance: &str) -> Option<Connection> {
-        self.described.lock().get(instance).cloned()
-    }
-
-    /// The address the host reaches an instance at (internal, or external with
-    /// `use_external_address`), from its last `connect-info`.
-    pub fn reached_address(&self, instance: &str) -> Option<String> {
-        let described = self.described(instance)?;
-        self.chosen_address(instance, &described).ok().cloned()
+    /// The plugin's last `connect-info` answer for an instance, if the host asked for one,
+    /// with the address the host reaches it at (internal, or external with
+    /// `use_external_address`), when the answer has that one.
+    pub fn described(&self, instance: &str) -> Option<(Connection, Option<String>)> {
+        let described = self.described.lock().get(instance).cloned()?;
+        let address = self.chosen_address(instance, &described).ok().cloned();
+        Some((described, address))
     }
 
     /// Drops what is kept for an instance that is gone.

@@ -339,11 +339,7 @@ async fn build(config_path: &Path) -> anyhow::Result<Built> {
     });
     let sd_token = match &cfg.sd_token {
         Some(source) => {
-            if let flotilla_credentials::SecretSource::File(path) = source {
-                flotilla_net::fs::check_secret_file_mode(path)
-                    .map_err(|why| anyhow::anyhow!("server.sd_token: {why}"))?;
-            }
-            let sd = source.resolve("server.sd_token")?;
+            let sd = secret(source, "server.sd_token")?;
             if token.as_ref().is_some_and(|t| t.same_as(&sd)) {
                 anyhow::bail!(
                     "server.sd_token is the lease token: give service discovery a token of its own, which opens nothing but the machine list"
@@ -399,13 +395,7 @@ fn open_store(state_dir: Option<&Path>) -> anyhow::Result<Option<Arc<LeaseStore>
 /// the file may have changed since the check.
 fn api_token(cfg: &Config) -> anyhow::Result<Option<flotilla_credentials::Secret>> {
     match &cfg.token {
-        Some(source) => {
-            if let flotilla_credentials::SecretSource::File(path) = source {
-                flotilla_net::fs::check_secret_file_mode(path)
-                    .map_err(|why| anyhow::anyhow!("server.token: {why}"))?;
-            }
-            Ok(Some(source.resolve("server.token")?))
-        }
+        Some(source) => secret(source, "server.token").map(Some),
         None if cfg.listen.ip().is_loopback() => {
             tracing::warn!(
                 "no server.token configured: the lease API is open to anyone on this machine"
@@ -417,6 +407,19 @@ fn api_token(cfg: &Config) -> anyhow::Result<Option<flotilla_credentials::Secret
             cfg.listen
         ),
     }
+}
+
+/// A secret from its source; a file others can read is refused here too, since the file may
+/// have changed since the config check.
+fn secret(
+    source: &flotilla_credentials::SecretSource,
+    key: &str,
+) -> anyhow::Result<flotilla_credentials::Secret> {
+    if let flotilla_credentials::SecretSource::File(path) = source {
+        flotilla_net::fs::check_secret_file_mode(path)
+            .map_err(|why| anyhow::anyhow!("{key}: {why}"))?;
+    }
+    Ok(source.resolve(key)?)
 }
 
 /// Waits for a stop signal (SIGTERM or Ctrl-C; on Windows also Ctrl-Break, console close and

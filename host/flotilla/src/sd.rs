@@ -43,11 +43,11 @@ pub async fn prometheus(State(state): State<Arc<AppState>>, headers: HeaderMap) 
     for (name, pool) in state.pools.running_pools() {
         let views = pool.handle.with_core(|c| c.instances());
         for view in views {
-            let described = pool.connector.as_ref().and_then(|c| c.described(&view.id));
-            let address = pool
+            let (described, address) = pool
                 .connector
                 .as_ref()
-                .and_then(|c| c.reached_address(&view.id));
+                .and_then(|c| c.described(&view.id))
+                .map_or((None, None), |(d, a)| (Some(d), a));
             let mut labels = Map::new();
             let mut label = |key: &str, value: String| {
                 labels.insert(format!("__meta_flotilla_{key}"), Value::String(value));

@@ -374,22 +374,11 @@ impl Validate for FileConfig {
             };
             (file("cert", &t.cert), file("key", &t.key))
         });
-        let sd_ok = match &self.server.sd_token {
-            None => true,
-            Some(sd) => {
-                let at = server.key("sd_token");
-                let mut ok = sd.check(&at, problems);
-                if ok
-                    && let (true, SecretSource::File(path)) = (cx.check_files, sd.resolved(cx))
-                    && path.exists()
-                    && let Err(why) = flotilla_net::fs::check_secret_file_mode(&path)
-                {
-                    problems.add(&at, why.to_string());
-                    ok = false;
-                }
-                ok
-            }
-        };
+        let sd_ok = self
+            .server
+            .sd_token
+            .as_ref()
+            .is_none_or(|sd| secret_ok(sd, cx, &server.key("sd_token"), problems));
         if !token_ok || !metrics_ok || !sd_ok {
             return None;
         }
@@ -487,16 +476,22 @@ impl FileConfig {
             }
             return true;
         };
-        if !token.check(&at, problems) {
-            return false;
-        }
-        if let (true, SecretSource::File(path)) = (cx.check_files, token.resolved(cx))
-            && path.exists()
-            && let Err(why) = flotilla_net::fs::check_secret_file_mode(&path)
-        {
-            problems.add(&at, why.to_string());
-            return false;
-        }
-        true
+        secret_ok(token, cx, &at, problems)
     }
+}
+
+/// A secret source as written, and for a file that exists, its mode: a secret file others can
+/// read is refused.
+fn secret_ok(source: &SecretSource, cx: &Context, at: &KeyPath, problems: &mut Problems) -> bool {
+    if !source.check(at, problems) {
+        return false;
+    }
+    if let (true, SecretSource::File(path)) = (cx.check_files, source.resolved(cx))
+        && path.exists()
+        && let Err(why) = flotilla_net::fs::check_secret_file_mode(&path)
+    {
+        problems.add(at, why.to_string());
+        return false;
+    }
+    true
 }

@@ -369,12 +369,20 @@ mod tests {
 
     /// A pool of one ready instance `m1` (one slot), room for two more.
     fn one_ready() -> PoolCore {
+        with_m1_ready(empty())
+    }
+
+    fn empty() -> PoolCore {
         let cfg = ScalerConfig {
             capacity_per_instance: 1,
             max_instances: 3,
             ..ScalerConfig::default()
         };
-        let mut c = PoolCore::new(cfg, Vec::new(), 0);
+        PoolCore::new(cfg, Vec::new(), 0)
+    }
+
+    /// `c` after its first update lists `m1`, and `m1` is ready.
+    fn with_m1_ready(mut c: PoolCore) -> PoolCore {
         let _ = c.plan(0);
         let m1 = [Instance {
             id: "m1".into(),
@@ -431,25 +439,14 @@ mod tests {
 
     #[test]
     fn a_binding_restored_from_the_journal_holds_for_an_idle_instance() {
-        let cfg = ScalerConfig {
-            capacity_per_instance: 1,
-            max_instances: 3,
-            ..ScalerConfig::default()
-        };
-        let mut c = PoolCore::new(cfg, Vec::new(), 0);
+        let mut c = empty();
         c.restore_with_tenants(
             0,
             Vec::new(),
             HashMap::new(),
             HashMap::from([("m1".to_string(), "project-7".to_string())]),
         );
-        let _ = c.plan(0);
-        let m1 = [Instance {
-            id: "m1".into(),
-            state: InstanceState::Running,
-        }];
-        c.on_update(0, Ok(m1.to_vec().into()));
-        c.on_ready(0, "m1", Ok(()));
+        let mut c = with_m1_ready(c);
         let other = reserve(&mut c, Some("project-8"));
         assert_eq!(c.acquire(1, other).expect("acquire"), None);
         let own = reserve(&mut c, Some("project-7"));
