@@ -79,6 +79,8 @@ pub struct AwsChain {
     cache: Mutex<Option<(AwsKeys, SystemTime)>>,
     /// The shared files as they were when the cached keys were read.
     stamp: Mutex<FileStamp>,
+    /// When cached keys were last dropped because the cloud refused them.
+    forced: Mutex<Option<SystemTime>>,
 }
 
 /// Modification time and size of the shared credentials and config files.
@@ -93,6 +95,7 @@ impl Clone for AwsChain {
             config: self.config.clone(),
             cache: Mutex::new(None),
             stamp: Mutex::new([None, None]),
+            forced: Mutex::new(None),
         }
     }
 }
@@ -168,7 +171,38 @@ impl AwsChain {
             config,
             cache: Mutex::new(None),
             stamp: Mutex::new([None, None]),
+            forced: Mutex::new(None),
         }
+    }
+
+    /// Drops cached temporary keys whose access key id is `sent`, which the cloud refused as
+    /// expired before the expiry it gave (`ExpiredToken`: a revoked session, clock skew), so
+    /// the next request fetches new ones; at most once per
+    /// [`REMINT_HOLD`](crate::oauth::REMINT_HOLD). `true` when the next request signs with
+    /// other keys than `sent`.
+    pub fn forget(&self, sent: &str) -> bool {
+        let mut cache = self.cache.lock();
+        let Some((keys, _)) = cache.as_ref() else {
+            return true;
+        };
+        if !keys.access_key_id.matches(sent.as_bytes()) {
+            return true;
+        }
+        if keys.expires.is_none() {
+            // Long-lived keys are read again every few seconds anyway; new ones are not minted.
+            return false;
+        }
+        let now = SystemTime::now();
+        let mut forced = self.forced.lock();
+        if forced.is_some_and(|at| {
+            now.duration_since(at)
+                .is_ok_and(|d| d < crate::oauth::REMINT_HOLD)
+        }) {
+            return false;
+        }
+        *forced = Some(now);
+        *cache = None;
+        true
     }
 
     /// Current keys: temporary ones from the cache while they stay valid for five more
@@ -498,6 +532,43 @@ mod tests {
         let text = "[default]\naws_access_key_id = A\n\n[profile ci]\naws_access_key_id=B\naws_secret_access_key = S\n";
         assert_eq!(ini_section(text, "profile ci").map(|p| p.len()), Some(2));
         assert!(ini_section(text, "nope").is_none());
+    }
+
+    fn seeded(expires: Option<SystemTime>) -> AwsChain {
+        let chain = AwsChain::new(AwsChainConfig::default());
+        let keys = AwsKeys {
+            access_key_id: Secret::new("ASIAREFUSED"),
+            secret_access_key: Secret::new("s"),
+            session_token: expires.map(|_| Secret::new("t")),
+            expires,
+            source: "test",
+        };
+        *chain.cache.lock() = Some((keys, SystemTime::now()));
+        chain
+    }
+
+    /// Temporary keys the cloud refused are dropped once per hold; other keys, and long-lived
+    /// keys (which no mint can replace), are kept.
+    #[test]
+    fn refused_temporary_keys_are_dropped_once_per_hold() {
+        let later = SystemTime::now() + Duration::from_secs(3600);
+        let chain = seeded(Some(later));
+        assert!(chain.forget("ASIAOTHER"), "other keys: a retry signs anew");
+        assert!(
+            chain.cache.lock().is_some(),
+            "other keys do not drop the cache"
+        );
+        assert!(chain.forget("ASIAREFUSED"));
+        assert!(chain.cache.lock().is_none());
+        *chain.cache.lock() = seeded(Some(later)).cache.lock().take();
+        assert!(
+            !chain.forget("ASIAREFUSED"),
+            "a second forced refresh within the hold"
+        );
+        assert!(chain.cache.lock().is_some());
+        let long_lived = seeded(None);
+        assert!(!long_lived.forget("ASIAREFUSED"));
+        assert!(long_lived.cache.lock().is_some());
     }
 
     #[test]

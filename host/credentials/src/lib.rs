@@ -356,6 +356,61 @@ impl Credential {
     }
 }
 
+/// How an answer shows that the cloud refused a cached token or temporary keys before their
+/// expiry, so minting anew may cure it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalSign {
+    /// This answer cannot be such a refusal.
+    None,
+    /// Its status says so: a 401 to a bearer token the host minted (ARM's
+    /// `ExpiredAuthenticationToken` and `InvalidAuthenticationToken`, Compute's
+    /// `UNAUTHENTICATED`).
+    Status,
+    /// Its body says so when it names one of these error codes: AWS answers an expired
+    /// session token with 400 or 403 and `ExpiredToken` (`ExpiredTokenException` in the
+    /// JSON protocols).
+    Body(&'static [&'static str]),
+}
+
+/// AWS's error codes for temporary keys the service no longer accepts.
+/// <https://docs.aws.amazon.com/STS/latest/APIReference/CommonErrors.html>
+const AWS_EXPIRED: [&str; 2] = ["ExpiredToken", "ExpiredTokenException"];
+
+impl Credential {
+    /// How an answer of `status` would show a refused cached token (see [`RefusalSign`]).
+    /// Credentials that cache nothing never do: their secret is read as configured each time.
+    pub fn refusal_sign(&self, status: u16) -> RefusalSign {
+        match (&self.kind, status) {
+            (CredentialKind::Gcp(_) | CredentialKind::Azure(_), 401) => RefusalSign::Status,
+            (CredentialKind::Aws(_), 400 | 401 | 403) => RefusalSign::Body(&AWS_EXPIRED),
+            _ => RefusalSign::None,
+        }
+    }
+
+    /// Drops the cached token or keys that a refused request carried (its `Authorization`
+    /// header), so the next [`Credential::apply`] mints anew. Bounded to one forced mint per
+    /// [`oauth::REMINT_HOLD`], so a credential the cloud always refuses cannot loop. `true`
+    /// when applying again would authorise with something else than what was refused.
+    pub fn forget(&self, authorization: &http::HeaderValue) -> bool {
+        let Ok(sent) = authorization.to_str() else {
+            return false;
+        };
+        match &self.kind {
+            CredentialKind::Gcp(tokens) => sent
+                .strip_prefix("Bearer ")
+                .is_some_and(|t| tokens.forget(t)),
+            CredentialKind::Azure(tokens) => sent
+                .strip_prefix("Bearer ")
+                .is_some_and(|t| tokens.forget(t)),
+            CredentialKind::Aws(chain) => sent
+                .split_once("Credential=")
+                .and_then(|(_, rest)| rest.split('/').next())
+                .is_some_and(|akid| chain.0.forget(akid)),
+            _ => false,
+        }
+    }
+}
+
 impl Credential {
     /// The SigV4 service and region: configuration, then the plugin's hints, then the host name.
     fn scope(
@@ -466,6 +521,30 @@ mod tests {
         };
         assert!(!format!("{kind:?}").contains("hunter2"));
         assert_eq!(Secret::new("x").to_string(), "<redacted>");
+    }
+
+    /// Only kinds that cache what they apply can be cured by minting anew; AWS is judged by
+    /// the error code in the body, the token kinds by the 401 alone.
+    #[test]
+    fn refusal_signs_by_kind() {
+        let named = |kind| Credential {
+            name: "c".into(),
+            kind,
+            hosts: AllowList::default(),
+        };
+        let gcp = named(CredentialKind::Gcp(gcp::GcpHandle::default()));
+        assert_eq!(gcp.refusal_sign(401), RefusalSign::Status);
+        assert_eq!(gcp.refusal_sign(403), RefusalSign::None);
+        let aws = named(CredentialKind::Aws(AwsChainHandle::default()));
+        assert_eq!(aws.refusal_sign(400), RefusalSign::Body(&AWS_EXPIRED));
+        assert_eq!(aws.refusal_sign(500), RefusalSign::None);
+        let bearer = named(CredentialKind::Bearer {
+            token: SecretSource::Value(Secret::new("x")),
+        });
+        assert_eq!(bearer.refusal_sign(401), RefusalSign::None);
+        let header = http::HeaderValue::from_static("Bearer x");
+        assert!(!bearer.forget(&header), "nothing to mint anew");
+        assert!(gcp.forget(&header), "nothing cached: the next mints anew");
     }
 
     #[test]

@@ -16,6 +16,10 @@ use super::{CredentialError, Secret};
 /// key or a wrong client is not asked again by every request.
 pub(crate) const REFUSAL_HOLD: Duration = Duration::from_secs(30);
 
+/// The least time between two tokens minted because the cloud refused a cached one, so a
+/// credential the cloud always refuses costs one extra mint per hold, not one per request.
+pub const REMINT_HOLD: Duration = Duration::from_secs(15);
+
 /// A token and how long it lives.
 pub(crate) struct Minted {
     pub token: Secret,
@@ -67,9 +71,33 @@ pub(crate) struct TokenCache {
     cache: Mutex<Option<Cached>>,
     minting: tokio::sync::Mutex<()>,
     refused: Mutex<Option<(String, SystemTime)>>,
+    /// When a cached token was last dropped because the cloud refused it.
+    forced: Mutex<Option<SystemTime>>,
 }
 
 impl TokenCache {
+    /// Drops the cached token when it is `sent`, which the cloud refused before its expiry
+    /// (revoked, a rotated key, clock skew), so the next request mints anew; at most once per
+    /// [`REMINT_HOLD`]. `true` when the next request carries another token than `sent`.
+    pub fn forget(&self, sent: &str) -> bool {
+        let mut cache = self.cache.lock();
+        if !cache
+            .as_ref()
+            .is_some_and(|c| c.token.matches(sent.as_bytes()))
+        {
+            // Minted anew by another caller already, or nothing cached: the next is another.
+            return true;
+        }
+        let now = SystemTime::now();
+        let mut forced = self.forced.lock();
+        if forced.is_some_and(|at| now.duration_since(at).is_ok_and(|d| d < REMINT_HOLD)) {
+            return false;
+        }
+        *forced = Some(now);
+        *cache = None;
+        true
+    }
+
     fn cached(&self) -> Option<Secret> {
         let now = SystemTime::now();
         self.cache
@@ -235,6 +263,11 @@ impl<C> TokenHandle<C> {
     /// A handle on a new token source for `config`.
     pub fn new(config: C) -> Self {
         TokenHandle(std::sync::Arc::new(Tokens::new(config)))
+    }
+
+    /// See [`TokenCache::forget`].
+    pub fn forget(&self, sent: &str) -> bool {
+        self.0.cache.forget(sent)
     }
 }
 

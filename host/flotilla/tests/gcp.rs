@@ -284,6 +284,32 @@ async fn an_expired_token_is_minted_again_once_for_concurrent_callers() {
     assert_eq!(cloud.with(|s| s.mints), 2, "refreshed once, single-flight");
 }
 
+/// Compute refuses the cached token before its expiry (401 `UNAUTHENTICATED`: revoked, a
+/// rotated key): the host mints anew and sends once more, and the pool stays ready. Refused
+/// again at once, it does not mint again within the hold, and the call is `unauthorized`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_compute_refuses_early_is_minted_anew_once() {
+    let cloud = GcpCloud::start(false).await;
+    let p = cloud.provider(cloud.credential());
+    must(p.init(&cloud.settings(4))).await;
+    must(p.increase(1)).await;
+    assert_eq!(cloud.with(|s| s.mints), 1);
+    cloud.expire_tokens();
+    must(p.update()).await;
+    assert_eq!(cloud.with(|s| s.mints), 2, "minted anew after the refusal");
+    cloud.expire_tokens();
+    let e = provider_error(p.update().await);
+    assert!(
+        matches!(&e, ProviderError::Unauthorized(m) if m.contains("UNAUTHENTICATED")),
+        "{e:?}"
+    );
+    assert_eq!(
+        cloud.with(|s| s.mints),
+        2,
+        "no second forced mint within the hold"
+    );
+}
+
 /// Every settings problem at once; an attached autoscaler and a missing group are refused
 /// at `init`.
 #[tokio::test(flavor = "current_thread")]

@@ -28,7 +28,7 @@ use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpH
 
 use flotilla_credentials::{
     AWS_REGION_HEADER, AWS_SERVICE_HEADER, CREDENTIAL_HEADER, Credential, CredentialError,
-    SigningHints,
+    RefusalSign, SigningHints,
 };
 use flotilla_net::{AllowList, blocked_reason};
 
@@ -150,6 +150,8 @@ pub struct EgressStats {
     pub allowed: AtomicU64,
     /// Requests denied.
     pub denied: AtomicU64,
+    /// Requests sent once more after the cloud refused the cached token they carried.
+    pub remints: AtomicU64,
     /// The last denial: `METHOD target: reason`, for tools that explain a failed call.
     pub last_denial: parking_lot::Mutex<Option<String>>,
 }
@@ -407,38 +409,97 @@ impl Forward {
                 ));
             }
         };
-        if let Some(credential) = credential {
-            let body = request.body_mut();
-            let bytes = collect_limited(body, self.policy.max_signed_body_bytes).await?;
-            match credential.apply(&mut request, &bytes, &hints).await {
-                Ok(()) => {}
-                // The identity provider refused the credential: the plugin gets a 401, as
-                // from the cloud, so it reports `unauthorized` and the scaler pauses the call
-                // until the operator fixes it. The request never leaves.
-                Err(e @ CredentialError::Refused { .. }) => {
-                    tracing::warn!(target: "flotilla::egress", pool = %self.origin.pool, host = %host, "{e}; the plugin gets 401");
-                    return Ok(refused_response(&e));
-                }
-                Err(e) => {
-                    return Err(deny(
-                        &self.origin,
-                        &self.stats,
-                        &request,
-                        &e.to_string(),
-                        self.policy.quiet_denials,
-                    ));
-                }
-            }
-            *request.body_mut() = Full::new(bytes)
-                .map_err(|never| match never {})
-                .boxed_unsync();
+        let Some(credential) = credential else {
+            return self.dispatch(request, &host, &addrs, https).await;
+        };
+        let bytes = collect_limited(request.body_mut(), self.policy.max_signed_body_bytes).await?;
+        let head = (
+            request.method().clone(),
+            request.uri().clone(),
+            request.headers().clone(),
+        );
+        if let Some(refused) = self
+            .authorise(&mut request, &credential, &bytes, &hints, &host)
+            .await?
+        {
+            return Ok(refused);
         }
+        let sent = request.headers().get(http::header::AUTHORIZATION).cloned();
+        let response = self.dispatch(request, &host, &addrs, https).await?;
+        let (response, refused) = refused_by_cloud(&credential, response, &self.policy).await?;
+        // The cloud refused the cached token before its expiry: mint anew and send once more.
+        // A second refusal goes to the plugin as it came (the pool's call is `unauthorized`).
+        if !refused || !sent.is_some_and(|s| credential.forget(&s)) {
+            return Ok(response);
+        }
+        tracing::info!(target: "flotilla::egress", pool = %self.origin.pool, host = %host, credential = %credential.name, status = response.status().as_u16(), "the cloud refused the cached token; minted anew and sent once more");
+        let (method, uri, headers) = head;
+        let mut again = http::Request::new(
+            Full::new(bytes.clone())
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        );
+        *again.method_mut() = method;
+        *again.uri_mut() = uri;
+        *again.headers_mut() = headers;
+        if let Some(refused) = self
+            .authorise(&mut again, &credential, &bytes, &hints, &host)
+            .await?
+        {
+            return Ok(refused);
+        }
+        self.stats.remints.fetch_add(1, Ordering::Relaxed);
+        self.dispatch(again, &host, &addrs, https).await
+    }
+
+    /// Applies `credential` to `request` over its buffered `bytes`. `Ok(Some(answer))` when
+    /// the identity provider refused the credential: the plugin gets a 401, as from the
+    /// cloud, so it reports `unauthorized` and the scaler pauses the call until the operator
+    /// fixes it; the request never leaves.
+    async fn authorise(
+        &self,
+        request: &mut http::Request<WasiBody>,
+        credential: &Credential,
+        bytes: &bytes::Bytes,
+        hints: &SigningHints,
+        host: &str,
+    ) -> Result<Option<http::Response<WasiBody>>, HttpError> {
+        match credential.apply(request, bytes, hints).await {
+            Ok(()) => {}
+            Err(e @ CredentialError::Refused { .. }) => {
+                tracing::warn!(target: "flotilla::egress", pool = %self.origin.pool, host = %host, "{e}; the plugin gets 401");
+                return Ok(Some(refused_response(&e)));
+            }
+            Err(e) => {
+                return Err(deny(
+                    &self.origin,
+                    &self.stats,
+                    request,
+                    &e.to_string(),
+                    self.policy.quiet_denials,
+                ));
+            }
+        }
+        *request.body_mut() = Full::new(bytes.clone())
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        Ok(None)
+    }
+
+    /// Sends a request as it is, and masks any secret of it that the answer reflects.
+    async fn dispatch(
+        &self,
+        request: http::Request<WasiBody>,
+        host: &str,
+        addrs: &[SocketAddr],
+        https: bool,
+    ) -> Result<http::Response<WasiBody>, HttpError> {
         let secrets = scrub::Secrets::of_request(&request);
         self.stats.allowed.fetch_add(1, Ordering::Relaxed);
         let response = send_pinned(
             request,
-            &host,
-            &addrs,
+            host,
+            addrs,
             self.timeouts,
             self.policy.max_response_bytes,
             &self.connections,
@@ -505,6 +566,35 @@ fn refused_response(e: &CredentialError) -> http::Response<WasiBody> {
     response
 }
 
+/// Whether the cloud's answer refused the cached token or keys its request carried (see
+/// [`flotilla_credentials::RefusalSign`]). An answer judged by its body comes back with the
+/// body read (it is an error answer, capped like any other).
+async fn refused_by_cloud(
+    credential: &Credential,
+    response: http::Response<WasiBody>,
+    policy: &EgressPolicy,
+) -> Result<(http::Response<WasiBody>, bool), HttpError> {
+    match credential.refusal_sign(response.status().as_u16()) {
+        RefusalSign::None => Ok((response, false)),
+        RefusalSign::Status => Ok((response, true)),
+        RefusalSign::Body(codes) => {
+            let (parts, mut body) = response.into_parts();
+            let limit = usize::try_from(policy.max_response_bytes).unwrap_or(usize::MAX);
+            let bytes = collect_limited(&mut body, limit).await?;
+            let text = String::from_utf8_lossy(&bytes);
+            let refused = codes.iter().any(|code| {
+                text.contains(&format!("<Code>{code}</Code>"))
+                    || text.contains(&format!("\"{code}\""))
+                    || text.contains(&format!("#{code}\""))
+            });
+            let body = Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync();
+            Ok((http::Response::from_parts(parts, body), refused))
+        }
+    }
+}
+
 /// Why a name did not yield addresses to connect to.
 enum Refused {
     /// Resolution failed (the guest sees a DNS error).
@@ -528,4 +618,54 @@ fn redact_query(uri: &http::Uri) -> String {
     }
     s.push_str(uri.path());
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_credentials::{AwsChainHandle, CredentialKind};
+
+    fn answer(status: u16, body: &'static str) -> http::Response<WasiBody> {
+        let mut r = http::Response::new(
+            Full::new(bytes::Bytes::from_static(body.as_bytes()))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        );
+        *r.status_mut() = http::StatusCode::from_u16(status).unwrap_or_default();
+        r
+    }
+
+    /// AWS's expired-session answers (XML for the Query APIs, JSON for the others) are
+    /// refusals of the cached keys; any other error is passed on, its body intact.
+    #[tokio::test]
+    async fn an_aws_expired_token_answer_is_told_from_other_errors_by_its_code() {
+        let aws = Credential {
+            name: "aws".into(),
+            kind: CredentialKind::Aws(AwsChainHandle::default()),
+            hosts: AllowList::default(),
+        };
+        let policy = EgressPolicy::default();
+        let xml = "<ErrorResponse><Error><Type>Sender</Type><Code>ExpiredToken</Code><Message>The security token included in the request is expired</Message></Error></ErrorResponse>";
+        let json =
+            r#"{"__type":"com.amazon.coral.service#ExpiredTokenException","message":"expired"}"#;
+        let other = "<ErrorResponse><Error><Code>ValidationError</Code><Message>ExpiredTokens are fine</Message></Error></ErrorResponse>";
+        for (status, body, refused) in [
+            (400, xml, true),
+            (403, json, true),
+            (400, other, false),
+            (200, xml, false),
+        ] {
+            let (response, judged) = refused_by_cloud(&aws, answer(status, body), &policy)
+                .await
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            assert_eq!(judged, refused, "{status} {body}");
+            let kept = response
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            assert_eq!(kept, body.as_bytes(), "the plugin still reads the answer");
+        }
+    }
 }
