@@ -197,3 +197,191 @@ async fn every_cloud_scales_through_flotilla_run_and_the_lease_api() {
         assert!(!log.contains(token), "a secret reached the log");
     }
 }
+
+/// The largest value `size` takes while `during` runs, sampled every 20 ms.
+async fn largest_during<T>(
+    size: impl Fn() -> u64 + Send + Sync,
+    during: impl std::future::Future<Output = T>,
+) -> (u64, T) {
+    let largest = std::sync::atomic::AtomicU64::new(0);
+    let sample = async {
+        loop {
+            largest.fetch_max(size(), std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let out = tokio::select! {
+        out = during => out,
+        () = sample => unreachable!("sampling never ends"),
+    };
+    largest.fetch_max(size(), std::sync::atomic::Ordering::SeqCst);
+    (largest.load(std::sync::atomic::Ordering::SeqCst), out)
+}
+
+/// A scaling write that takes effect while its answer is lost costs nothing: each cloud's
+/// first write loses its answer (GCP's resize to a reset, Azure's capacity PATCH to a
+/// gateway's 504, AWS's SetDesiredCapacity to a stall and a closed connection), then the
+/// operation polls that follow GCP's and Azure's next writes lose theirs, and AWS's next
+/// write gets a 504. Every group ends at the size its leases need, is never above it, and
+/// every lease is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scaling_write_whose_answer_is_lost_never_overshoots() {
+    use flotilla_peers::proxy::{LosingProxy, Loss};
+
+    let moto = Moto::start();
+    let (key, secret) = moto.key("plugin");
+    let gcp = GcpCloud::start(true).await;
+    gcp.with(|s| s.operation_polls = 2);
+    let azure = AzureCloud::start(Options {
+        mode: Mode::Flexible,
+        ..Options::default()
+    });
+    let aws_proxy = LosingProxy::start(&moto.endpoint).await;
+    let gcp_proxy = LosingProxy::start(&gcp.endpoint).await;
+    let azure_proxy = LosingProxy::start(&azure.endpoint).await;
+    azure.link_to(&azure_proxy.endpoint);
+    aws_proxy.lose_next(
+        |_, _, body| String::from_utf8_lossy(body).contains("Action=SetDesiredCapacity"),
+        Loss::Stall(Duration::from_secs(3)),
+    );
+    gcp_proxy.lose_next(
+        |m, path, _| m == "POST" && path.contains("/resize?"),
+        Loss::Reset,
+    );
+    azure_proxy.lose_next(|m, _, _| m == "PATCH", Loss::GatewayTimeout);
+
+    // No idle capacity and no scale-down while the test runs: the groups follow the leases.
+    let quiet = |p: String| {
+        p.replace("max_instances = 4", "max_instances = 6")
+            .replace("capacity_per_instance = 2", "capacity_per_instance = 1")
+            .replace(
+                "idle_count = 2\nidle_time = \"3s\"",
+                "idle_count = 0\nidle_time = \"10m\"",
+            )
+    };
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\ntoken = {{ value = \"{TOKEN}\" }}\nshutdown_grace = \"5s\"\n{}{}{}",
+        quiet(pool(
+            "aws",
+            flotilla_test_artifacts::AWS_PLUGIN,
+            &aws_proxy.endpoint,
+            &format!(
+                "name = \"ci-runners\"\nregion = \"us-east-1\"\nendpoint = \"{}\"",
+                aws_proxy.endpoint
+            ),
+            &format!(
+                "name = \"aws\"\nkind = \"aws-sigv4\"\naccess_key_id = {{ value = \"{key}\" }}\nsecret_access_key = {{ env = \"FLOTILLA_TEST_AWS_SECRET\" }}"
+            ),
+        )),
+        quiet(pool(
+            "gcp",
+            flotilla_test_artifacts::GCP_PLUGIN,
+            &gcp_proxy.endpoint,
+            &format!(
+                "project = \"ci-project-1\"\nregion = \"{REGION}\"\nname = \"ci-runners\"\nmax_size = 10\nendpoint = \"{}\"",
+                gcp_proxy.endpoint
+            ),
+            &format!(
+                "name = \"gcp\"\nkind = \"gcp\"\nmetadata_endpoint = \"{}\"\nscopes = [\"https://www.googleapis.com/auth/compute\"]",
+                gcp.endpoint
+            ),
+        )),
+        quiet(pool(
+            "azure",
+            flotilla_test_artifacts::AZURE_PLUGIN,
+            &azure_proxy.endpoint,
+            &format!(
+                "subscription_id = \"{}\"\nresource_group = \"ci-rg\"\nname = \"ci-vmss\"\nendpoint = \"{}\"",
+                azure_cloud::SUBSCRIPTION,
+                azure_proxy.endpoint
+            ),
+            &format!(
+                "name = \"azure\"\nkind = \"azure\"\nimds_endpoint = \"{}\"",
+                azure.endpoint
+            ),
+        )),
+    );
+    let options = common::Options::default()
+        .env("FLOTILLA_TEST_AWS_SECRET", &secret)
+        .env_remove("AZURE_CLIENT_ID")
+        .env_remove("AZURE_TENANT_ID")
+        .env_remove("AZURE_FEDERATED_TOKEN_FILE");
+    let f = Flotilla::start_with(tempfile::tempdir().expect("dir"), &config, options).await;
+
+    let clouds = [
+        Cloud {
+            pool: "aws",
+            address_prefix: "10.20.",
+            size: Box::new(|| moto.desired()),
+        },
+        Cloud {
+            pool: "gcp",
+            address_prefix: "10.128.0.",
+            size: Box::new(|| u64::from(gcp.target_size())),
+        },
+        Cloud {
+            pool: "azure",
+            address_prefix: "10.0.",
+            size: Box::new(|| u64::from(azure.capacity())),
+        },
+    ];
+    let serve = |cloud: &'static str, n: usize| {
+        let f = &f;
+        async move {
+            let path = format!("/v1/pools/{cloud}/leases");
+            let mut ids = Vec::new();
+            for _ in 0..n {
+                let (code, body) = f.call("POST", &path, Some(serde_json::json!({}))).await;
+                assert_eq!(code, 201, "{cloud}: {body}");
+                ids.push(body["lease"]["id"].as_u64().expect("a lease id"));
+            }
+            for id in ids {
+                let (code, body) = f.call("POST", &format!("{path}/{id}/acquire"), None).await;
+                assert_eq!(
+                    code,
+                    200,
+                    "{cloud}: a lease not served: {body}\n{}",
+                    f.log()
+                );
+            }
+        }
+    };
+    for (round, want) in [(1, 2u64), (2, 4)] {
+        if round == 2 {
+            // The next writes are answered; the polls of their operations are lost.
+            gcp_proxy.lose_next(
+                |m, path, _| m == "GET" && path.contains("/operations/"),
+                Loss::Reset,
+            );
+            azure_proxy.lose_next(
+                |m, path, _| m == "GET" && path.contains("/operations/"),
+                Loss::GatewayTimeout,
+            );
+            aws_proxy.lose_next(
+                |_, _, body| String::from_utf8_lossy(body).contains("Action=SetDesiredCapacity"),
+                Loss::GatewayTimeout,
+            );
+        }
+        let rounds = clouds.iter().map(|cloud| {
+            largest_during(&cloud.size, async {
+                serve(cloud.pool, 2).await;
+                // Long enough for a retry on top of a lost write to show.
+                tokio::time::sleep(Duration::from_secs(4)).await;
+            })
+        });
+        let largest = futures_util::future::join_all(rounds).await;
+        for (cloud, (largest, ())) in clouds.iter().zip(largest) {
+            let name = cloud.pool;
+            assert_eq!(
+                largest,
+                want,
+                "{name}: round {round}: the group went above its leases' need\n{}",
+                f.log()
+            );
+            assert_eq!((cloud.size)(), want, "{name}: round {round}");
+        }
+    }
+    assert_eq!(aws_proxy.lost(), 2);
+    assert_eq!(gcp_proxy.lost(), 2);
+    assert_eq!(azure_proxy.lost(), 2);
+}

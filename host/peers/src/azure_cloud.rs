@@ -277,6 +277,11 @@ impl AzureCloud {
     pub fn mints(&self) -> u32 {
         self.with(|c| c.mints)
     }
+    /// Answers link to `endpoint` (operations, next pages) in place of this stand-in's own:
+    /// for a proxy in front of it.
+    pub fn link_to(&self, endpoint: &str) {
+        self.with(|c| c.base = endpoint.to_string());
+    }
     /// Every token minted so far.
     pub fn tokens(&self) -> Vec<String> {
         self.with(|c| c.tokens.iter().map(|(t, _)| t.clone()).collect())

@@ -143,3 +143,174 @@ impl SlowCreates {
         }
     }
 }
+
+/// How a [`LosingProxy`] loses the answer to a request it passed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// The connection is closed without a byte of the answer (a reset mid-flight).
+    Reset,
+    /// A gateway's 504 in place of the answer, as a load balancer sends when its upstream
+    /// took too long (the upstream still applied the request).
+    GatewayTimeout,
+    /// Nothing comes back for this long, then the connection closes (a client timeout).
+    Stall(Duration),
+}
+
+type Matcher = Box<dyn Fn(&str, &str, &[u8]) -> bool + Send + Sync>;
+/// Rewrites an answer's body, given the request's body.
+type Rewriter = Box<dyn Fn(&[u8], bytes::Bytes) -> bytes::Bytes + Send + Sync>;
+type Rules = std::sync::Arc<std::sync::Mutex<(Vec<(Matcher, Loss)>, Option<Rewriter>)>>;
+
+/// An HTTP proxy in front of a cloud stand-in that passes every request on and, for requests
+/// an armed rule matches, lets the upstream apply it and then loses the answer: the case of a
+/// scaling write that took effect while its caller heard nothing. It can also rewrite answers
+/// (states an emulator does not serve).
+pub struct LosingProxy {
+    /// `http://127.0.0.1:PORT`, to use in place of the upstream's endpoint.
+    pub endpoint: String,
+    rules: Rules,
+    lost: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for LosingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl LosingProxy {
+    /// Forwards to `upstream` (`http://host:port`).
+    pub async fn start(upstream: &str) -> LosingProxy {
+        let target = upstream
+            .strip_prefix("http://")
+            .unwrap_or(upstream)
+            .trim_end_matches('/')
+            .to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        let rules: Rules = Default::default();
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (r, l) = (rules.clone(), lost.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(serve_losing(client, target.clone(), r.clone(), l.clone()));
+            }
+        });
+        LosingProxy {
+            endpoint,
+            rules,
+            lost,
+            task,
+        }
+    }
+
+    /// The next request for which `matches(method, path_and_query, body)` holds is applied
+    /// upstream and its answer lost as `loss`; the rule is then spent.
+    pub fn lose_next(
+        &self,
+        matches: impl Fn(&str, &str, &[u8]) -> bool + Send + Sync + 'static,
+        loss: Loss,
+    ) {
+        self.rules.lock().unwrap().0.push((Box::new(matches), loss));
+    }
+
+    /// Every answer passed on from now is rewritten by `f(request_body, answer_body)`.
+    pub fn rewrite(&self, f: impl Fn(&[u8], bytes::Bytes) -> bytes::Bytes + Send + Sync + 'static) {
+        self.rules.lock().unwrap().1 = Some(Box::new(f));
+    }
+
+    /// Answers lost so far.
+    pub fn lost(&self) -> usize {
+        self.lost.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+async fn serve_losing(
+    client: TcpStream,
+    target: String,
+    rules: Rules,
+    lost: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use http_body_util::{BodyExt, Full};
+    let kill = std::sync::Arc::new(tokio::sync::Notify::new());
+    let killer = kill.clone();
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let (target, rules, lost, kill) =
+            (target.clone(), rules.clone(), lost.clone(), killer.clone());
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let path = parts
+                .uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_string();
+            let loss = {
+                let mut rules = rules.lock().unwrap();
+                let hit = rules
+                    .0
+                    .iter()
+                    .position(|(m, _)| m(parts.method.as_str(), &path, &body));
+                hit.map(|i| rules.0.remove(i).1)
+            };
+            let upstream = TcpStream::connect(&target).await.expect("the upstream");
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(upstream))
+                    .await
+                    .expect("an upstream connection");
+            tokio::spawn(conn);
+            let forwarded = hyper::Request::from_parts(parts, Full::new(body.clone()));
+            let answer = sender
+                .send_request(forwarded)
+                .await
+                .expect("the upstream's answer");
+            let (parts, incoming) = answer.into_parts();
+            let answer = incoming
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            match loss {
+                None => {
+                    let answer = match &rules.lock().unwrap().1 {
+                        Some(f) => f(&body, answer),
+                        None => answer,
+                    };
+                    let mut parts = parts;
+                    parts.headers.remove(hyper::header::CONTENT_LENGTH);
+                    Ok::<_, std::convert::Infallible>(hyper::Response::from_parts(
+                        parts,
+                        Full::new(answer),
+                    ))
+                }
+                Some(Loss::GatewayTimeout) => {
+                    lost.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let mut r = hyper::Response::new(Full::new(bytes::Bytes::from_static(
+                        b"upstream request timeout",
+                    )));
+                    *r.status_mut() = hyper::StatusCode::GATEWAY_TIMEOUT;
+                    Ok(r)
+                }
+                Some(loss) => {
+                    lost.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if let Loss::Stall(d) = loss {
+                        tokio::time::sleep(d).await;
+                    }
+                    kill.notify_one();
+                    std::future::pending().await
+                }
+            }
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(client), service);
+    tokio::select! {
+        _ = conn => {}
+        _ = kill.notified() => {}
+    }
+}

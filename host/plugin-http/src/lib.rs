@@ -10,6 +10,8 @@
 //! The plugin template (`plugin-template/rust`) has the same client inline, so that a copied
 //! template builds on its own.
 
+pub mod unsettled;
+
 use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;

@@ -10,6 +10,7 @@ mod query;
 
 use std::cell::RefCell;
 
+use flotilla_plugin_http::unsettled::Unsettled;
 use serde::Deserialize;
 
 use query::{Endpoint, child, child_node};
@@ -71,6 +72,8 @@ const INSTANCE_CONNECT_VALID_SECONDS: u64 = 50;
 
 thread_local! {
     static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    /// A `SetDesiredCapacity` whose answer was lost.
+    static UNSETTLED: RefCell<Unsettled> = RefCell::new(Unsettled::default());
 }
 
 fn with<T>(f: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, Error> {
@@ -201,6 +204,27 @@ fn describe_group(state: &State) -> Result<Group, Error> {
     })
 }
 
+/// Whether an instance is in the group's warm pool: stopped, hibernated or running there, or
+/// on its way in or out of it (`Warmed:Pending`, `Warmed:Terminating`...). It serves no
+/// load and does not count toward the desired capacity; once the group takes it into
+/// service it becomes `Pending` like a new launch.
+/// <https://docs.aws.amazon.com/autoscaling/ec2/userguide/warm-pool-instance-lifecycle.html>
+fn warmed(lifecycle: &str) -> bool {
+    lifecycle.starts_with("Warmed:")
+}
+
+/// The instances that exist or are coming for the group's desired count: neither in the
+/// warm pool nor terminating.
+fn live_count(instances: &[(String, String, String)]) -> u32 {
+    let live = instances
+        .iter()
+        .filter(|(_, life, _)| {
+            !warmed(life) && !life.starts_with("Terminating") && life != "Terminated"
+        })
+        .count();
+    u32::try_from(live).unwrap_or(u32::MAX)
+}
+
 fn map_state(lifecycle: &str, health: &str) -> InstanceState {
     if health == "Unhealthy" {
         return InstanceState::Failed(format!("Auto Scaling marks it Unhealthy ({lifecycle})"));
@@ -209,8 +233,10 @@ fn map_state(lifecycle: &str, health: &str) -> InstanceState {
         "Terminated" => InstanceState::Deleted,
         s if s.starts_with("Terminating") || s.starts_with("Detach") => InstanceState::Deleting,
         "InService" => InstanceState::Running,
+        // `Pending`, `Pending:Wait` and `Pending:Proceed`: a new launch, or an instance
+        // leaving the warm pool for service, which passes through the same states.
         s if s.starts_with("Pending") || s.is_empty() => InstanceState::Creating,
-        // Standby, EnteredStandby, Warmed:* and others: present but not for jobs.
+        // Standby, EnteredStandby and others: present but not for jobs.
         other => InstanceState::Failed(format!("lifecycle state {other}")),
     }
 }
@@ -288,9 +314,12 @@ impl Guest for Aws {
             let group = describe_group(state)?;
             // An operator may change MaxSize at any time; the host follows it from here.
             flotilla::provider::group_limits::report_max_size(Some(group.max));
+            let live = live_count(&group.instances);
+            UNSETTLED.with(|u| u.borrow_mut().listed(live));
             Ok(group
                 .instances
                 .into_iter()
+                .filter(|(_, life, _)| !warmed(life))
                 .map(|(id, life, health)| Instance {
                     state: map_state(&life, &health),
                     id,
@@ -306,27 +335,29 @@ impl Guest for Aws {
             // MaxSize minus what already exists or is already coming (the desired count may
             // lag behind the instances, e.g. lowered by hand while they terminate), so the
             // host never waits for phantoms. moto accepts desired > MaxSize; AWS refuses it.
-            let existing = group
-                .instances
-                .iter()
-                .filter(|(_, life, _)| !life.starts_with("Terminating") && life != "Terminated")
-                .count() as u32;
+            let existing = live_count(&group.instances);
             let base = group.desired.max(existing);
-            let target = base.saturating_add(delta).min(group.max);
-            let granted = target.saturating_sub(base);
-            if granted == 0 {
-                return Ok(0);
+            let plan = UNSETTLED.with(|u| u.borrow_mut().plan(base, delta, group.max));
+            if plan.target == base {
+                return Ok(plan.granted);
             }
-            state.endpoint.call(
+            UNSETTLED.with(|u| u.borrow_mut().begin(base, plan.target));
+            // The count is absolute: sent again after a lost answer, it adds nothing twice.
+            let written = state.endpoint.call(
                 "autoscaling",
                 "SetDesiredCapacity",
                 &[
                     ("AutoScalingGroupName", state.name.clone()),
-                    ("DesiredCapacity", target.to_string()),
+                    ("DesiredCapacity", plan.target.to_string()),
                     ("HonorCooldown", "false".to_string()),
                 ],
-            )?;
-            Ok(granted)
+            );
+            // A lost or unreadable answer may hide a desired count that took effect.
+            if !matches!(written, Err(Error::Transient(_) | Error::Other(_))) {
+                UNSETTLED.with(|u| u.borrow_mut().settle());
+            }
+            written?;
+            Ok(plan.granted)
         })
     }
 

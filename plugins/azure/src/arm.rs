@@ -339,7 +339,18 @@ impl Arm {
                 &reply.body,
             ));
         }
-        self.follow(action, &reply, budget)
+        // ARM accepted the change. A poll that loses its answer (a reset, a 5xx) says nothing
+        // of the change: it runs on, and `update` shows where it got to.
+        match self.follow(action, &reply, budget) {
+            Err(Error::Transient(e)) => {
+                crate::flotilla::provider::log::emit(
+                    crate::flotilla::provider::log::Level::Warn,
+                    &format!("{action}: accepted; its operation could not be read: {e}"),
+                );
+                Ok(Outcome::Running)
+            }
+            other => other,
+        }
     }
 
     /// Follows a long-running operation: `Azure-AsyncOperation` first (its status body),

@@ -13,6 +13,7 @@ mod vmss;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
+use flotilla_plugin_http::unsettled::Unsettled;
 use serde::Deserialize;
 
 use arm::Arm;
@@ -183,6 +184,8 @@ struct State {
 
 thread_local! {
     static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    /// A capacity change whose answer was lost.
+    static UNSETTLED: RefCell<Unsettled> = RefCell::new(Unsettled::default());
 }
 
 fn with<T>(f: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, Error> {
@@ -252,9 +255,13 @@ impl Guest for Azure {
 
     fn update() -> Result<Vec<Instance>, Error> {
         with(|state| {
-            Ok(state
-                .set
-                .instances()?
+            let vms = state.set.instances()?;
+            let live = vms.iter().filter(|vm| vm.live()).count();
+            UNSETTLED.with(|u| {
+                u.borrow_mut()
+                    .listed(u32::try_from(live).unwrap_or(u32::MAX))
+            });
+            Ok(vms
                 .into_iter()
                 .map(|vm| Instance {
                     id: vm.id,
@@ -271,13 +278,18 @@ impl Guest for Azure {
             // are still there, and the host waits for every instance reported.
             let live = state.set.instances()?.iter().filter(|vm| vm.live()).count();
             let base = info.capacity.max(u32::try_from(live).unwrap_or(u32::MAX));
-            let target = base.saturating_add(delta).min(state.max_size);
-            let granted = target.saturating_sub(base);
-            if granted == 0 {
-                return Ok(0);
+            let plan = UNSETTLED.with(|u| u.borrow_mut().plan(base, delta, state.max_size));
+            if plan.target == base {
+                return Ok(plan.granted);
             }
-            state.set.set_capacity(target, OPERATION_BUDGET)?;
-            Ok(granted)
+            UNSETTLED.with(|u| u.borrow_mut().begin(base, plan.target));
+            let written = state.set.set_capacity(plan.target, OPERATION_BUDGET);
+            // A lost or unreadable answer may hide a capacity change that took effect.
+            if !matches!(written, Err(Error::Transient(_) | Error::Other(_))) {
+                UNSETTLED.with(|u| u.borrow_mut().settle());
+            }
+            written?;
+            Ok(plan.granted)
         })
     }
 

@@ -13,6 +13,7 @@ use std::cell::RefCell;
 use std::time::Duration;
 
 use flotilla_plugin_http::Method;
+use flotilla_plugin_http::unsettled::Unsettled;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -118,6 +119,8 @@ impl State {
 
 thread_local! {
     static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    /// A resize whose answer was lost.
+    static UNSETTLED: RefCell<Unsettled> = RefCell::new(Unsettled::default());
     /// When instances that Compute cannot create were last seen, and why.
     static QUOTA: RefCell<Option<(std::time::Instant, String)>> = const { RefCell::new(None) };
 }
@@ -569,6 +572,14 @@ impl Guest for Gcp {
                     );
                 }
             }
+            let live = managed
+                .iter()
+                .filter(|m| !matches!(m.state, InstanceState::Deleting | InstanceState::Deleted))
+                .count();
+            UNSETTLED.with(|u| {
+                u.borrow_mut()
+                    .listed(u32::try_from(live).unwrap_or(u32::MAX))
+            });
             Ok(managed
                 .into_iter()
                 .map(|m| Instance {
@@ -594,29 +605,47 @@ impl Guest for Gcp {
         with(|state| {
             let manager = get_manager(state)?;
             let current = target_size(&manager);
-            let target = current.saturating_add(delta).min(state.max_size);
-            let granted = target.saturating_sub(current);
-            if granted == 0 {
-                return Ok(0);
+            let plan = UNSETTLED.with(|u| u.borrow_mut().plan(current, delta, state.max_size));
+            if plan.target == current {
+                return Ok(plan.granted);
             }
+            let target = plan.target;
             // <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/resize>
             const ACTION: &str = "instanceGroupManagers.resize";
-            let op = state.api.call(
-                ACTION,
-                Method::Post,
-                &format!("{}/resize?size={target}", state.manager()),
-                None,
-            )?;
-            if !state
+            UNSETTLED.with(|u| u.borrow_mut().begin(current, target));
+            let op = state
                 .api
-                .follow(ACTION, &state.operations(), op, OPERATION_BUDGET)?
+                .call(
+                    ACTION,
+                    Method::Post,
+                    &format!("{}/resize?size={target}", state.manager()),
+                    None,
+                )
+                .inspect_err(|e| {
+                    // A lost or unreadable answer may hide a resize that took effect.
+                    if !matches!(e, Error::Transient(_) | Error::Other(_)) {
+                        UNSETTLED.with(|u| u.borrow_mut().settle());
+                    }
+                })?;
+            UNSETTLED.with(|u| u.borrow_mut().settle());
+            // Compute accepted the resize: an operation that ends in an error is a refusal,
+            // but one whose polls lose their answers still runs, and `update` shows it.
+            match state
+                .api
+                .follow(ACTION, &state.operations(), op, OPERATION_BUDGET)
             {
-                emit(
+                Ok(true) => {}
+                Ok(false) => emit(
                     Level::Info,
                     &format!("resize to {target}: accepted, still running"),
-                );
+                ),
+                Err(Error::Transient(e)) => emit(
+                    Level::Warn,
+                    &format!("resize to {target}: accepted; its operation could not be read: {e}"),
+                ),
+                Err(e) => return Err(e),
             }
-            Ok(granted)
+            Ok(plan.granted)
         })
     }
 

@@ -150,6 +150,13 @@ pub struct PoolCore {
     /// Instances requested and not yet seen: when, and how many successful updates since.
     pending: VecDeque<(Millis, u32)>,
     increase_in_flight: bool,
+    /// `update()` calls planned so far.
+    updates_planned: u64,
+    /// An `increase()` failed in a way that does not say whether the cloud applied it (a
+    /// lost answer, a timeout): no increase until an update planned after that failure has
+    /// listed the group, so a retry never adds on top of a write that took effect. Holds the
+    /// count of updates planned at the failure.
+    increase_unsure: Option<u64>,
     /// Where the `update()` call stands.
     update: UpdateCall,
     last_update: Option<Millis>,
@@ -205,6 +212,8 @@ impl PoolCore {
             acquired: 0,
             pending: VecDeque::new(),
             increase_in_flight: false,
+            updates_planned: 0,
+            increase_unsure: None,
             update: UpdateCall::Wanted,
             last_update: None,
             tokens,

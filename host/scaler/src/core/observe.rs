@@ -118,6 +118,13 @@ impl PoolCore {
         self.update = self.update.finished();
         self.last_update = Some(now);
         self.updates_seen += 1;
+        // Only one update is in flight at a time: this listing is of the latest planned.
+        if self
+            .increase_unsure
+            .is_some_and(|at| self.updates_planned > at)
+        {
+            self.increase_unsure = None;
+        }
         let listing = self.updates_seen;
         for reported in list {
             if let Some(key) = self.known_or_adopted(now, reported) {
@@ -247,7 +254,13 @@ impl PoolCore {
                     }
                 }
             }
-            Err(e) => self.provider_failed(now, &e),
+            Err(e) => {
+                if outcome_unknown(&e) {
+                    self.increase_unsure = Some(self.updates_planned);
+                    self.update = self.update.want();
+                }
+                self.provider_failed(now, &e);
+            }
         }
     }
 
@@ -438,6 +451,21 @@ fn readiness_backoff(failed: u32) -> Millis {
     (500u64 << failed.saturating_sub(1).min(5)).min(15_000)
 }
 
+/// Whether a failed call may still have taken effect in the cloud: its answer was lost or
+/// unreadable (`transient`, `other`), or the plugin died or ran out of time mid-call. A
+/// refusal the cloud stated (quota, throttle, permission, settings) took no effect.
+fn outcome_unknown(e: &CallError) -> bool {
+    match e {
+        CallError::Timeout { .. } | CallError::Trap { .. } | CallError::Host { .. } => true,
+        CallError::Provider { error, .. } => {
+            matches!(error, ProviderError::Transient(_) | ProviderError::Other(_))
+        }
+        CallError::ContractViolation { .. }
+        | CallError::CircuitOpen { .. }
+        | CallError::NotInitialized { .. } => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{Action, PoolCore};
@@ -481,6 +509,71 @@ mod tests {
         );
         c.on_update(3, Ok(listed(Some(flotilla_provider::GroupMax::Unlimited))));
         assert_eq!(c.max_instances(), unlimited);
+    }
+
+    fn increase_of(actions: &[Action]) -> Option<u32> {
+        actions.iter().find_map(|a| match a {
+            Action::Increase(n) => Some(*n),
+            _ => None,
+        })
+    }
+
+    fn creating(ids: &[&str]) -> flotilla_provider::Listing {
+        ids.iter()
+            .map(|id| Instance {
+                id: (*id).into(),
+                state: InstanceState::Creating,
+            })
+            .collect::<Vec<_>>()
+            .into()
+    }
+
+    /// A scale-up whose answer was lost may have taken effect: the pool lists the group (with
+    /// an update planned after the failure, not one already in flight) before it asks again,
+    /// and then asks only for what the listing lacks. A stated refusal needs no listing.
+    #[test]
+    fn an_increase_of_unknown_outcome_is_not_repeated_before_a_new_listing() {
+        let mut c = PoolCore::new(ScalerConfig::default(), Vec::new(), 0);
+        assert_eq!(c.plan(0), [Action::Update]);
+        c.on_update(0, Ok(Vec::new().into()));
+        c.reserve(1).expect("reserve");
+        c.reserve(1).expect("reserve");
+        assert_eq!(increase_of(&c.plan(1)), Some(2));
+        // An update goes out while the increase is in flight; then the increase's answer is
+        // lost, though the cloud applied it.
+        c.on_update(2, Ok(Vec::new().into()));
+        let lost = CallError::Provider {
+            function: Function::Increase,
+            error: ProviderError::Transient("connection reset".into()),
+        };
+        c.on_increase(2, 2, Err(lost));
+        for t in [10_000, 60_000] {
+            let actions = c.plan(t);
+            assert_eq!(
+                increase_of(&actions),
+                None,
+                "asked again before a listing: {actions:?}"
+            );
+            if actions.contains(&Action::Update) {
+                // The listing shows what the lost write created.
+                c.on_update(t, Ok(creating(&["a", "b"])));
+            }
+        }
+        assert_eq!(increase_of(&c.plan(120_000)), None, "both are coming");
+        assert_eq!(c.check_invariants(), Ok(()));
+
+        // A refusal the cloud stated took no effect: asked again after the backoff alone.
+        let mut c = PoolCore::new(ScalerConfig::default(), Vec::new(), 0);
+        assert_eq!(c.plan(0), [Action::Update]);
+        c.on_update(0, Ok(Vec::new().into()));
+        c.reserve(1).expect("reserve");
+        assert_eq!(increase_of(&c.plan(1)), Some(1));
+        let quota = CallError::Provider {
+            function: Function::Increase,
+            error: ProviderError::QuotaExceeded("CPUS".into()),
+        };
+        c.on_increase(2, 1, Err(quota));
+        assert_eq!(c.increase_unsure, None);
     }
 
     #[test]

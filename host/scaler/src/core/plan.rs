@@ -175,6 +175,7 @@ impl PoolCore {
             && (due || self.update.wanted())
         {
             self.update = UpdateCall::InFlight;
+            self.updates_planned += 1;
             actions.push(Action::Update);
         }
     }
@@ -229,6 +230,7 @@ impl PoolCore {
         if desired <= live
             || headroom == 0
             || self.increase_in_flight
+            || self.increase_unsure.is_some()
             || !self.increase_backoff.ready(now)
         {
             return;
