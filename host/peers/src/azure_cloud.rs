@@ -57,6 +57,11 @@ pub struct Options {
     pub public_ips: bool,
     /// Polls of an operation until it ends (1: the first poll says Succeeded).
     pub lro_polls: u32,
+    /// A new VM is missing from the lists for this long while the capacity already counts
+    /// it: the lists are read from a cache that follows the writes ("may return stale data",
+    /// <https://learn.microsoft.com/en-us/azure/azure-resource-manager/management/resource-manager-request-limits#regional-throttling-and-token-bucket-algorithm>
+    /// for reads served by the regional caches).
+    pub list_lag: Duration,
 }
 
 impl Default for Options {
@@ -70,6 +75,7 @@ impl Default for Options {
             token_lifetime: Duration::from_secs(3600),
             public_ips: true,
             lro_polls: 1,
+            list_lag: Duration::ZERO,
         }
     }
 }
@@ -875,6 +881,7 @@ fn scale_set(
             let items: Vec<Value> = c
                 .vms
                 .iter()
+                .filter(|vm| vm.created.elapsed() >= c.options.list_lag)
                 .map(|vm| uniform_vm(vm, expand, c.options.create_after))
                 .collect();
             page(c, items, q, path)
@@ -1288,6 +1295,7 @@ fn flexible_list(c: &Cloud, q: &[(String, String)], path: &str) -> Answer {
     let mut items: Vec<Value> = if c.options.mode == Mode::Flexible {
         c.vms
             .iter()
+            .filter(|vm| vm.created.elapsed() >= c.options.list_lag)
             .map(|vm| flexible_vm(vm, expand, c.options.create_after))
             .collect()
     } else {

@@ -37,6 +37,8 @@ pub struct FakeInstance {
     /// `currentAction`.
     pub action: String,
     pub since: Instant,
+    /// When the group created it.
+    pub created: Instant,
     pub internal_ip: String,
     pub external_ip: String,
 }
@@ -76,6 +78,11 @@ pub struct State {
     pub page_size: usize,
     /// How long a new instance stays CREATING, and a deleted one DELETING.
     pub settle: Duration,
+    /// A new instance is missing from `listManagedInstances` for this long while `targetSize`
+    /// already counts it: the list is eventually consistent with the resize ("the MIG
+    /// creates instances asynchronously"; `status.isStable` stays false meanwhile,
+    /// <https://cloud.google.com/compute/docs/instance-groups/getting-info-about-migs#checking_whether_a_mig_is_stable>).
+    pub list_lag: Duration,
     /// Operations stay RUNNING for this many polls.
     pub operation_polls: u32,
     operations: BTreeMap<String, (u32, Value)>,
@@ -118,6 +125,7 @@ impl GcpCloud {
             next_instance: 0,
             page_size: 500,
             settle: Duration::from_millis(300),
+            list_lag: Duration::ZERO,
             operation_polls: 0,
             operations: BTreeMap::new(),
             next_operation: 0,
@@ -468,15 +476,20 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Answ
                 .and_then(|(_, v)| v.strip_prefix("page-token-")?.parse::<usize>().ok())
                 .unwrap_or(0);
             let failing = s.creation_error.clone();
-            let items: Vec<Value> = s
+            let listed: Vec<&FakeInstance> = s
                 .instances
                 .iter()
+                .filter(|i| i.created.elapsed() >= s.list_lag)
+                .collect();
+            let items: Vec<Value> = listed
+                .iter()
+                .copied()
                 .skip(from)
                 .take(size)
                 .map(|i| managed_instance(i, failing.as_ref()))
                 .collect();
             let mut page = json!({ "managedInstances": items });
-            if from + size < s.instances.len() {
+            if from + size < listed.len() {
                 page["nextPageToken"] = json!(format!("page-token-{}", from + size));
             }
             Ok(answer(200, &page))
@@ -689,6 +702,7 @@ impl State {
                 status: String::new(),
                 action: "CREATING".into(),
                 since: now,
+                created: now,
                 internal_ip: format!("10.128.0.{}", n % 250 + 2),
                 external_ip: format!("34.70.1.{}", n % 250 + 2),
             });

@@ -156,6 +156,10 @@ pub enum Loss {
     Stall(Duration),
 }
 
+/// How long a reset or a 504 takes to come: a lost answer is seldom lost at once, and the
+/// caller goes on meanwhile (here, more leases come in).
+const LOSS_TAKES: Duration = Duration::from_secs(1);
+
 type Matcher = Box<dyn Fn(&str, &str, &[u8]) -> bool + Send + Sync>;
 /// Rewrites an answer's body, given the request's body.
 type Rewriter = Box<dyn Fn(&[u8], bytes::Bytes) -> bytes::Bytes + Send + Sync>;
@@ -290,6 +294,7 @@ async fn serve_losing(
                 }
                 Some(Loss::GatewayTimeout) => {
                     lost.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(LOSS_TAKES).await;
                     let mut r = hyper::Response::new(Full::new(bytes::Bytes::from_static(
                         b"upstream request timeout",
                     )));
@@ -298,9 +303,11 @@ async fn serve_losing(
                 }
                 Some(loss) => {
                     lost.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    if let Loss::Stall(d) = loss {
-                        tokio::time::sleep(d).await;
-                    }
+                    let wait = match loss {
+                        Loss::Stall(d) => d,
+                        _ => LOSS_TAKES,
+                    };
+                    tokio::time::sleep(wait).await;
                     kill.notify_one();
                     std::future::pending().await
                 }
