@@ -582,3 +582,79 @@ async fn capacity_follows_the_group_through_max_0_and_a_recreated_group() {
     );
     pool.shutdown(Duration::from_secs(1), false).await;
 }
+
+/// Instances of a warm pool, and instances leaving it for service, are never failed: the
+/// warm pool's own (`Warmed:*`, stopped, hibernated or running there) serve nothing and are
+/// not listed or counted toward the group's size; one leaving it passes through `Pending:Wait`
+/// like a new launch and is coming. moto serves no warm pool, so a proxy in front of it adds
+/// the documented states to its DescribeAutoScalingGroups answers.
+/// <https://docs.aws.amazon.com/autoscaling/ec2/userguide/warm-pool-instance-lifecycle.html>
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_pool_instances_are_not_failed_nor_counted() {
+    use flotilla_peers::proxy::LosingProxy;
+
+    let moto = Moto::start();
+    let proxy = LosingProxy::start(&moto.endpoint).await;
+    let warm = [
+        ("i-0a000000000000001", "Warmed:Stopped"),
+        ("i-0a000000000000002", "Warmed:Pending:Wait"),
+        ("i-0a000000000000003", "Warmed:Running"),
+        ("i-0a000000000000004", "Warmed:Hibernated"),
+        ("i-0a000000000000005", "Warmed:Terminating:Wait"),
+        ("i-0a000000000000006", "Pending:Wait"),
+    ];
+    proxy.rewrite(move |request, answer| {
+        if !String::from_utf8_lossy(request).contains("Action=DescribeAutoScalingGroups") {
+            return answer;
+        }
+        let members: String = warm
+            .iter()
+            .map(|(id, state)| {
+                format!(
+                    "<member><HealthStatus>Healthy</HealthStatus><AvailabilityZone>us-east-1a</AvailabilityZone><InstanceId>{id}</InstanceId><InstanceType>t3.micro</InstanceType><LifecycleState>{state}</LifecycleState><ProtectedFromScaleIn>true</ProtectedFromScaleIn></member>"
+                )
+            })
+            .collect();
+        let text = String::from_utf8_lossy(&answer).replacen(
+            "</Instances>",
+            &format!("{members}</Instances>"),
+            1,
+        );
+        text.into_bytes().into()
+    });
+    let mut sandbox = moto.plugin_sandbox();
+    sandbox.egress.allow = flotilla_net::AllowList::parse(&[proxy.endpoint.as_str()]).unwrap();
+    for c in &mut sandbox.egress.credentials {
+        c.hosts = flotilla_net::AllowList::parse(&[proxy.endpoint.as_str()]).unwrap();
+    }
+    let p = common::load(flotilla_test_artifacts::AWS_PLUGIN).provider("aws", sandbox);
+    must(p.init(&moto.settings().replace(&moto.endpoint, &proxy.endpoint))).await;
+    assert_eq!(must(p.increase(1)).await, 1);
+    poll::until("moto's instance", Duration::from_secs(20), || async {
+        match moto.live().len() {
+            1 => Ok(()),
+            n => Err(format!("{n} instances")),
+        }
+    })
+    .await;
+
+    let listed = must(p.update()).await.instances;
+    let failed: Vec<_> = listed
+        .iter()
+        .filter(|i| matches!(i.state, InstanceState::Failed(_)))
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(
+        listed.len(),
+        2,
+        "moto's and the one leaving the warm pool: {listed:?}"
+    );
+    let leaving = listed.iter().find(|i| i.id == "i-0a000000000000006");
+    assert!(
+        leaving.is_some_and(|i| matches!(i.state, InstanceState::Creating)),
+        "{listed:?}"
+    );
+    // The warm pool does not count toward the desired size: one more on top of the two.
+    assert_eq!(must(p.increase(1)).await, 1);
+    assert_eq!(moto.desired(), 3);
+}
