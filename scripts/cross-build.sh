@@ -29,6 +29,8 @@ fi
 # windows-check, see Cargo.toml). windows.sh and release.sh read the binary from its folder.
 windows_profile="${FLOTILLA_WINDOWS_PROFILE:-release}"
 for which in "$@"; do
+  # The CPU time of each build, for the test run's log (the builds' share of its 2 cores).
+  echo "== cross-build $which: start at ${SECONDS} s (CPU so far: $(times | tail -1))"
   case "$which" in
     windows)
       t=x86_64-pc-windows-gnu
@@ -44,4 +46,5 @@ for which in "$@"; do
       ;;
     *) echo "cross-build.sh: unknown target '$which' (windows or musl)" >&2; exit 2 ;;
   esac
+  echo "== cross-build $which: done at ${SECONDS} s (children's user and system CPU: $(times | tail -1))"
 done

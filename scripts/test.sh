@@ -121,6 +121,7 @@ cross_built() {
   fi
   trap - EXIT
   echo "== release builds for Windows and musl: done ($((SECONDS - waiting)) s waited for them)"
+  grep '^== cross-build' "$cross_log" || true
 }
 
 phase "cargo fmt --check"

@@ -30,6 +30,7 @@ pub struct Metrics {
     leases_failed: IntCounterVec,
     plugin_faults: IntCounterVec,
     egress_denied: IntCounterVec,
+    credential_remints: IntCounterVec,
     pool_up: IntGaugeVec,
     pool_state: IntGaugeVec,
     circuit_open: IntGaugeVec,
@@ -194,6 +195,12 @@ impl Metrics {
                 "Outbound plugin requests denied.",
                 PP,
             )?,
+            credential_remints: counter(
+                &r,
+                "flotilla_credential_remints_total",
+                "Plugin requests sent once more with a new token after the cloud refused the cached one.",
+                PP,
+            )?,
             pool_up: gauge(
                 &r,
                 "flotilla_pool_ready",
@@ -346,6 +353,7 @@ struct Last {
     timeouts: u64,
     violations: u64,
     denied: u64,
+    remints: u64,
 }
 
 /// Metric handles of one pool.
@@ -382,6 +390,7 @@ impl PoolMetrics {
             let timeouts = delta(&mut last.timeouts, health.timeouts);
             let violations = delta(&mut last.violations, health.contract_violations);
             let denied = delta(&mut last.denied, denied);
+            let remints = delta(&mut last.remints, health.egress_remints);
             self.m
                 .plugin_faults
                 .with_label_values(&[pool, plugin, "trap"])
@@ -398,6 +407,10 @@ impl PoolMetrics {
                 .egress_denied
                 .with_label_values(&[pool, plugin])
                 .inc_by(denied);
+            self.m
+                .credential_remints
+                .with_label_values(&[pool, plugin])
+                .inc_by(remints);
         }
     }
 }

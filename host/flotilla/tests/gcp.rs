@@ -297,6 +297,7 @@ async fn a_token_compute_refuses_early_is_minted_anew_once() {
     cloud.expire_tokens();
     must(p.update()).await;
     assert_eq!(cloud.with(|s| s.mints), 2, "minted anew after the refusal");
+    assert_eq!(p.health().egress_remints, 1, "counted for the metric");
     cloud.expire_tokens();
     let e = provider_error(p.update().await);
     assert!(

@@ -839,6 +839,11 @@ impl Provider for WasmProvider {
                 .stats
                 .denied
                 .load(std::sync::atomic::Ordering::Relaxed),
+            egress_remints: self
+                .egress
+                .stats
+                .remints
+                .load(std::sync::atomic::Ordering::Relaxed),
             ..h.health.clone()
         }
     }

@@ -369,6 +369,9 @@ pub struct ProviderHealth {
     /// Outbound requests the host refused (off the allow-list, forbidden address, unknown
     /// or unbound credential, over a cap) since start.
     pub egress_denied: u64,
+    /// Requests sent once more after the cloud refused the cached token they carried (a new
+    /// one was minted) since start.
+    pub egress_remints: u64,
 }
 
 /// A cloud group the scaler can grow and shrink, with fleeting's partial-success semantics.
