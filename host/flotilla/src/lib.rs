@@ -20,6 +20,7 @@ pub mod config;
 pub mod metrics;
 pub mod pools;
 pub mod preflight;
+mod process_metrics;
 pub mod sd;
 pub mod serve;
 pub mod signals;

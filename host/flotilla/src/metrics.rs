@@ -43,6 +43,8 @@ pub struct Metrics {
     jobs_finished: IntCounterVec,
     job_prepare_seconds: HistogramVec,
     image_pull_seconds: HistogramVec,
+    acquires_waiting: IntGaugeVec,
+    process: crate::process_metrics::ProcessMetrics,
 }
 
 pub use flotilla_api::JobOutcome;
@@ -189,6 +191,13 @@ impl Metrics {
                 "Plugin traps, timeouts and contract violations.",
                 &["pool", "plugin", "kind"],
             )?,
+            acquires_waiting: gauge(
+                &r,
+                "flotilla_acquires_waiting",
+                "Acquires waiting for a free slot (the pool's queue).",
+                PP,
+            )?,
+            process: crate::process_metrics::ProcessMetrics::new(&r)?,
             egress_denied: counter(
                 &r,
                 "flotilla_egress_denied_total",
@@ -307,6 +316,7 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn render(&self) -> String {
+        self.process.refresh();
         let mut buf = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
             tracing::error!("cannot encode metrics: {e}");
@@ -477,6 +487,10 @@ impl PoolObserver for PoolMetrics {
             .desired
             .with_label_values(&[pool, plugin])
             .set(i64::from(snap.desired));
+        self.m
+            .acquires_waiting
+            .with_label_values(&[pool, plugin])
+            .set(i64::from(snap.acquires_waiting));
         self.m
             .max_instances
             .with_label_values(&[pool, plugin])

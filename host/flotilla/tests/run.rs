@@ -249,6 +249,15 @@ async fn metrics_pass_promtool() {
         "flotilla_instance_creation_to_ready_seconds_bucket{",
         "flotilla_scale_operations_total{",
         "flotilla_egress_denied_total{",
+        "flotilla_credential_remints_total{",
+        "flotilla_acquires_waiting{",
+        "flotilla_build_info{",
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_max_fds ",
+        "process_threads ",
+        "process_start_time_seconds ",
     ];
     let text = poll::until("every metric family", Duration::from_secs(8), || async {
         let text = s
@@ -265,6 +274,26 @@ async fn metrics_pass_promtool() {
     })
     .await;
     assert!(text.contains(r#"flotilla_slots{plugin="#) && text.contains(r#"pool="local""#));
+    // The process figures are read, not left at zero.
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+    };
+    for name in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_threads",
+        "process_start_time_seconds",
+    ] {
+        assert!(value(name) > 0.0, "{name} is 0");
+    }
+    assert!(text.contains(&format!(
+        "flotilla_build_info{{arch=\"{}\",os=\"linux\",version=\"{}\",wit=\"0.1.3\"}} 1",
+        std::env::consts::ARCH,
+        env!("CARGO_PKG_VERSION")
+    )));
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -38,7 +38,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 pub use adapter::WasmProvider;
 pub use cache::{CacheOutcome, default_cache_dir};
 pub use egress::{BlockedAddress, EgressPolicy, EgressStats};
-pub use inspect::{ComponentShape, ImportInfo, ImportKind, LoadError, WORLD};
+pub use inspect::{CONTRACT_VERSION, ComponentShape, ImportInfo, ImportKind, LoadError, WORLD};
 pub use limits::Limits;
 
 use limits::AggregateLimiter;

@@ -401,9 +401,10 @@ impl PoolHandle {
             core = self.core();
         }
         if let Some(m) = &self.observer {
-            let snap = core.snapshot(self.clock.now());
+            let mut snap = core.snapshot(self.clock.now());
             let counters = core.counters.clone();
             drop(core);
+            snap.acquires_waiting = u32::try_from(self.waiting()).unwrap_or(u32::MAX);
             m.publish(&snap, &counters, &ready, &lifetimes);
         }
     }
@@ -603,7 +604,9 @@ impl PoolHandle {
 
     /// Status for `/v1/pools`.
     pub fn snapshot(&self) -> PoolSnapshot {
-        self.core().snapshot(self.clock.now())
+        let mut snap = self.core().snapshot(self.clock.now());
+        snap.acquires_waiting = u32::try_from(self.waiting()).unwrap_or(u32::MAX);
+        snap
     }
 
     /// Resolves at the pool's next change (a lease or instance event, an action's end).

@@ -87,6 +87,7 @@ impl PoolCore {
                 adopted_after_ms: self.adopted.map(|(_, t)| t.saturating_sub(self.started_at)),
             },
             paused: self.paused(),
+            acquires_waiting: 0,
         }
     }
 

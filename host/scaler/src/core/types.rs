@@ -287,6 +287,8 @@ pub struct PoolSnapshot {
     /// Calls refused as unauthorized or misconfigured, waiting for an operator's fix, with
     /// the reason and the next try.
     pub paused: BTreeMap<&'static str, super::Pause>,
+    /// Acquires waiting for a slot (the driver's queue; the core alone reports 0).
+    pub acquires_waiting: u32,
 }
 
 /// A pool's start as `/v1/pools` shows it.
