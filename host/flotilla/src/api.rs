@@ -106,6 +106,7 @@ pub fn router(state: Shared) -> Router {
     Router::new()
         .merge(v1)
         .merge(health_routes())
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such endpoint") })
         .with_state(state)
 }
@@ -123,6 +124,7 @@ fn health_routes() -> Router<Shared> {
 /// The router of `server.metrics_listen`: health and metrics only, never the lease API.
 pub fn health_router(state: Shared) -> Router {
     health_routes()
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .fallback(|| async {
             ApiError::new(
                 ErrorCode::NotFound,
@@ -130,6 +132,31 @@ pub fn health_router(state: Shared) -> Router {
             )
         })
         .with_state(state)
+}
+
+/// Counts each request by route (the pattern, never the path: ids stay out of the labels),
+/// method and status, times it to the end of its answer's head (a long poll's wait included;
+/// an upgraded stream's life is not), and counts the requests in flight.
+async fn observe(
+    State(state): State<Shared>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = request.method().clone();
+    let start = std::time::Instant::now();
+    let _in_flight = state.metrics.http_started();
+    let response = next.run(request).await;
+    state.metrics.http_finished(
+        &route,
+        method.as_str(),
+        response.status().as_u16(),
+        start.elapsed(),
+    );
+    response
 }
 
 async fn auth(

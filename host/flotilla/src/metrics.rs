@@ -44,6 +44,9 @@ pub struct Metrics {
     job_prepare_seconds: HistogramVec,
     image_pull_seconds: HistogramVec,
     acquires_waiting: IntGaugeVec,
+    http_requests: IntCounterVec,
+    http_seconds: HistogramVec,
+    http_in_flight: prometheus::IntGauge,
     process: crate::process_metrics::ProcessMetrics,
 }
 
@@ -52,6 +55,15 @@ pub use flotilla_api::JobOutcome;
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Metrics")
+    }
+}
+
+/// One API request in flight: counted down when dropped, however the request ends.
+pub struct InFlight(prometheus::IntGauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -197,6 +209,29 @@ impl Metrics {
                 "Acquires waiting for a free slot (the pool's queue).",
                 PP,
             )?,
+            http_requests: counter(
+                &r,
+                "flotilla_http_requests_total",
+                "API requests by route pattern, method and status code.",
+                &["route", "method", "code"],
+            )?,
+            http_seconds: histogram(
+                &r,
+                "flotilla_http_request_duration_seconds",
+                "API request time to the answer's head, by route pattern and method (an acquire's wait included).",
+                &["route", "method"],
+                vec![
+                    0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                ],
+            )?,
+            http_in_flight: {
+                let g = prometheus::IntGauge::new(
+                    "flotilla_http_requests_in_flight",
+                    "API requests being answered now (long polls included).",
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
             process: crate::process_metrics::ProcessMetrics::new(&r)?,
             egress_denied: counter(
                 &r,
@@ -312,6 +347,23 @@ impl Metrics {
         self.jobs_finished
             .with_label_values(&[pool, outcome.name()])
             .inc();
+    }
+
+    /// An API request began; the request is in flight until the guard is dropped.
+    pub fn http_started(&self) -> InFlight {
+        self.http_in_flight.inc();
+        InFlight(self.http_in_flight.clone())
+    }
+
+    /// An API request was answered.
+    pub fn http_finished(&self, route: &str, method: &str, code: u16, took: Duration) {
+        let code = code.to_string();
+        self.http_requests
+            .with_label_values(&[route, method, &code])
+            .inc();
+        self.http_seconds
+            .with_label_values(&[route, method])
+            .observe(took.as_secs_f64());
     }
 
     /// The text exposition format.

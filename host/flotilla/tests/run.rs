@@ -252,6 +252,9 @@ async fn metrics_pass_promtool() {
         "flotilla_credential_remints_total{",
         "flotilla_acquires_waiting{",
         "flotilla_build_info{",
+        "flotilla_http_requests_total{",
+        "flotilla_http_request_duration_seconds_bucket{",
+        "flotilla_http_requests_in_flight ",
         "process_cpu_seconds_total ",
         "process_resident_memory_bytes ",
         "process_open_fds ",
@@ -289,6 +292,15 @@ async fn metrics_pass_promtool() {
     ] {
         assert!(value(name) > 0.0, "{name} is 0");
     }
+    // By the route's pattern: the pool's name and lease ids stay out of the labels.
+    assert!(
+        text.contains(r#"flotilla_http_requests_total{code="201",method="POST",route="/v1/pools/{pool}/leases"} 1"#),
+        "{text}"
+    );
+    assert!(
+        value("flotilla_http_requests_in_flight") >= 1.0,
+        "this scrape is in flight"
+    );
     assert!(text.contains(&format!(
         "flotilla_build_info{{arch=\"{}\",os=\"linux\",version=\"{}\",wit=\"0.1.3\"}} 1",
         std::env::consts::ARCH,
