@@ -46,6 +46,7 @@ pub struct Metrics {
     acquires_waiting: IntGaugeVec,
     http_requests: IntCounterVec,
     http_seconds: HistogramVec,
+    journal_seconds: HistogramVec,
     http_in_flight: prometheus::IntGauge,
     process: crate::process_metrics::ProcessMetrics,
 }
@@ -222,6 +223,15 @@ impl Metrics {
                 &["route", "method"],
                 vec![
                     0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                ],
+            )?,
+            journal_seconds: histogram(
+                &r,
+                "flotilla_journal_commit_duration_seconds",
+                "Time to commit a lease change to the journal (fsync included), by outcome; the change is acknowledged after it.",
+                &["pool", "plugin", "outcome"],
+                vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                 ],
             )?,
             http_in_flight: {
@@ -478,6 +488,14 @@ impl PoolMetrics {
 }
 
 impl PoolObserver for PoolMetrics {
+    fn journal_commit(&self, ok: bool, took: Duration) {
+        let [pool, plugin] = self.pp();
+        self.m
+            .journal_seconds
+            .with_label_values(&[pool, plugin, if ok { "ok" } else { "error" }])
+            .observe(took.as_secs_f64());
+    }
+
     /// Records one provider call.
     fn provider_call(&self, function: Function, ok: bool, took: Duration) {
         let outcome = if ok { "ok" } else { "error" };

@@ -421,9 +421,22 @@ impl PoolHandle {
         uses: Option<(&str, u32)>,
     ) -> Result<(), JournalError> {
         match (&self.journal, lease) {
-            (Some(j), Some(lease)) => j.save(&lease, uses),
+            (Some(j), Some(lease)) => self.committed(|| j.save(&lease, uses)),
             _ => Ok(()),
         }
+    }
+
+    /// Runs one journal commit, timed for the observer.
+    fn committed<T>(
+        &self,
+        commit: impl FnOnce() -> Result<T, JournalError>,
+    ) -> Result<T, JournalError> {
+        let start = Instant::now();
+        let r = commit();
+        if let Some(m) = &self.observer {
+            m.journal_commit(r.is_ok(), start.elapsed());
+        }
+        r
     }
 
     /// Removes a lease from the journal before it is removed from memory, when `allowed`
@@ -440,7 +453,9 @@ impl PoolHandle {
             .ok_or(LeaseError::UnknownLease(id))?;
         allowed(&state)?;
         match &self.journal {
-            Some(j) => j.remove(id).map_err(LeaseError::NotDurable),
+            Some(j) => self
+                .committed(|| j.remove(id))
+                .map_err(LeaseError::NotDurable),
             None => Ok(()),
         }
     }

@@ -16,6 +16,9 @@ pub trait PoolObserver: Send + Sync {
     fn lease_wait(&self, took: Duration);
     /// A readiness check or ping finished: `Err` carries the failure's cause label.
     fn probe(&self, _probe: Probe, _outcome: Result<(), &'static str>, _took: Duration) {}
+    /// A lease change was committed to the journal (`ok`) or failed to be, after `took`;
+    /// the change is acknowledged only after it.
+    fn journal_commit(&self, _ok: bool, _took: Duration) {}
     /// The pool's state after a reconcile, the counters so far, and the readiness and
     /// lifetime latencies (milliseconds) recorded since the last call.
     fn publish(
