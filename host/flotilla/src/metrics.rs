@@ -31,6 +31,7 @@ pub struct Metrics {
     plugin_faults: IntCounterVec,
     egress_denied: IntCounterVec,
     credential_remints: IntCounterVec,
+    plugin_wait_seconds: prometheus::CounterVec,
     pool_up: IntGaugeVec,
     pool_state: IntGaugeVec,
     circuit_open: IntGaugeVec,
@@ -249,6 +250,17 @@ impl Metrics {
                 "Outbound plugin requests denied.",
                 PP,
             )?,
+            plugin_wait_seconds: {
+                let c = prometheus::CounterVec::new(
+                    Opts::new(
+                        "flotilla_plugin_call_wait_seconds_total",
+                        "Time calls waited for the pool's plugin, which runs one call at a time.",
+                    ),
+                    PP,
+                )?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
             credential_remints: counter(
                 &r,
                 "flotilla_credential_remints_total",
@@ -426,6 +438,7 @@ struct Last {
     violations: u64,
     denied: u64,
     remints: u64,
+    waited_micros: u64,
 }
 
 /// Metric handles of one pool.
@@ -463,6 +476,7 @@ impl PoolMetrics {
             let violations = delta(&mut last.violations, health.contract_violations);
             let denied = delta(&mut last.denied, denied);
             let remints = delta(&mut last.remints, health.egress_remints);
+            let waited = delta(&mut last.waited_micros, health.call_wait_micros);
             self.m
                 .plugin_faults
                 .with_label_values(&[pool, plugin, "trap"])
@@ -483,6 +497,10 @@ impl PoolMetrics {
                 .credential_remints
                 .with_label_values(&[pool, plugin])
                 .inc_by(remints);
+            self.m
+                .plugin_wait_seconds
+                .with_label_values(&[pool, plugin])
+                .inc_by(waited as f64 / 1e6);
         }
     }
 }

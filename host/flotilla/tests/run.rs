@@ -256,6 +256,7 @@ async fn metrics_pass_promtool() {
         "flotilla_http_request_duration_seconds_bucket{",
         "flotilla_http_requests_in_flight ",
         "flotilla_journal_commit_duration_seconds_bucket{",
+        "flotilla_plugin_call_wait_seconds_total{",
         "process_cpu_seconds_total ",
         "process_resident_memory_bytes ",
         "process_open_fds ",

@@ -89,6 +89,8 @@ pub struct WasmProvider {
     state: Arc<dyn PluginState>,
     /// Set by [`Provider::close`]: running calls end, and only `decrease` and `shutdown` run.
     closing: tokio::sync::watch::Sender<bool>,
+    /// Microseconds calls have waited for the one instance (calls are serialised).
+    waited_micros: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for WasmProvider {
@@ -141,6 +143,7 @@ impl WasmProvider {
             health: Mutex::new(HealthState::default()),
             calm: AtomicBool::new(true),
             closing: tokio::sync::watch::Sender::new(false),
+            waited_micros: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -297,6 +300,16 @@ impl WasmProvider {
         }
     }
 
+    /// The one instance's lock, its wait counted for the plugin's health.
+    async fn serialised(&self) -> tokio::sync::MutexGuard<'_, Inner> {
+        let start = Instant::now();
+        let inner = self.inner.lock().await;
+        let waited = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.waited_micros
+            .fetch_add(waited, std::sync::atomic::Ordering::Relaxed);
+        inner
+    }
+
     /// Runs `call` with containment: circuit check, live instance, deadline, fault accounting.
     async fn run<T: Send + 'static, F: Future<Output = CallOutput<T>> + Send>(
         &self,
@@ -307,7 +320,7 @@ impl WasmProvider {
             return Err(Self::closed(function));
         }
         self.check_circuit(function)?;
-        let mut inner = self.inner.lock().await;
+        let mut inner = self.serialised().await;
         let instance = self.current_instance(&mut inner, function).await?;
         let (instance, outcome) = self.call_in(function, instance, call).await;
         inner.instance = instance;
@@ -646,7 +659,7 @@ impl Provider for WasmProvider {
     async fn init(&self, settings: &str) -> Result<ProviderInfo, CallError> {
         let function = Function::Init;
         self.check_circuit(function)?;
-        let mut inner = self.inner.lock().await;
+        let mut inner = self.serialised().await;
         // A fresh instance every time: init is the one call that may change the settings.
         inner.instance = None;
         let instance = self.instantiate().await?;
@@ -843,6 +856,9 @@ impl Provider for WasmProvider {
                 .egress
                 .stats
                 .remints
+                .load(std::sync::atomic::Ordering::Relaxed),
+            call_wait_micros: self
+                .waited_micros
                 .load(std::sync::atomic::Ordering::Relaxed),
             ..h.health.clone()
         }

@@ -372,6 +372,9 @@ pub struct ProviderHealth {
     /// Requests sent once more after the cloud refused the cached token they carried (a new
     /// one was minted) since start.
     pub egress_remints: u64,
+    /// Microseconds calls have waited for the plugin (one call runs at a time per pool)
+    /// since start.
+    pub call_wait_micros: u64,
 }
 
 /// A cloud group the scaler can grow and shrink, with fleeting's partial-success semantics.
