@@ -7,8 +7,8 @@
 //! in-memory store for hosts without a state directory. Must not know: files, databases,
 //! WebAssembly.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 /// Why a state operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,9 +121,9 @@ pub struct MemoryState {
 }
 
 impl MemoryState {
-    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
-        // Every write is one insert or remove, so a poisoned map is still whole.
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    fn map(&self) -> parking_lot::MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
+        // Every write is one insert or remove.
+        self.map.lock()
     }
 }
 
@@ -172,7 +172,7 @@ impl Budgeted {
 
     /// Takes `bytes` from the bucket, or says why not.
     fn take(&self, bytes: usize) -> Result<(), StateError> {
-        let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bucket = self.bucket.lock();
         let now = std::time::Instant::now();
         let rate = self.per_minute as f64 / 60.0;
         let refilled = (bucket.0 + now.duration_since(bucket.1).as_secs_f64() * rate)

@@ -1,7 +1,9 @@
 //! The async driver of one pool: runs the state machine's actions against a provider, event
 //! by event. A change in demand wakes it at once; `update_interval` is only a safety net.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
@@ -194,14 +196,14 @@ impl PoolHandle {
     }
 
     fn core(&self) -> MutexGuard<'_, PoolCore> {
-        // A poisoned lock means a panic while holding it; the state is still consistent
-        // because every mutation is a single method call on PoolCore.
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
+        // parking_lot does not poison: every mutation is a single method call on PoolCore,
+        // so a panic elsewhere leaves it consistent.
+        self.core.lock()
     }
 
     fn waiters(&self) -> MutexGuard<'_, Waiters> {
-        // Every change to the queue is one call on it, so a poisoned lock is still consistent.
-        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+        // Every change to the queue is one call on it.
+        self.waiters.lock()
     }
 
     /// Something changed: free slots go to the waiting acquires, the driver plans again, and

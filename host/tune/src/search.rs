@@ -446,7 +446,7 @@ fn parallel<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R +
     let threads = threads.max(1).min(items.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut out: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
-    let slots = std::sync::Mutex::new(&mut out);
+    let slots = parking_lot::Mutex::new(&mut out);
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
@@ -454,9 +454,7 @@ fn parallel<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R +
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(item) = items.get(i) else { break };
                     let r = f(item);
-                    if let Ok(mut slots) = slots.lock()
-                        && let Some(slot) = slots.get_mut(i)
-                    {
+                    if let Some(slot) = slots.lock().get_mut(i) {
                         *slot = Some(r);
                     }
                 }

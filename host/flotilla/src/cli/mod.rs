@@ -1,5 +1,5 @@
-//! The command line: a file per command or family of commands (`plugin` spans `plugin*.rs`
-//! and `oci.rs`; `history` lives in `tune.rs`), each an `Args` struct (or a subcommand enum)
+//! The command line: a file per command or family of commands (`plugin` spans `plugin.rs` and
+//! `plugin_test.rs`; `history` lives in `tune.rs`), each an `Args` struct (or a subcommand enum)
 //! with `run()`. Commands whose output is data take `--json`. Every command returns
 //! `anyhow::Result<()>`, and `main` maps that to the exit code: 0, or the code a `gitlab`
 //! stage's `ExitWith` carries, or 1.
