@@ -322,8 +322,13 @@ async fn reserve(
     let id = p
         .reserve_for(body.labels, deadline, body.tenant)
         .inspect_err(|e| match e {
-            LeaseError::AtCapacity(_) => state.metrics.reservation_refused(&name, "at-capacity"),
-            LeaseError::NoIdleSlot => state.metrics.reservation_refused(&name, "no-idle-slot"),
+            // The metric's reason is the error code the client gets.
+            LeaseError::AtCapacity(_) => state
+                .metrics
+                .reservation_refused(&name, ErrorCode::AtCapacity.name()),
+            LeaseError::NoIdleSlot => state
+                .metrics
+                .reservation_refused(&name, ErrorCode::NoIdleSlot.name()),
             _ => {}
         })?;
     let lease = p.with_core(|c| c.lease(id).cloned());

@@ -288,7 +288,7 @@ impl Metrics {
             reservations_refused: counter(
                 &r,
                 "flotilla_reservations_refused_total",
-                "Reservations refused for want of a slot: at-capacity (every slot up to max_instances promised) or no-idle-slot (preemptive mode).",
+                "Reservations refused for want of a slot: at_capacity (every slot up to max_instances promised) or no_idle_slot (preemptive mode), as the API's error codes.",
                 &["pool", "reason"],
             )?,
             probe_seconds: histogram(
@@ -407,7 +407,7 @@ impl Metrics {
         }
     }
 
-    /// A reservation was refused for want of a slot (`at-capacity` or `no-idle-slot`).
+    /// A reservation was refused for want of a slot (the API's error code: `at_capacity` or `no_idle_slot`).
     pub fn reservation_refused(&self, pool: &str, reason: &str) {
         self.reservations_refused
             .with_label_values(&[pool, reason])

@@ -324,7 +324,7 @@ async fn the_dashboard_and_alert_rules_query_only_metrics_a_live_process_exports
         "the faulting plugin's circuit is not shown open:\n{text}"
     );
     assert!(
-        text.contains("flotilla_reservations_refused_total{pool=\"ci\",reason=\"at-capacity\"} 1"),
+        text.contains("flotilla_reservations_refused_total{pool=\"ci\",reason=\"at_capacity\"} 1"),
         "{text}"
     );
 }
