@@ -67,6 +67,9 @@ pub enum ErrorCode {
     /// The pool does not allow what the request asks (a privileged container without the
     /// pool's `allow_privileged`).
     NotAllowed,
+    /// The host serves as many connections as it may (`max_connections`): the connection
+    /// was answered this and closed. A client waits (`Retry-After`) and asks again.
+    TooManyRequests,
     /// A code this client does not know (a newer server); the HTTP status still applies.
     #[serde(other)]
     Unknown,
@@ -74,7 +77,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code a server sends (not [`ErrorCode::Unknown`]).
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::NotFound,
         ErrorCode::Unauthorized,
         ErrorCode::UnknownPool,
@@ -99,6 +102,7 @@ impl ErrorCode {
         ErrorCode::LeaseEnded,
         ErrorCode::NoShell,
         ErrorCode::NotAllowed,
+        ErrorCode::TooManyRequests,
     ];
 
     /// The HTTP status that goes with the code.
@@ -121,7 +125,8 @@ impl ErrorCode {
             ErrorCode::ShuttingDown
             | ErrorCode::PoolStopped
             | ErrorCode::PoolStarting
-            | ErrorCode::StoreFailed => S::SERVICE_UNAVAILABLE,
+            | ErrorCode::StoreFailed
+            | ErrorCode::TooManyRequests => S::SERVICE_UNAVAILABLE,
             ErrorCode::AcquireTimeout => S::GATEWAY_TIMEOUT,
             ErrorCode::InstanceUnreachable => S::BAD_GATEWAY,
             ErrorCode::Unknown => S::INTERNAL_SERVER_ERROR,
@@ -155,14 +160,18 @@ impl ErrorCode {
             ErrorCode::LeaseEnded => "lease_ended",
             ErrorCode::NoShell => "no_shell",
             ErrorCode::NotAllowed => "not_allowed",
+            ErrorCode::TooManyRequests => "too_many_requests",
             ErrorCode::Unknown => "unknown",
         }
     }
 
-    /// The pool is not serving now but will be: it is starting, or the process is draining
-    /// for a restart. A client waits and asks again.
+    /// The pool is not serving now but will be: it is starting, the process is draining for
+    /// a restart, or it serves as many connections as it may. A client waits and asks again.
     pub fn restarting(self) -> bool {
-        matches!(self, ErrorCode::PoolStarting | ErrorCode::ShuttingDown)
+        matches!(
+            self,
+            ErrorCode::PoolStarting | ErrorCode::ShuttingDown | ErrorCode::TooManyRequests
+        )
     }
 
     /// Every slot is promised: a client may wait for one to free up.

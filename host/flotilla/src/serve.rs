@@ -27,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 /// The limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Connections served at once; further ones wait in the kernel's backlog.
+    /// Connections served at once; a further one is answered 503 `too_many_requests` at once
+    /// and closed.
     pub max_connections: usize,
     /// Connections that have not made an authenticated request yet; past it the oldest is
     /// closed.
@@ -118,12 +119,8 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let ids = AtomicU64::new(0);
     tokio::pin!(stop);
+    let refusing = Arc::new(tokio::sync::Semaphore::new(MAX_REFUSING));
     loop {
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => slot,
-            () = &mut stop => break,
-        };
-        let Ok(slot) = slot else { break };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -138,6 +135,20 @@ pub async fn serve(
         };
         // Latency only: a socket that refuses TCP_NODELAY still works.
         let _ = stream.set_nodelay(true);
+        // Past the bound a connection is answered at once and closed, never left waiting in
+        // the kernel's backlog; past the refusals' own bound it is closed unanswered.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            if let Ok(refusal) = refusing.clone().try_acquire_owned() {
+                let plain = tls.is_none();
+                tokio::spawn(async move {
+                    if plain {
+                        refuse(stream).await;
+                    }
+                    drop(refusal);
+                });
+            }
+            continue;
+        };
         let evict = CancellationToken::new();
         let id = ids.fetch_add(1, Ordering::Relaxed);
         unauthenticated.admit(id, evict.clone());
@@ -196,6 +207,47 @@ pub async fn serve(
     }
 }
 
+/// Connections being refused at once (past `max_connections`).
+const MAX_REFUSING: usize = 64;
+
+/// How long a refused connection may take to send its request's head.
+const REFUSAL_READ: Duration = Duration::from_secs(1);
+
+/// Answers a connection past the bound with 503 `too_many_requests` and `Retry-After: 1`,
+/// after reading its request's head (at most 16 KiB, for at most a second), so the client
+/// reads the answer rather than a reset.
+async fn refuse(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let read = async {
+        while head.len() < 16 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(buf.get(..n).unwrap_or_default()),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSAL_READ, read).await;
+    let code = flotilla_api::ErrorCode::TooManyRequests;
+    let body = serde_json::json!({"error": {
+        "code": code.name(),
+        "message": "the server serves as many connections as it may; retry in a second",
+    }})
+    .to_string();
+    let answer = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        code.status().as_u16(),
+        code.status().canonical_reason().unwrap_or_default(),
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSAL_READ, async {
+        let _ = stream.write_all(answer.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
 /// Connections waiting to authenticate, for tests of the accounting.
 #[cfg(test)]
 fn waiting(tracker: &Unauthenticated) -> usize {
@@ -205,6 +257,68 @@ fn waiting(tracker: &Unauthenticated) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn exchange(addr: std::net::SocketAddr) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        c.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("send");
+        let mut text = String::new();
+        tokio::time::timeout(Duration::from_secs(3), c.read_to_string(&mut text))
+            .await
+            .expect("an answer, not a wait in the backlog")
+            .expect("read");
+        text
+    }
+
+    /// A connection past `max_connections` gets 503 `too_many_requests` with `Retry-After`
+    /// at once, not a place in the backlog; once the slot is free, connections are served.
+    #[tokio::test]
+    async fn a_connection_past_the_bound_is_refused_at_once() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let router = axum::Router::new().route("/", axum::routing::get(|| async { "served" }));
+        let limits = Limits {
+            max_connections: 1,
+            ..Limits::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, router, limits, None, async {
+            let _ = stopped.await;
+        }));
+        // The first connection holds the one slot: kept alive after its answer.
+        let mut held = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        held.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("send");
+        let mut buf = [0u8; 512];
+        let n = held.read(&mut buf).await.expect("read");
+        assert!(String::from_utf8_lossy(buf.get(..n).unwrap_or_default()).contains("served"));
+
+        let refused = exchange(addr).await;
+        assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+        assert!(refused.contains("retry-after: 1"), "{refused}");
+        assert!(
+            refused.contains(r#""code":"too_many_requests""#),
+            "{refused}"
+        );
+
+        drop(held);
+        let mut served = String::new();
+        for _ in 0..50 {
+            served = exchange(addr).await;
+            if served.contains("served") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(served.contains("served"), "{served}");
+        let _ = stop.send(());
+    }
 
     #[test]
     fn the_oldest_unauthenticated_connections_make_room() {
