@@ -518,6 +518,10 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let file_sd = cfg.file_sd.clone().map(|path| {
+        tracing::info!(file_sd = %path.display(), "writing the machine list for file_sd_configs");
+        tokio::spawn(crate::sd::write_file_sd(state.clone(), path))
+    });
     let starters: Vec<_> = cfg
         .pools
         .iter()
@@ -528,6 +532,9 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     tracing::info!(grace = ?cfg.shutdown_grace, "draining: new reservations are refused");
     state.draining.store(true, Ordering::Relaxed);
     // A pool still starting holds no leases: its start is abandoned.
+    if let Some(writer) = &file_sd {
+        writer.abort();
+    }
     for s in &starters {
         s.abort();
     }

@@ -39,6 +39,17 @@ pub async fn prometheus(State(state): State<Arc<AppState>>, headers: HeaderMap) 
             "missing or invalid bearer token (server.sd_token)",
         );
     }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        Value::Array(groups(&state)).to_string(),
+    )
+        .into_response()
+}
+
+/// Every target group of every running pool, in the format both `http_sd_configs` and
+/// `file_sd_configs` read.
+pub fn groups(state: &AppState) -> Vec<Value> {
     let mut groups = Vec::new();
     for (name, pool) in state.pools.running_pools() {
         let views = pool.handle.with_core(|c| c.instances());
@@ -83,12 +94,40 @@ pub async fn prometheus(State(state): State<Arc<AppState>>, headers: HeaderMap) 
             }
         }
     }
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
-        Value::Array(groups).to_string(),
-    )
-        .into_response()
+    groups
+}
+
+/// How often the `file_sd` file is brought up to date (Prometheus watches it, and rereads
+/// it every `refresh_interval` too).
+const FILE_SD_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Keeps `path` holding the machine list, written whole (a temporary file renamed over it, so
+/// Prometheus never reads half a list) whenever it changed. A failed write is logged and
+/// tried again at the next round.
+pub async fn write_file_sd(state: Arc<AppState>, path: std::path::PathBuf) {
+    let mut last: Option<String> = None;
+    loop {
+        let text = Value::Array(groups(&state)).to_string();
+        if last.as_ref() != Some(&text) {
+            match write_whole(&path, &text) {
+                Ok(()) => last = Some(text),
+                Err(e) => {
+                    tracing::warn!(file_sd = %path.display(), "cannot write the machine list: {e}")
+                }
+            }
+        }
+        tokio::time::sleep(FILE_SD_EVERY).await;
+    }
+}
+
+fn write_whole(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// The instance's state as the instances API writes it (`ready`, `creating`, ...).

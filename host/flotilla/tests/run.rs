@@ -558,3 +558,71 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
         daemon.log()
     );
 }
+
+/// `server.file_sd` keeps a file holding the same machine list as `/sd/prometheus`, in the
+/// format `file_sd_configs` reads, and rewrites it whole when the fleet changes.
+#[tokio::test]
+async fn the_machine_list_is_written_for_file_sd() {
+    let dir = tempfile::tempdir().expect("dir");
+    let targets = dir.path().join("targets.json");
+    let text = config(2, "").replacen(
+        "shutdown_grace = \"20s\"\n",
+        &format!(
+            "shutdown_grace = \"20s\"\nsd_token = {{ value = \"sd-secret\" }}\nfile_sd = \"{}\"\n",
+            targets.display()
+        ),
+        1,
+    );
+    let f = Flotilla::start(dir, &text).await;
+    let client = f.client.clone();
+    let listed = |n: usize| {
+        let targets = targets.clone();
+        let client = client.clone();
+        let base = f.base.clone();
+        async move {
+            let file: Value = std::fs::read_to_string(&targets)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null);
+            let groups = file.as_array().map_or(0, Vec::len);
+            if groups != n {
+                return Err(format!("{groups} groups in {file}"));
+            }
+            let http: Value = client
+                .get(format!("{base}/sd/prometheus"))
+                .bearer_auth("sd-secret")
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .json()
+                .await
+                .map_err(|e| e.to_string())?;
+            if http != file {
+                return Err(format!("the file {file} is not the HTTP answer {http}"));
+            }
+            Ok(file)
+        }
+    };
+    let file = poll::until("one machine in the file", Duration::from_secs(20), || {
+        listed(1)
+    })
+    .await;
+    assert_eq!(file[0]["labels"]["__meta_flotilla_pool"], "local", "{file}");
+    // Demand for two more instances: the file follows.
+    for _ in 0..3 {
+        let (code, _) = f
+            .call(
+                "POST",
+                "/v1/pools/local/leases",
+                Some(serde_json::json!({})),
+            )
+            .await;
+        assert_eq!(code, 201);
+    }
+    poll::until(
+        "three machines in the file",
+        Duration::from_secs(20),
+        || listed(3),
+    )
+    .await;
+}

@@ -81,6 +81,11 @@ pub struct ServerConfig {
     /// the pools' machines); never the lease token. Absent: the endpoint is off.
     #[serde(default)]
     pub sd_token: Option<SecretSource>,
+    /// A file the machine list is written to in Prometheus's `file_sd_configs` format (the
+    /// same groups as `/sd/prometheus`), for a Prometheus that reads files rather than
+    /// asking over HTTP. Absent: no file.
+    #[serde(default)]
+    pub file_sd: Option<PathBuf>,
 }
 
 /// `[server] tls`.
@@ -122,6 +127,7 @@ impl Default for ServerConfig {
             header_read_timeout: default_header_read_timeout(),
             tls: None,
             sd_token: None,
+            file_sd: None,
         }
     }
 }
@@ -145,6 +151,8 @@ pub struct Config {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// The read-only token of `/sd/prometheus`.
     pub sd_token: Option<SecretSource>,
+    /// Where the machine list is written for `file_sd_configs`.
+    pub file_sd: Option<PathBuf>,
     /// Compile and OCI cache directory.
     pub cache_dir: Option<PathBuf>,
     /// State directory (pool SSH keys), when one is configured or known.
@@ -392,6 +400,7 @@ impl Validate for FileConfig {
             limits,
             tls,
             sd_token: self.server.sd_token.as_ref().map(|t| t.resolved(cx)),
+            file_sd: self.server.file_sd.as_deref().map(|f| cx.resolve(f)),
             cache_dir: self.cache_dir.as_deref().map(|d| cx.resolve(d)),
             state_dir: self
                 .state_dir
