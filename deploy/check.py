@@ -95,6 +95,12 @@ def lint(values):
 def rendered_config(values):
     """The config.toml the chart's "flotilla.config" template writes for these values."""
     s = values["server"]
+    discovery = values.get("machineDiscovery", {})
+    sd_token = (
+        f'sd_token = {{ file = "/etc/flotilla/secrets/sd-token/{discovery["key"]}" }}\n'
+        if discovery.get("existingSecret")
+        else ""
+    )
     return (
         'cache_dir = "/var/cache/flotilla"\n'
         'state_dir = "/var/lib/flotilla"\n\n'
@@ -102,7 +108,8 @@ def rendered_config(values):
         f'listen = "0.0.0.0:{s["port"]}"\n'
         f'metrics_listen = "0.0.0.0:{s["metricsPort"]}"\n'
         f'token = {{ file = "/etc/flotilla/secrets/api-token/{values["apiToken"]["key"]}" }}\n'
-        f'shutdown_grace = "{s["shutdownGraceSeconds"]}s"\n\n' + values["config"]["pools"]
+        + sd_token
+        + f'shutdown_grace = "{s["shutdownGraceSeconds"]}s"\n\n' + values["config"]["pools"]
     )
 
 
@@ -115,6 +122,9 @@ def secrets_root(flotilla, tmp):
     # The manifests mount the token Secret with defaultMode 0400: flotilla refuses a token
     # file other users can read.
     (root / "api-token" / "token").chmod(0o400)
+    (root / "sd-token").mkdir()
+    (root / "sd-token" / "token").write_text("check-sd-token\n")
+    (root / "sd-token" / "token").chmod(0o400)
     (root / "cosign").mkdir()
     subprocess.run(
         [flotilla, "plugin", "generate-key", str(root / "cosign" / "cosign")],

@@ -56,6 +56,9 @@ state_dir = "/var/lib/flotilla"
 listen = "0.0.0.0:{{ .Values.server.port }}"
 metrics_listen = "0.0.0.0:{{ .Values.server.metricsPort }}"
 token = { file = "/etc/flotilla/secrets/api-token/{{ .Values.apiToken.key }}" }
+{{- if .Values.machineDiscovery.existingSecret }}
+sd_token = { file = "/etc/flotilla/secrets/sd-token/{{ .Values.machineDiscovery.key }}" }
+{{- end }}
 shutdown_grace = "{{ .Values.server.shutdownGraceSeconds }}s"
 
 {{ .Values.config.pools }}
