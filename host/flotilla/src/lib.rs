@@ -17,6 +17,7 @@ pub mod api;
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod custom_executor;
 pub mod metrics;
 pub mod pools;
 pub mod preflight;

@@ -91,7 +91,7 @@ impl MigrateCommand {
             max_instances: a.max_instances,
             token_file: absolute(&a.token_file.display().to_string()),
             listen: a.listen,
-            exe: crate::cli::gitlab::driver_exe(),
+            exe: crate::custom_executor::driver_exe(),
         };
         let m = migrate::migrate(&file, &text, &options)?;
         if let Some(out) = &a.output {

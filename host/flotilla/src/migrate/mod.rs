@@ -219,7 +219,7 @@ fn runner_block(
     if let Some(image) = image {
         args.extend(["--default-image".to_string(), image]);
     }
-    let custom = crate::cli::gitlab::custom_section(
+    let custom = crate::custom_executor::custom_section(
         &options.exe,
         &args,
         std::time::Duration::from_secs(600),
