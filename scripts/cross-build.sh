@@ -29,9 +29,11 @@ fi
 # windows-check, see Cargo.toml). windows.sh and release.sh read the binary from its folder.
 windows_profile="${FLOTILLA_WINDOWS_PROFILE:-release}"
 for which in "$@"; do
-  # The CPU time of each build, for the test run's log (the builds' share of its 2 cores).
-  echo "== cross-build $which: start at ${SECONDS} s (CPU so far: $(times | tail -1))"
-  case "$which" in
+  # The wall and CPU time of each build, for the test run's log (the builds' share of its 2
+  # cores): bash's `time` counts the build's child processes.
+  echo "== cross-build $which: start at ${SECONDS} s"
+  TIMEFORMAT="== cross-build $which: %R s wall, %U s user CPU, %S s system CPU"
+  time case "$which" in
     windows)
       t=x86_64-pc-windows-gnu
       rustup target list --installed | grep -qx "$t" || rustup target add "$t"
@@ -46,5 +48,5 @@ for which in "$@"; do
       ;;
     *) echo "cross-build.sh: unknown target '$which' (windows or musl)" >&2; exit 2 ;;
   esac
-  echo "== cross-build $which: done at ${SECONDS} s (children's user and system CPU: $(times | tail -1))"
+  echo "== cross-build $which: done at ${SECONDS} s"
 done
