@@ -676,3 +676,32 @@ fn scaler_config() -> flotilla_scaler::ScalerConfig {
         ..flotilla_scaler::ScalerConfig::default()
     }
 }
+
+/// A Spot VM Azure evicts (eviction policy Deallocate: stopped and deallocated in place) is
+/// failed with the eviction named as its cause, in both modes, so its leases end with that
+/// cause and no new lease goes to it; the VMs beside it keep running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_spot_vm_is_failed_as_reclaimed() {
+    for mode in [Mode::Uniform, Mode::Flexible] {
+        let (cloud, p) = started(Options {
+            running: 2,
+            ..options(mode)
+        })
+        .await;
+        let ids = cloud.all();
+        cloud.evict(&ids[0]);
+        let listed = must(p.update()).await.instances;
+        let state_of = |id: &str| {
+            listed
+                .iter()
+                .find(|i| i.id == id)
+                .map(|i| i.state.clone())
+                .unwrap_or_else(|| panic!("{id} missing from {listed:?}"))
+        };
+        assert!(
+            matches!(state_of(&ids[0]), InstanceState::Failed(why) if why.contains("reclaimed this Spot VM") && why.contains("deallocated")),
+            "{mode:?}: {listed:?}"
+        );
+        assert_eq!(state_of(&ids[1]), InstanceState::Running, "{mode:?}");
+    }
+}

@@ -87,6 +87,8 @@ struct Vm {
     index: u32,
     created: Instant,
     deleting: Option<Instant>,
+    /// Azure reclaimed this Spot VM (eviction policy Deallocate): stopped and deallocated.
+    evicted: bool,
     private_ip: String,
     public_ip: Option<String>,
 }
@@ -288,6 +290,17 @@ impl AzureCloud {
     pub fn link_to(&self, endpoint: &str) {
         self.with(|c| c.base = endpoint.to_string());
     }
+    /// Azure evicts the Spot VM `id` (the set's VMs are Spot, eviction policy Deallocate):
+    /// it stays in the set, stopped and deallocated, until it is deleted.
+    /// <https://learn.microsoft.com/en-us/azure/virtual-machines/spot-vms#eviction-policy>
+    pub fn evict(&self, id: &str) {
+        self.with(|c| {
+            if let Some(vm) = c.vms.iter_mut().find(|v| v.id == id) {
+                vm.evicted = true;
+            }
+        });
+    }
+
     /// Every token minted so far.
     pub fn tokens(&self) -> Vec<String> {
         self.with(|c| c.tokens.iter().map(|(t, _)| t.clone()).collect())
@@ -435,6 +448,7 @@ impl Cloud {
             index,
             created,
             deleting: None,
+            evicted: false,
             private_ip: format!("10.0.{}.{}", 1 + index / 250, 4 + index % 250),
             public_ip: self
                 .options
@@ -1160,6 +1174,14 @@ fn states(vm: &Vm, create_after: Duration) -> (&'static str, Value) {
                 {"code": "PowerState/stopping", "level": "Info", "displayStatus": "VM stopping"},
             ]),
         )
+    } else if vm.evicted {
+        (
+            "Succeeded",
+            json!([
+                {"code": "ProvisioningState/succeeded", "level": "Info", "displayStatus": "Provisioning succeeded", "time": "2025-01-01T00:00:05.0000000+00:00"},
+                {"code": "PowerState/deallocated", "level": "Info", "displayStatus": "VM deallocated"},
+            ]),
+        )
     } else if vm.created.elapsed() < create_after {
         (
             "Creating",
@@ -1215,6 +1237,8 @@ fn uniform_vm(vm: &Vm, expand: bool, create_after: Duration) -> Value {
         "osProfile": {"computerName": format!("ci{:06x}", vm.index), "adminUsername": "azureuser"},
         "networkProfile": {"networkInterfaces": [{"id": nic}]},
         "provisioningState": provisioning,
+        "priority": "Spot",
+        "evictionPolicy": "Deallocate",
     });
     if expand {
         properties["instanceView"] =
@@ -1244,6 +1268,8 @@ fn flexible_vm(vm: &Vm, expand: bool, create_after: Duration) -> Value {
         "osProfile": {"computerName": format!("ci{:06x}", vm.index), "adminUsername": "azureuser"},
         "networkProfile": {"networkInterfaces": [{"id": nic, "properties": {"primary": true, "deleteOption": "Delete"}}]},
         "provisioningState": provisioning,
+        "priority": "Spot",
+        "evictionPolicy": "Deallocate",
     });
     if expand {
         properties["instanceView"] =

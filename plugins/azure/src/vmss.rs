@@ -170,9 +170,18 @@ pub fn state(vm: &Value) -> InstanceState {
         }
         _ => {}
     }
+    let spot =
+        text(vm, &["properties", "priority"]).is_some_and(|p| p.eq_ignore_ascii_case("Spot"));
     match code("PowerState/").as_deref() {
         Some("running") => InstanceState::Running,
         None | Some("starting") => InstanceState::Creating,
+        // A Spot VM stopped by Azure is an eviction: capacity or price took it back.
+        // <https://learn.microsoft.com/en-us/azure/virtual-machines/spot-vms#eviction-policy>
+        Some(other @ ("deallocating" | "deallocated" | "stopping" | "stopped")) if spot => {
+            InstanceState::Failed(cap(format!(
+                "Azure reclaimed this Spot VM (evicted; power state {other})"
+            )))
+        }
         Some(other) => InstanceState::Failed(cap(format!("power state {other}"))),
     }
 }
