@@ -77,6 +77,92 @@ impl Cloud<'_> {
     }
 }
 
+/// Where each pool's plugin sends its calls, and where the host mints the pool's tokens.
+struct Endpoints<'a> {
+    aws: &'a str,
+    gcp: &'a str,
+    gcp_tokens: &'a str,
+    azure: &'a str,
+    azure_imds: &'a str,
+}
+
+/// The config of one `flotilla run` with a pool per cloud, each pool's table passed through
+/// `shape`; the AWS pool signs with `key` and the secret in `FLOTILLA_TEST_AWS_SECRET`.
+fn three_pools(key: &str, at: &Endpoints<'_>, shape: impl Fn(String) -> String) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\ntoken = {{ value = \"{TOKEN}\" }}\nshutdown_grace = \"5s\"\n{}{}{}",
+        shape(pool(
+            "aws",
+            flotilla_test_artifacts::AWS_PLUGIN,
+            at.aws,
+            &format!(
+                "name = \"ci-runners\"\nregion = \"us-east-1\"\nendpoint = \"{}\"",
+                at.aws
+            ),
+            &format!(
+                "name = \"aws\"\nkind = \"aws-sigv4\"\naccess_key_id = {{ value = \"{key}\" }}\nsecret_access_key = {{ env = \"FLOTILLA_TEST_AWS_SECRET\" }}"
+            ),
+        )),
+        shape(pool(
+            "gcp",
+            flotilla_test_artifacts::GCP_PLUGIN,
+            at.gcp,
+            &format!(
+                "project = \"ci-project-1\"\nregion = \"{REGION}\"\nname = \"ci-runners\"\nmax_size = 10\nendpoint = \"{}\"",
+                at.gcp
+            ),
+            &format!(
+                "name = \"gcp\"\nkind = \"gcp\"\nmetadata_endpoint = \"{}\"\nscopes = [\"https://www.googleapis.com/auth/compute\"]",
+                at.gcp_tokens
+            ),
+        )),
+        shape(pool(
+            "azure",
+            flotilla_test_artifacts::AZURE_PLUGIN,
+            at.azure,
+            &format!(
+                "subscription_id = \"{}\"\nresource_group = \"ci-rg\"\nname = \"ci-vmss\"\nendpoint = \"{}\"",
+                azure_cloud::SUBSCRIPTION,
+                at.azure
+            ),
+            &format!(
+                "name = \"azure\"\nkind = \"azure\"\nimds_endpoint = \"{}\"",
+                at.azure_imds
+            ),
+        )),
+    )
+}
+
+/// The process's environment: the AWS secret, and no Azure identity of the machine's own.
+fn run_options(aws_secret: &str) -> common::Options {
+    common::Options::default()
+        .env("FLOTILLA_TEST_AWS_SECRET", aws_secret)
+        .env_remove("AZURE_CLIENT_ID")
+        .env_remove("AZURE_TENANT_ID")
+        .env_remove("AZURE_FEDERATED_TOKEN_FILE")
+}
+
+/// The three clouds under test, each with its group's size as the cloud reports it.
+fn clouds<'a>(moto: &'a Moto, gcp: &'a GcpCloud, azure: &'a AzureCloud) -> [Cloud<'a>; 3] {
+    [
+        Cloud {
+            pool: "aws",
+            address_prefix: "10.20.",
+            size: Box::new(move || moto.desired()),
+        },
+        Cloud {
+            pool: "gcp",
+            address_prefix: "10.128.0.",
+            size: Box::new(move || u64::from(gcp.target_size())),
+        },
+        Cloud {
+            pool: "azure",
+            address_prefix: "10.0.",
+            size: Box::new(move || u64::from(azure.capacity())),
+        },
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_cloud_scales_through_flotilla_run_and_the_lease_api() {
     let moto = Moto::start();
@@ -87,72 +173,18 @@ async fn every_cloud_scales_through_flotilla_run_and_the_lease_api() {
         ..Options::default()
     });
 
-    let config = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\ntoken = {{ value = \"{TOKEN}\" }}\nshutdown_grace = \"5s\"\n{}{}{}",
-        pool(
-            "aws",
-            flotilla_test_artifacts::AWS_PLUGIN,
-            &moto.endpoint,
-            &format!(
-                "name = \"ci-runners\"\nregion = \"us-east-1\"\nendpoint = \"{}\"",
-                moto.endpoint
-            ),
-            &format!(
-                "name = \"aws\"\nkind = \"aws-sigv4\"\naccess_key_id = {{ value = \"{key}\" }}\nsecret_access_key = {{ env = \"FLOTILLA_TEST_AWS_SECRET\" }}"
-            ),
-        ),
-        pool(
-            "gcp",
-            flotilla_test_artifacts::GCP_PLUGIN,
-            &gcp.endpoint,
-            &format!(
-                "project = \"ci-project-1\"\nregion = \"{REGION}\"\nname = \"ci-runners\"\nmax_size = 10\nendpoint = \"{}\"",
-                gcp.endpoint
-            ),
-            &format!(
-                "name = \"gcp\"\nkind = \"gcp\"\nmetadata_endpoint = \"{}\"\nscopes = [\"https://www.googleapis.com/auth/compute\"]",
-                gcp.endpoint
-            ),
-        ),
-        pool(
-            "azure",
-            flotilla_test_artifacts::AZURE_PLUGIN,
-            &azure.endpoint,
-            &format!(
-                "subscription_id = \"{}\"\nresource_group = \"ci-rg\"\nname = \"ci-vmss\"\nendpoint = \"{}\"",
-                azure_cloud::SUBSCRIPTION,
-                azure.endpoint
-            ),
-            &format!(
-                "name = \"azure\"\nkind = \"azure\"\nimds_endpoint = \"{}\"",
-                azure.endpoint
-            ),
-        ),
-    );
-    let options = common::Options::default()
-        .env("FLOTILLA_TEST_AWS_SECRET", &secret)
-        .env_remove("AZURE_CLIENT_ID")
-        .env_remove("AZURE_TENANT_ID")
-        .env_remove("AZURE_FEDERATED_TOKEN_FILE");
+    let at = Endpoints {
+        aws: &moto.endpoint,
+        gcp: &gcp.endpoint,
+        gcp_tokens: &gcp.endpoint,
+        azure: &azure.endpoint,
+        azure_imds: &azure.endpoint,
+    };
+    let config = three_pools(&key, &at, |p| p);
+    let options = run_options(&secret);
     let f = Flotilla::start_with(tempfile::tempdir().expect("dir"), &config, options).await;
 
-    let clouds = [
-        Cloud {
-            pool: "aws",
-            address_prefix: "10.20.",
-            size: Box::new(|| moto.desired()),
-        },
-        Cloud {
-            pool: "gcp",
-            address_prefix: "10.128.0.",
-            size: Box::new(|| u64::from(gcp.target_size())),
-        },
-        Cloud {
-            pool: "azure",
-            address_prefix: "10.0.",
-            size: Box::new(|| u64::from(azure.capacity())),
-        },
-    ];
+    let clouds = clouds(&moto, &gcp, &azure);
     for cloud in &clouds {
         cloud
             .wait_size(1, "idle_count 2 at 2 slots per instance", &f)
@@ -265,72 +297,18 @@ async fn a_scaling_write_whose_answer_is_lost_never_overshoots() {
                 "idle_count = 0\nidle_time = \"10m\"",
             )
     };
-    let config = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\ntoken = {{ value = \"{TOKEN}\" }}\nshutdown_grace = \"5s\"\n{}{}{}",
-        quiet(pool(
-            "aws",
-            flotilla_test_artifacts::AWS_PLUGIN,
-            &aws_proxy.endpoint,
-            &format!(
-                "name = \"ci-runners\"\nregion = \"us-east-1\"\nendpoint = \"{}\"",
-                aws_proxy.endpoint
-            ),
-            &format!(
-                "name = \"aws\"\nkind = \"aws-sigv4\"\naccess_key_id = {{ value = \"{key}\" }}\nsecret_access_key = {{ env = \"FLOTILLA_TEST_AWS_SECRET\" }}"
-            ),
-        )),
-        quiet(pool(
-            "gcp",
-            flotilla_test_artifacts::GCP_PLUGIN,
-            &gcp_proxy.endpoint,
-            &format!(
-                "project = \"ci-project-1\"\nregion = \"{REGION}\"\nname = \"ci-runners\"\nmax_size = 10\nendpoint = \"{}\"",
-                gcp_proxy.endpoint
-            ),
-            &format!(
-                "name = \"gcp\"\nkind = \"gcp\"\nmetadata_endpoint = \"{}\"\nscopes = [\"https://www.googleapis.com/auth/compute\"]",
-                gcp.endpoint
-            ),
-        )),
-        quiet(pool(
-            "azure",
-            flotilla_test_artifacts::AZURE_PLUGIN,
-            &azure_proxy.endpoint,
-            &format!(
-                "subscription_id = \"{}\"\nresource_group = \"ci-rg\"\nname = \"ci-vmss\"\nendpoint = \"{}\"",
-                azure_cloud::SUBSCRIPTION,
-                azure_proxy.endpoint
-            ),
-            &format!(
-                "name = \"azure\"\nkind = \"azure\"\nimds_endpoint = \"{}\"",
-                azure.endpoint
-            ),
-        )),
-    );
-    let options = common::Options::default()
-        .env("FLOTILLA_TEST_AWS_SECRET", &secret)
-        .env_remove("AZURE_CLIENT_ID")
-        .env_remove("AZURE_TENANT_ID")
-        .env_remove("AZURE_FEDERATED_TOKEN_FILE");
+    let at = Endpoints {
+        aws: &aws_proxy.endpoint,
+        gcp: &gcp_proxy.endpoint,
+        gcp_tokens: &gcp.endpoint,
+        azure: &azure_proxy.endpoint,
+        azure_imds: &azure.endpoint,
+    };
+    let config = three_pools(&key, &at, quiet);
+    let options = run_options(&secret);
     let f = Flotilla::start_with(tempfile::tempdir().expect("dir"), &config, options).await;
 
-    let clouds = [
-        Cloud {
-            pool: "aws",
-            address_prefix: "10.20.",
-            size: Box::new(|| moto.desired()),
-        },
-        Cloud {
-            pool: "gcp",
-            address_prefix: "10.128.0.",
-            size: Box::new(|| u64::from(gcp.target_size())),
-        },
-        Cloud {
-            pool: "azure",
-            address_prefix: "10.0.",
-            size: Box::new(|| u64::from(azure.capacity())),
-        },
-    ];
+    let clouds = clouds(&moto, &gcp, &azure);
     let serve = |cloud: &'static str, n: usize| {
         let f = &f;
         async move {

@@ -20,16 +20,22 @@ impl Drop for LatencyProxy {
     }
 }
 
+/// The upstream's `host:port`, and a loopback listener in front of it with its endpoint.
+async fn front(upstream: &str) -> (String, TcpListener, String) {
+    let target = upstream
+        .strip_prefix("http://")
+        .unwrap_or(upstream)
+        .trim_end_matches('/')
+        .to_string();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+    (target, listener, endpoint)
+}
+
 impl LatencyProxy {
     /// Forwards to `upstream` (`http://host:port`), delaying each client chunk by `delay`.
     pub async fn start(upstream: &str, delay: Duration) -> LatencyProxy {
-        let target = upstream
-            .strip_prefix("http://")
-            .unwrap_or(upstream)
-            .trim_end_matches('/')
-            .to_string();
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        let (target, listener, endpoint) = front(upstream).await;
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let target = target.clone();
@@ -186,13 +192,7 @@ impl Drop for LosingProxy {
 impl LosingProxy {
     /// Forwards to `upstream` (`http://host:port`).
     pub async fn start(upstream: &str) -> LosingProxy {
-        let target = upstream
-            .strip_prefix("http://")
-            .unwrap_or(upstream)
-            .trim_end_matches('/')
-            .to_string();
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        let (target, listener, endpoint) = front(upstream).await;
         let rules: Rules = Default::default();
         let lost = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (r, l) = (rules.clone(), lost.clone());
