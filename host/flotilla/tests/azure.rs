@@ -410,6 +410,19 @@ async fn flexible_decrease_is_idempotent_and_partial() {
     idempotent_decrease(Mode::Flexible).await;
 }
 
+/// Four pools of `cloud` holding one credential, initialised: one token minted between them.
+async fn four_pools_sharing_a_credential(cloud: &AzureCloud) -> Vec<WasmProvider> {
+    let credential = cloud.credential();
+    let providers: Vec<WasmProvider> = (0..4)
+        .map(|_| cloud.provider_with(credential.clone()))
+        .collect();
+    for p in &providers {
+        must(p.init(&cloud.settings())).await;
+    }
+    assert_eq!(cloud.mints(), 1);
+    providers
+}
+
 /// Tokens live 2 s; the host refreshes them at half their life. Four pools sharing one
 /// credential call at once after that: one mint between them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,14 +432,7 @@ async fn an_expiring_token_is_minted_once_for_concurrent_callers() {
         running: 2,
         ..options(Mode::Uniform)
     });
-    let credential = cloud.credential();
-    let providers: Vec<WasmProvider> = (0..4)
-        .map(|_| cloud.provider_with(credential.clone()))
-        .collect();
-    for p in &providers {
-        must(p.init(&cloud.settings())).await;
-    }
-    assert_eq!(cloud.mints(), 1);
+    let providers = four_pools_sharing_a_credential(&cloud).await;
     // Deliberate: half of the 2 s token life must pass before the host refreshes.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let calls = providers.iter().map(|p| p.update());
@@ -446,14 +452,7 @@ async fn a_token_arm_refuses_early_is_minted_anew_once() {
         running: 2,
         ..options(Mode::Uniform)
     });
-    let credential = cloud.credential();
-    let providers: Vec<WasmProvider> = (0..4)
-        .map(|_| cloud.provider_with(credential.clone()))
-        .collect();
-    for p in &providers {
-        must(p.init(&cloud.settings())).await;
-    }
-    assert_eq!(cloud.mints(), 1);
+    let providers = four_pools_sharing_a_credential(&cloud).await;
     cloud.expire_tokens();
     let calls = providers.iter().map(|p| p.update());
     for r in futures_util::future::join_all(calls).await {

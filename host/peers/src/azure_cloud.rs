@@ -58,9 +58,9 @@ pub struct Options {
     /// Polls of an operation until it ends (1: the first poll says Succeeded).
     pub lro_polls: u32,
     /// A new VM is missing from the lists for this long while the capacity already counts
-    /// it: the lists are read from a cache that follows the writes ("may return stale data",
-    /// <https://learn.microsoft.com/en-us/azure/azure-resource-manager/management/resource-manager-request-limits#regional-throttling-and-token-bucket-algorithm>
-    /// for reads served by the regional caches).
+    /// it, as a resource group's VM list has been seen to miss VMs just created
+    /// (azure-sdk-for-python#8985) and a new set's NIC list to lag its instances by a minute
+    /// (azure-cli#9871).
     pub list_lag: Duration,
 }
 

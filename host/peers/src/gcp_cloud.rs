@@ -79,9 +79,12 @@ pub struct State {
     /// How long a new instance stays CREATING, and a deleted one DELETING.
     pub settle: Duration,
     /// A new instance is missing from `listManagedInstances` for this long while `targetSize`
-    /// already counts it: the list is eventually consistent with the resize ("the MIG
-    /// creates instances asynchronously"; `status.isStable` stays false meanwhile,
-    /// <https://cloud.google.com/compute/docs/instance-groups/getting-info-about-migs#checking_whether_a_mig_is_stable>).
+    /// already counts it. Compute documents no such lag (only that a MIG creates instances
+    /// asynchronously and is not `isStable` meanwhile,
+    /// <https://cloud.google.com/compute/docs/instance-groups/getting-info-about-migs#checking_whether_a_mig_is_stable>),
+    /// and promises no read-after-write list either: this knob, off by default, plays the lag
+    /// AWS's instance list has behind `DesiredCapacity` and Azure's lists show
+    /// (azure-sdk-for-python#8985), to test a plugin that must not rely on the list.
     pub list_lag: Duration,
     /// Operations stay RUNNING for this many polls.
     pub operation_polls: u32,

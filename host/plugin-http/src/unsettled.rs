@@ -58,9 +58,27 @@ impl Unsettled {
         }
     }
 
+    /// Sends the write from `from` to `to` with `send`, remembered until its answer comes: it
+    /// stays unsettled when `send` fails with an error `lost` says may hide a write that took
+    /// effect (a reset, a timeout, a 5xx, an unreadable answer).
+    pub fn write<T, E>(
+        &mut self,
+        from: u32,
+        to: u32,
+        send: impl FnOnce() -> Result<T, E>,
+        lost: impl FnOnce(&E) -> bool,
+    ) -> Result<T, E> {
+        self.begin(from, to);
+        let answer = send();
+        if !answer.as_ref().is_err_and(lost) {
+            self.settle();
+        }
+        answer
+    }
+
     /// Before a write from `from` to `to` is sent: until [`Unsettled::settle`], its outcome is
     /// unknown.
-    pub fn begin(&mut self, from: u32, to: u32) {
+    fn begin(&mut self, from: u32, to: u32) {
         self.write = Some(Write {
             from,
             to,
@@ -69,7 +87,7 @@ impl Unsettled {
     }
 
     /// The write's answer came: applied, or refused in words. Nothing is left to count.
-    pub fn settle(&mut self) {
+    fn settle(&mut self) {
         self.write = None;
     }
 
@@ -135,6 +153,25 @@ mod tests {
                 granted: 3
             }
         );
+    }
+
+    /// A write whose answer was lost stays remembered; one answered or refused in words does
+    /// not.
+    #[test]
+    fn a_write_is_settled_unless_its_answer_was_lost() {
+        let mut u = Unsettled::default();
+        let lost = |e: &&str| *e == "reset";
+        assert_eq!(u.write(0, 2, || Err::<(), _>("reset"), lost), Err("reset"));
+        assert_eq!(u.plan(2, 2, 10).granted, 2);
+        assert_eq!(u.plan(2, 2, 10).target, 4, "counted once");
+        assert_eq!(u.write(4, 6, || Err::<(), _>("quota"), lost), Err("quota"));
+        assert_eq!(
+            u.plan(6, 1, 10).target,
+            7,
+            "a refusal took no effect to count"
+        );
+        assert_eq!(u.write(7, 8, || Ok::<(), &str>(()), lost), Ok(()));
+        assert_eq!(u.plan(8, 1, 10).target, 9);
     }
 
     #[test]

@@ -406,7 +406,7 @@ impl PoolHandle {
             let mut snap = core.snapshot(self.clock.now());
             let counters = core.counters.clone();
             drop(core);
-            snap.acquires_waiting = u32::try_from(self.waiting()).unwrap_or(u32::MAX);
+            self.count_waiting(&mut snap);
             m.publish(&snap, &counters, &ready, &lifetimes);
         }
     }
@@ -622,8 +622,13 @@ impl PoolHandle {
     /// Status for `/v1/pools`.
     pub fn snapshot(&self) -> PoolSnapshot {
         let mut snap = self.core().snapshot(self.clock.now());
-        snap.acquires_waiting = u32::try_from(self.waiting()).unwrap_or(u32::MAX);
+        self.count_waiting(&mut snap);
         snap
+    }
+
+    /// Adds the acquire queue, which the driver holds and the core does not, to a snapshot.
+    fn count_waiting(&self, snap: &mut PoolSnapshot) {
+        snap.acquires_waiting = u32::try_from(self.waiting()).unwrap_or(u32::MAX);
     }
 
     /// Resolves at the pool's next change (a lease or instance event, an action's end).

@@ -341,22 +341,26 @@ impl Guest for Aws {
             if plan.target == base {
                 return Ok(plan.granted);
             }
-            UNSETTLED.with(|u| u.borrow_mut().begin(base, plan.target));
-            // The count is absolute: sent again after a lost answer, it adds nothing twice.
-            let written = state.endpoint.call(
-                "autoscaling",
-                "SetDesiredCapacity",
-                &[
-                    ("AutoScalingGroupName", state.name.clone()),
-                    ("DesiredCapacity", plan.target.to_string()),
-                    ("HonorCooldown", "false".to_string()),
-                ],
-            );
-            // A lost or unreadable answer may hide a desired count that took effect.
-            if !matches!(written, Err(Error::Transient(_) | Error::Other(_))) {
-                UNSETTLED.with(|u| u.borrow_mut().settle());
-            }
-            written?;
+            // The count is absolute. A lost or unreadable answer may hide a desired count that
+            // took effect.
+            UNSETTLED.with(|u| {
+                u.borrow_mut().write(
+                    base,
+                    plan.target,
+                    || {
+                        state.endpoint.call(
+                            "autoscaling",
+                            "SetDesiredCapacity",
+                            &[
+                                ("AutoScalingGroupName", state.name.clone()),
+                                ("DesiredCapacity", plan.target.to_string()),
+                                ("HonorCooldown", "false".to_string()),
+                            ],
+                        )
+                    },
+                    |e| matches!(e, Error::Transient(_) | Error::Other(_)),
+                )
+            })?;
             Ok(plan.granted)
         })
     }

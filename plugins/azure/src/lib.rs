@@ -282,13 +282,15 @@ impl Guest for Azure {
             if plan.target == base {
                 return Ok(plan.granted);
             }
-            UNSETTLED.with(|u| u.borrow_mut().begin(base, plan.target));
-            let written = state.set.set_capacity(plan.target, OPERATION_BUDGET);
             // A lost or unreadable answer may hide a capacity change that took effect.
-            if !matches!(written, Err(Error::Transient(_) | Error::Other(_))) {
-                UNSETTLED.with(|u| u.borrow_mut().settle());
-            }
-            written?;
+            UNSETTLED.with(|u| {
+                u.borrow_mut().write(
+                    base,
+                    plan.target,
+                    || state.set.set_capacity(plan.target, OPERATION_BUDGET),
+                    |e| matches!(e, Error::Transient(_) | Error::Other(_)),
+                )
+            })?;
             Ok(plan.granted)
         })
     }

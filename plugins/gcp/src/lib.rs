@@ -612,22 +612,22 @@ impl Guest for Gcp {
             let target = plan.target;
             // <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/resize>
             const ACTION: &str = "instanceGroupManagers.resize";
-            UNSETTLED.with(|u| u.borrow_mut().begin(current, target));
-            let op = state
-                .api
-                .call(
-                    ACTION,
-                    Method::Post,
-                    &format!("{}/resize?size={target}", state.manager()),
-                    None,
-                )
-                .inspect_err(|e| {
+            let op = UNSETTLED.with(|u| {
+                u.borrow_mut().write(
+                    current,
+                    target,
+                    || {
+                        state.api.call(
+                            ACTION,
+                            Method::Post,
+                            &format!("{}/resize?size={target}", state.manager()),
+                            None,
+                        )
+                    },
                     // A lost or unreadable answer may hide a resize that took effect.
-                    if !matches!(e, Error::Transient(_) | Error::Other(_)) {
-                        UNSETTLED.with(|u| u.borrow_mut().settle());
-                    }
-                })?;
-            UNSETTLED.with(|u| u.borrow_mut().settle());
+                    |e| matches!(e, Error::Transient(_) | Error::Other(_)),
+                )
+            })?;
             // Compute accepted the resize: an operation that ends in an error is a refusal,
             // but one whose polls lose their answers still runs, and `update` shows it.
             match state

@@ -434,11 +434,7 @@ impl Forward {
         }
         tracing::info!(target: "flotilla::egress", pool = %self.origin.pool, host = %host, credential = %credential.name, status = response.status().as_u16(), "the cloud refused the cached token; minted anew and sent once more");
         let (method, uri, headers) = head;
-        let mut again = http::Request::new(
-            Full::new(bytes.clone())
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        );
+        let mut again = http::Request::new(whole(bytes.clone()));
         *again.method_mut() = method;
         *again.uri_mut() = uri;
         *again.headers_mut() = headers;
@@ -480,9 +476,7 @@ impl Forward {
                 ));
             }
         }
-        *request.body_mut() = Full::new(bytes.clone())
-            .map_err(|never| match never {})
-            .boxed_unsync();
+        *request.body_mut() = whole(bytes.clone());
         Ok(None)
     }
 
@@ -550,9 +544,7 @@ impl Forward {
 /// The answer to a request whose credential its identity provider refused: 401 with the
 /// refusal as text (it carries no secret), and `WWW-Authenticate` naming the host as its source.
 fn refused_response(e: &CredentialError) -> http::Response<WasiBody> {
-    let body = Full::new(bytes::Bytes::from(format!("flotilla: {e}\n")))
-        .map_err(|never| match never {})
-        .boxed_unsync();
+    let body = whole(format!("flotilla: {e}\n"));
     let mut response = http::Response::new(body);
     *response.status_mut() = http::StatusCode::UNAUTHORIZED;
     response.headers_mut().insert(
@@ -587,12 +579,17 @@ async fn refused_by_cloud(
                     || text.contains(&format!("\"{code}\""))
                     || text.contains(&format!("#{code}\""))
             });
-            let body = Full::new(bytes)
-                .map_err(|never| match never {})
-                .boxed_unsync();
+            let body = whole(bytes);
             Ok((http::Response::from_parts(parts, body), refused))
         }
     }
+}
+
+/// A body that is all there: `bytes`.
+fn whole(bytes: impl Into<bytes::Bytes>) -> WasiBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// Why a name did not yield addresses to connect to.
@@ -626,11 +623,7 @@ mod tests {
     use flotilla_credentials::{AwsChainHandle, CredentialKind};
 
     fn answer(status: u16, body: &'static str) -> http::Response<WasiBody> {
-        let mut r = http::Response::new(
-            Full::new(bytes::Bytes::from_static(body.as_bytes()))
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        );
+        let mut r = http::Response::new(whole(body));
         *r.status_mut() = http::StatusCode::from_u16(status).unwrap_or_default();
         r
     }
