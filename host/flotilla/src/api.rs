@@ -142,16 +142,17 @@ async fn observe(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    // A matched path is a shared pattern: cloned, not copied.
     let route = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+        .cloned();
     let method = request.method().clone();
     let start = std::time::Instant::now();
     let _in_flight = state.metrics.http_started();
     let response = next.run(request).await;
     state.metrics.http_finished(
-        &route,
+        route.as_ref().map_or("unmatched", |r| r.as_str()),
         method.as_str(),
         response.status().as_u16(),
         start.elapsed(),

@@ -62,7 +62,8 @@ pub struct ServerConfig {
     /// How long SIGTERM waits for leases to be released.
     #[serde(default = "default_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
-    /// Connections served at once per listener; more wait in the kernel's backlog.
+    /// Connections served at once per listener; a further one is answered 503
+    /// `too_many_requests` at once and closed.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
     /// Connections that have not yet made an authenticated request; past this the oldest is
