@@ -4,6 +4,10 @@
 //! filesystem refuses overlay2), and no iptables or bridge, so it touches nothing of the
 //! host's networking. Stopped on drop.
 //!
+//! Its user networks take their subnets from a /16 of its own ([`AddressPool`]): the engines of
+//! tests running at once share the host's routing table, where Docker's default pools (31
+//! subnets in all) run out, and a bridge outlives an engine killed before it removed it.
+//!
 //! [`Dockerd::start_with_iptables`] runs one as Docker runs by default, with its iptables
 //! rules (the isolation between networks), inside a network namespace of its own (made with
 //! `ip netns`, entered with `nsenter` so the mounts stay the host's): its rules never touch the
@@ -23,6 +27,66 @@ pub struct Dockerd {
     netns: Option<String>,
     /// The `--tlsverify` TCP port, when started with TLS.
     pub tls_port: Option<u16>,
+    /// Where its user networks' subnets come from (none in a namespace of its own).
+    pool: Option<AddressPool>,
+}
+
+/// A /16 of 10.0.0.0/8 (`10.K.0.0/16`, K from 200 to 253) that one engine's user networks take
+/// /24s from, held through an exclusive lock on a file so that engines of other test processes
+/// never get it. Bridges left in it (by an engine killed before it removed them) are removed
+/// when it is claimed and when its engine has stopped.
+struct AddressPool {
+    second_octet: u8,
+    _lock: std::fs::File,
+}
+
+impl AddressPool {
+    fn claim() -> AddressPool {
+        for second_octet in 200..=253u8 {
+            let path = std::env::temp_dir().join(format!("flotilla-dockerd-pool-{second_octet}"));
+            let file = std::fs::File::create(&path).expect("a pool lock file");
+            if file.try_lock().is_ok() {
+                let pool = AddressPool {
+                    second_octet,
+                    _lock: file,
+                };
+                pool.remove_bridges();
+                return pool;
+            }
+        }
+        panic!("all 54 test address pools (10.200.0.0/16 to 10.253.0.0/16) are held");
+    }
+
+    /// dockerd's flag.
+    fn flag(&self) -> String {
+        format!(
+            "--default-address-pool=base=10.{}.0.0/16,size=24",
+            self.second_octet
+        )
+    }
+
+    /// Removes the bridges with an address in the pool: no engine holds them.
+    fn remove_bridges(&self) {
+        let Ok(out) = Command::new("ip")
+            .args(["-o", "-4", "addr", "show"])
+            .output()
+        else {
+            return;
+        };
+        let prefix = format!("10.{}.", self.second_octet);
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // "7: br-0123abcd    inet 10.200.0.1/24 brd 10.200.0.255 scope global br-0123abcd"
+            let mut words = line.split_whitespace().skip(1);
+            let (Some(link), Some("inet"), Some(address)) =
+                (words.next(), words.next(), words.next())
+            else {
+                continue;
+            };
+            if link.starts_with("br-") && address.starts_with(&prefix) {
+                let _ = Command::new("ip").args(["link", "del", link]).status(); // best effort
+            }
+        }
+    }
 }
 
 /// A test PKI for Docker over TLS: one CA signing the engine's certificate (for 127.0.0.1) and
@@ -165,6 +229,10 @@ impl Dockerd {
         } else {
             &["--iptables=false", "--bridge=none"]
         };
+        let pool = netns.is_none().then(AddressPool::claim);
+        if let Some(pool) = &pool {
+            cmd.arg(pool.flag());
+        }
         if let (Some(pki), Some(port)) = (pki, tls_port) {
             cmd.arg("-H")
                 .arg(format!("tcp://127.0.0.1:{port}"))
@@ -196,6 +264,7 @@ impl Dockerd {
             child,
             netns,
             tls_port,
+            pool,
         };
         let exited = poll::until_blocking("dockerd to start", Duration::from_secs(30), || {
             if let Ok(Some(_)) = dockerd.child.try_wait() {
@@ -310,6 +379,9 @@ impl Drop for Dockerd {
         if !stopped {
             let _ = self.child.kill(); // it did not stop in time
             let _ = self.child.wait(); // reap it
+        }
+        if let Some(pool) = &self.pool {
+            pool.remove_bridges();
         }
         if let Some(name) = &self.netns {
             // Takes the engine's bridges and rules along.

@@ -206,6 +206,22 @@ async fn pull_all(
     Ok(pulled.into_iter().sum())
 }
 
+/// What failed when the job's network could not be made. An engine's address pools run out
+/// when an instance holds more job networks than they have subnets (Docker's defaults have 31):
+/// the error then says what to change.
+fn network_failure(e: &bollard::errors::Error) -> &'static str {
+    match e {
+        bollard::errors::Error::DockerResponseServerError { message, .. }
+            if message.contains("non-overlapping") && message.contains("address pool") =>
+        {
+            "creating the job's network (the engine's address pools are used up: each job on \
+             an instance takes one network and one subnet; give dockerd larger \
+             `default-address-pools`, or run fewer jobs per instance)"
+        }
+        _ => "creating the job's network",
+    }
+}
+
 /// One of the steps `prepare` takes at once.
 type Pending<'a, T> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StepError>> + 'a>>;
@@ -232,7 +248,7 @@ pub(crate) async fn create_job(
                 ..Default::default()
             })
             .await
-            .map_err(step("creating the job's network"))
+            .map_err(|e| step(network_failure(&e))(e))
     };
     let (builds, cache) = (job.builds_volume(slot), job.cache_volume());
     let (network, builds, cache) = tokio::join!(
@@ -351,4 +367,28 @@ async fn start_service(
         aliases.join(", ")
     ));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::network_failure;
+
+    fn engine(message: &str) -> bollard::errors::Error {
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 404,
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn used_up_address_pools_are_named_with_the_fix() {
+        // dockerd 26's words (libnetwork's ipamutils), as a job met them.
+        let used_up = engine(
+            "could not find an available, non-overlapping IPv4 address pool among the \
+             defaults to assign to the network",
+        );
+        assert!(network_failure(&used_up).contains("default-address-pools"));
+        let other = engine("network with name flotilla-job-1 already exists");
+        assert_eq!(network_failure(&other), "creating the job's network");
+    }
 }
