@@ -140,6 +140,7 @@ fn bench(c: &mut Criterion) {
             plugin_digest: "sha256:bench".into(),
             plugin: String::new(),
             exporter_ports: Vec::new(),
+            fallback: None,
         };
         let state = Arc::new(AppState {
             sd_token: None,

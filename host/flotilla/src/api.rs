@@ -18,7 +18,7 @@ use flotilla_connector::ForwardError;
 use flotilla_credentials::Secret;
 use flotilla_provider::Connection;
 use flotilla_scaler::driver::AcquireError;
-use flotilla_scaler::{LeaseError, LeaseState, PoolHandle};
+use flotilla_scaler::{Lease, LeaseError, LeaseState, PoolHandle};
 
 /// Shared state of the server.
 pub struct AppState {
@@ -201,8 +201,30 @@ fn running(state: &AppState, name: &str) -> Result<Arc<RunningPool>, ApiError> {
     })
 }
 
-fn pool(state: &AppState, name: &str) -> Result<Arc<PoolHandle>, ApiError> {
-    running(state, name).map(|p| p.handle.clone())
+/// The running pool named `name`'s fallback, when it has one that runs.
+fn fallback_of(state: &AppState, of: &RunningPool) -> Option<(String, Arc<RunningPool>)> {
+    let name = of.fallback.as_ref()?;
+    state.pools.get(name).ok().map(|p| (name.clone(), p))
+}
+
+/// Whether `p` holds lease `id` that pool `from` handed over.
+fn handed(p: &PoolHandle, id: u64, from: &str) -> bool {
+    p.with_core(|c| c.lease(id).and_then(|l| l.handed_from.clone()))
+        .is_some_and(|f| f == from)
+}
+
+/// The pool that holds lease `id` of pool `name`: the pool itself, or its fallback when the
+/// reservation was handed over (the holder keeps naming the pool it reserved in). With its
+/// name, for messages, logs and metrics.
+fn holder(state: &AppState, name: &str, id: u64) -> Result<(String, Arc<RunningPool>), ApiError> {
+    let first = running(state, name)?;
+    if first.handle.with_core(|c| c.lease(id).is_none())
+        && let Some((fallback, p)) = fallback_of(state, &first)
+        && handed(&p.handle, id, name)
+    {
+        return Ok((fallback, p));
+    }
+    Ok((name.to_string(), first))
 }
 
 fn lease_id(id: &str) -> Result<u64, ApiError> {
@@ -320,6 +342,22 @@ async fn reserve(
             ));
         }
     }
+    // A label is held once across the pool and the reservations it handed to its fallback.
+    if let Some((_, f)) = fallback_of(&state, &running) {
+        for (key, value) in &body.labels {
+            let held = f
+                .handle
+                .with_core(|c| c.lease_by_label(key, value).cloned());
+            if let Some(held) = held.filter(|l| l.handed_from.as_deref() == Some(name.as_str())) {
+                return Err(LeaseError::LabelInUse {
+                    key: key.clone(),
+                    value: value.clone(),
+                    lease: held.id,
+                }
+                .into());
+            }
+        }
+    }
     let id = p
         .reserve_for(body.labels, deadline, body.tenant)
         .inspect_err(|e| match e {
@@ -352,19 +390,34 @@ async fn list_leases(
     Path(name): Path<String>,
     query: Result<axum::extract::Query<LeaseQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let p = pool(&state, &name)?;
+    let first = running(&state, &name)?;
+    let p = &first.handle;
     let query = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+    // Reservations handed to the fallback are still this pool's to its holders.
+    let fallback = fallback_of(&state, &first);
+    let handed_here = |l: &Lease| l.handed_from.as_deref() == Some(name.as_str());
     if let Some(label) = &query.label {
         let (key, value) = label
             .split_once('=')
             .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "label: expected key=value"))?;
         check_label(key, value)?;
-        let found = p.with_core(|c| c.lease_by_label(key, value).cloned());
+        let found = p
+            .with_core(|c| c.lease_by_label(key, value).cloned())
+            .or_else(|| {
+                let (_, f) = fallback.as_ref()?;
+                f.handle
+                    .with_core(|c| c.lease_by_label(key, value).cloned())
+                    .filter(handed_here)
+            });
         return Ok(Json(
             json!({ "pool": name, "leases": Vec::from_iter(found) }),
         ));
     }
     let mut leases = p.with_core(|c| c.leases().cloned().collect::<Vec<_>>());
+    if let Some((_, f)) = &fallback {
+        f.handle
+            .with_core(|c| leases.extend(c.leases().filter(|l| handed_here(l)).cloned()));
+    }
     leases.sort_by_key(|l| l.id);
     Ok(Json(json!({ "pool": name, "leases": leases })))
 }
@@ -373,9 +426,10 @@ async fn get_lease(
     State(state): State<Shared>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let p = pool(&state, &name)?;
     let id = lease_id(&id)?;
-    let lease = p
+    let (name, running) = holder(&state, &name, id)?;
+    let lease = running
+        .handle
         .with_core(|c| c.lease(id).cloned())
         .ok_or(LeaseError::UnknownLease(id))?;
     Ok(Json(json!({ "pool": name, "lease": lease })))
@@ -405,13 +459,26 @@ async fn acquire(
     State(state): State<Shared>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Json<Acquired>, ApiError> {
-    let running = running(&state, &name)?;
-    let p = &running.handle;
     let id = lease_id(&id)?;
-    let binding = p.acquire(id).await.map_err(|e| match e {
-        AcquireError::Lease(l) => ApiError::from(l),
-        AcquireError::Timeout(_) => ApiError::new(ErrorCode::AcquireTimeout, e.to_string()),
-    })?;
+    let asked = name;
+    let (mut name, mut running) = holder(&state, &asked, id)?;
+    // A reservation handed to the fallback while its acquire waits: the wait goes on there.
+    let binding = loop {
+        let result = running.handle.acquire(id).await;
+        if let Err(AcquireError::Lease(LeaseError::UnknownLease(_))) = &result {
+            let (now_at, now_running) = holder(&state, &asked, id)?;
+            if now_at != name {
+                (name, running) = (now_at, now_running);
+                continue;
+            }
+        }
+        break result.map_err(|e| match e {
+            AcquireError::Lease(l) => ApiError::from(l),
+            AcquireError::Timeout(_) => ApiError::new(ErrorCode::AcquireTimeout, e.to_string()),
+        })?;
+    };
+    let p = &running.handle;
+    state.metrics.lease_acquired(&name);
     tracing::info!(pool = %name, plugin_digest = %running.plugin_digest, lease = id, instance = %binding.instance, slot = binding.slot, "lease acquired");
     let (connection, connection_error) = match p.provider().connect_info(&binding.instance).await {
         Ok(c) => (Some(c), None),
@@ -465,9 +532,9 @@ async fn docker(
     Path((name, id, _)): Path<(String, String, String)>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let running = running(&state, &name)?;
-    let p = &running.handle;
     let id = lease_id(&id)?;
+    let (name, running) = holder(&state, &name, id)?;
+    let p = &running.handle;
     let instance = acquired_instance(p, id)?;
     let connector = running.connector.as_ref().ok_or_else(|| {
         ApiError::new(
@@ -674,9 +741,9 @@ async fn exec(
     use flotilla_api::exec::{ExecRequest, ExitFrame, FrameKind, encode};
     use flotilla_connector::ExecEvent;
 
-    let running = running(&state, &name)?;
-    let p = &running.handle;
     let id = lease_id(&id)?;
+    let (name, running) = holder(&state, &name, id)?;
+    let p = &running.handle;
     let instance = acquired_instance(p, id)?;
     let connector = running.connector.as_ref().ok_or_else(|| {
         ApiError::new(
@@ -779,9 +846,9 @@ async fn release(
     Path((name, id)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let running = running(&state, &name)?;
-    let p = &running.handle;
     let id = lease_id(&id)?;
+    let (name, running) = holder(&state, &name, id)?;
+    let p = &running.handle;
     let body: ReleaseBody = parse_body(&body)?;
     let instance = acquired_instance(p, id).unwrap_or_default();
     let broken = body.instance_broken.is_some();
@@ -805,8 +872,9 @@ async fn renew(
     State(state): State<Shared>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let p = pool(&state, &name)?;
     let id = lease_id(&id)?;
+    let (name, running) = holder(&state, &name, id)?;
+    let p = running.handle.clone();
     match p.renew(id)? {
         Some(until) => Ok(Json(
             json!({ "pool": name, "lease": id, "expires_at": until }),
@@ -837,8 +905,9 @@ async fn report(
     Path((name, id)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let p = pool(&state, &name)?;
     let id = lease_id(&id)?;
+    let (name, running) = holder(&state, &name, id)?;
+    let p = running.handle.clone();
     let body: flotilla_api::ReportRequest = parse_body(&body)?;
     acquired_instance(&p, id)?;
     if let Some(s) = body.job_started {
@@ -856,8 +925,9 @@ async fn unreserve(
     State(state): State<Shared>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let p = pool(&state, &name)?;
     let id = lease_id(&id)?;
+    let (name, running) = holder(&state, &name, id)?;
+    let p = running.handle.clone();
     p.unreserve(id)?;
     tracing::info!(pool = %name, lease = id, "lease unreserved");
     Ok(Json(

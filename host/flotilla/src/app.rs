@@ -181,6 +181,7 @@ async fn start_pool(
         plugin_digest,
         plugin: pool.plugin.to_string(),
         exporter_ports: pool.exporter_ports.clone(),
+        fallback: pool.fallback.clone(),
     })
 }
 
@@ -527,6 +528,15 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         .iter()
         .map(|pool| tokio::spawn(keep_starting(ctx.clone(), state.clone(), pool.clone())))
         .collect();
+    let stewards: Vec<_> = cfg
+        .pools
+        .iter()
+        .filter_map(|pool| {
+            let fallback = pool.fallback.clone()?;
+            let steward = crate::fallback::steward(state.clone(), pool.name.clone(), fallback);
+            Some(tokio::spawn(steward))
+        })
+        .collect();
     until_stopped(&config_path, &state, &ctx).await?;
 
     tracing::info!(grace = ?cfg.shutdown_grace, "draining: new reservations are refused");
@@ -535,7 +545,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     if let Some(writer) = &file_sd {
         writer.abort();
     }
-    for s in &starters {
+    for s in starters.iter().chain(&stewards) {
         s.abort();
     }
     let grace = cfg.shutdown_grace;

@@ -18,6 +18,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod custom_executor;
+pub mod fallback;
 pub mod metrics;
 pub mod pools;
 pub mod preflight;

@@ -36,6 +36,9 @@ pub struct Metrics {
     pool_state: IntGaugeVec,
     circuit_open: IntGaugeVec,
     reservations_refused: IntCounterVec,
+    leases_acquired: IntCounterVec,
+    fallback_handovers: IntCounterVec,
+    cannot_grow: IntGaugeVec,
     probe_seconds: HistogramVec,
     probe_failures: IntCounterVec,
     probes: IntCounterVec,
@@ -291,6 +294,26 @@ impl Metrics {
                 "Reservations refused for want of a slot: at_capacity (every slot up to max_instances promised) or no_idle_slot (preemptive mode), as the API's error codes.",
                 &["pool", "reason"],
             )?,
+            leases_acquired: counter(
+                &r,
+                "flotilla_leases_acquired_total",
+                "Leases bound to an instance: the demand each pool served (a reservation handed \
+                 to a fallback pool counts where it was acquired).",
+                &["pool"],
+            )?,
+            fallback_handovers: counter(
+                &r,
+                "flotilla_fallback_handovers_total",
+                "Waiting reservations a pool that could not grow handed to its fallback pool.",
+                &["pool", "fallback"],
+            )?,
+            cannot_grow: gauge(
+                &r,
+                "flotilla_pool_cannot_grow",
+                "1 while the pool counts as unable to grow (a quota or capacity refusal, or \
+                 instances lost soon after they came), within fallback_hold.",
+                &["pool"],
+            )?,
             probe_seconds: histogram(
                 &r,
                 "flotilla_instance_probe_duration_seconds",
@@ -412,6 +435,25 @@ impl Metrics {
         self.reservations_refused
             .with_label_values(&[pool, reason])
             .inc();
+    }
+
+    /// A lease of `pool` was bound to an instance.
+    pub fn lease_acquired(&self, pool: &str) {
+        self.leases_acquired.with_label_values(&[pool]).inc();
+    }
+
+    /// `pool` handed `n` waiting reservations to `fallback`.
+    pub fn handed_over(&self, pool: &str, fallback: &str, n: u64) {
+        self.fallback_handovers
+            .with_label_values(&[pool, fallback])
+            .inc_by(n);
+    }
+
+    /// Whether `pool` counts as unable to grow now.
+    pub fn set_cannot_grow(&self, pool: &str, cannot: bool) {
+        self.cannot_grow
+            .with_label_values(&[pool])
+            .set(i64::from(cannot));
     }
 
     /// Handles for one pool.

@@ -27,6 +27,8 @@ pub struct RunningPool {
     pub plugin: String,
     /// Exporter ports `/sd/prometheus` lists per instance.
     pub exporter_ports: Vec<u16>,
+    /// The pool that takes its waiting reservations while it cannot grow.
+    pub fallback: Option<String>,
 }
 
 /// Where a pool is.

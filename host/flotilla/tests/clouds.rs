@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use flotilla_harness::poll;
 use flotilla_peers::azure_cloud::{self, AzureCloud, Mode, Options};
-use flotilla_peers::gcp_cloud::{GcpCloud, REGION};
+use flotilla_peers::gcp_cloud::{GcpCloud, REGION, ZONE};
 use flotilla_peers::moto::Moto;
 
 use common::{Flotilla, TOKEN};
@@ -368,4 +368,158 @@ async fn a_scaling_write_whose_answer_is_lost_never_overshoots() {
     assert_eq!(aws_proxy.lost(), 2);
     assert_eq!(gcp_proxy.lost(), 2);
     assert_eq!(azure_proxy.lost(), 2);
+}
+
+/// A GCP pool, `name`, on the Compute stand-in at `cloud`: one job per instance, at most 4, no
+/// idle capacity, unused instances gone after 2 s; `extra` lines go into its table.
+fn gcp_pool(name: &str, cloud: &GcpCloud, extra: &str) -> String {
+    let table = pool(
+        name,
+        flotilla_test_artifacts::GCP_PLUGIN,
+        &cloud.endpoint,
+        &format!(
+            "project = \"ci-project-1\"\nzone = \"{ZONE}\"\nname = \"ci-runners\"\nmax_size = 10\nendpoint = \"{}\"",
+            cloud.endpoint
+        ),
+        &format!(
+            "name = \"gcp\"\nkind = \"gcp\"\nmetadata_endpoint = \"{}\"\nscopes = [\"https://www.googleapis.com/auth/compute\"]",
+            cloud.endpoint
+        ),
+    );
+    table
+        .replace(
+            "capacity_per_instance = 2",
+            &format!("capacity_per_instance = 1\n{extra}"),
+        )
+        .replace(
+            "idle_count = 2\nidle_time = \"3s\"",
+            "idle_count = 0\nidle_time = \"2s\"",
+        )
+}
+
+/// A spot pool whose zone is out of capacity hands its waiting jobs to its on-demand fallback:
+/// both are served there, through the spot pool's own lease URLs, and neither group is ever
+/// above its need. When capacity returns (and `fallback_hold` has passed), the next job is
+/// served by spot, and the fallback scales in by its idle policy. The metrics say who served
+/// what.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_pool_out_of_capacity_hands_its_jobs_to_its_on_demand_fallback() {
+    let spot = GcpCloud::start(false).await;
+    let on_demand = GcpCloud::start(false).await;
+    spot.with(|s| {
+        s.creation_error = Some((
+            "ZONE_RESOURCE_POOL_EXHAUSTED".into(),
+            "Instance '{instance}' creation failed: The zone 'projects/ci-project-1/zones/us-central1-a' does not have enough resources available to fulfill the request.  Try a different zone, or try again later.".into(),
+        ));
+    });
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\ntoken = {{ value = \"{TOKEN}\" }}\nshutdown_grace = \"5s\"\n{}{}",
+        gcp_pool(
+            "spot",
+            &spot,
+            "fallback = \"on-demand\"\nfallback_hold = \"5s\""
+        ),
+        gcp_pool("on-demand", &on_demand, ""),
+    );
+    let f = Flotilla::start(tempfile::tempdir().expect("dir"), &config).await;
+    let leases = "/v1/pools/spot/leases";
+
+    let (spot_size, on_demand_size) = (
+        || {
+            u64::from(
+                spot.with(|s| s.instances.iter().filter(|i| i.status == "RUNNING").count() as u32),
+            )
+        },
+        || u64::from(on_demand.target_size()),
+    );
+    let served = largest_during(on_demand_size, async {
+        largest_during(spot_size, async {
+            let mut ids = Vec::new();
+            for job in ["1", "2"] {
+                let body = serde_json::json!({ "labels": { "job": job } });
+                let (code, body) = f.call("POST", leases, Some(body)).await;
+                assert_eq!(code, 201, "{body}");
+                ids.push(body["lease"]["id"].as_u64().expect("a lease id"));
+            }
+            let acquires = ids.iter().map(|id| {
+                let f = &f;
+                async move {
+                    f.call("POST", &format!("{leases}/{id}/acquire"), None)
+                        .await
+                }
+            });
+            futures_util::future::join_all(acquires).await
+        })
+        .await
+    })
+    .await;
+    let (largest_on_demand, (largest_spot, acquired)) = served;
+    for (code, body) in &acquired {
+        assert_eq!(code, &200, "{body}\n{}", f.log());
+        assert_eq!(body["pool"], "on-demand", "{body}");
+    }
+    assert_eq!(
+        largest_spot, 0,
+        "spot ran a machine in a zone out of capacity"
+    );
+    assert_eq!(largest_on_demand, 2, "the fallback went above its 2 jobs");
+    assert_eq!(on_demand.live().len(), 2);
+
+    // The handed leases are still the spot pool's to their holder: found by label, released
+    // through its URL; and a label stays held once across the pair.
+    let (code, found) = f.call("GET", &format!("{leases}?label=job=1"), None).await;
+    assert_eq!(code, 200, "{found}");
+    let first = found["leases"][0]["id"].as_u64().expect("found by label");
+    assert_eq!(found["leases"][0]["handed_from"], "spot", "{found}");
+    let again = serde_json::json!({ "labels": { "job": "1" } });
+    let (code, body) = f.call("POST", leases, Some(again)).await;
+    assert_eq!(code, 409, "a held label was reserved again: {body}");
+    for (_, body) in &acquired {
+        let id = body["lease"].as_u64().expect("id");
+        let (code, body) = f
+            .call("POST", &format!("{leases}/{id}/release"), None)
+            .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    assert!(acquired.iter().any(|(_, b)| b["lease"] == first));
+
+    // Capacity comes back; once the hold has passed, spot serves the next job, and the
+    // fallback scales in by its idle policy.
+    spot.with(|s| s.creation_error = None);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (code, body) = f
+        .call(
+            "POST",
+            leases,
+            Some(serde_json::json!({ "labels": { "job": "3" } })),
+        )
+        .await;
+    assert_eq!(code, 201, "{body}");
+    let id = body["lease"]["id"].as_u64().expect("a lease id");
+    let (code, body) = f
+        .call("POST", &format!("{leases}/{id}/acquire"), None)
+        .await;
+    assert_eq!(code, 200, "{body}\n{}", f.log());
+    assert_eq!(body["pool"], "spot", "{body}\n{}", f.log());
+    poll::until("the fallback to scale in", Duration::from_secs(30), || {
+        let size = on_demand.target_size();
+        async move {
+            if size == 0 {
+                Ok(())
+            } else {
+                Err(format!("on-demand at {size}"))
+            }
+        }
+    })
+    .await;
+
+    let (_, text) = f.request("GET", "/metrics", None, None).await;
+    let text = String::from_utf8_lossy(&text);
+    for line in [
+        "flotilla_fallback_handovers_total{fallback=\"on-demand\",pool=\"spot\"} 2",
+        "flotilla_leases_acquired_total{pool=\"on-demand\"} 2",
+        "flotilla_leases_acquired_total{pool=\"spot\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
 }

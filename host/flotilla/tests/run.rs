@@ -472,6 +472,34 @@ idle_count = 100
         out.contains("4 problem(s) found"),
         "every unknown key at once: {out}"
     );
+
+    // A fallback names another pool that has none of its own.
+    let chained = dir.join("fallback.toml");
+    let pool = |name: &str, fallback: &str| {
+        format!(
+            "[[pool]]\nname = \"{name}\"\nplugin = \"{}\"\nmax_instances = 1\nfallback = \"{fallback}\"\nplugin_config = {{ hosts = [\"h\"] }}\n\n",
+            guests::STATIC_PLUGIN
+        )
+    };
+    let text = [
+        pool("a", "b"),
+        pool("b", "c"),
+        pool("c", "c"),
+        pool("d", "nowhere"),
+    ]
+    .concat();
+    std::fs::write(&chained, text).expect("write the config");
+    let (code, out) = check(&chained);
+    assert_eq!(code, 1, "{out}");
+    let file = chained.display();
+    for expected in [
+        format!("{file}:5: pool[0].fallback: pool \"b\" has a fallback of its own (\"c\")"),
+        format!("{file}:12: pool[1].fallback: pool \"c\" has a fallback of its own (\"c\")"),
+        format!("{file}:19: pool[2].fallback: a pool cannot be its own fallback"),
+        format!("{file}:26: pool[3].fallback: no pool is named \"nowhere\""),
+    ] {
+        assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
+    }
 }
 
 #[test]

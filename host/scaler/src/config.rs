@@ -91,6 +91,10 @@ pub struct KnobsConfig {
     pub paused_retry_interval: Duration,
     /// Token bucket on instance creation.
     pub scale_throttle: Option<ThrottleConfig>,
+    /// How long the pool counts as unable to grow after it last could not.
+    pub fallback_hold: Duration,
+    /// An instance lost within this long of coming means the pool cannot grow.
+    pub fallback_failing_within: Duration,
 }
 
 impl Validate for KnobsConfig {
@@ -116,6 +120,8 @@ impl Validate for KnobsConfig {
                 ("instance_acquire_timeout", self.instance_acquire_timeout),
                 ("deletion_retry_interval", self.deletion_retry_interval),
                 ("paused_retry_interval", self.paused_retry_interval),
+                ("fallback_hold", self.fallback_hold),
+                ("fallback_failing_within", self.fallback_failing_within),
             ],
         );
         for (key, value) in [
@@ -162,6 +168,8 @@ impl Validate for KnobsConfig {
             lease_ttl_ms: self.lease_ttl.map(millis),
             max_job_duration_ms: self.max_job_duration.map(millis),
             paused_retry_interval_ms: millis(self.paused_retry_interval),
+            fallback_hold_ms: millis(self.fallback_hold),
+            fallback_failing_within_ms: millis(self.fallback_failing_within),
         })
     }
 }
@@ -253,6 +261,8 @@ mod tests {
             max_job_duration: None,
             paused_retry_interval: Duration::from_secs(60),
             scale_throttle: None,
+            fallback_hold: Duration::from_secs(300),
+            fallback_failing_within: Duration::from_secs(600),
         }
     }
 

@@ -603,6 +603,84 @@ impl PoolHandle {
         r
     }
 
+    /// Hands reservation `id` to `to`, this pool's fallback: `to` takes it whole (same id,
+    /// labels, tenant and deadlines) and writes it to its journal before this pool forgets
+    /// it, so a crash in between leaves it in both (this pool's copy wins; see
+    /// [`PoolHandle::drop_handed_twice`]), never in neither. An acquire waiting for it here
+    /// is answered `UnknownLease`, and its caller looks again. Locks this pool, then `to`.
+    pub fn hand_over(&self, id: u64, to: &PoolHandle) -> Result<(), LeaseError> {
+        let mut core = self.core();
+        let mut lease = core
+            .lease(id)
+            .cloned()
+            .ok_or(LeaseError::UnknownLease(id))?;
+        lease.handed_from = Some(self.name.clone());
+        {
+            let mut theirs = to.core();
+            theirs.take_over(lease.clone())?;
+            if let Err(e) = to.journal_save(Some(lease), None) {
+                let _ = theirs.unreserve(id); // not durable there, so not moved
+                return Err(LeaseError::NotDurable(e));
+            }
+        }
+        to.kick();
+        let moved = self
+            .journal_remove(&core, id, |_| Ok(()))
+            .and_then(|()| core.unreserve(id));
+        drop(core);
+        for waiter in self.waiters().take_lease(id) {
+            let _ = waiter.answer(Err(LeaseError::UnknownLease(id)));
+        }
+        self.kick();
+        moved
+    }
+
+    /// Why the pool cannot grow now, while it counts as unable to (see
+    /// [`PoolCore::cannot_grow`]).
+    pub fn cannot_grow(&self) -> Option<String> {
+        let now = self.clock.now();
+        self.core().cannot_grow(now).map(str::to_string)
+    }
+
+    /// While the pool cannot grow, hands each reservation it will not serve to `to`, its
+    /// fallback (see [`PoolHandle::hand_over`]); the ids handed, and the refusal that
+    /// stopped the handing when one did (the fallback is full, say).
+    pub fn fall_back(&self, to: &PoolHandle) -> (Vec<u64>, Option<LeaseError>) {
+        if self.cannot_grow().is_none() {
+            return (Vec::new(), None);
+        }
+        let mut handed = Vec::new();
+        for id in self.with_core(PoolCore::unserved) {
+            match self.hand_over(id, to) {
+                Ok(()) => handed.push(id),
+                // Acquired meanwhile: nothing to hand.
+                Err(LeaseError::Acquired(_) | LeaseError::UnknownLease(_)) => {}
+                Err(e) => return (handed, Some(e)),
+            }
+        }
+        (handed, None)
+    }
+
+    /// Unreserves the reservations this pool holds that `from` handed over and still holds
+    /// itself (a crash came between the two journal writes of [`PoolHandle::hand_over`]).
+    pub fn drop_handed_twice(&self, from: &PoolHandle) -> Vec<u64> {
+        // One pool's lock at a time: `hand_over` takes `from`'s before this one's.
+        let handed: Vec<u64> = self.with_core(|c| {
+            c.leases()
+                .filter(|l| {
+                    l.state == LeaseState::Reserved
+                        && l.handed_from.as_deref() == Some(from.name.as_str())
+                })
+                .map(|l| l.id)
+                .collect()
+        });
+        handed
+            .into_iter()
+            .filter(|&id| from.with_core(|f| f.lease(id).is_some()))
+            .filter(|&id| self.unreserve(id).is_ok())
+            .collect()
+    }
+
     /// Renews a lease's TTL; when it now expires.
     pub fn renew(&self, id: u64) -> Result<Option<Millis>, LeaseError> {
         let mut core = self.core();

@@ -58,6 +58,13 @@ pub struct ScalerConfig {
     pub max_job_duration_ms: Option<Millis>,
     /// How often a call refused as unauthorized or misconfigured is tried again.
     pub paused_retry_interval_ms: Millis,
+    /// After the pool last could not grow (a quota or capacity refusal, or an instance the
+    /// cloud failed or took back soon after it came), how long it counts as unable to grow:
+    /// its waiting reservations go to its fallback pool, if it has one, until then.
+    pub fallback_hold_ms: Millis,
+    /// An instance the cloud fails or takes back within this long of being first seen (a
+    /// reclaimed spot VM, a stockout) means the pool cannot grow.
+    pub fallback_failing_within_ms: Millis,
 }
 
 impl Default for ScalerConfig {
@@ -77,6 +84,8 @@ impl Default for ScalerConfig {
             lease_ttl_ms: None,
             max_job_duration_ms: None,
             paused_retry_interval_ms: 60_000,
+            fallback_hold_ms: 300_000,
+            fallback_failing_within_ms: 600_000,
         }
     }
 }

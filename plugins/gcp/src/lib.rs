@@ -74,7 +74,8 @@ const ZONAL_MAX_SIZE: u32 = 1000;
 const REGIONAL_MAX_SIZE: u32 = 2000;
 
 /// How long `increase` answers `quota-exceeded` after instances were seen that Compute cannot
-/// create for lack of quota or capacity, so the scaler backs off instead of asking again.
+/// create for lack of quota or capacity, so the scaler backs off instead of asking again (at
+/// most: a listing without such instances ends it).
 const QUOTA_HOLD: Duration = Duration::from_secs(300);
 
 /// How long `increase` and `decrease` follow their operation before returning with it
@@ -558,10 +559,15 @@ impl Guest for Gcp {
     fn update() -> Result<Vec<Instance>, Error> {
         with(|state| {
             let managed = list_managed(state)?;
-            if let Some(m) = managed.iter().find(|m| m.out_of_quota) {
+            // The hold lasts while the group shows instances it cannot create; once none is
+            // left (the host removed them), capacity may be back, and the scaler's own backoff
+            // paces the next try. A spot pool with a fallback learns this way that it can
+            // take its demand back.
+            let held = managed.iter().find(|m| m.out_of_quota).map(|m| {
                 let why = m.creation_error.clone().unwrap_or_default();
-                QUOTA.with(|q| *q.borrow_mut() = Some((std::time::Instant::now(), why)));
-            }
+                (std::time::Instant::now(), why)
+            });
+            QUOTA.with(|q| *q.borrow_mut() = held);
             for m in &managed {
                 if let Some(e) = &m.creation_error
                     && matches!(m.state, InstanceState::Creating)

@@ -73,6 +73,18 @@ pub struct PoolConfig {
     /// How often a call refused as unauthorized or misconfigured is tried again.
     #[serde(default = "one_minute", with = "humantime_serde")]
     pub paused_retry_interval: Duration,
+    /// The pool that takes this one's waiting reservations while this one cannot grow (a
+    /// quota or capacity refusal, or instances lost soon after they came: a spot pool with
+    /// an on-demand fallback).
+    #[serde(default)]
+    pub fallback: Option<String>,
+    /// How long the pool counts as unable to grow after it last could not.
+    #[serde(default = "five_minutes", with = "humantime_serde")]
+    pub fallback_hold: Duration,
+    /// An instance the cloud fails or takes back within this long of coming means the pool
+    /// cannot grow.
+    #[serde(default = "ten_minutes", with = "humantime_serde")]
+    pub fallback_failing_within: Duration,
     /// Delete the pool's instances after draining on shutdown.
     #[serde(default)]
     pub delete_instances_on_shutdown: bool,
@@ -134,6 +146,9 @@ fn one_minute() -> Duration {
 fn five_minutes() -> Duration {
     Duration::from_secs(300)
 }
+fn ten_minutes() -> Duration {
+    Duration::from_secs(600)
+}
 fn two_minutes() -> Duration {
     Duration::from_secs(120)
 }
@@ -161,6 +176,8 @@ pub struct Pool {
     pub connector: Option<ConnectorSettings>,
     /// Exporter ports `/sd/prometheus` lists per instance.
     pub exporter_ports: Vec<u16>,
+    /// The pool that takes its waiting reservations while it cannot grow.
+    pub fallback: Option<String>,
 }
 
 fn node_exporter_port() -> Vec<u16> {
@@ -208,6 +225,22 @@ pub(super) fn validate_all(
                 &here.key("name"),
                 format!("duplicate pool name {:?}", p.name),
             );
+        }
+        if let Some(fallback) = &p.fallback {
+            let named = pools.iter().find(|q| &q.name == fallback);
+            let problem = match named {
+                None => Some(format!("no pool is named {fallback:?}")),
+                Some(q) if q.name == p.name => Some("a pool cannot be its own fallback".into()),
+                Some(q) => q.fallback.as_ref().map(|next| {
+                    format!(
+                        "pool {fallback:?} has a fallback of its own ({next:?}); a fallback \
+                         pool must not have one, so demand moves one step at most"
+                    )
+                }),
+            };
+            if let Some(problem) = problem {
+                problems.add(&here.key("fallback"), problem);
+            }
         }
         if let Some(mut pool) = p.validate(cx, &here, problems) {
             pool.index = i;
@@ -278,6 +311,8 @@ impl PoolConfig {
             max_job_duration: self.max_job_duration,
             paused_retry_interval: self.paused_retry_interval,
             scale_throttle: self.scale_throttle,
+            fallback_hold: self.fallback_hold,
+            fallback_failing_within: self.fallback_failing_within,
         }
     }
 
@@ -378,6 +413,7 @@ impl Validate for PoolConfig {
             delete_instances_on_shutdown: self.delete_instances_on_shutdown,
             connector: connector?,
             exporter_ports: self.exporter_ports.clone(),
+            fallback: self.fallback.clone(),
         })
     }
 }

@@ -62,7 +62,31 @@ impl PoolCore {
         deadline_after: Option<Millis>,
         tenant: Option<String>,
     ) -> Result<u64, LeaseError> {
-        for (key, value) in &labels {
+        self.admissible(&labels)?;
+        if self.policy(now).preemptive_mode && self.free_ready_slots() <= self.reserved {
+            return Err(LeaseError::NoIdleSlot);
+        }
+        let id = self.next_lease.take();
+        self.leases.insert(Lease {
+            id,
+            state: LeaseState::Reserved,
+            reserved_at: now,
+            acquired_at: None,
+            labels,
+            expires_at: self.cfg.lease_ttl_ms.map(|ttl| now.saturating_add(ttl)),
+            deadline_at: deadline_after.map(|after| now.saturating_add(after)),
+            tenant: tenant.clone(),
+            handed_from: None,
+        });
+        self.tenants_seen |= tenant.is_some();
+        self.reserved += 1;
+        Ok(id)
+    }
+
+    /// Whether a reservation with `labels` may join the pool: no live lease holds one of its
+    /// labels, the pool runs, and it has a slot left.
+    pub(super) fn admissible(&self, labels: &BTreeMap<String, String>) -> Result<(), LeaseError> {
+        for (key, value) in labels {
             if let Some(held) = self.lease_by_label(key, value) {
                 return Err(LeaseError::LabelInUse {
                     key: key.clone(),
@@ -80,23 +104,7 @@ impl PoolCore {
         if self.reserved + self.acquired + self.restoring.len() as u32 >= self.max_slots() {
             return Err(LeaseError::AtCapacity(self.max_slots()));
         }
-        if self.policy(now).preemptive_mode && self.free_ready_slots() <= self.reserved {
-            return Err(LeaseError::NoIdleSlot);
-        }
-        let id = self.next_lease.take();
-        self.leases.insert(Lease {
-            id,
-            state: LeaseState::Reserved,
-            reserved_at: now,
-            acquired_at: None,
-            labels,
-            expires_at: self.cfg.lease_ttl_ms.map(|ttl| now.saturating_add(ttl)),
-            deadline_at: deadline_after.map(|after| now.saturating_add(after)),
-            tenant: tenant.clone(),
-        });
-        self.tenants_seen |= tenant.is_some();
-        self.reserved += 1;
-        Ok(id)
+        Ok(())
     }
 
     /// Binds a reserved lease to a ready slot; `Ok(None)` means "wait and try again".

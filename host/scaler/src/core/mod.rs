@@ -10,6 +10,7 @@
 //! `types` (the public vocabulary). It must not know about async, tokio, HTTP or metrics.
 
 mod backoff;
+mod fallback;
 mod index;
 mod lease_table;
 mod leases;
@@ -157,6 +158,8 @@ pub struct PoolCore {
     /// listed the group, so a retry never adds on top of a write that took effect. Holds the
     /// count of updates planned at the failure.
     increase_unsure: Option<u64>,
+    /// When the pool last could not grow, and why (see [`PoolCore::cannot_grow`]).
+    growth_refused: Option<(Millis, String)>,
     /// Where the `update()` call stands.
     update: UpdateCall,
     last_update: Option<Millis>,
@@ -214,6 +217,7 @@ impl PoolCore {
             increase_in_flight: false,
             updates_planned: 0,
             increase_unsure: None,
+            growth_refused: None,
             update: UpdateCall::Wanted,
             last_update: None,
             tokens,

@@ -203,6 +203,7 @@ impl PoolCore {
             }
             InstanceState::Deleted => self.mark_gone(now, key, "the cloud deleted it", true),
             InstanceState::Failed(reason) => {
+                self.lost_young(now, key, &format!("failed ({reason})"));
                 let cause = format!("instance failed: {reason}");
                 self.fail_instance(key, &cause);
             }
@@ -220,6 +221,7 @@ impl PoolCore {
     }
 
     fn mark_gone(&mut self, now: Millis, key: u64, cause: &str, forget: bool) {
+        self.lost_young(now, key, &format!("went ({cause})"));
         self.fail_leases(key, cause);
         if forget {
             if let Some(inst) = self.forget_inst(key) {
@@ -248,6 +250,9 @@ impl PoolCore {
                     self.increase_backoff.fail(now, 0);
                 } else {
                     self.provider_ok(Function::Increase);
+                    if n == asked {
+                        self.growth_granted();
+                    }
                     if n < asked {
                         // Part granted: the rest is unlikely to come a moment later.
                         self.increase_backoff.until = self.increase_backoff.until.max(now + 5_000);
@@ -258,6 +263,9 @@ impl PoolCore {
                 if outcome_unknown(&e) {
                     self.increase_unsure = Some(self.updates_planned);
                     self.update = self.update.want();
+                }
+                if let Some(ProviderError::QuotaExceeded(why)) = e.provider_error() {
+                    self.growth_refused(now, why.clone());
                 }
                 self.provider_failed(now, &e);
             }

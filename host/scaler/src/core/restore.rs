@@ -210,6 +210,7 @@ mod tests {
             expires_at: None,
             deadline_at: None,
             tenant: None,
+            handed_from: None,
         }
     }
 

@@ -97,6 +97,10 @@ pub struct Lease {
     /// binds nothing and may use any instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The pool it was reserved in, when that pool handed it to this one, its fallback
+    /// (the holder still names that pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handed_from: Option<String>,
 }
 
 /// Why the lease journal could not be written: the store's own error, kept whole (with its
