@@ -572,3 +572,50 @@ async fn a_resource_operation_rate_refusal_is_throttled() {
         "{e:?}"
     );
 }
+
+/// A Spot VM Compute preempts is taken out of service at once: the lease on it fails with a
+/// cause that says so (the GitLab driver reports that as a system failure, which the runner
+/// retries), the pool removes it, and the next lease goes to another instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_spot_vm_fails_its_lease_and_takes_no_new_one() {
+    let cloud = GcpCloud::start(false).await;
+    let provider = Arc::new(cloud.provider(cloud.credential()));
+    let info = must(provider.init(&cloud.settings(4))).await;
+    let config = flotilla_scaler::ScalerConfig {
+        update_interval_ms: 200,
+        update_interval_when_expecting_ms: 200,
+        max_instances: 4,
+        ..flotilla_scaler::ScalerConfig::default()
+    };
+    let pool = spawn_pool("spot", provider, &info, config, 0, 3_600_000);
+    let first = pool.reserve().expect("reserve");
+    let bound = tokio::time::timeout(Duration::from_secs(10), pool.acquire(first))
+        .await
+        .expect("acquired in time")
+        .expect("acquired");
+    cloud.preempt(&bound.instance);
+    wait_until(&pool, || {
+        pool.with_core(|c| {
+            matches!(
+                c.lease(first).map(|l| &l.state),
+                Some(flotilla_scaler::LeaseState::Failed { .. })
+            )
+        })
+    })
+    .await;
+    let cause = pool.with_core(|c| match c.lease(first).map(|l| l.state.clone()) {
+        Some(flotilla_scaler::LeaseState::Failed { cause }) => cause,
+        other => panic!("{other:?}"),
+    });
+    assert!(
+        cause.contains("TERMINATED") && cause.contains("preempted"),
+        "{cause}"
+    );
+    let second = pool.reserve().expect("reserve");
+    let next = tokio::time::timeout(Duration::from_secs(10), pool.acquire(second))
+        .await
+        .expect("acquired in time")
+        .expect("acquired");
+    assert_ne!(next.instance, bound.instance, "a preempted VM took a lease");
+    pool.shutdown(Duration::from_secs(1), false).await;
+}

@@ -165,6 +165,19 @@ impl GcpCloud {
         });
     }
 
+    /// Compute preempts Spot VM `id` with termination action STOP: the instance stops and
+    /// stays TERMINATED in the group (`currentAction` NONE) until the group recreates it
+    /// (<https://cloud.google.com/compute/docs/instances/spot#preemption-process>).
+    pub fn preempt(&self, id: &str) {
+        self.with(|s| {
+            if let Some(i) = s.instances.iter_mut().find(|i| i.id() == id) {
+                i.status = "TERMINATED".into();
+                i.action = "NONE".into();
+                i.since = Instant::now();
+            }
+        });
+    }
+
     /// The plugin settings for this fake's group.
     pub fn settings(&self, max_size: u32) -> String {
         let location = if self.with(|s| s.regional) {

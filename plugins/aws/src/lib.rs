@@ -225,9 +225,17 @@ fn live_count(instances: &[(String, String, String)]) -> u32 {
     u32::try_from(live).unwrap_or(u32::MAX)
 }
 
+/// The contract's state of a group member. Auto Scaling marks an instance Unhealthy when EC2
+/// reports it in any state but `running` (a Spot Instance EC2 interrupted is stopped or
+/// terminated) or when it fails a health check, then replaces it
+/// (<https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-health-checks.html>):
+/// whatever runs there is lost.
 fn map_state(lifecycle: &str, health: &str) -> InstanceState {
     if health == "Unhealthy" {
-        return InstanceState::Failed(format!("Auto Scaling marks it Unhealthy ({lifecycle})"));
+        return InstanceState::Failed(format!(
+            "Auto Scaling marks it Unhealthy ({lifecycle}): EC2 interrupted it (a Spot \
+             Instance reclaimed) or it failed a health check"
+        ));
     }
     match lifecycle {
         "Terminated" => InstanceState::Deleted,

@@ -326,6 +326,13 @@ fn map_state(status: &str, action: &str) -> InstanceState {
     match status {
         "RUNNING" => InstanceState::Running,
         "" | "PROVISIONING" | "STAGING" | "PENDING" => InstanceState::Creating,
+        // Nothing of ours stops a group's instance: Compute does, when it preempts a Spot
+        // VM (its termination action STOP; DELETE makes it vanish), the way
+        // <https://cloud.google.com/compute/docs/instances/spot#preemption-process> describes.
+        "STOPPING" | "TERMINATED" | "STOPPED" => InstanceState::Failed(format!(
+            "Compute stopped it ({status}): a Spot VM is preempted this way when Compute takes \
+             its capacity back"
+        )),
         other => InstanceState::Failed(format!("instance status {other}")),
     }
 }

@@ -141,7 +141,8 @@ impl PoolCore {
             .map(|(&k, _)| k)
             .collect();
         for key in vanished {
-            self.mark_gone(now, key, "the instance vanished", true);
+            let cause = self.gone_cause(key, "the instance vanished");
+            self.mark_gone(now, key, &cause, true);
         }
         // A requested instance shows up in `update` within seconds on every cloud. One that
         // two successful updates since its request (and 30 s) did not show is a phantom: the
@@ -199,14 +200,32 @@ impl PoolCore {
                 }
             }
             InstanceState::Deleting => {
-                self.mark_gone(now, key, "the cloud is deleting it", false);
+                let cause = self.gone_cause(key, "the cloud is deleting it");
+                self.mark_gone(now, key, &cause, false);
             }
-            InstanceState::Deleted => self.mark_gone(now, key, "the cloud deleted it", true),
+            InstanceState::Deleted => {
+                let cause = self.gone_cause(key, "the cloud deleted it");
+                self.mark_gone(now, key, &cause, true);
+            }
             InstanceState::Failed(reason) => {
                 self.lost_young(now, key, &format!("failed ({reason})"));
                 let cause = format!("instance failed: {reason}");
                 self.fail_instance(key, &cause);
             }
+        }
+    }
+
+    /// What a lease on instance `key` is told when the cloud removes it: `what`, and when the
+    /// pool never asked for it, what removes instances unasked.
+    fn gone_cause(&self, key: u64, what: &str) -> String {
+        let asked = self
+            .insts
+            .get(&key)
+            .is_some_and(|i| i.delete_requested_at.is_some());
+        if asked {
+            what.to_string()
+        } else {
+            format!("{what}, unasked (a spot reclaim, a health replacement or an operator)")
         }
     }
 
