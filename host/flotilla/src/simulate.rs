@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::config;
-use flotilla_scaler::sim::{Job, Sample, SimCloud, SimOptions, SimReport, simulate};
+use flotilla_scaler::sim::{
+    Job, Sample, SimCloud, SimOptions, SimPool, SimReport, simulate, simulate_with_fallback,
+};
 
 /// Why a trace could not be read; row numbers count the header as row 1.
 #[derive(Debug, thiserror::Error)]
@@ -113,33 +115,74 @@ pub struct Run {
     pub samples: Vec<Sample>,
 }
 
-/// Simulates every pool of every config file on the trace.
+/// Simulates every pool of every config file on the trace. The clouds of pools that name a
+/// `fallback` are out of capacity during `stockouts` (ms from the trace start); each such
+/// pool is simulated alone, and then with its fallback (`file:pool+fallback`), which takes
+/// its waiting jobs while it cannot grow.
 pub fn run_all(
     configs: &[PathBuf],
     jobs: &[Job],
     cloud: &SimCloud,
+    stockouts: &[(u64, u64)],
     samples: usize,
     start_at: Option<u64>,
 ) -> Result<Vec<Run>, String> {
     let mut runs = Vec::new();
+    let opts = SimOptions {
+        check_invariants: false,
+        samples,
+        start_at: start_at.unwrap_or(DEFAULT_START_MS),
+    };
     for path in configs {
         let cfg = config::load_with(path, false).map_err(|e| e.to_string())?;
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         for pool in &cfg.pools {
-            let opts = SimOptions {
-                check_invariants: false,
-                samples,
-                start_at: start_at.unwrap_or(DEFAULT_START_MS),
+            let fallback = pool
+                .fallback
+                .as_ref()
+                .and_then(|name| cfg.pools.iter().find(|p| &p.name == name));
+            let own = SimCloud {
+                stockouts: if fallback.is_some() {
+                    stockouts.to_vec()
+                } else {
+                    Vec::new()
+                },
+                ..cloud.clone()
             };
-            let (report, samples) = simulate(&pool.scaler, &pool.policies, cloud, jobs, &opts);
-            let stem = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let (report, samples) = simulate(&pool.scaler, &pool.policies, &own, jobs, &opts);
             runs.push(Run {
                 name: format!("{stem}:{}", pool.name),
                 report,
                 samples,
             });
+            if let Some(fallback) = fallback {
+                let behind = SimCloud {
+                    seed: cloud.seed.wrapping_add(1),
+                    ..cloud.clone()
+                };
+                let (report, samples) = simulate_with_fallback(
+                    SimPool {
+                        cfg: &pool.scaler,
+                        policies: &pool.policies,
+                        cloud: &own,
+                    },
+                    SimPool {
+                        cfg: &fallback.scaler,
+                        policies: &fallback.policies,
+                        cloud: &behind,
+                    },
+                    jobs,
+                    &opts,
+                );
+                runs.push(Run {
+                    name: format!("{stem}:{}+{}", pool.name, fallback.name),
+                    report,
+                    samples,
+                });
+            }
         }
     }
     Ok(runs)
@@ -181,6 +224,11 @@ pub fn table(runs: &[Run]) -> String {
         (
             "scale operations",
             Box::new(|r| r.scale_operations.to_string()),
+        ),
+        ("handed over", Box::new(|r| r.handed_over.to_string())),
+        (
+            "served by fallback",
+            Box::new(|r| r.served_by_fallback.to_string()),
         ),
     ];
     for (label, f) in rows {

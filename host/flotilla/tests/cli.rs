@@ -153,6 +153,54 @@ fn simulate_reports_and_rejects_bad_traces() {
         "svg drawn"
     );
 
+    // A spot pool out of capacity from minute 20 to 30, alone and with its fallback.
+    let spot = format!("{root}/sim-spot-fallback.toml");
+    let trace = format!("{root}/traces/spot-stockout.csv");
+    let (code, out, err) = flotilla(&[
+        "simulate",
+        "-c",
+        &spot,
+        "--trace",
+        &trace,
+        "--stockout",
+        "1200..1800",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let runs: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let names: Vec<&str> = runs
+        .as_array()
+        .map(|r| r.iter().filter_map(|r| r["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        names,
+        [
+            "sim-spot-fallback:spot",
+            "sim-spot-fallback:spot+on-demand",
+            "sim-spot-fallback:on-demand"
+        ]
+    );
+    let (alone, paired) = (&runs[0]["report"], &runs[1]["report"]);
+    assert!(alone["timed_out"].as_u64() > Some(0), "{alone}");
+    assert_eq!(paired["timed_out"], 0, "{paired}");
+    assert_eq!(paired["completed"], 70, "{paired}");
+    assert!(
+        paired["served_by_fallback"].as_u64() >= Some(10),
+        "{paired}"
+    );
+    let (code, _, err) = flotilla(&[
+        "simulate",
+        "-c",
+        &spot,
+        "--trace",
+        &trace,
+        "--stockout",
+        "1800..1200",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("expected MIN..MAX seconds"), "{err}");
+
     let bad = temp("bad.csv", b"submit_at_s,duration_s\n1,10\nx,5\n3,-1\n4\n");
     let (code, _, err) = flotilla(&["simulate", "-c", &cap1, "--trace", &bad]);
     assert_eq!(code, 1);

@@ -8,7 +8,7 @@
 )] // test code: a failed assumption is a failed test
 
 use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderError};
-use flotilla_scaler::sim::{Job, SimCloud, SimOptions, simulate};
+use flotilla_scaler::sim::{Job, SimCloud, SimOptions, SimPool, simulate, simulate_with_fallback};
 use flotilla_scaler::{
     Action, InstState, LeaseError, LeaseState, Policy, PoolCore, PoolHealth, ScalerConfig,
 };
@@ -588,6 +588,63 @@ fn simulation_compares_capacity_per_instance() {
         one.wait_p50_s
     );
     assert!(one.invariant_violations.is_empty() && four.invariant_violations.is_empty());
+}
+
+/// A spot pool out of capacity for ten minutes of a steady trace, with an on-demand fallback
+/// behind it. Without the fallback, the jobs of the stockout give up. With it, every job runs:
+/// the fallback serves the stockout's jobs, and once it is over (and `fallback_hold` has
+/// passed), the jobs go back to spot.
+#[test]
+fn a_stockout_window_is_served_by_the_fallback_and_demand_returns_after_it() {
+    // A job a minute for an hour, 5 minutes each, and a burst of 10 at minute 22; the
+    // stockout is minutes 20 to 30.
+    let jobs: Vec<Job> = (0..60)
+        .map(|i| i * MIN)
+        .chain((0..10).map(|i| 22 * MIN + i * 1_000))
+        .map(|submit_at| Job {
+            submit_at,
+            duration: 5 * MIN,
+            tag: None,
+        })
+        .collect();
+    let spot = SimCloud {
+        provisioning_delay_ms: (30_000, 60_000),
+        stockouts: vec![(20 * MIN, 30 * MIN)],
+        ..SimCloud::default()
+    };
+    let on_demand = SimCloud {
+        provisioning_delay_ms: (30_000, 60_000),
+        seed: 2,
+        ..SimCloud::default()
+    };
+    let mut knobs = cfg(1, 20, 0);
+    knobs.instance_acquire_timeout_ms = 5 * MIN;
+    let policies = [policy(0, 2 * MIN)];
+    let opts = SimOptions {
+        check_invariants: true,
+        ..SimOptions::default()
+    };
+    let (alone, _) = simulate(&knobs, &policies, &spot, &jobs, &opts);
+    assert!(
+        alone.timed_out >= 3 && alone.wait_p95_s >= 120.0,
+        "the stockout cost nothing: {alone:?}"
+    );
+
+    let pool = |cloud| SimPool {
+        cfg: &knobs,
+        policies: &policies,
+        cloud,
+    };
+    let (paired, _) = simulate_with_fallback(pool(&spot), pool(&on_demand), &jobs, &opts);
+    assert_eq!(paired.completed, 70, "{paired:?}");
+    assert_eq!(paired.timed_out, 0, "{paired:?}");
+    assert!(paired.invariant_violations.is_empty(), "{paired:?}");
+    // The stockout's ten jobs, and those of the hold after it (5 minutes), at most.
+    assert!((5..=16).contains(&paired.served_by_fallback), "{paired:?}");
+    assert!(
+        paired.handed_over >= paired.served_by_fallback,
+        "{paired:?}"
+    );
 }
 
 #[test]

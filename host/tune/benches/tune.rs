@@ -55,6 +55,7 @@ fn bench(c: &mut Criterion) {
         holdout_from_ms: model.start_ms + 21 * 86_400_000,
         threads: 2,
         capacities: Vec::new(),
+        fallback: None,
     };
     let goal = Goal {
         wait_p95_s: 60.0,

@@ -10,7 +10,9 @@
 use chrono::{Datelike, TimeZone, Timelike};
 use serde::Serialize;
 
-use flotilla_scaler::sim::{Job as SimJob, SimCloud, SimOptions, SimReport, simulate};
+use flotilla_scaler::sim::{
+    Job as SimJob, SimCloud, SimOptions, SimPool, SimReport, simulate, simulate_with_fallback,
+};
 use flotilla_scaler::{Policy, ScalerConfig};
 
 use crate::history::Job;
@@ -42,6 +44,19 @@ pub struct Input {
     pub threads: usize,
     /// Capacities per instance the operator allows (empty: the configured one only).
     pub capacities: Vec<u32>,
+    /// The pool's fallback pool (`fallback = "..."`), as configured: every candidate is
+    /// simulated with it behind, taking the waiting jobs while the pool cannot grow (during
+    /// `cloud.stockouts`, or after instances fail young).
+    pub fallback: Option<FallbackPool>,
+}
+
+/// A fallback pool as configured: its knobs and policies (tune leaves them as they are).
+#[derive(Debug, Clone)]
+pub struct FallbackPool {
+    /// Its scaler settings.
+    pub scaler: ScalerConfig,
+    /// Its policies.
+    pub policies: Vec<flotilla_scaler::Policy>,
 }
 
 /// One `[[pool.policy]]` block.
@@ -288,7 +303,28 @@ fn verify(
         samples: 0,
         start_at: start as u64,
     };
-    let (report, _) = simulate(&scaler, &policies, &input.cloud, jobs, &opts);
+    let pool = SimPool {
+        cfg: &scaler,
+        policies: &policies,
+        cloud: &input.cloud,
+    };
+    let (report, _) = match &input.fallback {
+        None => simulate(&scaler, &policies, &input.cloud, jobs, &opts),
+        Some(fallback) => {
+            // The fallback's own cloud has capacity: the stockouts are the pool's.
+            let behind = SimCloud {
+                stockouts: Vec::new(),
+                seed: input.cloud.seed.wrapping_add(1),
+                ..input.cloud.clone()
+            };
+            let fallback = SimPool {
+                cfg: &fallback.scaler,
+                policies: &fallback.policies,
+                cloud: &behind,
+            };
+            simulate_with_fallback(pool, fallback, jobs, &opts)
+        }
+    };
     Ok(Verified::of(&report, goal.cost_per_hour))
 }
 
@@ -919,6 +955,7 @@ mod tests {
             holdout_from_ms: MONDAY + 14 * 24 * HOUR,
             threads: 2,
             capacities: Vec::new(),
+            fallback: None,
         }
     }
 
@@ -981,6 +1018,41 @@ mod tests {
             .unwrap_or_else(|| panic!("no held-out figures"));
         assert_eq!(held.jobs, 100);
         assert!(held.wait_p95_s <= 30.0, "{held:?}");
+    }
+
+    /// A pool whose cloud is out of capacity for the whole first week: alone, the bursts beyond
+    /// its idle slots wait until they give up; with its fallback behind it, as tune simulates a
+    /// pool that names one, they run there.
+    #[test]
+    fn a_candidate_is_judged_with_the_pools_fallback_behind_it() {
+        let goal = Goal {
+            wait_p95_s: 30.0,
+            cost_per_hour: None,
+        };
+        let candidate = Candidate {
+            policies: input().current,
+            capacity: 1,
+            label: "current".into(),
+        };
+        let week: Vec<Job> = bursts()
+            .into_iter()
+            .filter(|j| j.submit_ms < MONDAY + 7 * 24 * HOUR)
+            .collect();
+        let jobs = sim_jobs(&week, MONDAY);
+        let mut out_of_capacity = input();
+        out_of_capacity.cloud.stockouts = vec![(0, 8 * 24 * HOUR as u64)];
+        let alone = verify(&out_of_capacity, &goal, &candidate, &jobs, MONDAY)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut paired = out_of_capacity.clone();
+        paired.fallback = Some(FallbackPool {
+            scaler: paired.scaler.clone(),
+            policies: Vec::new(),
+        });
+        let behind =
+            verify(&paired, &goal, &candidate, &jobs, MONDAY).unwrap_or_else(|e| panic!("{e}"));
+        assert!(alone.timed_out > 0, "{alone:?}");
+        assert_eq!(behind.timed_out, 0, "{behind:?}");
+        assert_eq!(behind.jobs, 100);
     }
 
     #[test]

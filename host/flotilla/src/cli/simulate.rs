@@ -69,6 +69,11 @@ pub struct Args {
     /// (default 2026-01-01T00:00:00Z, a Thursday).
     #[arg(long, value_parser = start_time)]
     pub start: Option<u64>,
+    /// A span of the trace, FROM..TO seconds, in which the clouds of pools that name a
+    /// `fallback` are out of capacity (a spot stockout); repeatable. Such a pool is shown
+    /// alone and with its fallback.
+    #[arg(long)]
+    pub stockout: Vec<SecondsRange>,
 }
 
 fn start_time(s: &str) -> Result<u64, String> {
@@ -92,7 +97,12 @@ impl Args {
             ..Default::default()
         };
         let samples = if self.svg.is_some() { 1000 } else { 0 };
-        let runs = simulate::run_all(&self.config, &jobs, &cloud, samples, self.start)
+        let stockouts: Vec<(u64, u64)> = self
+            .stockout
+            .iter()
+            .map(|r| ((r.min * 1000.0) as u64, (r.max * 1000.0) as u64))
+            .collect();
+        let runs = simulate::run_all(&self.config, &jobs, &cloud, &stockouts, samples, self.start)
             .map_err(anyhow::Error::msg)?;
         if let Some(path) = &self.svg {
             simulate::svg(&runs, path)

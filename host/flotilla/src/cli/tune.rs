@@ -74,6 +74,11 @@ pub struct Args {
     /// pipeline that applies what `tune` recommends).
     #[arg(long)]
     pub strict: bool,
+    /// A span, FROM..TO seconds from the start of each simulated stretch, in which the pool's
+    /// cloud is out of capacity (a spot stockout); repeatable. A pool with a `fallback` hands
+    /// its waiting jobs to it meanwhile, as `flotilla run` does.
+    #[arg(long)]
+    pub stockout: Vec<SecondsRange>,
 }
 
 const DAY_MS: i64 = 86_400_000;
@@ -143,6 +148,11 @@ impl Args {
             cloud: flotilla_scaler::sim::SimCloud {
                 provisioning_delay_ms: ((delay.min * 1000.0) as u64, (delay.max * 1000.0) as u64),
                 seed: self.seed,
+                stockouts: self
+                    .stockout
+                    .iter()
+                    .map(|r| ((r.min * 1000.0) as u64, (r.max * 1000.0) as u64))
+                    .collect(),
                 ..Default::default()
             },
             timezone,
@@ -151,6 +161,14 @@ impl Args {
                 .threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
             capacities: self.capacity.clone(),
+            fallback: pool
+                .fallback
+                .as_ref()
+                .and_then(|name| cfg.pools.iter().find(|p| &p.name == name))
+                .map(|f| search::FallbackPool {
+                    scaler: f.scaler.clone(),
+                    policies: f.policies.clone(),
+                }),
         };
         let goal = Goal {
             wait_p95_s: self.wait_p95.as_secs_f64(),

@@ -4,11 +4,11 @@
 //! job queues; it must not reach into the pool's state except through `PoolCore`'s methods.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
-use super::{Job, Rng, Sample, SimCloud, SimOptions, SimReport};
-use crate::core::{Action, InstState, LeaseError, LeaseState, PoolCore};
-use crate::{Millis, Policy, ScalerConfig};
+use super::{Job, Rng, Sample, SimCloud, SimOptions, SimPool, SimReport};
+use crate::core::{Action, InstState, LeaseError, LeaseIds, LeaseState, PoolCore};
+use crate::{Millis, ScalerConfig};
 use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderError};
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -19,8 +19,10 @@ enum Ev {
     Submit(Waiting),
     /// The job holding this lease is done.
     Finish(u64),
-    Up(u64),
-    Crash(u64),
+    /// Instance `n` of side `s` is running.
+    Up(usize, u64),
+    /// Instance `n` of side `s` fails.
+    Crash(usize, u64),
     Done(u64),
 }
 
@@ -39,12 +41,82 @@ enum Pending {
     Decrease(Vec<String>),
 }
 
-pub(super) struct Sim<'a> {
+/// One pool of the simulation and its cloud: the pool the jobs come to, or its fallback.
+struct Side<'a> {
     cfg: &'a ScalerConfig,
     cloud_cfg: &'a SimCloud,
+    core: PoolCore,
+    /// The cloud's instances by number (`i-{n}`), in creation order, so `update()` lists them
+    /// the same way on every run; each kept as `update()` lists it, so a listing lends them
+    /// without a copy.
+    cloud: BTreeMap<u64, Instance>,
+    next_inst: u64,
+    /// The core's `leases_failed` counter when the running leases were last checked.
+    leases_failed_seen: u64,
+}
+
+impl<'a> Side<'a> {
+    fn new(pool: &SimPool<'a>, start_at: Millis, ids: &LeaseIds) -> Side<'a> {
+        let mut core = PoolCore::new(pool.cfg.clone(), pool.policies.to_vec(), start_at);
+        core.share_lease_ids(ids.clone());
+        core.set_provider_info(&flotilla_provider::ProviderInfo {
+            id: "sim".into(),
+            version: "0".into(),
+            max_size: pool.cloud.max_size,
+            heartbeat: false,
+            expiring_connect_info: false,
+        });
+        Side {
+            cfg: pool.cfg,
+            cloud_cfg: pool.cloud,
+            core,
+            cloud: BTreeMap::new(),
+            next_inst: 1,
+            leases_failed_seen: 0,
+        }
+    }
+}
+
+/// The pool jobs come to, and its fallback when it has one.
+struct Sides<'a> {
+    first: Side<'a>,
+    fallback: Option<Side<'a>>,
+}
+
+impl<'a> Sides<'a> {
+    /// Side `i`: the fallback for [`FALLBACK`] when there is one, else the first.
+    fn get(&self, i: usize) -> &Side<'a> {
+        match (i, &self.fallback) {
+            (FALLBACK, Some(f)) => f,
+            _ => &self.first,
+        }
+    }
+
+    fn get_mut(&mut self, i: usize) -> &mut Side<'a> {
+        match (i, &mut self.fallback) {
+            (FALLBACK, Some(f)) => f,
+            _ => &mut self.first,
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Side<'a>> {
+        std::iter::once(&self.first).chain(&self.fallback)
+    }
+
+    fn len(&self) -> usize {
+        1 + usize::from(self.fallback.is_some())
+    }
+}
+
+/// The pool jobs come to.
+const FIRST: usize = 0;
+/// Its fallback, when it has one.
+const FALLBACK: usize = 1;
+
+pub(super) struct Sim<'a> {
     jobs: &'a [Job],
     opts: &'a SimOptions,
-    core: PoolCore,
+    sides: Sides<'a>,
     rng: Rng,
     /// Events other than arrivals, by (time, sequence).
     heap: BinaryHeap<Reverse<(Millis, u64, Ev)>>,
@@ -54,23 +126,17 @@ pub(super) struct Sim<'a> {
     arrivals: Vec<Waiting>,
     next_arrival: usize,
     seq: u64,
-    /// The cloud's instances by number (`i-{n}`), in creation order, so `update()` lists them
-    /// the same way on every run.
-    /// Each is kept as `update()` lists it (`i-{n}`), so a listing lends them without a copy.
-    cloud: BTreeMap<u64, Instance>,
-    next_inst: u64,
-    calls: HashMap<u64, Pending>,
+    /// Provider calls in flight: the side that made each, and what it asked.
+    calls: HashMap<u64, (usize, Pending)>,
     next_call: u64,
     /// The current minute of the run and the provider calls made in it.
     calls_minute: (Millis, u64),
     /// Jobs waiting for a reservation.
     to_reserve: VecDeque<Waiting>,
-    /// Jobs holding a reservation and waiting for a slot: (job, lease).
-    to_acquire: VecDeque<(Waiting, u64)>,
-    /// Leases of the running jobs.
-    running: HashSet<u64>,
-    /// The core's `leases_failed` counter when the running leases were last checked.
-    leases_failed_seen: u64,
+    /// Jobs holding a reservation and waiting for a slot: (job, lease, side).
+    to_acquire: VecDeque<(Waiting, u64, usize)>,
+    /// Leases of the running jobs, with their side.
+    running: HashMap<u64, usize>,
     waits: Vec<Millis>,
     report: SimReport,
     /// The wake-up the loop waits for: (time, generation). An earlier request supersedes a
@@ -105,40 +171,31 @@ struct Meter {
 
 impl<'a> Sim<'a> {
     pub(super) fn new(
-        cfg: &'a ScalerConfig,
-        policies: &[Policy],
-        cloud_cfg: &'a SimCloud,
+        pool: SimPool<'a>,
+        fallback: Option<SimPool<'a>>,
         jobs: &'a [Job],
         opts: &'a SimOptions,
     ) -> Self {
-        let mut core = PoolCore::new(cfg.clone(), policies.to_vec(), opts.start_at);
-        core.set_provider_info(&flotilla_provider::ProviderInfo {
-            id: "sim".into(),
-            version: "0".into(),
-            max_size: cloud_cfg.max_size,
-            heartbeat: false,
-            expiring_connect_info: false,
-        });
+        let ids = LeaseIds::default();
+        let sides = Sides {
+            first: Side::new(&pool, opts.start_at, &ids),
+            fallback: fallback.map(|p| Side::new(&p, opts.start_at, &ids)),
+        };
         Sim {
-            cfg,
-            cloud_cfg,
             jobs,
             opts,
-            core,
-            rng: Rng(cloud_cfg.seed),
+            rng: Rng(pool.cloud.seed),
+            sides,
             heap: BinaryHeap::new(),
             arrivals: Vec::new(),
             next_arrival: 0,
             seq: 0,
-            cloud: BTreeMap::new(),
-            next_inst: 1,
             calls: HashMap::new(),
             next_call: 1,
             calls_minute: (0, 0),
             to_reserve: VecDeque::new(),
             to_acquire: VecDeque::new(),
-            running: HashSet::new(),
-            leases_failed_seen: 0,
+            running: HashMap::new(),
             waits: Vec::with_capacity(jobs.len()),
             report: SimReport {
                 jobs: jobs.len() as u64,
@@ -205,12 +262,14 @@ impl<'a> Sim<'a> {
             self.account(now);
             self.handle(now, ev);
             self.settle(now);
-            if self.opts.check_invariants
-                && let Err(e) = self.core.check_invariants()
-            {
-                self.report
-                    .invariant_violations
-                    .push(format!("t={}ms: {e}", now - start));
+            if self.opts.check_invariants {
+                for side in self.sides.iter() {
+                    if let Err(e) = side.core.check_invariants() {
+                        self.report
+                            .invariant_violations
+                            .push(format!("t={}ms: {e}", now - start));
+                    }
+                }
             }
             // Stop once the trace is done and nothing is running or waiting: idle instances
             // would otherwise be simulated forever.
@@ -232,15 +291,21 @@ impl<'a> Sim<'a> {
         if dt <= 0.0 {
             return;
         }
-        let ready = self.core.count_in(InstState::Ready) + self.core.count_in(InstState::Draining);
-        let acquired = self.core.acquired_slots();
-        self.meter.ready_slot_ms += dt * f64::from(ready * self.cfg.capacity_per_instance);
+        let (mut ready_slots, mut acquired, mut instances) = (0, 0, 0);
+        for side in self.sides.iter() {
+            let ready =
+                side.core.count_in(InstState::Ready) + side.core.count_in(InstState::Draining);
+            ready_slots += ready * side.cfg.capacity_per_instance;
+            acquired += side.core.acquired_slots();
+            instances += side.cloud.len() as u32;
+        }
+        self.meter.ready_slot_ms += dt * f64::from(ready_slots);
         self.meter.busy_slot_ms += dt * f64::from(acquired);
-        self.report.instance_seconds += dt * self.cloud.len() as f64 / 1000.0;
+        self.report.instance_seconds += dt * f64::from(instances) / 1000.0;
         while self.meter.next_sample <= now {
             self.samples.push(Sample {
                 t_s: (self.meter.next_sample - self.opts.start_at) as f64 / 1000.0,
-                instances: self.cloud.len() as u32,
+                instances,
                 busy_slots: acquired,
                 queued: (self.to_reserve.len() + self.to_acquire.len()) as u32,
             });
@@ -291,11 +356,12 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn fail(&mut self, function: Function) -> Option<CallError> {
-        if self.cloud_cfg.failure_rate <= 0.0 || self.rng.unit() >= self.cloud_cfg.failure_rate {
+    fn fail(&mut self, side: usize, function: Function) -> Option<CallError> {
+        let cloud = self.sides.get(side).cloud_cfg;
+        if cloud.failure_rate <= 0.0 || self.rng.unit() >= cloud.failure_rate {
             return None;
         }
-        let error = if self.rng.unit() < self.cloud_cfg.throttle_share {
+        let error = if self.rng.unit() < cloud.throttle_share {
             ProviderError::Throttled {
                 retry_after: std::time::Duration::from_secs(5),
                 message: "slow down".into(),
@@ -314,27 +380,27 @@ impl<'a> Sim<'a> {
                 self.to_reserve.push_back(job);
             }
             Ev::Finish(lease) => {
-                if self.running.remove(&lease) {
+                if let Some(side) = self.running.remove(&lease) {
                     self.report.completed += 1;
                     // The lease is acquired or failed, so the release cannot be refused.
-                    let _ = self.core.release(now, lease);
+                    let _ = self.sides.get_mut(side).core.release(now, lease);
                 }
             }
-            Ev::Up(n) => {
-                if let Some(inst) = self.cloud.get_mut(&n)
+            Ev::Up(side, n) => {
+                let side_now = self.sides.get_mut(side);
+                let rate = side_now.cloud_cfg.instance_failure_rate;
+                if let Some(inst) = side_now.cloud.get_mut(&n)
                     && inst.state == InstanceState::Creating
                 {
                     inst.state = InstanceState::Running;
-                    if self.cloud_cfg.instance_failure_rate > 0.0
-                        && self.rng.unit() < self.cloud_cfg.instance_failure_rate
-                    {
+                    if rate > 0.0 && self.rng.unit() < rate {
                         let life = self.rng.range(60_000, 3_600_000);
-                        self.push(now + life, Ev::Crash(n));
+                        self.push(now + life, Ev::Crash(side, n));
                     }
                 }
             }
-            Ev::Crash(n) => {
-                if let Some(inst) = self.cloud.get_mut(&n) {
+            Ev::Crash(side, n) => {
+                if let Some(inst) = self.sides.get_mut(side).cloud.get_mut(&n) {
                     inst.state = InstanceState::Failed("simulated hardware failure".into());
                 }
                 // The core's next scheduled `update()` reports the failure.
@@ -343,62 +409,89 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Whether the cloud of `side` is out of capacity at `now` (a stockout window).
+    fn stocked_out(&self, side: usize, now: Millis) -> bool {
+        let at = now.saturating_sub(self.opts.start_at);
+        self.sides
+            .get(side)
+            .cloud_cfg
+            .stockouts
+            .iter()
+            .any(|&(from, to)| (from..to).contains(&at))
+    }
+
     fn finish_call(&mut self, now: Millis, call: u64) {
-        let Some(pending) = self.calls.remove(&call) else {
+        let Some((side, pending)) = self.calls.remove(&call) else {
             return;
         };
         match pending {
-            Pending::Update => match self.fail(Function::Update) {
-                Some(e) => self.core.on_update(now, Err(e)),
-                None => self.core.on_listed(now, self.cloud.values()),
-            },
+            Pending::Update => {
+                let failed = self.fail(side, Function::Update);
+                let s = self.sides.get_mut(side);
+                match failed {
+                    Some(e) => s.core.on_update(now, Err(e)),
+                    None => s.core.on_listed(now, s.cloud.values()),
+                }
+            }
             Pending::Increase(n) => {
-                let result = match self.fail(Function::Increase) {
+                let result = match self.fail(side, Function::Increase) {
                     Some(e) => Err(e),
-                    None => {
-                        let room = match self.cloud_cfg.max_size {
-                            0 => n,
-                            m => m.saturating_sub(self.cloud.len() as u32).min(n),
-                        };
-                        for _ in 0..room {
-                            let k = self.next_inst;
-                            self.next_inst += 1;
-                            self.cloud.insert(
-                                k,
-                                Instance {
-                                    id: format!("i-{k}"),
-                                    state: InstanceState::Creating,
-                                },
-                            );
-                            let (lo, hi) = self.cloud_cfg.provisioning_delay_ms;
-                            let delay = self.rng.range(lo, hi);
-                            self.push(now + delay, Ev::Up(k));
-                        }
-                        self.report.peak_instances =
-                            self.report.peak_instances.max(self.cloud.len() as u32);
-                        Ok(room)
-                    }
+                    None if self.stocked_out(side, now) => Err(CallError::Provider {
+                        function: Function::Increase,
+                        error: ProviderError::QuotaExceeded("simulated stockout".into()),
+                    }),
+                    None => Ok(self.launch(side, now, n)),
                 };
-                self.core.on_increase(now, n, result);
+                self.sides.get_mut(side).core.on_increase(now, n, result);
             }
             Pending::Decrease(ids) => {
-                let result = match self.fail(Function::Decrease) {
+                let result = match self.fail(side, Function::Decrease) {
                     Some(e) => Err(e),
                     None => {
-                        let accepted: Vec<String> = ids
+                        let cloud = &mut self.sides.get_mut(side).cloud;
+                        Ok(ids
                             .iter()
                             .filter(|id| {
                                 let n = id.strip_prefix("i-").and_then(|n| n.parse::<u64>().ok());
-                                n.is_some_and(|n| self.cloud.remove(&n).is_some())
+                                n.is_some_and(|n| cloud.remove(&n).is_some())
                             })
                             .cloned()
-                            .collect();
-                        Ok(accepted)
+                            .collect())
                     }
                 };
-                self.core.on_decrease(now, &ids, result);
+                self.sides.get_mut(side).core.on_decrease(now, &ids, result);
             }
         }
+    }
+
+    /// Creates up to `n` instances in the cloud of `side` (its maximum allowing); how many.
+    fn launch(&mut self, side: usize, now: Millis, n: u32) -> u32 {
+        let s = self.sides.get_mut(side);
+        let room = match s.cloud_cfg.max_size {
+            0 => n,
+            m => m.saturating_sub(s.cloud.len() as u32).min(n),
+        };
+        let (lo, hi) = s.cloud_cfg.provisioning_delay_ms;
+        let mut created = Vec::with_capacity(room as usize);
+        for _ in 0..room {
+            let k = s.next_inst;
+            s.next_inst += 1;
+            s.cloud.insert(
+                k,
+                Instance {
+                    id: format!("i-{k}"),
+                    state: InstanceState::Creating,
+                },
+            );
+            created.push(k);
+        }
+        let alive: u32 = self.sides.iter().map(|s| s.cloud.len() as u32).sum();
+        self.report.peak_instances = self.report.peak_instances.max(alive);
+        for k in created {
+            let delay = self.rng.range(lo, hi);
+            self.push(now + delay, Ev::Up(side, k));
+        }
+        room
     }
 
     /// Lets jobs reserve and acquire, then lets the scaler plan, until nothing changes.
@@ -409,15 +502,15 @@ impl<'a> Sim<'a> {
 
     /// One round; true when an instance became ready, so waiting jobs should try again.
     fn settle_once(&mut self, now: Millis) -> bool {
-        let timeout = self.cfg.instance_acquire_timeout_ms;
+        let timeout = self.sides.get(FIRST).cfg.instance_acquire_timeout_ms;
         // Jobs that waited too long give up.
-        while let Some(&(job, lease)) = self.to_acquire.front() {
+        while let Some(&(job, lease, side)) = self.to_acquire.front() {
             if now.saturating_sub(job.submit_at) < timeout {
                 break;
             }
             self.to_acquire.pop_front();
             // The lease is reserved or failed, so unreserving cannot be refused.
-            let _ = self.core.unreserve(lease);
+            let _ = self.sides.get_mut(side).core.unreserve(lease);
             self.report.timed_out += 1;
         }
         while let Some(&job) = self.to_reserve.front() {
@@ -426,10 +519,10 @@ impl<'a> Sim<'a> {
                 self.report.timed_out += 1;
                 continue;
             }
-            match self.core.reserve(now) {
+            match self.sides.get_mut(FIRST).core.reserve(now) {
                 Ok(lease) => {
                     self.to_reserve.pop_front();
-                    self.to_acquire.push_back((job, lease));
+                    self.to_acquire.push_back((job, lease, FIRST));
                 }
                 Err(LeaseError::AtCapacity(_)) | Err(LeaseError::NoIdleSlot) => break,
                 Err(_) => {
@@ -438,54 +531,117 @@ impl<'a> Sim<'a> {
                 }
             }
         }
-        while let Some(&(job, lease)) = self.to_acquire.front() {
-            match self.core.acquire(now, lease) {
+        self.fall_back(now);
+        self.acquire_waiting(now);
+        // Leases whose instance failed under them: only after a core failed one.
+        for side in 0..self.sides.len() {
+            let s = self.sides.get_mut(side);
+            let failed = s.core.counters.leases_failed;
+            if failed != s.leases_failed_seen {
+                s.leases_failed_seen = failed;
+                self.release_failed(now, side);
+            }
+        }
+        let mut again = false;
+        for side in 0..self.sides.len() {
+            again |= self.plan(now, side);
+        }
+        again
+    }
+
+    /// While the first pool cannot grow, hands the reservations it will not serve to its
+    /// fallback, as the host's steward does.
+    fn fall_back(&mut self, now: Millis) {
+        let Sides {
+            first,
+            fallback: Some(fallback),
+        } = &mut self.sides
+        else {
+            return;
+        };
+        if first.core.cannot_grow(now).is_none() {
+            return;
+        }
+        for id in first.core.unserved() {
+            let Some(mut lease) = first.core.lease(id).cloned() else {
+                continue;
+            };
+            lease.handed_from = Some("first".into());
+            if fallback.core.take_over(lease).is_err() {
+                break;
+            }
+            // Reserved, so unreserving cannot be refused.
+            let _ = first.core.unreserve(id);
+            self.report.handed_over += 1;
+            if let Some(entry) = self.to_acquire.iter_mut().find(|(_, l, _)| *l == id) {
+                entry.2 = FALLBACK;
+            }
+        }
+    }
+
+    /// Binds waiting jobs to free slots, in order within each pool.
+    fn acquire_waiting(&mut self, now: Millis) {
+        let mut blocked = [false; 2];
+        let mut i = 0;
+        while let Some(&(job, lease, side)) = self.to_acquire.get(i) {
+            if blocked.get(side).copied().unwrap_or(true) {
+                if blocked.iter().take(self.sides.len()).all(|b| *b) {
+                    break;
+                }
+                i += 1;
+                continue;
+            }
+            match self.sides.get_mut(side).core.acquire(now, lease) {
                 Ok(Some(_)) => {
-                    self.to_acquire.pop_front();
+                    self.to_acquire.remove(i);
                     self.waits.push(now.saturating_sub(job.submit_at));
-                    self.running.insert(lease);
+                    self.running.insert(lease, side);
+                    if side == FALLBACK {
+                        self.report.served_by_fallback += 1;
+                    }
                     self.push(now + job.duration, Ev::Finish(lease));
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    if let Some(b) = blocked.get_mut(side) {
+                        *b = true;
+                    }
+                    i += 1;
+                }
                 Err(_) => {
-                    self.to_acquire.pop_front();
+                    self.to_acquire.remove(i);
                     self.report.timed_out += 1;
                 }
             }
         }
-        // Leases whose instance failed under them: only after the core failed one.
-        if self.core.counters.leases_failed != self.leases_failed_seen {
-            self.release_failed(now);
-        }
-        self.plan(now)
     }
 
-    /// Releases the running jobs' leases whose instance failed under them.
-    fn release_failed(&mut self, now: Millis) {
-        self.leases_failed_seen = self.core.counters.leases_failed;
+    /// Releases the running jobs' leases of `side` whose instance failed under them.
+    fn release_failed(&mut self, now: Millis, side: usize) {
+        let core = &mut self.sides.get_mut(side).core;
         let failed: Vec<u64> = self
             .running
             .iter()
-            .copied()
-            .filter(|l| {
-                matches!(
-                    self.core.lease(*l).map(|l| &l.state),
-                    Some(LeaseState::Failed { .. })
-                )
+            .filter(|&(l, s)| {
+                *s == side
+                    && matches!(
+                        core.lease(*l).map(|l| &l.state),
+                        Some(LeaseState::Failed { .. })
+                    )
             })
+            .map(|(l, _)| *l)
             .collect();
         for lease in failed {
             self.running.remove(&lease);
             // A failed lease is always released (acknowledged).
-            let _ = self.core.release(now, lease);
+            let _ = core.release(now, lease);
             self.report.failed += 1;
         }
     }
 
-    /// Carries out what the scaler plans; true when an instance became ready.
-    fn plan(&mut self, now: Millis) -> bool {
+    /// Carries out what the scaler of `side` plans; true when an instance became ready.
+    fn plan(&mut self, now: Millis, side: usize) -> bool {
         let mut again = false;
-        for action in self.core.plan(now) {
+        for action in self.sides.get_mut(side).core.plan(now) {
             let call = self.next_call;
             self.next_call += 1;
             if matches!(
@@ -511,27 +667,33 @@ impl<'a> Sim<'a> {
                     Pending::Decrease(ids)
                 }
                 Action::Heartbeat(id) => {
-                    self.core.on_heartbeat(now, &id, Ok(()));
+                    self.sides.get_mut(side).core.on_heartbeat(now, &id, Ok(()));
                     continue;
                 }
                 Action::Ping(id) => {
-                    self.core.on_ping(now, &id, Ok(()));
+                    self.sides.get_mut(side).core.on_ping(now, &id, Ok(()));
                     continue;
                 }
                 Action::CheckReady(id) => {
-                    self.core.on_ready(now, &id, Ok(()));
+                    self.sides.get_mut(side).core.on_ready(now, &id, Ok(()));
                     again = true;
                     continue;
                 }
             };
-            self.calls.insert(call, pending);
-            self.push(now + self.cloud_cfg.api_latency_ms, Ev::Done(call));
+            self.calls.insert(call, (side, pending));
+            let latency = self.sides.get(side).cloud_cfg.api_latency_ms;
+            self.push(now + latency, Ev::Done(call));
         }
         again
     }
 
     fn schedule_wake(&mut self, now: Millis) {
-        let wake = self.core.next_wakeup(now);
+        let wake = self
+            .sides
+            .iter()
+            .map(|s| s.core.next_wakeup(now))
+            .min()
+            .unwrap_or(Millis::MAX);
         if self.wake.is_none_or(|(at, _)| wake < at) {
             self.seq += 1;
             let generation = self.seq;
@@ -544,6 +706,7 @@ impl<'a> Sim<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Policy;
 
     /// An overloaded trace: a job every 12 s, each 100-900 s long, for 8 slots.
     fn overload(n: u64) -> Vec<Job> {
@@ -568,7 +731,12 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e:?}"));
         let cloud = SimCloud::default();
         let opts = SimOptions::default();
-        let (report, _, work) = Sim::new(&cfg, &[policy], &cloud, jobs, &opts).run_counted();
+        let pool = SimPool {
+            cfg: &cfg,
+            policies: std::slice::from_ref(&policy),
+            cloud: &cloud,
+        };
+        let (report, _, work) = Sim::new(pool, None, jobs, &opts).run_counted();
         (report, work)
     }
 

@@ -1,6 +1,7 @@
 //! A discrete-event simulation of one pool on virtual time: the real [`PoolCore`] against a
-//! simulated cloud (provisioning delay, failure rate) fed by a job trace. Used by
-//! `flotilla simulate` and by the property tests.
+//! simulated cloud (provisioning delay, failure rate, stockout windows) fed by a job trace,
+//! optionally with a fallback pool that takes the waiting jobs while the first cannot grow.
+//! Used by `flotilla simulate` and by the property tests.
 //!
 //! This module owns the simulation's inputs and outputs (trace, cloud model, options, report,
 //! samples); the event loop lives in `engine`. It must not know about config files, CSV or
@@ -45,6 +46,9 @@ pub struct SimCloud {
     pub api_latency_ms: Millis,
     /// Seed of the deterministic random stream.
     pub seed: u64,
+    /// Spans `[from, to)` (ms from the trace start) in which the cloud is out of capacity:
+    /// every `increase` is refused with `quota-exceeded` (a spot stockout).
+    pub stockouts: Vec<(Millis, Millis)>,
 }
 
 impl Default for SimCloud {
@@ -57,6 +61,7 @@ impl Default for SimCloud {
             max_size: 0,
             api_latency_ms: 200,
             seed: 1,
+            stockouts: Vec::new(),
         }
     }
 }
@@ -90,6 +95,10 @@ pub struct SimReport {
     pub max_calls_per_minute: u64,
     /// Simulated time span (s).
     pub span_s: f64,
+    /// Jobs that ran on the fallback pool.
+    pub served_by_fallback: u64,
+    /// Reservations the pool handed to its fallback while it could not grow.
+    pub handed_over: u64,
     /// Invariant violations found (only with `check_invariants`).
     pub invariant_violations: Vec<String>,
 }
@@ -118,6 +127,17 @@ pub struct SimOptions {
     pub start_at: Millis,
 }
 
+/// One pool of a simulation: its knobs, its policies and its cloud.
+#[derive(Debug, Clone, Copy)]
+pub struct SimPool<'a> {
+    /// The pool's knobs.
+    pub cfg: &'a ScalerConfig,
+    /// Its idle policies.
+    pub policies: &'a [Policy],
+    /// Its cloud.
+    pub cloud: &'a SimCloud,
+}
+
 /// Runs a trace through the real scaler against the simulated cloud.
 pub fn simulate(
     cfg: &ScalerConfig,
@@ -126,5 +146,23 @@ pub fn simulate(
     jobs: &[Job],
     options: &SimOptions,
 ) -> (SimReport, Vec<Sample>) {
-    engine::Sim::new(cfg, policies, cloud, jobs, options).run()
+    let pool = SimPool {
+        cfg,
+        policies,
+        cloud,
+    };
+    engine::Sim::new(pool, None, jobs, options).run()
+}
+
+/// Runs a trace through `pool`, which hands the reservations it will not serve to
+/// `fallback` while it cannot grow (a refused increase, a stockout), as `flotilla run` does
+/// with `fallback = "..."`. The report covers both pools: `served_by_fallback` says how many
+/// jobs the fallback ran, and cost and peak count both clouds.
+pub fn simulate_with_fallback(
+    pool: SimPool<'_>,
+    fallback: SimPool<'_>,
+    jobs: &[Job],
+    options: &SimOptions,
+) -> (SimReport, Vec<Sample>) {
+    engine::Sim::new(pool, Some(fallback), jobs, options).run()
 }
