@@ -221,3 +221,100 @@ async fn a_queued_acquire_learns_soon_that_its_lease_expired() {
     );
     assert_eq!(pool.waiting(), 0);
 }
+
+/// A one-slot pool named `name`, its journal having held `restored`; not waited for.
+async fn named(name: &str, restored: Vec<flotilla_scaler::Lease>) -> Arc<PoolHandle> {
+    let cfg = ScalerConfig {
+        capacity_per_instance: 1,
+        max_instances: 8,
+        instance_acquire_timeout_ms: 60_000,
+        ..ScalerConfig::default()
+    };
+    let policy = Policy::new(vec!["* * * * *".into()], "UTC", 0, 3_600_000, 0.0, 0, false)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let clock = Arc::new(SystemClock);
+    let mut core = PoolCore::new(cfg, vec![policy], clock.now());
+    core.restore(clock.now(), restored, Default::default());
+    let provider = Fixed(1);
+    core.set_provider_info(&provider.init("").await.unwrap());
+    PoolHandle::spawn(
+        name.into(),
+        core,
+        Arc::new(provider),
+        clock,
+        Arc::new(AlwaysReady),
+        None,
+    )
+}
+
+/// A reservation handed to the fallback keeps its id, labels and tenant; the acquire queued
+/// for it in the first pool learns at once that it is gone there, and the fallback binds it.
+#[tokio::test]
+async fn a_handed_over_reservation_is_bound_in_the_fallback_under_its_id() {
+    let first = one_slot(60_000).await;
+    let fallback = one_slot(60_000).await;
+    let holder = first.reserve().unwrap();
+    first.acquire(holder).await.unwrap();
+    let labels = std::collections::BTreeMap::from([("job".to_string(), "7".to_string())]);
+    let waiting = first
+        .reserve_for(labels.clone(), None, Some("project-1".into()))
+        .unwrap();
+    let p = first.clone();
+    let queued = tokio::spawn(async move { p.acquire(waiting).await });
+    until_waiting(&first, 1).await;
+
+    first.hand_over(waiting, &fallback).unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), queued)
+        .await
+        .unwrap_or_else(|_| panic!("the queued acquire waited on"))
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            Err(AcquireError::Lease(
+                flotilla_scaler::LeaseError::UnknownLease(_)
+            ))
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(state(&first, waiting), None);
+    let moved = fallback.with_core(|c| c.lease(waiting).cloned()).unwrap();
+    assert_eq!(moved.labels, labels);
+    assert_eq!(moved.tenant.as_deref(), Some("project-1"));
+    assert_eq!(moved.handed_from.as_deref(), Some("p"));
+    let bound = tokio::time::timeout(Duration::from_secs(5), fallback.acquire(waiting))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(bound.slot, 0);
+    // An acquired lease is never handed over.
+    assert!(first.hand_over(holder, &fallback).is_err());
+    assert!(matches!(
+        state(&first, holder),
+        Some(LeaseState::Acquired { .. })
+    ));
+}
+
+/// A crash between the fallback's journal write and the first pool's leaves the reservation
+/// in both after the restart: the fallback drops its copy, and the first pool keeps its own.
+#[tokio::test]
+async fn a_reservation_found_in_both_pools_after_a_restart_stays_in_the_first() {
+    let lease = |handed_from: Option<&str>| flotilla_scaler::Lease {
+        id: 7,
+        state: LeaseState::Reserved,
+        reserved_at: 1,
+        acquired_at: None,
+        labels: Default::default(),
+        expires_at: None,
+        deadline_at: None,
+        tenant: None,
+        handed_from: handed_from.map(str::to_string),
+    };
+    let first = named("spot", vec![lease(None)]).await;
+    let fallback = named("on-demand", vec![lease(Some("spot"))]).await;
+    assert_eq!(fallback.drop_handed_twice(&first), vec![7]);
+    assert_eq!(state(&first, 7), Some(LeaseState::Reserved));
+    assert_eq!(state(&fallback, 7), None);
+    // Once settled, nothing more is dropped.
+    assert!(fallback.drop_handed_twice(&first).is_empty());
+}
