@@ -480,9 +480,22 @@ async fn acquire(
     let p = &running.handle;
     state.metrics.lease_acquired(&name);
     tracing::info!(pool = %name, plugin_digest = %running.plugin_digest, lease = id, instance = %binding.instance, slot = binding.slot, "lease acquired");
-    let (connection, connection_error) = match p.provider().connect_info(&binding.instance).await {
-        Ok(c) => (Some(c), None),
-        Err(e) => (None, Some(e.to_string())),
+    // The readiness check asked the plugin already: an answer that does not expire is read
+    // from there, so an acquire costs no cloud request (a plugin call behind the pool's
+    // plugin lock, which `update` holds too). Expiring answers (a key pushed for a minute)
+    // are asked for anew.
+    let kept = running
+        .connector
+        .as_ref()
+        .and_then(|c| c.described(&binding.instance))
+        .map(|(connection, _)| connection)
+        .filter(|c| c.expires.is_none());
+    let (connection, connection_error) = match kept {
+        Some(c) => (Some(c), None),
+        None => match p.connect_info(&binding.instance).await {
+            Ok(c) => (Some(c), None),
+            Err(e) => (None, Some(e.to_string())),
+        },
     };
     Ok(Json(Acquired {
         lease: id,

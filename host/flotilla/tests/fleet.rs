@@ -139,6 +139,19 @@ async fn a_job_runs_in_a_container_on_a_leased_instance_through_the_hosts_docker
         (409, &json!("not_acquired"))
     );
 
+    // The acquire reads the connect-info answer readiness got: no plugin call of its own.
+    let connect_infos = || async {
+        let (_, text) = f.request("GET", "/metrics", None, None).await;
+        String::from_utf8_lossy(&text)
+            .lines()
+            .filter(|l| {
+                l.starts_with("flotilla_provider_operations_total")
+                    && l.contains("function=\"connect-info\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let asked_before = connect_infos().await;
     let (code, body) = f
         .call(
             "POST",
@@ -148,6 +161,13 @@ async fn a_job_runs_in_a_container_on_a_leased_instance_through_the_hosts_docker
         .await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["docker"]["path"], docker_path.as_str());
+    assert_eq!(body["connection"]["port"], m1.port, "{body}");
+    assert!(asked_before >= 2, "readiness asked for both machines");
+    assert_eq!(
+        connect_infos().await,
+        asked_before,
+        "the acquire asked the plugin again"
+    );
     assert!(!body.to_string().contains("PRIVATE KEY"));
 
     // The handle needs the API token, like the rest of /v1.

@@ -14,7 +14,9 @@ use super::core::{
     Action, Binding, JournalError, Lease, LeaseError, LeaseState, PoolCore, PoolSnapshot,
 };
 use super::{Millis, Policy};
-use flotilla_provider::{Function, Provider};
+use flotilla_provider::{
+    CallError, Connection, Function, Listing, Provider, ProviderHealth, ProviderInfo,
+};
 
 use crate::observer::{PoolObserver, Probe};
 use crate::waiters::{Grant, Waiters};
@@ -122,6 +124,49 @@ pub enum AcquireError {
     /// No ready instance within the timeout; the lease stays reserved.
     #[error("no instance became ready within {0:?}; the lease is still reserved")]
     Timeout(Duration),
+}
+
+/// A pool's provider as readiness and the lease API see it: `connect-info` calls are counted
+/// by the pool's observer; everything else passes through.
+struct Counted<'a> {
+    inner: &'a dyn Provider,
+    observer: Option<&'a dyn PoolObserver>,
+}
+
+#[async_trait]
+impl Provider for Counted<'_> {
+    async fn init(&self, settings: &str) -> Result<ProviderInfo, CallError> {
+        self.inner.init(settings).await
+    }
+    async fn update(&self) -> Result<Listing, CallError> {
+        self.inner.update().await
+    }
+    async fn increase(&self, delta: u32) -> Result<u32, CallError> {
+        self.inner.increase(delta).await
+    }
+    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, CallError> {
+        self.inner.decrease(ids).await
+    }
+    async fn connect_info(&self, id: &str) -> Result<Connection, CallError> {
+        let start = Instant::now();
+        let r = self.inner.connect_info(id).await;
+        if let Some(m) = self.observer {
+            m.provider_call(Function::ConnectInfo, r.is_ok(), start.elapsed());
+        }
+        r
+    }
+    async fn heartbeat(&self, id: &str) -> Result<(), CallError> {
+        self.inner.heartbeat(id).await
+    }
+    async fn shutdown(&self) -> Result<(), CallError> {
+        self.inner.shutdown().await
+    }
+    fn health(&self) -> ProviderHealth {
+        self.inner.health()
+    }
+    fn close(&self) {
+        self.inner.close();
+    }
 }
 
 /// A running pool: its state machine, provider and driver task.
@@ -305,6 +350,20 @@ impl PoolHandle {
         }
     }
 
+    /// The provider, with its `connect-info` calls counted by the observer (readiness and
+    /// the lease API call it outside the driver's own actions).
+    fn counted(&self) -> Counted<'_> {
+        Counted {
+            inner: self.provider.as_ref(),
+            observer: self.observer.as_deref(),
+        }
+    }
+
+    /// How to reach `instance`, from the plugin (counted like every provider call).
+    pub async fn connect_info(&self, instance: &str) -> Result<Connection, CallError> {
+        self.counted().connect_info(instance).await
+    }
+
     async fn timed<T, E: std::fmt::Display>(
         &self,
         function: Function,
@@ -358,14 +417,14 @@ impl PoolHandle {
             }
             Action::CheckReady(id) => {
                 let start = Instant::now();
-                let r = self.readiness.check(self.provider.as_ref(), &id).await;
+                let r = self.readiness.check(&self.counted(), &id).await;
                 self.probed(Probe::Readiness, &id, &r, start.elapsed());
                 self.core()
                     .on_ready(self.clock.now(), &id, r.map_err(|e| e.message));
             }
             Action::Ping(id) => {
                 let start = Instant::now();
-                let r = self.readiness.ping(self.provider.as_ref(), &id).await;
+                let r = self.readiness.ping(&self.counted(), &id).await;
                 self.probed(Probe::Ping, &id, &r, start.elapsed());
                 self.core()
                     .on_ping(self.clock.now(), &id, r.map_err(|e| e.message));
