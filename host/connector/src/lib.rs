@@ -26,7 +26,7 @@ pub use config::{ConnectorConfig, ConnectorSettings, HostKeyConfig};
 pub use exec::ExecEvent;
 pub use hostkeys::HostKeyPolicy;
 pub use keys::{KeyError, PoolKey};
-pub use proxy::ForwardError;
+pub use proxy::{ForwardError, StreamGuard};
 pub use readiness::Connector;
 pub use ssh::{ConnectError, ExecOutput, Session, SshOptions, Target};
 pub use targets::AllowedTargets;

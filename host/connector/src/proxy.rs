@@ -106,8 +106,10 @@ where
         instance: instance.to_string(),
         why,
     };
-    // Taken before the request moves on: the caller's side of an upgrade, if it asks for one.
+    // Taken before the request moves on: the caller's side of an upgrade, if it asks for one,
+    // and what must live as long as the upgraded stream.
     let caller = hyper::upgrade::on(&mut request);
+    let guard = request.extensions_mut().remove::<StreamGuard>();
     let headers = request.headers_mut();
     for name in STRIPPED {
         headers.remove(name);
@@ -153,20 +155,28 @@ where
             headers.insert(http::header::UPGRADE, protocol);
         }
         let engine = hyper::upgrade::on(&mut response);
-        splice(instance.to_string(), caller, engine, lease.clone());
+        splice(instance.to_string(), caller, engine, lease.clone(), guard);
     }
     Ok(response.map(|body| LeaseBody::new(body, lease)))
 }
 
+/// Something a request to the Docker handle carries that must live as long as the stream it
+/// opens: dropped when an upgraded stream (exec, attach) ends, or when the request is answered
+/// without one. The host logs an operator's terminal session's end this way.
+#[derive(Clone)]
+pub struct StreamGuard(pub std::sync::Arc<dyn Send + Sync>);
+
 /// Copies both ways between the caller's and the engine's upgraded connections until either
-/// closes or the lease ends.
+/// closes or the lease ends; `guard` goes with them.
 fn splice(
     instance: String,
     caller: hyper::upgrade::OnUpgrade,
     engine: hyper::upgrade::OnUpgrade,
     lease: CancellationToken,
+    guard: Option<StreamGuard>,
 ) {
     tokio::spawn(async move {
+        let _guard = guard;
         let joined = tokio::select! {
             joined = async { tokio::join!(caller, engine) } => joined,
             () = lease.cancelled() => return,

@@ -557,6 +557,17 @@ async fn docker(
     })?;
     let (mut parts, body) = request.into_parts();
     let body = privileged_refused(&parts, body, connector.allows_privileged(), &name).await?;
+    if let Some(who) = parts.headers.remove(TERMINAL_HEADER) {
+        let upgrade = parts.headers.contains_key(header::UPGRADE);
+        if upgrade {
+            let job = p.with_core(|c| c.lease(id).map(|l| l.labels.clone()));
+            let session =
+                TerminalSession::open(&who, &name, id, &instance, job.unwrap_or_default());
+            parts
+                .extensions
+                .insert(flotilla_connector::StreamGuard(Arc::new(session)));
+        }
+    }
     let path = raw_docker_path(&parts.uri);
     parts.uri = path.as_deref().unwrap_or("").parse().map_err(|_| {
         ApiError::new(
@@ -574,6 +585,65 @@ async fn docker(
         .await
         .map_err(ApiError::from)?;
     Ok(forwarded.map(axum::body::Body::new))
+}
+
+/// The header an operator's terminal (`flotilla gitlab terminal`) sends with its Docker
+/// requests: who opens the session.
+const TERMINAL_HEADER: &str = "x-flotilla-terminal";
+
+/// An operator's interactive session in a job's container: logged when it opens, and when
+/// its stream ends (the operator left, or the lease ended and cut it).
+struct TerminalSession {
+    who: String,
+    pool: String,
+    lease: u64,
+    instance: String,
+    labels: String,
+    opened: std::time::Instant,
+}
+
+impl TerminalSession {
+    fn open(
+        who: &axum::http::HeaderValue,
+        pool: &str,
+        lease: u64,
+        instance: &str,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> TerminalSession {
+        // Said by the client: printable ASCII, at most 64 characters.
+        let who: String = who
+            .to_str()
+            .unwrap_or_default()
+            .chars()
+            .filter(|c| c.is_ascii_graphic() || *c == ' ')
+            .take(64)
+            .collect();
+        let who = if who.trim().is_empty() {
+            "(unnamed)".to_string()
+        } else {
+            who
+        };
+        let labels = labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        tracing::info!(who = %who, pool = %pool, lease, instance = %instance, labels = %labels, "terminal session opened");
+        TerminalSession {
+            who,
+            pool: pool.to_string(),
+            lease,
+            instance: instance.to_string(),
+            labels,
+            opened: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for TerminalSession {
+    fn drop(&mut self) {
+        tracing::info!(who = %self.who, pool = %self.pool, lease = self.lease, instance = %self.instance, labels = %self.labels, seconds = self.opened.elapsed().as_secs(), "terminal session closed");
+    }
 }
 
 /// The largest container-create body the host reads to check it (an engine takes far less:

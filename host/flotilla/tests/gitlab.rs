@@ -1032,3 +1032,103 @@ fn reserved_port() -> u16 {
         .map(|a| a.port())
         .expect("a free port")
 }
+
+/// An operator opens a shell in a running job's container through its lease: commands go in,
+/// output and the exit code come back, the host logs who, which job, and the end. A session
+/// still open when the job's cleanup ends the lease is cut. A job with no lease is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let _one = DOCKER.lock().await;
+    let fleet = Fleet::start(1, 1, "").await;
+    let job = fleet.job(610);
+    let prepare = job.stage(&["prepare"]);
+    assert_eq!(prepare.code, 0, "{prepare:?}");
+
+    let terminal = |input: &'static [u8]| {
+        let mut child = job
+            .command(&["terminal", "610", "--who", "alice"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("flotilla gitlab terminal");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(input).expect("typed");
+        (child, stdin)
+    };
+    let (child, stdin) = terminal(b"echo in-$(pwd)-$(hostname); exit 3\n");
+    drop(stdin);
+    let out = child.wait_with_output().expect("the session ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("in-/builds-"), "{stdout}");
+    let log = fleet.flotilla.log();
+    for line in ["terminal session opened", "terminal session closed"] {
+        let logged = log
+            .lines()
+            .find(|l| l.contains(line))
+            .unwrap_or_else(|| panic!("{line:?} not logged:\n{log}"));
+        assert!(
+            logged.contains("who=alice") && logged.contains("gitlab-job=610"),
+            "{logged}"
+        );
+    }
+
+    // A session left open is cut when the job's cleanup ends the lease.
+    let (mut open, stdin) = terminal(b"echo still-here\n");
+    let started = Instant::now();
+    poll::until_true(
+        "the second session to open",
+        Duration::from_secs(20),
+        || {
+            fleet
+                .flotilla
+                .log()
+                .matches("terminal session opened")
+                .count()
+                == 2
+        },
+        || fleet.flotilla.log(),
+    )
+    .await;
+    let closed = || {
+        fleet
+            .flotilla
+            .log()
+            .matches("terminal session closed")
+            .count()
+    };
+    assert_eq!(closed(), 1, "the open session was logged closed");
+    assert_eq!(job.stage(&["cleanup"]).code, 0);
+    let ended = poll::until(
+        "the open session to be cut",
+        Duration::from_secs(20),
+        || {
+            let status = open.try_wait().expect("wait");
+            async move { status.ok_or("still open") }
+        },
+    )
+    .await;
+    drop(stdin);
+    assert!(!ended.success(), "a cut session is no success");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    poll::until_true(
+        "the cut session to be logged closed",
+        Duration::from_secs(5),
+        || closed() == 2,
+        || fleet.flotilla.log(),
+    )
+    .await;
+
+    // No lease, no terminal.
+    let out = job.stage(&["terminal", "610"]);
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("job 610 has no lease"), "{out:?}");
+    fleet.assert_clean().await;
+}

@@ -414,7 +414,12 @@ impl Job {
 
     /// Names of the job's objects on the instance.
     pub fn container(&self) -> String {
-        format!("flotilla-job-{}", self.id)
+        Job::container_of(&self.id)
+    }
+
+    /// The job container's name for job `id`.
+    pub fn container_of(id: &str) -> String {
+        format!("flotilla-job-{id}")
     }
 
     /// The job's network.

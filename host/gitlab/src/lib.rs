@@ -26,6 +26,7 @@ mod place;
 pub mod setting;
 pub mod stages;
 pub mod tar;
+pub mod terminal;
 mod transport;
 pub mod variables;
 

@@ -13,6 +13,16 @@ const BASE: &str = "http://flotilla.invalid";
 
 /// A Docker client for the instance of `lease`.
 pub fn for_lease(api: &ApiClient, lease: u64, timeout_secs: u64) -> Result<Docker, String> {
+    for_lease_with(api, lease, timeout_secs, None)
+}
+
+/// [`for_lease`], every request carrying the header `extra` (name, value).
+pub fn for_lease_with(
+    api: &ApiClient,
+    lease: u64,
+    timeout_secs: u64,
+    extra: Option<(&'static str, String)>,
+) -> Result<Docker, String> {
     let authority = api.authority().to_string();
     let api = api.clone();
     let prefix = api.docker_path(lease);
@@ -22,6 +32,7 @@ pub fn for_lease(api: &ApiClient, lease: u64, timeout_secs: u64) -> Result<Docke
         let api = api.clone();
         let prefix = prefix.clone();
         let token = token.clone();
+        let extra = extra.clone();
         async move {
             let (mut parts, body) = request.into_parts();
             let path = parts
@@ -39,6 +50,11 @@ pub fn for_lease(api: &ApiClient, lease: u64, timeout_secs: u64) -> Result<Docke
                 let value = http::HeaderValue::from_str(token)
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 parts.headers.insert(http::header::AUTHORIZATION, value);
+            }
+            if let Some((name, value)) = &extra {
+                let value = http::HeaderValue::from_str(value)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                parts.headers.insert(*name, value);
             }
             let stream = api.connect().await?;
             let (mut sender, connection) =
