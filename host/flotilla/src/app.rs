@@ -528,15 +528,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         .iter()
         .map(|pool| tokio::spawn(keep_starting(ctx.clone(), state.clone(), pool.clone())))
         .collect();
-    let stewards: Vec<_> = cfg
-        .pools
-        .iter()
-        .filter_map(|pool| {
-            let fallback = pool.fallback.clone()?;
-            let steward = crate::fallback::steward(state.clone(), pool.name.clone(), fallback);
-            Some(tokio::spawn(steward))
-        })
-        .collect();
+    let stewards = crate::fallback::spawn_stewards(&cfg.pools, &state);
     until_stopped(&config_path, &state, &ctx).await?;
 
     tracing::info!(grace = ?cfg.shutdown_grace, "draining: new reservations are refused");

@@ -12,6 +12,21 @@ use crate::api::AppState;
 /// How often a pair is looked at when nothing wakes it (a pool change wakes it at once).
 const TICK: Duration = Duration::from_secs(1);
 
+/// One steward per pool that names a fallback; their tasks, to abort at the drain.
+pub fn spawn_stewards(
+    pools: &[crate::config::Pool],
+    state: &Arc<AppState>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    pools
+        .iter()
+        .filter_map(|pool| {
+            let fallback = pool.fallback.clone()?;
+            let steward = steward(state.clone(), pool.name.clone(), fallback);
+            Some(tokio::spawn(steward))
+        })
+        .collect()
+}
+
 /// Hands `pool`'s waiting reservations to `fallback` while `pool` cannot grow, for as long as
 /// the process runs; waits while either pool is not running.
 pub async fn steward(state: Arc<AppState>, pool: String, fallback: String) {

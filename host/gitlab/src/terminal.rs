@@ -40,29 +40,10 @@ pub async fn open(
     command: &[String],
     who: &str,
     side: TerminalSide,
-    mut input: impl AsyncRead + Unpin + Send + 'static,
-    mut output: impl AsyncWrite + Unpin,
+    input: impl AsyncRead + Unpin + Send + 'static,
+    output: impl AsyncWrite + Unpin,
 ) -> Result<i64, String> {
-    let found = api
-        .lease_by_label("gitlab-job", job_id)
-        .await
-        .map_err(|e| e.to_string())?;
-    let lease = match found {
-        Some(l) if matches!(l.state, LeaseState::Acquired { .. }) => l.id,
-        Some(l) => {
-            return Err(format!(
-                "job {job_id} has no running instance in pool {} (its lease is {:?})",
-                api.pool(),
-                l.state
-            ));
-        }
-        None => {
-            return Err(format!(
-                "job {job_id} has no lease in pool {}: it is not running here (or its cleanup ran)",
-                api.pool()
-            ));
-        }
-    };
+    let lease = running_lease(api, job_id).await?;
     let who = who
         .chars()
         .filter(|c| c.is_ascii_graphic() || *c == ' ')
@@ -71,6 +52,57 @@ pub async fn open(
     // A session lasts as long as the operator stays (the lease bounds it).
     let docker =
         crate::docker::client::for_lease_with(api, lease, 86_400, Some((WHO_HEADER, who)))?;
+    let (exec, from, to) = start_shell(&docker, job_id, command, side).await?;
+    pump(from, to, input, output).await?;
+    let ended = docker
+        .inspect_exec(&exec)
+        .await
+        .map_err(|e| format!("the session ended (the lease may have ended): {e}"))?;
+    ended
+        .exit_code
+        .ok_or_else(|| "the session ended without an exit code (the lease may have ended)".into())
+}
+
+/// The job's acquired lease, or why there is none.
+async fn running_lease(api: &ApiClient, job_id: &str) -> Result<u64, String> {
+    let found = api
+        .lease_by_label("gitlab-job", job_id)
+        .await
+        .map_err(|e| e.to_string())?;
+    match found {
+        Some(l) if matches!(l.state, LeaseState::Acquired { .. }) => Ok(l.id),
+        Some(l) => Err(format!(
+            "job {job_id} has no running instance in pool {} (its lease is {:?})",
+            api.pool(),
+            l.state
+        )),
+        None => Err(format!(
+            "job {job_id} has no lease in pool {}: it is not running here (or its cleanup ran)",
+            api.pool()
+        )),
+    }
+}
+
+/// What the shell prints.
+type Printed = std::pin::Pin<
+    Box<
+        dyn futures_util::Stream<
+                Item = Result<bollard::container::LogOutput, bollard::errors::Error>,
+            > + Send,
+    >,
+>;
+
+/// Where keystrokes go.
+type Keys = std::pin::Pin<Box<dyn AsyncWrite + Send>>;
+
+/// Starts `command` in the job's container, attached (with a TTY of the operator's size when
+/// the operator has a terminal); the exec's id and its streams.
+async fn start_shell(
+    docker: &bollard::Docker,
+    job_id: &str,
+    command: &[String],
+    side: TerminalSide,
+) -> Result<(String, Printed, Keys), String> {
     let container = Job::container_of(job_id);
     let exec = docker
         .create_exec(
@@ -106,11 +138,7 @@ pub async fn open(
         )
         .await
         .map_err(|e| format!("starting the shell: {e}"))?;
-    let StartExecResults::Attached {
-        output: mut from,
-        input: mut to,
-    } = started
-    else {
+    let StartExecResults::Attached { output, input } = started else {
         return Err("the engine did not attach the shell".into());
     };
     if let (true, Some((height, width))) = (side.tty, side.size) {
@@ -119,47 +147,43 @@ pub async fn open(
             .resize_exec(&exec.id, ResizeExecOptions { height, width })
             .await;
     }
-    // Keystrokes go in as they come; the end of input closes the shell's stdin.
+    Ok((exec.id, output, input))
+}
+
+/// Copies keystrokes from `input` to the shell as they come (the end of input closes its
+/// stdin), and what it prints to `output`, until it ends.
+async fn pump(
+    mut from: Printed,
+    mut to: Keys,
+    mut input: impl AsyncRead + Unpin + Send + 'static,
+    mut output: impl AsyncWrite + Unpin,
+) -> Result<(), String> {
     let typing = tokio::spawn(async move {
         let mut buf = vec![0u8; 4096];
-        loop {
-            match input.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if to
-                        .write_all(buf.get(..n).unwrap_or_default())
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                    let _ = to.flush().await;
-                }
+        while let Ok(n @ 1..) = input.read(&mut buf).await {
+            if to
+                .write_all(buf.get(..n).unwrap_or_default())
+                .await
+                .is_err()
+            {
+                break;
             }
+            let _ = to.flush().await;
         }
         let _ = to.shutdown().await;
     });
-    while let Some(chunk) = from.next().await {
-        match chunk {
-            Ok(log) => {
-                output
-                    .write_all(&log.into_bytes())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                output.flush().await.map_err(|e| e.to_string())?;
-            }
-            Err(e) => {
-                typing.abort();
-                return Err(format!("the session ended: {e}"));
-            }
+    let printed = async {
+        while let Some(chunk) = from.next().await {
+            let log = chunk.map_err(|e| format!("the session ended: {e}"))?;
+            output
+                .write_all(&log.into_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
+            output.flush().await.map_err(|e| e.to_string())?;
         }
-    }
+        Ok(())
+    };
+    let result = printed.await;
     typing.abort();
-    let ended = docker
-        .inspect_exec(&exec.id)
-        .await
-        .map_err(|e| format!("the session ended (the lease may have ended): {e}"))?;
-    ended
-        .exit_code
-        .ok_or_else(|| "the session ended without an exit code (the lease may have ended)".into())
+    result
 }

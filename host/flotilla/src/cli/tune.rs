@@ -84,6 +84,56 @@ pub struct Args {
 const DAY_MS: i64 = 86_400_000;
 
 impl Args {
+    /// The search's input: the pool as configured, its fallback, and the flags.
+    fn input(
+        &self,
+        pool: &config::Pool,
+        cfg: &config::Config,
+        holdout_from_ms: i64,
+    ) -> anyhow::Result<Input> {
+        let tz_name = self
+            .timezone
+            .clone()
+            .or_else(|| pool.policies.first().map(|p| p.timezone.name().to_string()))
+            .unwrap_or_else(|| "UTC".into());
+        let timezone: chrono_tz::Tz = tz_name
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--timezone {tz_name:?} is not an IANA timezone"))?;
+        if let Some(c) = self.capacity.iter().find(|&&c| c == 0) {
+            bail!("--capacity {c}: a capacity must be at least 1");
+        }
+        let ms = |s: f64| (s * 1000.0) as u64;
+        let delay = self.provisioning_delay;
+        Ok(Input {
+            scaler: pool.scaler.clone(),
+            current: pool.policies.iter().map(PolicySpec::of).collect(),
+            cloud: flotilla_scaler::sim::SimCloud {
+                provisioning_delay_ms: (ms(delay.min), ms(delay.max)),
+                seed: self.seed,
+                stockouts: self
+                    .stockout
+                    .iter()
+                    .map(|r| (ms(r.min), ms(r.max)))
+                    .collect(),
+                ..Default::default()
+            },
+            timezone,
+            holdout_from_ms,
+            threads: self
+                .threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            capacities: self.capacity.clone(),
+            fallback: pool
+                .fallback
+                .as_ref()
+                .and_then(|name| cfg.pools.iter().find(|p| &p.name == name))
+                .map(|f| search::FallbackPool {
+                    scaler: f.scaler.clone(),
+                    policies: f.policies.clone(),
+                }),
+        })
+    }
+
     /// Reads the pool and the history, searches, prints.
     pub fn run(self) -> anyhow::Result<()> {
         let cfg = config::load_with(&self.config, false).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -130,46 +180,7 @@ impl Args {
                 span as f64 / DAY_MS as f64
             );
         }
-        let tz_name = self
-            .timezone
-            .clone()
-            .or_else(|| pool.policies.first().map(|p| p.timezone.name().to_string()))
-            .unwrap_or_else(|| "UTC".into());
-        let timezone: chrono_tz::Tz = tz_name
-            .parse()
-            .map_err(|_| anyhow::anyhow!("--timezone {tz_name:?} is not an IANA timezone"))?;
-        if let Some(c) = self.capacity.iter().find(|&&c| c == 0) {
-            bail!("--capacity {c}: a capacity must be at least 1");
-        }
-        let delay = self.provisioning_delay;
-        let input = Input {
-            scaler: pool.scaler.clone(),
-            current: pool.policies.iter().map(PolicySpec::of).collect(),
-            cloud: flotilla_scaler::sim::SimCloud {
-                provisioning_delay_ms: ((delay.min * 1000.0) as u64, (delay.max * 1000.0) as u64),
-                seed: self.seed,
-                stockouts: self
-                    .stockout
-                    .iter()
-                    .map(|r| ((r.min * 1000.0) as u64, (r.max * 1000.0) as u64))
-                    .collect(),
-                ..Default::default()
-            },
-            timezone,
-            holdout_from_ms: last.submit_ms - holdout_ms + 1,
-            threads: self
-                .threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-            capacities: self.capacity.clone(),
-            fallback: pool
-                .fallback
-                .as_ref()
-                .and_then(|name| cfg.pools.iter().find(|p| &p.name == name))
-                .map(|f| search::FallbackPool {
-                    scaler: f.scaler.clone(),
-                    policies: f.policies.clone(),
-                }),
-        };
+        let input = self.input(pool, &cfg, last.submit_ms - holdout_ms + 1)?;
         let goal = Goal {
             wait_p95_s: self.wait_p95.as_secs_f64(),
             cost_per_hour: self.cost_per_hour,
@@ -204,8 +215,8 @@ impl Args {
                     "\nReproduce the fitted figures: flotilla simulate -c CONFIG --trace {} --start {} --provisioning-delay {}..{} --seed {}",
                     path.display(),
                     outcome.fit_start,
-                    delay.min,
-                    delay.max,
+                    self.provisioning_delay.min,
+                    self.provisioning_delay.max,
                     self.seed
                 );
             }
