@@ -455,7 +455,37 @@ struct DockerHandle {
     path: String,
 }
 
+/// `POST .../acquire`, a long poll: while it waits, its connection counts under
+/// `max_long_polls` rather than `max_connections`, and it takes a connection slot again to
+/// answer (or closes the connection after the answer when none is free).
 async fn acquire(
+    state: State<Shared>,
+    path: Path<(String, String)>,
+    connection: Option<axum::Extension<crate::serve::Connection>>,
+) -> Response {
+    let parked = match connection.map(|c| c.park()) {
+        Some(None) => {
+            return ApiError::new(
+                ErrorCode::TooManyRequests,
+                "as many acquires wait as the server lets wait (server.max_long_polls); retry in a second",
+            )
+            .into_response();
+        }
+        Some(Some(parked)) => Some(parked),
+        None => None,
+    };
+    let mut answer = bind(state, path).await.into_response();
+    if parked.is_some_and(|p| !p.resume()) {
+        answer.headers_mut().insert(
+            header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    answer
+}
+
+/// Binds the lease to a slot, waiting up to the pool's `instance_acquire_timeout`.
+async fn bind(
     State(state): State<Shared>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Json<Acquired>, ApiError> {
@@ -557,16 +587,29 @@ async fn docker(
     })?;
     let (mut parts, body) = request.into_parts();
     let body = privileged_refused(&parts, body, connector.allows_privileged(), &name).await?;
-    if let Some(who) = parts.headers.remove(TERMINAL_HEADER) {
-        let upgrade = parts.headers.contains_key(header::UPGRADE);
-        if upgrade {
+    let who = parts.headers.remove(TERMINAL_HEADER);
+    if parts.headers.contains_key(header::UPGRADE) {
+        // An upgraded stream outlives its connection's slot: it has a bound of its own.
+        let permit = match parts.extensions.get::<crate::serve::Connection>() {
+            Some(c) => Some(c.stream().ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::TooManyRequests,
+                    "as many Docker streams are open as the server lets open (server.max_streams); retry in a second",
+                )
+            })?),
+            None => None,
+        };
+        let session = who.map(|who| {
             let job = p.with_core(|c| c.lease(id).map(|l| l.labels.clone()));
-            let session =
-                TerminalSession::open(&who, &name, id, &instance, job.unwrap_or_default());
-            parts
-                .extensions
-                .insert(flotilla_connector::StreamGuard(Arc::new(session)));
-        }
+            TerminalSession::open(&who, &name, id, &instance, job.unwrap_or_default())
+        });
+        let stream = UpgradedStream {
+            _permit: permit,
+            _session: session,
+        };
+        parts
+            .extensions
+            .insert(flotilla_connector::StreamGuard(Arc::new(stream)));
     }
     let path = raw_docker_path(&parts.uri);
     parts.uri = path.as_deref().unwrap_or("").parse().map_err(|_| {
@@ -590,6 +633,13 @@ async fn docker(
 /// The header an operator's terminal (`flotilla gitlab terminal`) sends with its Docker
 /// requests: who opens the session.
 const TERMINAL_HEADER: &str = "x-flotilla-terminal";
+
+/// What an upgraded Docker stream holds for its life: its place under `max_streams`, and an
+/// operator's terminal session, if it is one.
+struct UpgradedStream {
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    _session: Option<TerminalSession>,
+}
 
 /// An operator's interactive session in a job's container: logged when it opens, and when
 /// its stream ends (the operator left, or the lease ended and cut it).

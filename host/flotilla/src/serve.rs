@@ -22,6 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// The limits of one listener.
@@ -36,6 +37,14 @@ pub struct Limits {
     /// How long a client may take to send a request's headers, and how long a kept-alive
     /// connection may sit idle.
     pub header_read_timeout: Duration,
+    /// Requests that wait long (acquires) at once. A connection waiting in one leaves
+    /// `max_connections` for this bound, so a burst of waiting jobs cannot keep other
+    /// requests out; past it a long poll is answered 503 `too_many_requests` at once.
+    pub max_long_polls: usize,
+    /// Upgraded streams (Docker exec and attach through a lease's handle) open at once; they
+    /// outlive their connection's slot. Past it an upgrade is answered 503
+    /// `too_many_requests`.
+    pub max_streams: usize,
 }
 
 impl Default for Limits {
@@ -44,6 +53,8 @@ impl Default for Limits {
             max_connections: 512,
             max_unauthenticated: 64,
             header_read_timeout: Duration::from_secs(10),
+            max_long_polls: 4096,
+            max_streams: 2048,
         }
     }
 }
@@ -60,9 +71,59 @@ struct Ticket {
     id: u64,
     authenticated: AtomicBool,
     tracker: Arc<Unauthenticated>,
+    /// Its place under `max_connections`; given up while it waits in a long poll.
+    slot: Mutex<Option<OwnedSemaphorePermit>>,
+    bounds: Arc<Bounds>,
+}
+
+/// The listener's three bounds.
+#[derive(Debug)]
+struct Bounds {
+    slots: Arc<Semaphore>,
+    long_polls: Arc<Semaphore>,
+    streams: Arc<Semaphore>,
+}
+
+/// A connection waiting in a long poll: counted under `max_long_polls`, not under
+/// `max_connections`.
+#[derive(Debug)]
+pub struct Parked {
+    ticket: Arc<Ticket>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Parked {
+    /// The wait is over: the connection takes a place under `max_connections` again. `false`
+    /// when none is free: the answer must close the connection (`connection: close`).
+    pub fn resume(self) -> bool {
+        match self.ticket.bounds.slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                *self.ticket.slot.lock() = Some(slot);
+                true
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 impl Connection {
+    /// The request is about to wait long (an acquire): the connection moves from the
+    /// connection bound to the long polls' bound. `None` when that bound is full.
+    pub fn park(&self) -> Option<Parked> {
+        let permit = self.0.bounds.long_polls.clone().try_acquire_owned().ok()?;
+        drop(self.0.slot.lock().take());
+        Some(Parked {
+            ticket: self.0.clone(),
+            _permit: permit,
+        })
+    }
+
+    /// The request opens an upgraded stream: its place under `max_streams`, to hold for the
+    /// stream's life. `None` when the bound is full.
+    pub fn stream(&self) -> Option<OwnedSemaphorePermit> {
+        self.0.bounds.streams.clone().try_acquire_owned().ok()
+    }
+
     /// The connection made a request that passed authentication: it no longer counts against
     /// the unauthenticated bound and is never evicted.
     pub fn authenticated(&self) {
@@ -105,7 +166,11 @@ pub async fn serve(
     tls: Option<Arc<crate::tls::ServerTls>>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let bounds = Arc::new(Bounds {
+        slots: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+        long_polls: Arc::new(Semaphore::new(limits.max_long_polls.max(1))),
+        streams: Arc::new(Semaphore::new(limits.max_streams.max(1))),
+    });
     let unauthenticated = Arc::new(Unauthenticated {
         max: limits.max_unauthenticated.max(1),
         queue: Mutex::new(VecDeque::new()),
@@ -137,7 +202,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         // Past the bound a connection is answered at once and closed, never left waiting in
         // the kernel's backlog; past the refusals' own bound it is closed unanswered.
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let Ok(slot) = bounds.slots.clone().try_acquire_owned() else {
             if let Ok(refusal) = refusing.clone().try_acquire_owned() {
                 let plain = tls.is_none();
                 tokio::spawn(async move {
@@ -156,7 +221,10 @@ pub async fn serve(
             id,
             authenticated: AtomicBool::new(false),
             tracker: unauthenticated.clone(),
+            slot: Mutex::new(Some(slot)),
+            bounds: bounds.clone(),
         }));
+        let held = ticket.clone();
         let router = router.clone();
         let service = hyper::service::service_fn(move |mut request| {
             request.extensions_mut().insert(ticket.clone());
@@ -195,7 +263,7 @@ pub async fn serve(
                 () = evict.cancelled() => {}
             }
             tracker.remove(id);
-            drop(slot);
+            drop(held.0.slot.lock().take());
         });
     }
     drop(listener);
@@ -317,6 +385,98 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(served.contains("served"), "{served}");
+        let _ = stop.send(());
+    }
+
+    /// A connection waiting in a long poll leaves `max_connections` for `max_long_polls`:
+    /// with two connection slots, a waiting poll holds neither, so two other connections are
+    /// served meanwhile; a second poll past `max_long_polls` is refused at once; the first,
+    /// answered while the others hold both slots, closes its connection after its answer.
+    #[tokio::test]
+    async fn long_polls_have_their_own_bound() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let release = Arc::new(tokio::sync::Notify::new());
+        let waiting = release.clone();
+        let poll = move |connection: axum::Extension<Connection>| {
+            let release = waiting.clone();
+            async move {
+                let Some(parked) = connection.park() else {
+                    return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "full");
+                };
+                release.notified().await;
+                if parked.resume() {
+                    (axum::http::StatusCode::OK, "bound, kept")
+                } else {
+                    (axum::http::StatusCode::OK, "bound, closing")
+                }
+            }
+        };
+        let router = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "served" }))
+            .route("/poll", axum::routing::get(poll));
+        let limits = Limits {
+            max_connections: 2,
+            max_long_polls: 1,
+            ..Limits::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, router, limits, None, async {
+            let _ = stopped.await;
+        }));
+        let send = |path: &'static str| async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            c.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+                .await
+                .expect("send");
+            c
+        };
+        let read = |mut c: tokio::net::TcpStream| async move {
+            let mut buf = [0u8; 512];
+            let n = tokio::time::timeout(Duration::from_secs(3), c.read(&mut buf))
+                .await
+                .expect("an answer")
+                .expect("read");
+            (
+                String::from_utf8_lossy(buf.get(..n).unwrap_or_default()).into_owned(),
+                c,
+            )
+        };
+        let first = send("/poll").await;
+        // Until the first poll has parked, a second one may still find the bound free.
+        let mut second = String::new();
+        for _ in 0..50 {
+            (second, _) = read(send("/poll").await).await;
+            if second.contains("full") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            second.starts_with("HTTP/1.1 503") && second.contains("full"),
+            "{second}"
+        );
+        // Both slots are free for other requests while the poll waits (once the refused
+        // poll's connection has closed), and stay held.
+        let mut held = Vec::new();
+        for _ in 0..100 {
+            let (text, c) = read(send("/").await).await;
+            if text.contains("served") {
+                held.push(c);
+            }
+            if held.len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(held.len(), 2, "two connections served while the poll waits");
+
+        release.notify_waiters();
+        let (answer, _) = read(first).await;
+        assert!(answer.contains("bound, closing"), "{answer}");
         let _ = stop.send(());
     }
 

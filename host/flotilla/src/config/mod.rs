@@ -74,6 +74,14 @@ pub struct ServerConfig {
     /// kept-alive connection).
     #[serde(default = "default_header_read_timeout", with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// Acquires waiting at once. A connection waiting in one counts here, not under
+    /// `max_connections`; past this an acquire is answered 503 `too_many_requests` at once.
+    #[serde(default = "default_max_long_polls")]
+    pub max_long_polls: usize,
+    /// Upgraded Docker streams (exec, attach) open at once through the leases' handles;
+    /// past this an upgrade is answered 503 `too_many_requests`.
+    #[serde(default = "default_max_streams")]
+    pub max_streams: usize,
     /// TLS on the API listener: `{ cert = { file = "..." }, key = { file = "..." } }`, PEM,
     /// reloaded when either file changes.
     #[serde(default)]
@@ -105,6 +113,12 @@ fn default_max_connections() -> usize {
 fn default_max_unauthenticated() -> usize {
     crate::serve::Limits::default().max_unauthenticated
 }
+fn default_max_long_polls() -> usize {
+    crate::serve::Limits::default().max_long_polls
+}
+fn default_max_streams() -> usize {
+    crate::serve::Limits::default().max_streams
+}
 fn default_header_read_timeout() -> Duration {
     crate::serve::Limits::default().header_read_timeout
 }
@@ -126,6 +140,8 @@ impl Default for ServerConfig {
             max_connections: default_max_connections(),
             max_unauthenticated_connections: default_max_unauthenticated(),
             header_read_timeout: default_header_read_timeout(),
+            max_long_polls: default_max_long_polls(),
+            max_streams: default_max_streams(),
             tls: None,
             sd_token: None,
             file_sd: None,
@@ -441,10 +457,21 @@ impl ServerConfig {
             problems.add(&at.key("header_read_timeout"), "must be more than 0s");
             ok = false;
         }
+        for (key, value) in [
+            ("max_long_polls", self.max_long_polls),
+            ("max_streams", self.max_streams),
+        ] {
+            if value == 0 {
+                problems.add(&at.key(key), "must be at least 1");
+                ok = false;
+            }
+        }
         ok.then_some(crate::serve::Limits {
             max_connections: self.max_connections,
             max_unauthenticated: self.max_unauthenticated_connections,
             header_read_timeout: self.header_read_timeout,
+            max_long_polls: self.max_long_polls,
+            max_streams: self.max_streams,
         })
     }
 }
