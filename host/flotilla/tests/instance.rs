@@ -798,7 +798,7 @@ fn the_snippet_of_an_instance_pool_carries_its_mode_and_shell() {
             "must be an absolute path",
         ),
         (vec!["--mode", "instance", "--os", "plan9"], "--os"),
-        (vec!["--mode", "vm"], "--mode \"vm\""),
+        (vec!["--mode", "vm"], "invalid value 'vm' for '--mode"),
     ] {
         let mut args = vec!["gitlab", "--pool", "p"];
         args.extend(flags);

@@ -48,16 +48,16 @@ pub struct Args {
     insecure_http: bool,
     /// Where jobs run: `docker` (each job in a container on the instance) or `instance`
     /// (each job directly on the machine over SSH: macOS, Windows, one VM per job).
-    #[arg(long, default_value = "docker")]
-    mode: String,
+    #[arg(long, value_enum, default_value_t = ModeFlag::Docker)]
+    mode: ModeFlag,
     /// Instance mode: the machines' system, `linux`, `macos`, `freebsd` or `windows`. It
     /// decides paths and commands; `prepare` fails a job whose machine reports another.
-    #[arg(long, default_value = "linux")]
-    os: String,
+    #[arg(long, default_value = "linux", value_parser = MachineOs::parse)]
+    os: MachineOs,
     /// Instance mode: the shell the runner writes scripts for, `bash` (Linux, macOS) or
     /// `pwsh` / `powershell` (Windows) [default: bash, or pwsh on Windows].
-    #[arg(long)]
-    shell: Option<String>,
+    #[arg(long, value_parser = Shell::parse)]
+    shell: Option<Shell>,
     /// Instance mode: the directory on each machine under which every job gets its own
     /// [default: /var/tmp/flotilla, or C:\flotilla on Windows].
     #[arg(long)]
@@ -74,8 +74,8 @@ pub struct Args {
     /// When to pull images: always (the default: the registry checks every job's
     /// credentials), if-not-present (faster, but a job can then run a private image another
     /// job pulled, without credentials) or never.
-    #[arg(long, default_value = "always")]
-    pull_policy: String,
+    #[arg(long, default_value = "always", value_parser = PullPolicy::parse)]
+    pull_policy: PullPolicy,
     /// How long `prepare` waits for an instance (and any stage for a pool that is starting).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     acquire_timeout: Duration,
@@ -158,6 +158,15 @@ pub struct Args {
     /// The stage GitLab Runner is at.
     #[command(subcommand)]
     stage: Stage,
+}
+
+/// `--mode`: where jobs run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ModeFlag {
+    /// Each job in a container on the instance.
+    Docker,
+    /// Each job directly on the machine over SSH.
+    Instance,
 }
 
 /// The Custom executor's stages, plus `snippet`.
@@ -404,7 +413,7 @@ impl Args {
             builds_dir: self.builds_dir.clone(),
             cache_dir: self.cache_dir.clone(),
             default_image: self.default_image.clone(),
-            pull_policy: PullPolicy::parse(&self.pull_policy)?,
+            pull_policy: self.pull_policy,
             limits: JobLimits {
                 memory_bytes: self.memory,
                 nano_cpus: self.cpus,
@@ -450,16 +459,14 @@ impl Args {
     }
 
     fn mode(&self) -> anyhow::Result<Mode> {
-        match self.mode.trim() {
-            "docker" => Ok(Mode::Docker(Box::new(self.docker()?))),
-            "instance" => {
-                let os = MachineOs::parse(&self.os)?;
-                let shell = self.shell.as_deref().map(Shell::parse).transpose()?;
-                let mut settings = InstanceSettings::new(os, shell, self.machine_dir.clone())?;
+        match self.mode {
+            ModeFlag::Docker => Ok(Mode::Docker(Box::new(self.docker()?))),
+            ModeFlag::Instance => {
+                let mut settings =
+                    InstanceSettings::new(self.os, self.shell, self.machine_dir.clone())?;
                 settings.shared_across_projects = self.unsafe_share_machines_across_projects;
                 Ok(Mode::Instance(settings))
             }
-            other => anyhow::bail!("--mode {other:?}: expected docker or instance"),
         }
     }
 
@@ -606,7 +613,7 @@ impl Args {
             "--pool".into(),
             pool.clone(),
             "--pull-policy".into(),
-            self.pull_policy.clone(),
+            self.pull_policy.name().to_string(),
             "--acquire-timeout".into(),
             humantime::format_duration(self.acquire_timeout).to_string(),
             "--restart-window".into(),
