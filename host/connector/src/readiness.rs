@@ -259,15 +259,30 @@ impl Connector {
         }
     }
 
-    /// Asks the plugin how to reach the instance, and reaches it.
+    /// Asks the plugin how to reach the instance (once: a later try reads the answer kept,
+    /// unless it expires or named no address the pool may use), and reaches it. A booting
+    /// machine is tried again and again; asking its cloud each time would spend the plugin's
+    /// egress budget that updates and scale-ups need.
     async fn reach(&self, provider: &dyn Provider, instance: &str) -> Result<Reached, NotReady> {
-        let connection = provider
-            .connect_info(instance)
-            .await
-            .map_err(|e| NotReady::new("connect-info", format!("connect-info: {e}")))?;
-        self.described
+        let kept = self
+            .described
             .lock()
-            .insert(instance.to_string(), connection.clone());
+            .get(instance)
+            .filter(|c| c.expires.is_none() && self.chosen_address(instance, c).is_ok())
+            .cloned();
+        let connection = match kept {
+            Some(connection) => connection,
+            None => {
+                let connection = provider
+                    .connect_info(instance)
+                    .await
+                    .map_err(|e| NotReady::new("connect-info", format!("connect-info: {e}")))?;
+                self.described
+                    .lock()
+                    .insert(instance.to_string(), connection.clone());
+                connection
+            }
+        };
         let host = self.chosen_address(instance, &connection)?;
         match connection.protocol {
             Protocol::Ssh => {

@@ -97,6 +97,90 @@ async fn an_instance_is_ready_only_after_its_ready_command_finished() {
     assert!(start.elapsed() >= Duration::from_secs(2));
 }
 
+/// Loopback machines that count the plugin's `connect-info` calls.
+struct Counting(Machines, std::sync::atomic::AtomicUsize);
+
+#[async_trait::async_trait]
+impl flotilla_provider::Provider for Counting {
+    async fn init(
+        &self,
+        settings: &str,
+    ) -> Result<flotilla_provider::ProviderInfo, flotilla_provider::CallError> {
+        self.0.init(settings).await
+    }
+    async fn update(&self) -> Result<flotilla_provider::Listing, flotilla_provider::CallError> {
+        self.0.update().await
+    }
+    async fn increase(&self, n: u32) -> Result<u32, flotilla_provider::CallError> {
+        self.0.increase(n).await
+    }
+    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, flotilla_provider::CallError> {
+        self.0.decrease(ids).await
+    }
+    async fn connect_info(
+        &self,
+        id: &str,
+    ) -> Result<flotilla_provider::Connection, flotilla_provider::CallError> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.connect_info(id).await
+    }
+    async fn heartbeat(&self, id: &str) -> Result<(), flotilla_provider::CallError> {
+        self.0.heartbeat(id).await
+    }
+    async fn shutdown(&self) -> Result<(), flotilla_provider::CallError> {
+        self.0.shutdown().await
+    }
+    fn health(&self) -> flotilla_provider::ProviderHealth {
+        self.0.health()
+    }
+}
+
+/// A machine that is not ready yet is checked again and again; the plugin is asked how to
+/// reach it once, not at every try (each answer is a cloud request against the plugin's
+/// egress budget).
+#[tokio::test]
+async fn a_booting_machine_is_tried_again_without_asking_the_plugin_again() {
+    let pool = pool_key();
+    let sshd = Sshd::start(pool.key.public_openssh());
+    let (tries, marker) = (sshd.file("tries"), sshd.file("booted"));
+    let command = format!(
+        "echo try >> {}; test -f {}",
+        tries.display(),
+        marker.display()
+    );
+    let readiness = Arc::new(Connector::new(
+        pool.key.clone(),
+        settings(Some(command), Duration::from_secs(30)),
+    ));
+    let clock = Arc::new(SystemClock);
+    let config = ScalerConfig {
+        capacity_per_instance: 1,
+        max_instances: 1,
+        update_interval_ms: 200,
+        instance_acquire_timeout_ms: 30_000,
+        ..ScalerConfig::default()
+    };
+    let core = PoolCore::new(
+        config,
+        Vec::new(),
+        flotilla_scaler::Clock::now(clock.as_ref()),
+    );
+    let provider = Arc::new(Counting(one_machine(&sshd), Default::default()));
+    let handle = PoolHandle::spawn("p".into(), core, provider.clone(), clock, readiness, None);
+    poll::until_true(
+        "the ready command to fail twice",
+        Duration::from_secs(20),
+        || std::fs::read_to_string(&tries).is_ok_and(|t| t.lines().count() >= 2),
+        || format!("{:?}", handle.snapshot()),
+    )
+    .await;
+    std::fs::write(&marker, "").expect("booted");
+    let lease = handle.reserve().expect("reserve");
+    let binding = handle.acquire(lease).await.expect("acquire");
+    assert_eq!(binding.instance, "m1");
+    assert_eq!(provider.1.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn a_machine_that_refuses_the_pool_key_is_not_ready() {
     let pool = pool_key();
