@@ -606,6 +606,7 @@ async fn docker(
         let stream = UpgradedStream {
             _permit: permit,
             _session: session,
+            _open: state.metrics.docker_stream_opened(),
         };
         parts
             .extensions
@@ -639,6 +640,7 @@ const TERMINAL_HEADER: &str = "x-flotilla-terminal";
 struct UpgradedStream {
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
     _session: Option<TerminalSession>,
+    _open: crate::metrics::InFlight,
 }
 
 /// An operator's interactive session in a job's container: logged when it opens, and when

@@ -52,6 +52,7 @@ pub struct Metrics {
     http_seconds: HistogramVec,
     journal_seconds: HistogramVec,
     http_in_flight: prometheus::IntGauge,
+    docker_streams: prometheus::IntGauge,
     process: crate::process_metrics::ProcessMetrics,
 }
 
@@ -246,6 +247,15 @@ impl Metrics {
                 r.register(Box::new(g.clone()))?;
                 g
             },
+            docker_streams: {
+                let g = prometheus::IntGauge::new(
+                    "flotilla_docker_streams_open",
+                    "Upgraded Docker streams (exec, attach) open through the leases' handles \
+                     (bounded by server.max_streams).",
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
             process: crate::process_metrics::ProcessMetrics::new(&r)?,
             egress_denied: counter(
                 &r,
@@ -398,6 +408,12 @@ impl Metrics {
     pub fn http_started(&self) -> InFlight {
         self.http_in_flight.inc();
         InFlight(self.http_in_flight.clone())
+    }
+
+    /// An upgraded Docker stream opened; it is open until the guard is dropped.
+    pub fn docker_stream_opened(&self) -> InFlight {
+        self.docker_streams.inc();
+        InFlight(self.docker_streams.clone())
     }
 
     /// An API request was answered.

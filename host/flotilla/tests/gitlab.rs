@@ -1105,6 +1105,15 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
             .count()
     };
     assert_eq!(closed(), 1, "the open session was logged closed");
+    let streams = || async {
+        let (_, text) = fleet.flotilla.request("GET", "/metrics", None, None).await;
+        String::from_utf8_lossy(&text).lines().find_map(|l| {
+            l.strip_prefix("flotilla_docker_streams_open ")?
+                .parse::<i64>()
+                .ok()
+        })
+    };
+    assert_eq!(streams().await, Some(1), "the open session's stream");
     assert_eq!(job.stage(&["cleanup"]).code, 0);
     let ended = poll::until(
         "the open session to be cut",
@@ -1125,6 +1134,7 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
         || fleet.flotilla.log(),
     )
     .await;
+    assert_eq!(streams().await, Some(0), "the cut stream is counted out");
 
     // No lease, no terminal.
     let out = job.stage(&["terminal", "610"]);
