@@ -68,6 +68,20 @@ async fn an_instance_is_ready_only_after_its_ready_command_finished() {
         pool.key.clone(),
         settings(Some(command), Duration::from_secs(30)),
     ));
+    let handle = one_slot_pool(Arc::new(one_machine(&sshd)), readiness);
+    let start = Instant::now();
+    let lease = handle.reserve().expect("reserve");
+    let binding = handle.acquire(lease).await.expect("acquire");
+    assert_eq!(binding.instance, "m1");
+    assert!(marker.exists(), "ready before the ready command finished");
+    assert!(start.elapsed() >= Duration::from_secs(2));
+}
+
+/// A pool of one slot on one machine, updated every 200 ms, whose acquires wait up to 30 s.
+fn one_slot_pool(
+    provider: Arc<dyn flotilla_provider::Provider>,
+    readiness: Arc<Connector>,
+) -> Arc<PoolHandle> {
     let clock = Arc::new(SystemClock);
     let config = ScalerConfig {
         capacity_per_instance: 1,
@@ -81,20 +95,7 @@ async fn an_instance_is_ready_only_after_its_ready_command_finished() {
         Vec::new(),
         flotilla_scaler::Clock::now(clock.as_ref()),
     );
-    let handle = PoolHandle::spawn(
-        "p".into(),
-        core,
-        Arc::new(one_machine(&sshd)),
-        clock,
-        readiness,
-        None,
-    );
-    let start = Instant::now();
-    let lease = handle.reserve().expect("reserve");
-    let binding = handle.acquire(lease).await.expect("acquire");
-    assert_eq!(binding.instance, "m1");
-    assert!(marker.exists(), "ready before the ready command finished");
-    assert!(start.elapsed() >= Duration::from_secs(2));
+    PoolHandle::spawn("p".into(), core, provider, clock, readiness, None)
 }
 
 /// Loopback machines that count the plugin's `connect-info` calls.
@@ -152,21 +153,8 @@ async fn a_booting_machine_is_tried_again_without_asking_the_plugin_again() {
         pool.key.clone(),
         settings(Some(command), Duration::from_secs(30)),
     ));
-    let clock = Arc::new(SystemClock);
-    let config = ScalerConfig {
-        capacity_per_instance: 1,
-        max_instances: 1,
-        update_interval_ms: 200,
-        instance_acquire_timeout_ms: 30_000,
-        ..ScalerConfig::default()
-    };
-    let core = PoolCore::new(
-        config,
-        Vec::new(),
-        flotilla_scaler::Clock::now(clock.as_ref()),
-    );
     let provider = Arc::new(Counting(one_machine(&sshd), Default::default()));
-    let handle = PoolHandle::spawn("p".into(), core, provider.clone(), clock, readiness, None);
+    let handle = one_slot_pool(provider.clone(), readiness);
     poll::until_true(
         "the ready command to fail twice",
         Duration::from_secs(20),

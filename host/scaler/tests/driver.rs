@@ -29,28 +29,7 @@ async fn one_slot(timeout_ms: u64) -> Arc<PoolHandle> {
 
 /// The same, with a lease TTL.
 async fn one_slot_with(timeout_ms: u64, lease_ttl_ms: Option<u64>) -> Arc<PoolHandle> {
-    let cfg = ScalerConfig {
-        lease_ttl_ms,
-        capacity_per_instance: 1,
-        // Reservations may exceed the one slot; the cloud grants no second machine.
-        max_instances: 8,
-        instance_acquire_timeout_ms: timeout_ms,
-        ..ScalerConfig::default()
-    };
-    let policy = Policy::new(vec!["* * * * *".into()], "UTC", 0, 3_600_000, 0.0, 0, false)
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    let clock = Arc::new(SystemClock);
-    let mut core = PoolCore::new(cfg, vec![policy], clock.now());
-    let provider = Fixed(1);
-    core.set_provider_info(&provider.init("").await.unwrap());
-    let pool = PoolHandle::spawn(
-        "p".into(),
-        core,
-        Arc::new(provider),
-        clock,
-        Arc::new(AlwaysReady),
-        None,
-    );
+    let pool = spawn("p", timeout_ms, lease_ttl_ms, Vec::new()).await;
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let changed = pool.changed();
@@ -63,6 +42,39 @@ async fn one_slot_with(timeout_ms: u64, lease_ttl_ms: Option<u64>) -> Arc<PoolHa
     .await
     .unwrap_or_else(|_| panic!("the machine never became ready: {:?}", pool.snapshot()));
     pool
+}
+
+/// A pool named `name` of one machine with one slot, its journal having held `restored`;
+/// not waited for.
+async fn spawn(
+    name: &str,
+    timeout_ms: u64,
+    lease_ttl_ms: Option<u64>,
+    restored: Vec<flotilla_scaler::Lease>,
+) -> Arc<PoolHandle> {
+    let cfg = ScalerConfig {
+        lease_ttl_ms,
+        capacity_per_instance: 1,
+        // Reservations may exceed the one slot; the cloud grants no second machine.
+        max_instances: 8,
+        instance_acquire_timeout_ms: timeout_ms,
+        ..ScalerConfig::default()
+    };
+    let policy = Policy::new(vec!["* * * * *".into()], "UTC", 0, 3_600_000, 0.0, 0, false)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let clock = Arc::new(SystemClock);
+    let mut core = PoolCore::new(cfg, vec![policy], clock.now());
+    core.restore(clock.now(), restored, Default::default());
+    let provider = Fixed(1);
+    core.set_provider_info(&provider.init("").await.unwrap());
+    PoolHandle::spawn(
+        name.into(),
+        core,
+        Arc::new(provider),
+        clock,
+        Arc::new(AlwaysReady),
+        None,
+    )
 }
 
 /// Waits until `n` acquires are queued.
@@ -222,31 +234,6 @@ async fn a_queued_acquire_learns_soon_that_its_lease_expired() {
     assert_eq!(pool.waiting(), 0);
 }
 
-/// A one-slot pool named `name`, its journal having held `restored`; not waited for.
-async fn named(name: &str, restored: Vec<flotilla_scaler::Lease>) -> Arc<PoolHandle> {
-    let cfg = ScalerConfig {
-        capacity_per_instance: 1,
-        max_instances: 8,
-        instance_acquire_timeout_ms: 60_000,
-        ..ScalerConfig::default()
-    };
-    let policy = Policy::new(vec!["* * * * *".into()], "UTC", 0, 3_600_000, 0.0, 0, false)
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    let clock = Arc::new(SystemClock);
-    let mut core = PoolCore::new(cfg, vec![policy], clock.now());
-    core.restore(clock.now(), restored, Default::default());
-    let provider = Fixed(1);
-    core.set_provider_info(&provider.init("").await.unwrap());
-    PoolHandle::spawn(
-        name.into(),
-        core,
-        Arc::new(provider),
-        clock,
-        Arc::new(AlwaysReady),
-        None,
-    )
-}
-
 /// A reservation handed to the fallback keeps its id, labels and tenant; the acquire queued
 /// for it in the first pool learns at once that it is gone there, and the fallback binds it.
 #[tokio::test]
@@ -310,8 +297,8 @@ async fn a_reservation_found_in_both_pools_after_a_restart_stays_in_the_first() 
         tenant: None,
         handed_from: handed_from.map(str::to_string),
     };
-    let first = named("spot", vec![lease(None)]).await;
-    let fallback = named("on-demand", vec![lease(Some("spot"))]).await;
+    let first = spawn("spot", 60_000, None, vec![lease(None)]).await;
+    let fallback = spawn("on-demand", 60_000, None, vec![lease(Some("spot"))]).await;
     assert_eq!(fallback.drop_handed_twice(&first), vec![7]);
     assert_eq!(state(&first, 7), Some(LeaseState::Reserved));
     assert_eq!(state(&fallback, 7), None);
