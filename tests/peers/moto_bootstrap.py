@@ -13,6 +13,7 @@ usage: moto_bootstrap.py ENDPOINT [MAX_SIZE]
        moto_bootstrap.py ENDPOINT --delete-group ADMIN_KEY ADMIN_SECRET GROUP   (force-delete it)
        moto_bootstrap.py ENDPOINT --create-group ADMIN_KEY ADMIN_SECRET GROUP MAX   (create it again)
        moto_bootstrap.py ENDPOINT --terminate ADMIN_KEY ADMIN_SECRET INSTANCE_ID   (terminate it in EC2)
+       moto_bootstrap.py ENDPOINT --unhealthy ADMIN_KEY ADMIN_SECRET INSTANCE_ID   (Auto Scaling marks it Unhealthy)
        moto_bootstrap.py ENDPOINT --allow-unsigned N   (let the next N unsigned calls through)
        moto_bootstrap.py ENDPOINT --assume-role ROLE_ARN  (print temporary keys for the role)
 """
@@ -73,6 +74,10 @@ def main():
     if len(sys.argv) > 2 and sys.argv[2] == "--delete-group":
         key, secret, group = sys.argv[3:6]
         client(endpoint, "autoscaling", key, secret).delete_auto_scaling_group(AutoScalingGroupName=group, ForceDelete=True)
+        return
+    if len(sys.argv) > 2 and sys.argv[2] == "--unhealthy":
+        key, secret, instance = sys.argv[3:6]
+        client(endpoint, "autoscaling", key, secret).set_instance_health(InstanceId=instance, HealthStatus="Unhealthy")
         return
     if len(sys.argv) > 2 and sys.argv[2] == "--terminate":
         key, secret, instance = sys.argv[3:6]

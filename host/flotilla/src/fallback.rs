@@ -12,6 +12,9 @@ use crate::api::AppState;
 /// How often a pair is looked at when nothing wakes it (a pool change wakes it at once).
 const TICK: Duration = Duration::from_secs(1);
 
+/// How often the same refusal of the fallback is logged again.
+const REPEAT_EVERY: Duration = Duration::from_secs(60);
+
 /// One steward per pool that names a fallback; their tasks, to abort at the drain.
 pub fn spawn_stewards(
     pools: &[crate::config::Pool],
@@ -32,6 +35,9 @@ pub fn spawn_stewards(
 pub async fn steward(state: Arc<AppState>, pool: String, fallback: String) {
     let mut checked_twice = false;
     let mut was_blocked = false;
+    // A full fallback refuses at every tick: said again only when the refusal changes, or
+    // once a minute.
+    let mut said: Option<(String, std::time::Instant)> = None;
     loop {
         let (Ok(first), Ok(second)) = (state.pools.get(&pool), state.pools.get(&fallback)) else {
             tokio::time::sleep(TICK).await;
@@ -65,7 +71,14 @@ pub async fn steward(state: Arc<AppState>, pool: String, fallback: String) {
             tracing::info!(pool = %pool, fallback = %fallback, leases = ?handed, "reservations handed to the fallback pool");
         }
         if let Some(e) = stopped {
-            tracing::warn!(pool = %pool, fallback = %fallback, "the fallback pool took no more reservations: {e}");
+            let e = e.to_string();
+            let again = said
+                .as_ref()
+                .is_none_or(|(last, at)| *last != e || at.elapsed() >= REPEAT_EVERY);
+            if again {
+                tracing::warn!(pool = %pool, fallback = %fallback, "the fallback pool took no more reservations: {e}");
+                said = Some((e, std::time::Instant::now()));
+            }
         }
         // A change that came while looking is seen at the next tick at the latest.
         let _ = tokio::time::timeout(TICK, first.handle.changed()).await;

@@ -658,3 +658,29 @@ async fn warm_pool_instances_are_not_failed_nor_counted() {
     assert_eq!(must(p.increase(1)).await, 1);
     assert_eq!(moto.desired(), 3);
 }
+
+/// An instance Auto Scaling marks Unhealthy (as it does when EC2 interrupts a Spot Instance)
+/// is failed at the next update, with a cause that names a Spot interruption, so the host
+/// takes it out of service and its job fails as a system failure.
+#[tokio::test(flavor = "current_thread")]
+async fn an_instance_auto_scaling_marks_unhealthy_is_failed_as_interrupted() {
+    let moto = Moto::start();
+    let p = moto.provider(None);
+    must(p.init(&moto.settings())).await;
+    assert_eq!(must(p.increase(1)).await, 1);
+    let id = poll::until("a running instance", Duration::from_secs(20), || async {
+        let list = must(p.update()).await.instances;
+        match list.iter().find(|i| i.state == InstanceState::Running) {
+            Some(i) => Ok(i.id.clone()),
+            None => Err(format!("{list:?}")),
+        }
+    })
+    .await;
+    moto.unhealthy(&id);
+    let list = must(p.update()).await.instances;
+    let state = list.iter().find(|i| i.id == id).map(|i| i.state.clone());
+    assert!(
+        matches!(&state, Some(InstanceState::Failed(why)) if why.contains("Unhealthy") && why.contains("Spot")),
+        "{list:?}"
+    );
+}

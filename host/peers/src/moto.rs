@@ -213,6 +213,13 @@ impl Moto {
         python(&[&self.endpoint, "--terminate", &k, &s, instance]);
     }
 
+    /// Auto Scaling marks an instance Unhealthy, as it does when EC2 interrupts a Spot
+    /// Instance or a health check fails.
+    pub fn unhealthy(&self, instance: &str) {
+        let (k, s) = self.key("admin");
+        python(&[&self.endpoint, "--unhealthy", &k, &s, instance]);
+    }
+
     /// An operator creates the group again under the same name, empty.
     pub fn create_group(&self, max_size: u32) {
         let (k, s) = self.key("admin");
