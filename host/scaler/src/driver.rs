@@ -682,16 +682,24 @@ impl PoolHandle {
                 return Err(LeaseError::NotDurable(e));
             }
         }
-        to.kick();
         let moved = self
             .journal_remove(&core, id, |_| Ok(()))
             .and_then(|()| core.unreserve(id));
+        if let Err(e) = moved {
+            // This pool could not forget it: it stays here, and `to` gives its copy up.
+            let mut theirs = to.core();
+            if to.journal_remove(&theirs, id, |_| Ok(())).is_ok() {
+                let _ = theirs.unreserve(id);
+            }
+            return Err(e);
+        }
         drop(core);
+        to.kick();
         for waiter in self.waiters().take_lease(id) {
             let _ = waiter.answer(Err(LeaseError::UnknownLease(id)));
         }
         self.kick();
-        moved
+        Ok(())
     }
 
     /// Why the pool cannot grow now, while it counts as unable to (see

@@ -305,3 +305,67 @@ async fn a_reservation_found_in_both_pools_after_a_restart_stays_in_the_first() 
     // Once settled, nothing more is dropped.
     assert!(fallback.drop_handed_twice(&first).is_empty());
 }
+
+/// A journal that writes leases but cannot remove them (a full disk, say).
+struct Unforgetting;
+
+impl flotilla_scaler::LeaseJournal for Unforgetting {
+    fn save(
+        &self,
+        _: &flotilla_scaler::Lease,
+        _: Option<(&str, u32)>,
+    ) -> Result<(), flotilla_scaler::JournalError> {
+        Ok(())
+    }
+    fn remove(&self, _: u64) -> Result<(), flotilla_scaler::JournalError> {
+        Err(flotilla_scaler::JournalError::new(std::io::Error::other(
+            "no space left on device",
+        )))
+    }
+    fn forget_instance(&self, _: &str) -> Result<(), flotilla_scaler::JournalError> {
+        Ok(())
+    }
+}
+
+/// A hand-over the first pool cannot make durable (its journal cannot forget the lease) is
+/// undone: the reservation stays in the first pool, the fallback gives its copy up, and the
+/// acquire waiting for it keeps waiting.
+#[tokio::test]
+async fn a_hand_over_the_first_pool_cannot_write_is_undone() {
+    let cfg = ScalerConfig {
+        capacity_per_instance: 1,
+        max_instances: 8,
+        instance_acquire_timeout_ms: 60_000,
+        ..ScalerConfig::default()
+    };
+    let clock = Arc::new(SystemClock);
+    let mut core = PoolCore::new(cfg, Vec::new(), clock.now());
+    let provider = Fixed(0);
+    core.set_provider_info(&provider.init("").await.unwrap());
+    let first = PoolHandle::spawn_journaled(
+        "spot".into(),
+        core,
+        Arc::new(provider),
+        clock,
+        Arc::new(AlwaysReady),
+        None,
+        Some(Arc::new(Unforgetting)),
+    );
+    let fallback = spawn("on-demand", 60_000, None, Vec::new()).await;
+    let waiting = first.reserve().unwrap();
+    let p = first.clone();
+    let queued = tokio::spawn(async move { p.acquire(waiting).await });
+    until_waiting(&first, 1).await;
+
+    let refused = first.hand_over(waiting, &fallback).unwrap_err();
+    assert!(
+        matches!(refused, flotilla_scaler::LeaseError::NotDurable(_)),
+        "{refused:?}"
+    );
+    assert_eq!(state(&first, waiting), Some(LeaseState::Reserved));
+    assert_eq!(state(&fallback, waiting), None);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!queued.is_finished(), "the queued acquire was answered");
+    assert_eq!(first.waiting(), 1);
+    queued.abort();
+}
