@@ -44,6 +44,8 @@ pub async fn steward(state: Arc<AppState>, pool: String, fallback: String) {
             continue;
         };
         if !checked_twice {
+            // The series exists from the start, at 0, for dashboards and rate().
+            state.metrics.handed_over(&pool, &fallback, 0);
             // A crash between the two journal writes of a hand-over leaves it in both pools.
             let dropped = second.handle.drop_handed_twice(&first.handle);
             if !dropped.is_empty() {

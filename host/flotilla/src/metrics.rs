@@ -472,8 +472,10 @@ impl Metrics {
             .set(i64::from(cannot));
     }
 
-    /// Handles for one pool.
+    /// Handles for one pool (its acquired-leases series starts at 0, so a dashboard sees a
+    /// pool that served nothing yet).
     pub fn pool(&self, pool: &str, plugin: &str) -> PoolMetrics {
+        self.leases_acquired.with_label_values(&[pool]);
         PoolMetrics {
             m: self.clone(),
             pool: pool.to_string(),

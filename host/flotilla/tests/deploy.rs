@@ -54,6 +54,7 @@ name = "faulty"
 plugin = "{misbehave}"
 max_instances = 1
 update_interval = "1s"
+fallback = "ci"
 [pool.plugin_config]
 on = {{ update = "trap" }}
 [pool.limits]
