@@ -218,7 +218,9 @@ fn handed(p: &PoolHandle, id: u64, from: &str) -> bool {
 /// name, for messages, logs and metrics.
 fn holder(state: &AppState, name: &str, id: u64) -> Result<(String, Arc<RunningPool>), ApiError> {
     let first = running(state, name)?;
-    if first.handle.with_core(|c| c.lease(id).is_none())
+    // A pool without a fallback takes no second look (and no second lock) per request.
+    if first.fallback.is_some()
+        && first.handle.with_core(|c| c.lease(id).is_none())
         && let Some((fallback, p)) = fallback_of(state, &first)
         && handed(&p.handle, id, name)
     {

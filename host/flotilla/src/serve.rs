@@ -340,24 +340,33 @@ mod tests {
         text
     }
 
+    /// `router` served on a loopback port with `limits`; its address, and what stops it.
+    async fn serving(
+        router: axum::Router,
+        limits: Limits,
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, router, limits, None, async {
+            let _ = stopped.await;
+        }));
+        (addr, stop)
+    }
+
     /// A connection past `max_connections` gets 503 `too_many_requests` with `Retry-After`
     /// at once, not a place in the backlog; once the slot is free, connections are served.
     #[tokio::test]
     async fn a_connection_past_the_bound_is_refused_at_once() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let router = axum::Router::new().route("/", axum::routing::get(|| async { "served" }));
         let limits = Limits {
             max_connections: 1,
             ..Limits::default()
         };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve(listener, router, limits, None, async {
-            let _ = stopped.await;
-        }));
+        let (addr, stop) = serving(router, limits).await;
         // The first connection holds the one slot: kept alive after its answer.
         let mut held = tokio::net::TcpStream::connect(addr).await.expect("connect");
         held.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -395,10 +404,6 @@ mod tests {
     #[tokio::test]
     async fn long_polls_have_their_own_bound() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let release = Arc::new(tokio::sync::Notify::new());
         let waiting = release.clone();
         let poll = move |connection: axum::Extension<Connection>| {
@@ -423,10 +428,7 @@ mod tests {
             max_long_polls: 1,
             ..Limits::default()
         };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve(listener, router, limits, None, async {
-            let _ = stopped.await;
-        }));
+        let (addr, stop) = serving(router, limits).await;
         let send = |path: &'static str| async move {
             let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
             c.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
