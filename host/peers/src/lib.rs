@@ -20,6 +20,7 @@
 pub mod azure_cloud;
 pub mod cache_stores;
 pub mod dockerd;
+pub mod fake_engine;
 pub mod gcp_cloud;
 pub mod gitlab;
 pub mod helper_image;

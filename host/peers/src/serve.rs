@@ -74,6 +74,7 @@ where
         // A client that hangs up mid-request ends only its own connection.
         let _ = hyper::server::conn::http1::Builder::new()
             .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades()
             .await;
     });
 }

@@ -12,6 +12,8 @@ pub struct Sshd {
     pub dir: tempfile::TempDir,
     pub port: u16,
     extra: String,
+    /// A socket of this machine's own, bound over a path every machine shares: `(own, at)`.
+    engine: Option<(PathBuf, PathBuf)>,
 }
 
 fn free_port() -> u16 {
@@ -39,6 +41,21 @@ impl Sshd {
 
     /// A machine whose `sshd_config` also has `extra` (e.g. `MaxSessions 2\n`).
     pub fn start_with(authorized_key: &str, extra: &str) -> Sshd {
+        Sshd::start_full(authorized_key, extra, None)
+    }
+
+    /// A machine whose sessions see the socket `own` at the path `at` (in a mount namespace of
+    /// its own, root only), so machines configured with one engine path each reach an engine
+    /// of their own, as real machines do.
+    pub fn start_with_engine(authorized_key: &str, own: &Path, at: &Path) -> Sshd {
+        Sshd::start_full(
+            authorized_key,
+            "",
+            Some((own.to_path_buf(), at.to_path_buf())),
+        )
+    }
+
+    fn start_full(authorized_key: &str, extra: &str, engine: Option<(PathBuf, PathBuf)>) -> Sshd {
         let dir = tempfile::tempdir().expect("sshd dir");
         std::fs::create_dir_all("/run/sshd").expect("the privilege separation directory");
         std::fs::write(
@@ -50,6 +67,7 @@ impl Sshd {
             dir,
             port: free_port(),
             extra: extra.to_string(),
+            engine,
         };
         sshd.new_host_key();
         sshd.launch();
@@ -87,11 +105,25 @@ impl Sshd {
             extra = self.extra,
         );
         std::fs::write(self.path("sshd_config"), config).expect("sshd_config");
-        run(Command::new("/usr/sbin/sshd")
-            .arg("-f")
-            .arg(self.path("sshd_config"))
-            .arg("-E")
-            .arg(self.path("sshd.log")));
+        match &self.engine {
+            None => run(Command::new("/usr/sbin/sshd")
+                .arg("-f")
+                .arg(self.path("sshd_config"))
+                .arg("-E")
+                .arg(self.path("sshd.log"))),
+            Some((own, at)) => {
+                if !at.exists() {
+                    std::fs::write(at, b"").expect("the shared socket path");
+                }
+                run(Command::new("unshare")
+                    .args(["--mount", "--propagation", "private", "sh", "-c"])
+                    .arg("mount --bind \"$0\" \"$1\" && exec /usr/sbin/sshd -f \"$2\" -E \"$3\"")
+                    .arg(own)
+                    .arg(at)
+                    .arg(self.path("sshd_config"))
+                    .arg(self.path("sshd.log")));
+            }
+        }
         poll::until_blocking("sshd to start", Duration::from_secs(10), || {
             std::net::TcpStream::connect(("127.0.0.1", self.port))
                 .map_err(|e| format!("{e}\n{}", self.log()))
