@@ -1142,3 +1142,40 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
     assert!(out.stderr.contains("job 610 has no lease"), "{out:?}");
     fleet.assert_clean().await;
 }
+
+/// The load harness end to end, small: twelve jobs at once, each stage a real `flotilla
+/// gitlab` process in the runner's order, against a real `flotilla run`, two sshd machines and
+/// the fake engine. Every stage ends 0, the engine is left empty and the pool without leases,
+/// every job's four stage runs reached the engine, the server's acquire latencies come from
+/// its own histogram, and a driver process runs on one thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_run_drives_every_stage_of_every_job_through_the_real_binary() {
+    use flotilla_harness::load::{self, Engine, Options};
+    let mut o = Options::new(
+        std::path::Path::new(env!("CARGO_BIN_EXE_flotilla")),
+        12,
+        Engine::Fake,
+    );
+    o.machines = 2;
+    o.capacity = 6;
+    o.script_time = Duration::from_secs(1);
+    let report = load::run(&o).await;
+    let text = report.markdown();
+    assert!(report.errors.is_empty(), "{text}");
+    assert_eq!(report.engine_stage_runs, Some(12 * 4), "{text}");
+    assert_eq!(report.drivers.processes, 12 * 7, "{text}");
+    let acquire = report
+        .routes
+        .iter()
+        .find(|(route, _, _)| route == "POST /v1/pools/{pool}/leases/{id}/acquire")
+        .unwrap_or_else(|| panic!("no acquire route in\n{text}"));
+    assert_eq!(acquire.1, 12, "{text}");
+    assert!(report.to_first_byte.p50 >= report.prepare.p50, "{text}");
+    assert!(report.to_first_byte.p99 > Duration::ZERO, "{text}");
+    assert!(report.overhead.p50 > Duration::ZERO, "{text}");
+    assert_eq!(report.drivers.max_threads, 1, "{text}");
+    assert!(
+        report.host.peak_rss > 0 && report.drivers.max_rss > 0,
+        "{text}"
+    );
+}

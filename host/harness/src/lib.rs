@@ -16,6 +16,7 @@
 #![allow(dead_code)]
 
 pub mod clouds;
+pub mod load;
 pub mod machines;
 pub mod pool;
 

@@ -1,0 +1,71 @@
+//! The load harness's command line: N synthetic GitLab jobs, each run stage by stage through
+//! this build's `flotilla gitlab`, against this build's `flotilla run` (see
+//! `flotilla_harness::load`). It prints one Markdown report per run; `docs/scaling-out.md`
+//! holds the figures.
+//!
+//! ```text
+//! cargo bench -p flotilla --bench load -- [--jobs N]... [--engine dockerd|fake]
+//!     [--poisson RATE] [--machines M] [--capacity C] [--script-time SECONDS]
+//! ```
+//!
+//! Several `--jobs` run one after another, each on fresh machines, engine and host. A real
+//! `dockerd` needs root; the fake engine does not.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // bench code
+
+use std::time::Duration;
+
+use flotilla_harness::load::{self, Arrivals, Engine, Options};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |name: &str| -> Vec<String> {
+        args.windows(2)
+            .filter(|w| w[0] == name)
+            .map(|w| w[1].clone())
+            .collect()
+    };
+    let one = |name: &str| value(name).pop();
+    let jobs: Vec<usize> = value("--jobs")
+        .iter()
+        .map(|j| j.parse().expect("--jobs N"))
+        .collect();
+    let jobs = if jobs.is_empty() { vec![10] } else { jobs };
+    let engine = match one("--engine").as_deref() {
+        Some("dockerd") => Engine::Dockerd,
+        None | Some("fake") => Engine::Fake,
+        Some(other) => panic!("--engine dockerd or fake, not {other}"),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    for n in jobs {
+        let mut o = Options::new(
+            std::path::Path::new(env!("CARGO_BIN_EXE_flotilla")),
+            n,
+            engine,
+        );
+        if let Some(rate) = one("--poisson") {
+            o.arrivals = Arrivals::Poisson(rate.parse().expect("--poisson RATE"));
+        }
+        if let Some(m) = one("--machines") {
+            o.machines = m.parse().expect("--machines M");
+            o.capacity = u32::try_from(n.div_ceil(o.machines))
+                .expect("capacity")
+                .max(1);
+        }
+        if let Some(c) = one("--capacity") {
+            o.capacity = c.parse().expect("--capacity C");
+        }
+        if let Some(s) = one("--script-time") {
+            o.script_time = Duration::from_secs_f64(s.parse().expect("--script-time SECONDS"));
+        }
+        let report = rt.block_on(load::run(&o));
+        println!("{}", report.markdown());
+    }
+}
