@@ -45,14 +45,33 @@ fn init_logging(json: bool, quiet: bool) {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    let driver = matches!(cli.command, Command::Gitlab(_));
     init_logging(
         cli.log_json,
-        matches!(cli.command, Command::Gitlab(_) | Command::Config(_)),
+        driver || matches!(cli.command, Command::Config(_)),
     );
-    match cli.command.run().await {
+    // A GitLab stage is one job's short process, and a runner manager starts hundreds of them
+    // at once: one thread each, not one per core (the host's server keeps the multi-threaded
+    // runtime).
+    let runtime = if driver {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(cli.command.run()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<ExitWith>().is_some() => {
             ExitCode::from(e.downcast_ref::<ExitWith>().map_or(1, |c| c.0))

@@ -74,15 +74,37 @@ where
         match attempt().await {
             Err(StepError::HostDown(why)) => {
                 cuts += 1;
+                // Still the host's, never the instance's: a caller must not report the
+                // machine broken because flotilla could not be reached or was overloaded.
                 if cuts > MAX_CUTS {
-                    return Err(StepError::Failed(format!("{why} ({cuts} times in a row)")));
+                    return Err(StepError::HostDown(format!(
+                        "{why} ({cuts} times in a row)"
+                    )));
                 }
                 say(&format!("flotilla: {why}; waiting for the host..."));
+                if cuts > 1 {
+                    // A host that answers at once but cannot serve (past its connection bound,
+                    // say) is not asked again at once by a thousand drivers.
+                    tokio::time::sleep(backoff(cuts)).await;
+                }
                 lease::acquired(api, job, patience).await?;
             }
             done => return done,
         }
     }
+}
+
+/// The wait before the `cuts`th try in a row: 100 ms doubling to 5 s, each spread over half
+/// to all of it, so drivers cut together do not come back together.
+pub(crate) fn backoff(cuts: u32) -> Duration {
+    let full = Duration::from_millis(100)
+        .saturating_mul(1 << cuts.saturating_sub(2).min(6))
+        .min(Duration::from_secs(5));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let spread = f64::from(nanos % 1000) / 2000.0;
+    full.mul_f64(0.5 + spread)
 }
 
 /// Follows `run` until its script ends: a follow the stream cut is taken again from the byte
@@ -356,5 +378,21 @@ async fn sweep_on<P: Place>(
         Ok(()) => Ok(None),
         Err(StepError::Failed(why)) => Ok(Some(why)),
         Err(StepError::HostDown(why)) => Err(why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_after_a_cut_grows_to_a_cap_and_is_spread() {
+        for cuts in 2..40 {
+            let full =
+                Duration::from_millis(100 * (1 << (cuts - 2).min(6))).min(Duration::from_secs(5));
+            let w = backoff(cuts);
+            assert!(w >= full / 2 && w <= full, "cut {cuts}: {w:?} of {full:?}");
+        }
+        assert!(backoff(30) >= Duration::from_millis(2500));
     }
 }
