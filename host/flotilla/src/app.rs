@@ -188,7 +188,7 @@ async fn start_pool(
 /// Raises the soft limit of open files to the hard one: every job's Docker streams, long polls
 /// and SSH channels are descriptors, and distributions start services at a soft 1024 that a
 /// hundred jobs pass. A hard limit the operator set stays the bound.
-fn raise_open_file_limit() {
+fn raise_open_file_limit() -> Option<u64> {
     #[cfg(unix)]
     {
         use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
@@ -202,11 +202,14 @@ fn raise_open_file_limit() {
                     maximum: limit.maximum,
                 };
                 match setrlimit(Resource::Nofile, raised) {
-                    Ok(()) => tracing::info!(
-                        from = current,
-                        to = target,
-                        "open-file limit raised to the hard limit"
-                    ),
+                    Ok(()) => {
+                        tracing::info!(
+                            from = current,
+                            to = target,
+                            "open-file limit raised to the hard limit"
+                        );
+                        return Some(target);
+                    }
                     Err(e) => tracing::warn!(
                         current,
                         hard = target,
@@ -216,7 +219,10 @@ fn raise_open_file_limit() {
             }
             _ => {}
         }
+        getrlimit(Resource::Nofile).current
     }
+    #[cfg(not(unix))]
+    None
 }
 
 fn mtime(path: &Path) -> Option<SystemTime> {
@@ -462,8 +468,25 @@ const PLUGIN_SHUTDOWN_ALLOWANCE: Duration = Duration::from_secs(15);
 /// start concurrently, so `/healthz`, `/readyz` and `/v1/pools` answer (and say which pools
 /// are still starting) while plugins compile and initialise.
 pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
-    raise_open_file_limit();
-    let Built { cfg, ctx, state } = build(&config_path).await?;
+    let open_files = raise_open_file_limit();
+    let Built {
+        mut cfg,
+        ctx,
+        state,
+    } = build(&config_path).await?;
+    if let Some(open_files) = open_files {
+        let within = cfg.limits.within_open_files(open_files);
+        if within != cfg.limits {
+            tracing::warn!(
+                open_files,
+                max_connections = within.max_connections,
+                max_unauthenticated_connections = within.max_unauthenticated,
+                "the connection bounds are lowered to fit the open-file limit (raise it with \
+                 `ulimit -n` or the container's nofile limit to serve more at once)"
+            );
+            cfg.limits = within;
+        }
+    }
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;

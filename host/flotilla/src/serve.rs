@@ -47,11 +47,30 @@ pub struct Limits {
     pub max_streams: usize,
 }
 
+impl Limits {
+    /// These bounds within a process that may open `open_files` descriptors: connections
+    /// take at most three quarters of them (the rest are the journal, plugins, SSH sessions and
+    /// engine streams), and unauthenticated ones a quarter of those, so a flood of idle
+    /// connections is pushed out before it runs the process out of descriptors and a
+    /// newcomer can still be accepted.
+    pub fn within_open_files(self, open_files: u64) -> Limits {
+        let cap = usize::try_from(open_files.saturating_mul(3) / 4)
+            .unwrap_or(usize::MAX)
+            .max(16);
+        let max_connections = self.max_connections.min(cap);
+        Limits {
+            max_connections,
+            max_unauthenticated: self.max_unauthenticated.min((max_connections / 4).max(1)),
+            ..self
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_connections: 512,
-            max_unauthenticated: 64,
+            max_connections: 4096,
+            max_unauthenticated: 1024,
             header_read_timeout: Duration::from_secs(10),
             max_long_polls: 4096,
             max_streams: 2048,
@@ -276,7 +295,7 @@ pub async fn serve(
 }
 
 /// Connections being refused at once (past `max_connections`).
-const MAX_REFUSING: usize = 64;
+const MAX_REFUSING: usize = 256;
 
 /// How long a refused connection may take to send its request's head.
 const REFUSAL_READ: Duration = Duration::from_secs(1);
@@ -480,6 +499,18 @@ mod tests {
         let (answer, _) = read(first).await;
         assert!(answer.contains("bound, closing"), "{answer}");
         let _ = stop.send(());
+    }
+
+    #[test]
+    fn the_bounds_fit_the_open_file_limit_and_are_kept_when_they_do() {
+        let d = Limits::default();
+        assert_eq!(d.within_open_files(1 << 20), d);
+        let small = d.within_open_files(1024);
+        assert_eq!(
+            (small.max_connections, small.max_unauthenticated),
+            (768, 192)
+        );
+        assert_eq!(small.max_long_polls, d.max_long_polls);
     }
 
     #[test]
