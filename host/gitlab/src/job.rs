@@ -205,6 +205,11 @@ pub struct Job {
     /// The runner's short token (`CI_RUNNER_SHORT_TOKEN`), which names the job's builds
     /// volume, so runners sharing a fleet never share a checkout.
     pub runner_short_token: Option<String>,
+    /// The runner's own directory for this job, the one `JOB_RESPONSE_FILE` is in: the
+    /// Custom executor makes it before `config` and removes it after `cleanup`, and runs
+    /// every stage there (`executors/custom/custom.go`). The driver leaves notes for the
+    /// job's later stages in it.
+    pub scratch: Option<PathBuf>,
 }
 
 /// The largest services list taken from the environment.
@@ -329,6 +334,11 @@ impl Job {
             variables: identity.variables,
             runner_version: nonempty("CUSTOM_ENV_CI_RUNNER_VERSION"),
             runner_short_token: nonempty("CUSTOM_ENV_CI_RUNNER_SHORT_TOKEN"),
+            scratch: env
+                .get("JOB_RESPONSE_FILE")
+                .and_then(|f| std::path::Path::new(f).parent())
+                .filter(|d| !d.as_os_str().is_empty())
+                .map(PathBuf::from),
         })
     }
 
@@ -482,9 +492,29 @@ impl Job {
             variables: Vec::new(),
             runner_version: None,
             runner_short_token: None,
+            scratch: None,
         }
     }
+
+    /// Notes that this job's `prepare` finished: everything it made on the instance exists.
+    pub(crate) fn mark_prepared(&self) {
+        if let Some(dir) = &self.scratch {
+            // Best effort: without the note, cleanup only takes longer.
+            let _ = std::fs::write(dir.join(PREPARED), b"");
+        }
+    }
+
+    /// Whether this job's `prepare` finished (so none of its creations can still be in
+    /// flight when `cleanup` sweeps).
+    pub(crate) fn was_prepared(&self) -> bool {
+        self.scratch
+            .as_ref()
+            .is_some_and(|dir| dir.join(PREPARED).is_file())
+    }
 }
+
+/// The note a finished `prepare` leaves in the job's [`Job::scratch`] directory.
+const PREPARED: &str = "flotilla-prepared";
 
 /// `text` as part of a Docker object's or a directory's name: ASCII letters, digits, `-` and
 /// `_` only, at most `max` of them, and `fallback` when nothing is left.
@@ -539,6 +569,28 @@ mod tests {
         assert_eq!((job.id.as_str(), job.project.as_str()), ("4242", "42"));
         assert!(job.protected);
         assert_eq!(job.cache_volume(), "flotilla-cache-project-42-protected");
+    }
+
+    #[test]
+    fn a_finished_prepare_is_noted_beside_the_response_file_for_the_later_stages() {
+        let (dir, path) = response(r#"{"id": 7, "job_info": {"project_id": 1}}"#);
+        let read = || Job::from_env(&env(&[("JOB_RESPONSE_FILE", &path)]), false).expect("job");
+        let job = read();
+        assert_eq!(job.scratch.as_deref(), Some(dir.path()));
+        assert!(!job.was_prepared());
+        job.mark_prepared();
+        // Another stage's process reads the same job again.
+        assert!(read().was_prepared());
+        let loose = Job::from_env(
+            &env(&[
+                ("CUSTOM_ENV_CI_JOB_ID", "8"),
+                ("CUSTOM_ENV_CI_PROJECT_ID", "1"),
+            ]),
+            true,
+        )
+        .expect("job");
+        loose.mark_prepared();
+        assert!(loose.scratch.is_none() && !loose.was_prepared());
     }
 
     #[test]

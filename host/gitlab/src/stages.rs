@@ -174,6 +174,7 @@ async fn prepare_on<P: Place>(
     let pulling = ride(api, job, patience, || place.prepare(&acquired))
         .await
         .map_err(system)?;
+    job.mark_prepared();
     let started = JobStarted {
         prepare_seconds: began.elapsed().as_secs_f64(),
         pull_seconds: pulling.as_secs_f64(),

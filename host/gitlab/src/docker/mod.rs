@@ -62,7 +62,8 @@ const SCRIPT_DIR: &str = "/tmp";
 const PING: Duration = Duration::from_secs(60);
 
 /// How long cleanup waits before its second sweep, so an object whose creation was still in
-/// flight when a killed `prepare` died has landed and is removed too.
+/// flight when a killed `prepare` died has landed and is removed too. A job whose `prepare`
+/// finished (`Job::was_prepared`) has no such object, and no second sweep.
 const SETTLE: Duration = Duration::from_millis(1500);
 
 /// The job's containers on its instance.
@@ -220,6 +221,10 @@ impl Place for DockerPlace {
             Err(_) => return Err(StepError::Failed(format!("{what} within {PING:?}"))),
         }
         sweep::remove_job_objects(&self.docker, &self.job).await?;
+        if self.job.was_prepared() {
+            // Its prepare finished: nothing it made can still be landing.
+            return Ok(());
+        }
         tokio::time::sleep(SETTLE).await;
         sweep::remove_job_objects(&self.docker, &self.job).await
     }
