@@ -64,9 +64,20 @@ pub type Buckets = Vec<(f64, f64)>;
 /// The `flotilla_http_request_duration_seconds` buckets in a `/metrics` text, by
 /// `METHOD route`.
 pub fn route_buckets(metrics: &str) -> BTreeMap<String, Buckets> {
-    let mut out: BTreeMap<String, Buckets> = BTreeMap::new();
+    buckets(
+        metrics,
+        "flotilla_http_request_duration_seconds",
+        &["method", "route"],
+    )
+}
+
+/// The buckets of histogram `metric` in a `/metrics` text, by the values of `keys` joined
+/// with spaces (series that differ only in other labels are summed).
+pub fn buckets(metrics: &str, metric: &str, keys: &[&str]) -> BTreeMap<String, Buckets> {
+    let prefix = format!("{metric}_bucket{{");
+    let mut out: BTreeMap<String, BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("flotilla_http_request_duration_seconds_bucket{") else {
+        let Some(rest) = line.strip_prefix(&prefix) else {
             continue;
         };
         let Some((labels, value)) = rest.rsplit_once("} ") else {
@@ -78,8 +89,11 @@ pub fn route_buckets(metrics: &str) -> BTreeMap<String, Buckets> {
                 .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
                 .map(|v| v.trim_end_matches('"').to_string())
         };
-        let (Some(route), Some(method), Some(le)) = (label("route"), label("method"), label("le"))
-        else {
+        let Some(le) = label("le") else {
+            continue;
+        };
+        let key: Option<Vec<String>> = keys.iter().map(|k| label(k)).collect();
+        let Some(key) = key else {
             continue;
         };
         let le = if le == "+Inf" {
@@ -88,14 +102,20 @@ pub fn route_buckets(metrics: &str) -> BTreeMap<String, Buckets> {
             le.parse().unwrap_or(f64::NAN)
         };
         let count: f64 = value.trim().parse().unwrap_or(0.0);
-        out.entry(format!("{method} {route}"))
+        let entry = out
+            .entry(key.join(" "))
             .or_default()
-            .push((le, count));
+            .entry(le.to_bits())
+            .or_insert((le, 0.0));
+        entry.1 += count;
     }
-    for buckets in out.values_mut() {
-        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    }
-    out
+    out.into_iter()
+        .map(|(k, by)| {
+            let mut v: Buckets = by.into_values().collect();
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (k, v)
+        })
+        .collect()
 }
 
 /// `after - before`, bucket by bucket (the requests made between two scrapes).
@@ -174,6 +194,8 @@ pub struct Report {
     pub to_first_byte: Summary,
     pub overhead: Summary,
     pub routes: Vec<(String, u64, Summary)>,
+    /// Journal commits by outcome: count and percentiles.
+    pub journal: Vec<(String, u64, Summary)>,
     pub host: HostFigures,
     pub drivers: DriverFigures,
     /// Stage runs the fake engine played (`None` on a real engine).
@@ -207,6 +229,13 @@ impl Report {
         );
         for (route, count, summary) in &self.routes {
             let _ = writeln!(s, "| server: `{route}` ({count}) | {} |", summary.cells());
+        }
+        for (outcome, count, summary) in &self.journal {
+            let _ = writeln!(
+                s,
+                "| journal commit, {outcome} ({count}) | {} |",
+                summary.cells()
+            );
         }
         let h = &self.host;
         let d = &self.drivers;
