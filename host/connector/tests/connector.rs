@@ -651,3 +651,56 @@ fn a_docker_tls_key_that_others_can_read_is_refused() {
         "{err:?}"
     );
 }
+
+/// A dropped stream to an engine's socket lets the instance close the SSH channel first: the
+/// host sends EOF and waits, so the engine reads the end of the request stream but may still
+/// answer, and closes the connection itself. (Closing first leaks the channel's state in the
+/// host's session for the session's life: russh ignores the instance's answering close.) With
+/// a channel closed at once, sshd closes the socket both ways, and the engine's late write
+/// fails.
+#[tokio::test]
+async fn a_dropped_engine_stream_half_closes_and_lets_the_instance_close_the_channel() {
+    use flotilla_connector::{HostKeyPolicy, Session, SshOptions, Target};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let keys = tempfile::tempdir().expect("dir");
+    let key = PoolKey::load_or_generate(keys.path(), "close").expect("key");
+    let sshd = Sshd::start(&key.public_openssh());
+    let socket = keys.path().join("engine.sock");
+    let engine = tokio::net::UnixListener::bind(&socket).expect("bind");
+    let target = Target {
+        instance: "m0".into(),
+        host: "127.0.0.1".into(),
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], sshd.port)),
+        port: sshd.port,
+        user: "root".into(),
+    };
+    let options = SshOptions {
+        connect_timeout: Duration::from_secs(10),
+        keepalive_interval: Duration::from_secs(30),
+    };
+    let policy = HostKeyPolicy::Pin(Arc::default());
+    let session = Session::connect(&target, &key, &policy, &options)
+        .await
+        .expect("a session");
+    let mut stream = session
+        .open_unix_socket(socket.to_str().expect("utf-8"))
+        .await
+        .expect("a stream");
+    let (mut server, _) = engine.accept().await.expect("the engine's connection");
+    stream.write_all(b"request").await.expect("write");
+    stream.flush().await.expect("flush");
+    drop(stream);
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), server.read_to_end(&mut got))
+        .await
+        .expect("the engine reads the end of the request")
+        .expect("read");
+    assert_eq!(got, b"request");
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.write_all(b"late answer").await.expect(
+            "the engine's side is still open: the instance closes the channel, not the host",
+        );
+    }
+    drop(server);
+}
