@@ -664,7 +664,7 @@ async fn a_dropped_engine_stream_half_closes_and_lets_the_instance_close_the_cha
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let keys = tempfile::tempdir().expect("dir");
     let key = PoolKey::load_or_generate(keys.path(), "close").expect("key");
-    let sshd = Sshd::start(&key.public_openssh());
+    let sshd = Sshd::start(key.public_openssh());
     let socket = keys.path().join("engine.sock");
     let engine = tokio::net::UnixListener::bind(&socket).expect("bind");
     let target = Target {

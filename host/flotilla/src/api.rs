@@ -229,9 +229,35 @@ fn holder(state: &AppState, name: &str, id: u64) -> Result<(String, Arc<RunningP
     Ok((name.to_string(), first))
 }
 
-fn lease_id(id: &str) -> Result<u64, ApiError> {
-    id.parse()
-        .map_err(|_| ApiError::new(ErrorCode::BadLeaseId, format!("{id:?} is not a lease id")))
+/// A lease route's `{pool}` and `{id}`, the id parsed: a bad one is refused `bad_lease_id`,
+/// as every answer of the API is refused, never with axum's own plain-text rejection.
+struct LeasePath {
+    pool: String,
+    id: u64,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for LeasePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<LeasePath, ApiError> {
+        let Path(params) =
+            Path::<std::collections::HashMap<String, String>>::from_request_parts(parts, state)
+                .await
+                .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+        let (Some(pool), Some(id)) = (params.get("pool"), params.get("id")) else {
+            return Err(ApiError::new(ErrorCode::NotFound, "no such endpoint"));
+        };
+        let id = id.parse().map_err(|_| {
+            ApiError::new(ErrorCode::BadLeaseId, format!("{id:?} is not a lease id"))
+        })?;
+        Ok(LeasePath {
+            pool: pool.clone(),
+            id,
+        })
+    }
 }
 
 async fn pools(State(state): State<Shared>) -> Json<serde_json::Value> {
@@ -426,9 +452,8 @@ async fn list_leases(
 
 async fn get_lease(
     State(state): State<Shared>,
-    Path((name, id)): Path<(String, String)>,
+    LeasePath { pool: name, id }: LeasePath,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let id = lease_id(&id)?;
     let (name, running) = holder(&state, &name, id)?;
     let lease = running
         .handle
@@ -462,7 +487,7 @@ struct DockerHandle {
 /// answer (or closes the connection after the answer when none is free).
 async fn acquire(
     state: State<Shared>,
-    path: Path<(String, String)>,
+    path: LeasePath,
     connection: Option<axum::Extension<crate::serve::Connection>>,
 ) -> Response {
     let parked = match connection.map(|c| c.park()) {
@@ -489,9 +514,8 @@ async fn acquire(
 /// Binds the lease to a slot, waiting up to the pool's `instance_acquire_timeout`.
 async fn bind(
     State(state): State<Shared>,
-    Path((name, id)): Path<(String, String)>,
+    LeasePath { pool: name, id }: LeasePath,
 ) -> Result<Json<Acquired>, ApiError> {
-    let id = lease_id(&id)?;
     let asked = name;
     let (mut name, mut running) = holder(&state, &asked, id)?;
     // A reservation handed to the fallback while its acquire waits: the wait goes on there.
@@ -574,10 +598,9 @@ fn raw_docker_path(uri: &axum::http::Uri) -> Option<String> {
 /// and every stream it opens is cut when the lease ends ([`watch_lease_channels`]).
 async fn docker(
     State(state): State<Shared>,
-    Path((name, id, _)): Path<(String, String, String)>,
+    LeasePath { pool: name, id }: LeasePath,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let id = lease_id(&id)?;
     let (name, running) = holder(&state, &name, id)?;
     let p = &running.handle;
     let instance = acquired_instance(p, id)?;
@@ -871,14 +894,13 @@ const EXEC_BODY_LIMIT: usize = flotilla_api::exec::MAX_STDIN / 3 * 4 + (1 << 20)
 /// input is logged: the input is a job's script, which carries the job's variables.
 async fn exec(
     State(state): State<Shared>,
-    Path((name, id)): Path<(String, String)>,
+    LeasePath { pool: name, id }: LeasePath,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     use base64::Engine as _;
     use flotilla_api::exec::{ExecRequest, ExitFrame, FrameKind, encode};
     use flotilla_connector::ExecEvent;
 
-    let id = lease_id(&id)?;
     let (name, running) = holder(&state, &name, id)?;
     let p = &running.handle;
     let instance = acquired_instance(p, id)?;
@@ -980,10 +1002,9 @@ struct ReleaseBody {
 
 async fn release(
     State(state): State<Shared>,
-    Path((name, id)): Path<(String, String)>,
+    LeasePath { pool: name, id }: LeasePath,
     body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let id = lease_id(&id)?;
     let (name, running) = holder(&state, &name, id)?;
     let p = &running.handle;
     let body: ReleaseBody = parse_body(&body)?;
@@ -1007,9 +1028,8 @@ async fn release(
 /// Renews a lease's TTL (pools with `lease_ttl`): `{"expires_at": <ms since the epoch>}`.
 async fn renew(
     State(state): State<Shared>,
-    Path((name, id)): Path<(String, String)>,
+    LeasePath { pool: name, id }: LeasePath,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let id = lease_id(&id)?;
     let (name, running) = holder(&state, &name, id)?;
     let p = running.handle.clone();
     match p.renew(id)? {
@@ -1039,10 +1059,9 @@ fn seconds(name: &str, v: f64) -> Result<f64, ApiError> {
 /// Only an acquired lease may report.
 async fn report(
     State(state): State<Shared>,
-    Path((name, id)): Path<(String, String)>,
+    LeasePath { pool: name, id }: LeasePath,
     body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let id = lease_id(&id)?;
     let (name, running) = holder(&state, &name, id)?;
     let p = running.handle.clone();
     let body: flotilla_api::ReportRequest = parse_body(&body)?;
@@ -1060,9 +1079,8 @@ async fn report(
 
 async fn unreserve(
     State(state): State<Shared>,
-    Path((name, id)): Path<(String, String)>,
+    LeasePath { pool: name, id }: LeasePath,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let id = lease_id(&id)?;
     let (name, running) = holder(&state, &name, id)?;
     let p = running.handle.clone();
     p.unreserve(id)?;

@@ -174,7 +174,7 @@ async fn sample(shared: Arc<Shared>, pid: u32, stop: Arc<std::sync::atomic::Atom
                 *at = (*at).max(peak);
             }
         }
-        if tick % 4 == 0 {
+        if tick.is_multiple_of(4) {
             let (_, metrics) = get(&shared.metrics, "/metrics").await;
             let h = &mut peaks.host;
             h.max_in_flight = h
