@@ -1179,3 +1179,57 @@ async fn a_load_run_drives_every_stage_of_every_job_through_the_real_binary() {
         "{text}"
     );
 }
+
+/// A `prepare` killed while the engine is still creating the job's containers leaves nothing
+/// once `cleanup` has run: the containers land after the kill, and cleanup's second sweep
+/// (which only a `prepare` that finished lets it skip) removes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepare_killed_mid_creation_leaves_nothing_after_cleanup() {
+    use flotilla_harness::load::{Engine, Fleet, Options};
+    let o = Options::new(
+        std::path::Path::new(env!("CARGO_BIN_EXE_flotilla")),
+        1,
+        Engine::Fake,
+    );
+    let fleet = Fleet::start(&o).await;
+    let engine = &fleet.engines()[0];
+    engine.with_mut(|s| s.create_delay = Duration::from_secs(1));
+    let mut prepare = fleet.spawn_stage(5, &["prepare"]);
+    poll::until("the job's network", Duration::from_secs(30), || async {
+        if engine.with(|s| !s.networks.is_empty()) {
+            Ok(())
+        } else {
+            Err(fleet.log())
+        }
+    })
+    .await;
+    // The containers' creation is asked for right after the network: let it reach the engine.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        engine.with(|s| s.containers.is_empty()),
+        "the creation should still be in flight"
+    );
+    prepare.kill().expect("kill prepare");
+    let _ = prepare.wait();
+    let cleanup = fleet
+        .spawn_stage(5, &["cleanup"])
+        .wait_with_output()
+        .expect("cleanup");
+    assert!(cleanup.status.success(), "{cleanup:?}");
+    poll::until(
+        "the killed creations to land",
+        Duration::from_secs(10),
+        || async {
+            match engine.with(|s| s.created) {
+                2 => Ok(()),
+                n => Err(format!("{n} created")),
+            }
+        },
+    )
+    .await;
+    let left: Vec<String> = engine.with(|s| s.containers.keys().cloned().collect());
+    assert!(
+        left.is_empty(),
+        "left on the engine after cleanup: {left:?}"
+    );
+}

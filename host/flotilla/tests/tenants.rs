@@ -549,7 +549,8 @@ async fn a_flood_of_idle_connections_does_not_keep_api_clients_out() {
     .expect("an authenticated client is answered under the flood");
     assert_eq!(answered.0, 200, "{:?}", answered.1);
     assert!(
-        f.log().contains("the connection bounds are lowered to fit the open-file limit"),
+        f.log()
+            .contains("the connection bounds are lowered to fit the open-file limit"),
         "{}",
         f.log()
     );

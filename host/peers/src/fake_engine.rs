@@ -60,6 +60,9 @@ pub struct EngineState {
     pub unknown: Vec<String>,
     /// Connections open now (a client that never closes one leaks it on the machine too).
     pub open_connections: u64,
+    /// How long a container's creation takes (none by default). It runs to its end even when
+    /// the client goes away, as dockerd's does.
+    pub create_delay: Duration,
     /// The last request of each open connection, by connection.
     pub last_request: BTreeMap<u64, String>,
     next_connection: u64,
@@ -131,6 +134,11 @@ impl FakeEngine {
     /// Reads the state.
     pub fn with<T>(&self, f: impl FnOnce(&EngineState) -> T) -> T {
         f(&self.state.lock().expect("engine state"))
+    }
+
+    /// Changes the state.
+    pub fn with_mut<T>(&self, f: impl FnOnce(&mut EngineState) -> T) -> T {
+        f(&mut self.state.lock().expect("engine state"))
     }
 }
 
@@ -229,6 +237,24 @@ async fn answer(
         .map(|b| b.to_bytes())
         .unwrap_or_default();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let delay = state.lock().expect("engine state").create_delay;
+    if method == hyper::Method::POST
+        && parts.last().is_some_and(|p| p == "create")
+        && parts.iter().rev().nth(1).is_some_and(|p| p == "containers")
+        && !delay.is_zero()
+    {
+        // As dockerd does, the creation runs to its end even when the client goes away.
+        let state = state.clone();
+        let made = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let mut s = state.lock().expect("engine state");
+            s.requests += 1;
+            create_container(&mut s, &query, &body)
+        });
+        return made
+            .await
+            .unwrap_or_else(|_| status(StatusCode::INTERNAL_SERVER_ERROR));
+    }
     let mut s = state.lock().expect("engine state");
     s.requests += 1;
     let p: Vec<&str> = parts.iter().map(String::as_str).collect();
@@ -271,26 +297,7 @@ async fn answer(
                 .collect();
             json_answer(StatusCode::OK, &Value::Array(list))
         }
-        ("POST", ["containers", "create"]) => {
-            let name = query.get("name").cloned().unwrap_or_default();
-            if s.containers.contains_key(&name) {
-                return json_answer(
-                    StatusCode::CONFLICT,
-                    &json!({ "message": format!("Conflict. The container name \"/{name}\" is already in use") }),
-                );
-            }
-            let id = s.new_id();
-            s.created += 1;
-            let labels = labels_of(&body);
-            s.containers.insert(
-                name,
-                Object {
-                    id: id.clone(),
-                    labels,
-                },
-            );
-            json_answer(StatusCode::CREATED, &json!({ "Id": id, "Warnings": [] }))
-        }
+        ("POST", ["containers", "create"]) => create_container(&mut s, &query, &body),
         ("POST", ["containers", name, "start"]) => match s.container(name) {
             Some(_) => status(StatusCode::NO_CONTENT),
             None => missing("container", name),
@@ -454,6 +461,28 @@ async fn answer(
             )
         }
     }
+}
+
+/// `POST /containers/create?name=`: 201 with the new id, or 409 for a name in use.
+fn create_container(s: &mut EngineState, query: &HashMap<String, String>, body: &Value) -> Answer {
+    let name = query.get("name").cloned().unwrap_or_default();
+    if s.containers.contains_key(&name) {
+        return json_answer(
+            StatusCode::CONFLICT,
+            &json!({ "message": format!("Conflict. The container name \"/{name}\" is already in use") }),
+        );
+    }
+    let id = s.new_id();
+    s.created += 1;
+    let labels = labels_of(body);
+    s.containers.insert(
+        name,
+        Object {
+            id: id.clone(),
+            labels,
+        },
+    );
+    json_answer(StatusCode::CREATED, &json!({ "Id": id, "Warnings": [] }))
 }
 
 impl EngineState {

@@ -94,7 +94,8 @@ fn script(stage: &str, script_time: Duration) -> String {
 
 impl Shared {
     /// Runs one stage process of `job` to its end.
-    async fn stage(&self, job: &Path, env: &[(String, String)], args: &[&str]) -> Stage {
+    /// The process of one stage of a job (in `job`, its directory, with `env`), not started.
+    pub(super) fn command(&self, job: &Path, env: &[(String, String)], args: &[&str]) -> Command {
         let mut command = Command::new(&self.options.flotilla);
         command
             .args([
@@ -122,6 +123,11 @@ impl Shared {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        command
+    }
+
+    async fn stage(&self, job: &Path, env: &[(String, String)], args: &[&str]) -> Stage {
+        let mut command = self.command(job, env, args);
         let mut child = match command.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -195,7 +201,9 @@ impl Shared {
     }
 
     /// One job, as the runner runs it.
-    pub(super) async fn job(&self, id: u64) -> JobResult {
+    /// Job `id`'s directory (the runner's temporary one, with its response file) and the
+    /// environment the runner gives each of its stages.
+    pub(super) fn setup(&self, id: u64) -> (PathBuf, Vec<(String, String)>) {
         let dir = self.dir.join(format!("job-{id}"));
         std::fs::create_dir_all(&dir).expect("job dir");
         let response = dir.join("response.json");
@@ -221,6 +229,11 @@ impl Shared {
             ("TMPDIR".to_string(), dir.display().to_string()),
         ];
         env.extend(job_variables(id));
+        (dir, env)
+    }
+
+    pub(super) async fn job(&self, id: u64) -> JobResult {
+        let (dir, env) = self.setup(id);
         let mut errors = Vec::new();
         let mut check = |name: &str, stage: &Stage| -> bool {
             if stage.code == Some(0) {

@@ -216,41 +216,89 @@ fn between(
         .collect()
 }
 
+/// A started fleet: the engines, the machines and `flotilla run`, for [`run`] or for a test
+/// that drives a job stage by stage.
+pub struct Fleet {
+    host: Host,
+    shared: Arc<Shared>,
+    engine: Running,
+    _sshds: Vec<Sshd>,
+    _dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// Starts what `o` describes and waits until every machine is ready.
+    pub async fn start(o: &Options) -> Fleet {
+        reap::raise_fd_limit();
+        let dir = tempfile::tempdir().expect("dir");
+        let key = dir.path().join("id_ed25519");
+        let made = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&key)
+            .status()
+            .expect("ssh-keygen");
+        assert!(made.success(), "ssh-keygen failed");
+        let public = std::fs::read_to_string(key.with_extension("pub")).expect("public key");
+        let engine = Running::start(o.engine, o.script_time, o.machines);
+        let sshds: Vec<Sshd> = match &engine {
+            Running::Real(_) => (0..o.machines)
+                .map(|_| Sshd::start(public.trim()))
+                .collect(),
+            Running::Fake(all, _) => all
+                .iter()
+                .map(|f| Sshd::start_with_engine(public.trim(), &f.socket(), &engine.socket()))
+                .collect(),
+        };
+        let token_file = dir.path().join("token");
+        crate::write_secret(&token_file, TOKEN);
+        let host = Host::start(o, dir.path(), &config(o, &key, &engine.socket(), &sshds)).await;
+        let shared = Arc::new(Shared {
+            options: o.clone(),
+            dir: dir.path().to_path_buf(),
+            api: host.api.clone(),
+            metrics: host.metrics.clone(),
+            token_file,
+            helper: HELPER.to_string(),
+            live: Mutex::new(HashMap::new()),
+            drivers: Mutex::new(DriverFigures::default()),
+        });
+        Fleet {
+            host,
+            shared,
+            engine,
+            _sshds: sshds,
+            _dir: dir,
+        }
+    }
+
+    /// The fake engines, one per machine (none on a real dockerd).
+    pub fn engines(&self) -> &[flotilla_peers::fake_engine::FakeEngine] {
+        match &self.engine {
+            Running::Fake(all, _) => all,
+            Running::Real(_) => &[],
+        }
+    }
+
+    /// Stage `args` of job `id` (`["prepare"]`, `["run", script, "build_script"]`...) as the
+    /// runner starts it, output piped; the caller waits for it or kills it.
+    pub fn spawn_stage(&self, id: u64, args: &[&str]) -> std::process::Child {
+        let (dir, env) = self.shared.setup(id);
+        self.shared
+            .command(&dir, &env, args)
+            .spawn()
+            .expect("the driver")
+    }
+
+    /// The host's log so far.
+    pub fn log(&self) -> String {
+        self.host.daemon.own_log()
+    }
+}
+
 /// Runs the load `o` describes and measures it.
 pub async fn run(o: &Options) -> Report {
-    reap::raise_fd_limit();
-    let dir = tempfile::tempdir().expect("dir");
-    let key = dir.path().join("id_ed25519");
-    let made = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen");
-    assert!(made.success(), "ssh-keygen failed");
-    let public = std::fs::read_to_string(key.with_extension("pub")).expect("public key");
-    let engine = Running::start(o.engine, o.script_time, o.machines);
-    let sshds: Vec<Sshd> = match &engine {
-        Running::Real(_) => (0..o.machines)
-            .map(|_| Sshd::start(public.trim()))
-            .collect(),
-        Running::Fake(all, _) => all
-            .iter()
-            .map(|f| Sshd::start_with_engine(public.trim(), &f.socket(), &engine.socket()))
-            .collect(),
-    };
-    let token_file = dir.path().join("token");
-    crate::write_secret(&token_file, TOKEN);
-    let host = Host::start(o, dir.path(), &config(o, &key, &engine.socket(), &sshds)).await;
-    let shared = Arc::new(Shared {
-        options: o.clone(),
-        dir: dir.path().to_path_buf(),
-        api: host.api.clone(),
-        metrics: host.metrics.clone(),
-        token_file,
-        helper: HELPER.to_string(),
-        live: Mutex::new(HashMap::new()),
-        drivers: Mutex::new(DriverFigures::default()),
-    });
+    let fleet = Fleet::start(o).await;
+    let (host, shared, engine) = (&fleet.host, fleet.shared.clone(), &fleet.engine);
     let pid = host.daemon.id();
     let (_, before) = get(&host.metrics, "/metrics").await;
     let cpu_before = sample::read(pid).map(|r| r.cpu).unwrap_or_default();
