@@ -1,6 +1,7 @@
 //! The fleet a load run drives: the engines behind the machines, the pool's configuration,
 //! and the `flotilla run` process with its API and metrics addresses.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -14,7 +15,6 @@ use flotilla_peers::sshd::Sshd;
 use flotilla_peers::{helper_image, poll};
 
 use super::{Engine, HELPER, IMAGE, Options, TOKEN};
-use std::collections::BTreeMap;
 
 /// The engine a run holds while it runs: one real engine every machine shares, or a fake
 /// one per machine, each seen at the same path by its machine's sessions.

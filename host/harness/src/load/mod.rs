@@ -139,7 +139,7 @@ struct Peaks {
     summed: u64,
     threads: u64,
     /// The largest `VmHWM` read of a driver, by stage.
-    by_stage: std::collections::BTreeMap<String, u64>,
+    by_stage: BTreeMap<String, u64>,
 }
 
 /// Samples Flotilla and every live driver every 250 ms, and the drivers' summed PSS and the
