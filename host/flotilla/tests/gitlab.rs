@@ -1195,16 +1195,17 @@ async fn a_prepare_killed_mid_creation_leaves_nothing_after_cleanup() {
     let engine = &fleet.engines()[0];
     engine.with_mut(|s| s.create_delay = Duration::from_secs(1));
     let mut prepare = fleet.spawn_stage(5, &["prepare"]);
-    poll::until("the job's network", Duration::from_secs(30), || async {
-        if engine.with(|s| !s.networks.is_empty()) {
-            Ok(())
-        } else {
-            Err(fleet.log())
-        }
-    })
+    poll::until(
+        "both containers' creation under way",
+        Duration::from_secs(30),
+        || async {
+            match engine.with(|s| s.creating) {
+                2 => Ok(()),
+                n => Err(format!("{n} creating\n{}", fleet.log())),
+            }
+        },
+    )
     .await;
-    // The containers' creation is asked for right after the network: let it reach the engine.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         engine.with(|s| s.containers.is_empty()),
         "the creation should still be in flight"

@@ -63,6 +63,8 @@ pub struct EngineState {
     /// How long a container's creation takes (none by default). It runs to its end even when
     /// the client goes away, as dockerd's does.
     pub create_delay: Duration,
+    /// Creations that have started and not finished (with a `create_delay`).
+    pub creating: u64,
     /// The last request of each open connection, by connection.
     pub last_request: BTreeMap<u64, String>,
     next_connection: u64,
@@ -245,10 +247,12 @@ async fn answer(
     {
         // As dockerd does, the creation runs to its end even when the client goes away.
         let state = state.clone();
+        state.lock().expect("engine state").creating += 1;
         let made = tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let mut s = state.lock().expect("engine state");
             s.requests += 1;
+            s.creating -= 1;
             create_container(&mut s, &query, &body)
         });
         return made
