@@ -14,7 +14,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use serde_json::{Value, json};
@@ -556,13 +556,7 @@ async fn handle(cloud: Arc<Mutex<Cloud>>, req: Request<Incoming>) -> Response<Fu
     if let Some(answer) = denied {
         return answer;
     }
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let body = crate::serve::json_body(req.into_body()).await;
     let mut c = cloud.lock().unwrap();
     c.settle();
     route(&mut c, &method, &uri, &query(&uri), &body)

@@ -16,6 +16,24 @@
 //!
 //! Whatever it does not know is answered 404 and recorded in [`EngineState::unknown`], so a
 //! harness that meets a new endpoint reports it instead of measuring a failure.
+//!
+//! Its answers follow the Docker Engine API reference (v1.47,
+//! <https://docs.docker.com/reference/api/engine/version/v1.47/>), as dockerd behaves:
+//! - `ContainerCreate` answers 201 `{Id, Warnings}`, and 409 for a name in use;
+//! - `NetworkCreate` answers 409 for a name in use: since v1.44 `CheckDuplicate` is deprecated
+//!   and always on;
+//! - `VolumeCreate` of an existing name answers with that volume, unchanged (`docker volume
+//!   create` is idempotent);
+//! - removals answer 204, or 404 `{"message": "No such ..."}`;
+//! - `ExecStart` with attached output answers `101 UPGRADED` and then the multiplexed stream
+//!   (a frame is the stream's id, three zero bytes and a big-endian length; the reference's
+//!   "Attach to a container" section);
+//! - `/_ping` carries an `Api-Version` header, which clients negotiate with;
+//! - list filters are JSON `{"label": ["key" | "key=value"]}`, every one to match (the old map
+//!   form is read too).
+//!
+//! A container's creation, with [`EngineState::create_delay`], runs to its end even when its
+//! client has gone, as dockerd's does: what a killed `prepare` was creating still lands.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -23,7 +41,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use serde_json::{Value, json};
@@ -232,13 +250,7 @@ async fn answer(
     let parts = segments(request.uri().path());
     let query = query(&request);
     let upgrade = hyper::upgrade::on(&mut request);
-    let body = request
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let body = crate::serve::json_body(request.into_body()).await;
     let delay = state.lock().expect("engine state").create_delay;
     if method == hyper::Method::POST
         && parts.last().is_some_and(|p| p == "create")

@@ -9,6 +9,18 @@ use hyper::body::{Body, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
+/// A request body read whole as JSON; `null` when it is empty or not JSON (a stand-in then
+/// answers as its real service does to a body without the fields it needs).
+pub async fn json_body(body: Incoming) -> serde_json::Value {
+    use http_body_util::BodyExt as _;
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
+}
+
 /// Starts the server on `127.0.0.1:0` and returns its address; it runs until the runtime ends.
 pub async fn serve_http<S, F, B>(handler: S) -> SocketAddr
 where
