@@ -8,13 +8,19 @@ use serde_json::{Value, json};
 
 use super::OciError;
 use super::reference::valid_digest;
+use super::surface;
 
+// The CNCF TAG Runtime's "Wasm OCI Artifact layout" (tag-runtime/wasm/oci-artifact):
 /// OCI image manifest media type.
-pub(crate) const MANIFEST_MEDIA_TYPE: &str = oci_wasm::WASM_MANIFEST_MEDIA_TYPE;
+pub(crate) const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 /// CNCF Wasm config media type (not oci-client's older `WASM_CONFIG_MEDIA_TYPE`).
-pub(crate) const CONFIG_MEDIA_TYPE: &str = oci_wasm::WASM_MANIFEST_CONFIG_MEDIA_TYPE;
+pub(crate) const CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
 /// CNCF Wasm layer media type.
-pub(crate) const LAYER_MEDIA_TYPE: &str = oci_wasm::WASM_LAYER_MEDIA_TYPE;
+pub(crate) const LAYER_MEDIA_TYPE: &str = "application/wasm";
+/// The config's `architecture` for every Wasm artifact.
+const WASM_ARCHITECTURE: &str = "wasm";
+/// The config's `os` for a component (a core module would say `wasip1`).
+const COMPONENT_OS: &str = "wasip2";
 /// Largest manifest accepted.
 pub(crate) const MAX_MANIFEST: u64 = 4 << 20;
 /// Largest config blob accepted.
@@ -81,32 +87,60 @@ pub(crate) fn digest_of(bytes: &[u8]) -> String {
     flotilla_net::sha256_digest(bytes)
 }
 
-/// Builds config (imports and exports read from the component by oci-wasm) and manifest.
+/// The config blob of the layout: `created`, `author`, `architecture`, `os`, `layerDigests`,
+/// and the component's surface with the world it targets.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WasmConfig<'a> {
+    created: String,
+    author: Option<String>,
+    architecture: &'static str,
+    os: &'static str,
+    layer_digests: [&'a str; 1],
+    component: ComponentConfig<'a>,
+}
+
+#[derive(Serialize)]
+struct ComponentConfig<'a> {
+    exports: Vec<String>,
+    imports: Vec<String>,
+    target: &'a str,
+}
+
+/// Builds config (imports and exports read from the component's sections) and manifest.
 pub(crate) fn build(
     wasm: &[u8],
     file_name: &str,
     world: &str,
     annotations: &PushAnnotations,
 ) -> Result<Built, OciError> {
-    let (mut config, _layer) = oci_wasm::WasmConfig::from_raw_component(wasm.to_vec(), None)
-        .map_err(|e| OciError::InvalidComponent {
-            source_name: file_name.to_string(),
-            why: format!("cannot read its WIT world: {e:#}"),
-        })?;
-    if let Some(component) = config.component.as_mut() {
-        component.target = Some(world.to_string());
-    }
-    if let Some(created) = annotations.0.get("org.opencontainers.image.created")
-        && let Ok(t) = chrono::DateTime::parse_from_rfc3339(created)
-    {
-        config.created = t.with_timezone(&chrono::Utc);
-    }
+    let surface = surface::read(wasm).map_err(|why| OciError::InvalidComponent {
+        source_name: file_name.to_string(),
+        why: format!("cannot read its WIT world: {why}"),
+    })?;
+    let created = annotations
+        .0
+        .get("org.opencontainers.image.created")
+        .and_then(|created| chrono::DateTime::parse_from_rfc3339(created).ok())
+        .map_or_else(chrono::Utc::now, |t| t.with_timezone(&chrono::Utc));
+    let layer_digest = digest_of(wasm);
+    let config = WasmConfig {
+        created: created.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+        author: None,
+        architecture: WASM_ARCHITECTURE,
+        os: COMPONENT_OS,
+        layer_digests: [&layer_digest],
+        component: ComponentConfig {
+            exports: surface.exports,
+            imports: surface.imports,
+            target: world,
+        },
+    };
     let config = serde_json::to_vec(&config).map_err(|e| OciError::InvalidComponent {
         source_name: file_name.to_string(),
         why: e.to_string(),
     })?;
     let config_digest = digest_of(&config);
-    let layer_digest = digest_of(wasm);
     let manifest = json!({
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,

@@ -3,7 +3,8 @@
 //!
 //! Owns: references, the registry client and its auth store, the content-addressed cache, and
 //! cosign signatures.
-//! Must not know: wasmtime or what a component is. A pulled artifact is handed on as bytes
+//! Must not know: wasmtime or how a component runs (a push reads only the names of its imports
+//! and exports, for the config). A pulled artifact is handed on as bytes
 //! only after every registry-side check (media types, layer count, digests, signature)
 //! passed; the component check itself is injected ([`Validate`]).
 
@@ -14,6 +15,7 @@ mod reference;
 mod registry;
 mod signature;
 mod store;
+mod surface;
 
 pub mod config;
 
