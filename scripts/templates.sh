@@ -25,8 +25,12 @@ run() { # LANG BUILD... : new, build, test; the elapsed seconds
     rust) wasm="$cache/rust-target/wasm32-wasip2/release/demo_rust.wasm" ;;
     *) wasm="$work/demo-$lang/plugin.wasm" ;;
   esac
+  local report="$work/$lang.report"
   XDG_CACHE_HOME="$work/cache" FLOTILLA_LOG=warn \
-    "$flotilla" plugin test "$wasm" --example-cloud --provision --timeout 60s
+    "$flotilla" plugin test "$wasm" --example-cloud --provision --timeout 60s | tee "$report"
+  # The template passes the example cloud's zone through `connect-info` (contract 0.1.4).
+  grep -q 'provision.connect-info .* in zone example-1a' "$report" \
+    || { echo "the $lang template's connect-info carries no zone" >&2; exit 1; }
   echo "== $lang: plugin new -> plugin test --provision passed in $((SECONDS - start)) s"
 }
 

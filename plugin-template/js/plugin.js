@@ -6,7 +6,7 @@
 // the host strips that header and adds the real authorisation, so this code never sees a
 // secret. Scaling policy lives in the host: this plugin only translates calls.
 
-import { emit } from 'flotilla:provider/log@0.1.3';
+import { emit } from 'flotilla:provider/log@0.1.4';
 import { HttpError, request } from './flotilla-http.js';
 import { contractError, guard } from './flotilla-contract.js';
 
@@ -230,6 +230,7 @@ const instanceGroupFunctions = {
       port: 22,
       username: 'ci',
       expires: undefined, // a u64: a BigInt (seconds) when set
+      zone: typeof i?.zone === 'string' ? i.zone : undefined,
     };
   },
 

@@ -216,7 +216,9 @@ async fn one(State(s): State<Shared>, Path((g, id)): Path<(String, String)>) -> 
     match cloud.instances.iter().find(|i| i.id == id) {
         Some(i) => (
             StatusCode::OK,
-            Json(json!({ "id": i.id, "state": Cloud::state(i), "address": "127.0.0.1" })),
+            Json(
+                json!({ "id": i.id, "state": Cloud::state(i), "address": "127.0.0.1", "zone": "example-1a" }),
+            ),
         ),
         None => message(StatusCode::NOT_FOUND, "no such instance"),
     }

@@ -111,6 +111,7 @@ impl Provider for Signal {
             port: 22,
             username: String::new(),
             expires: None,
+            zone: None,
         })
     }
     async fn heartbeat(&self, _: &str) -> Result<(), CallError> {

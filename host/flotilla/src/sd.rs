@@ -80,6 +80,11 @@ pub fn groups(state: &AppState) -> Vec<Value> {
                 if let Some(a) = &d.external_address {
                     label("external_address", a.clone());
                 }
+                // A plugin of a contract before 0.1.4, or a cloud without zones, reports none:
+                // the label is left out rather than set empty.
+                if let Some(zone) = &d.zone {
+                    label("zone", zone.clone());
+                }
             }
             for port in &pool.exporter_ports {
                 let mut labels = labels.clone();

@@ -58,6 +58,13 @@ async fn contract_calls_against_moto_with_sigv4() {
             .is_some_and(|a| a.starts_with("10.20.1.")),
         "{c:?}"
     );
+    // The instance's `placement.availabilityZone` (contract 0.1.4).
+    assert!(
+        c.zone
+            .as_deref()
+            .is_some_and(|z| z.len() == "us-east-1a".len() && z.starts_with("us-east-1")),
+        "{c:?}"
+    );
 
     let ids: Vec<String> = instances[..2].iter().map(|i| i.id.clone()).collect();
     assert_eq!(must(p.decrease(&ids)).await, ids);

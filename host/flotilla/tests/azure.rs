@@ -97,6 +97,14 @@ async fn contract_cycle(mode: Mode) {
             .is_some_and(|a| a.starts_with("10.0.")),
         "{c:?}"
     );
+    // The VM's location with its `zones` entry, as `westeurope-2` (contract 0.1.4).
+    assert!(
+        c.zone
+            .as_deref()
+            .and_then(|z| z.strip_prefix("westeurope-"))
+            .is_some_and(|n| ["1", "2", "3"].contains(&n)),
+        "{c:?}"
+    );
     assert!(
         c.external_address
             .as_deref()

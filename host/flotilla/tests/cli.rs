@@ -25,11 +25,11 @@ fn check_accepts_the_shipped_plugins() {
         let (code, out, err) = flotilla(&["plugin", "check", "--no-cache", plugin]);
         assert_eq!(code, 0, "{out}{err}");
         assert!(
-            out.contains("world:    flotilla:provider/provider@0.1.3"),
+            out.contains("world:    flotilla:provider/provider@0.1.4"),
             "{out}"
         );
         assert!(
-            out.contains("flotilla:provider/instance-group@0.1.3"),
+            out.contains("flotilla:provider/instance-group@0.1.4"),
             "{out}"
         );
         assert!(out.contains("verdict:  OK"), "{out}");
@@ -95,11 +95,11 @@ fn check_json_is_machine_readable() {
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["ok"], true);
-    assert_eq!(v["world"], "flotilla:provider/provider@0.1.3");
+    assert_eq!(v["world"], "flotilla:provider/provider@0.1.4");
     assert!(
         v["imports"]
             .as_array()
-            .is_some_and(|i| i.iter().any(|i| i["name"] == "flotilla:provider/log@0.1.3"))
+            .is_some_and(|i| i.iter().any(|i| i["name"] == "flotilla:provider/log@0.1.4"))
     );
     assert_eq!(v["sha256"].as_str().map(str::len), Some(64));
 }

@@ -102,6 +102,8 @@ async fn contract_cycle_on_a_zonal_and_a_regional_group() {
         assert_eq!(zones.len(), if regional { 3 } else { 1 }, "{ids:?}");
 
         let c = must(p.connect_info(&ids[0])).await;
+        // The zone the instance lives in, the first half of its id (contract 0.1.4).
+        assert_eq!(c.zone.as_deref(), ids[0].split('/').next(), "{c:?}");
         assert!(
             c.internal_address
                 .as_deref()

@@ -992,6 +992,12 @@ async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
         assert_eq!(g["labels"]["__meta_flotilla_pool"], "ci", "{body}");
         assert_eq!(g["labels"]["__meta_flotilla_state"], "ready", "{body}");
         assert_eq!(g["labels"]["__meta_flotilla_os"], "linux", "{body}");
+        // The plugin's zone (contract 0.1.4) is passed on; no zone is no label, not an empty one.
+        let zone = &g["labels"]["__meta_flotilla_zone"];
+        match g["labels"]["__meta_flotilla_instance_id"].as_str() {
+            Some("m1") => assert_eq!(zone, "rack-1", "{body}"),
+            _ => assert!(zone.is_null(), "{body}"),
+        }
     }
 
     let prometheus_port = free();
@@ -999,7 +1005,7 @@ async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
     std::fs::write(
         &config,
         format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: machines\n    http_sd_configs:\n      - url: {sd}\n        refresh_interval: 1s\n        authorization:\n          type: Bearer\n          credentials_file: {token}\n    relabel_configs:\n      - source_labels: [__meta_flotilla_instance_id]\n        target_label: flotilla_instance\n      - source_labels: [__meta_flotilla_pool]\n        target_label: pool\n",
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: machines\n    http_sd_configs:\n      - url: {sd}\n        refresh_interval: 1s\n        authorization:\n          type: Bearer\n          credentials_file: {token}\n    relabel_configs:\n      - source_labels: [__meta_flotilla_instance_id]\n        target_label: flotilla_instance\n      - source_labels: [__meta_flotilla_pool]\n        target_label: pool\n      - source_labels: [__meta_flotilla_zone]\n        target_label: zone\n",
             token = sd_token.display()
         ),
     )
@@ -1032,16 +1038,15 @@ async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
                 .as_array()
                 .cloned()
                 .unwrap_or_default();
-            Ok::<Vec<(String, String)>, String>(
+            let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+            Ok::<Vec<(String, String, String)>, String>(
                 active
                     .iter()
                     .map(|t| {
                         (
-                            t["labels"]["flotilla_instance"]
-                                .as_str()
-                                .unwrap_or("")
-                                .to_string(),
-                            t["health"].as_str().unwrap_or("").to_string(),
+                            text(&t["labels"]["flotilla_instance"]),
+                            text(&t["labels"]["zone"]),
+                            text(&t["health"]),
                         )
                     })
                     .collect(),
@@ -1056,10 +1061,9 @@ async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
             match targets().await {
                 Ok(mut t) => {
                     t.sort();
-                    if t == [
-                        ("m1".to_string(), "up".to_string()),
-                        ("m2".to_string(), "up".to_string()),
-                    ] {
+                    let up =
+                        |id: &str, zone: &str| (id.to_string(), zone.to_string(), "up".to_string());
+                    if t == [up("m1", "rack-1"), up("m2", "")] {
                         Ok(())
                     } else {
                         Err(format!("{t:?}\n{}", logs()))

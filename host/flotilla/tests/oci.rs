@@ -311,7 +311,7 @@ fn oras_push(
     assert!(ok, "oras push: {out}");
 }
 
-const CNCF_CONFIG: &str = r#"{"architecture":"wasm","os":"wasip2","layerDigests":[],"component":{"exports":["flotilla:provider/instance-group@0.1.3"],"imports":["flotilla:provider/log@0.1.3"]}}"#;
+const CNCF_CONFIG: &str = r#"{"architecture":"wasm","os":"wasip2","layerDigests":[],"component":{"exports":["flotilla:provider/instance-group@0.1.4"],"imports":["flotilla:provider/log@0.1.4"]}}"#;
 const WASM_CONFIG_TYPE: &str = "application/vnd.wasm.config.v0+json";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -370,7 +370,7 @@ async fn every_command_works_in_all_three_auth_modes() {
         let inspect = user.oci(&["plugin", "inspect", &r, "--json"]);
         let info = inspect.ok().json();
         assert_eq!(info["digest"], digest.as_str(), "{ctx}");
-        assert_eq!(info["world"], "flotilla:provider/provider@0.1.3", "{ctx}");
+        assert_eq!(info["world"], "flotilla:provider/provider@0.1.4", "{ctx}");
         assert_eq!(
             info["annotations"]["org.opencontainers.image.description"],
             "Static host list"
@@ -386,13 +386,13 @@ async fn every_command_works_in_all_three_auth_modes() {
         assert!(info["annotations"]["org.opencontainers.image.created"].is_string());
         let exports = info["exports"].to_string();
         assert!(
-            exports.contains("flotilla:provider/instance-group@0.1.3"),
+            exports.contains("flotilla:provider/instance-group@0.1.4"),
             "{exports}"
         );
         assert!(
             info["imports"]
                 .to_string()
-                .contains("flotilla:provider/log@0.1.3")
+                .contains("flotilla:provider/log@0.1.4")
         );
         // inspect does not download the layer
         let layer_digest = info["layer_digest"]
@@ -528,7 +528,7 @@ async fn oras_and_flotilla_read_each_others_artifacts() {
         let info = user.oci(&["plugin", "inspect", &r2, "--json"]);
         assert_eq!(
             info.ok().json()["world"],
-            "flotilla:provider/provider@0.1.3"
+            "flotilla:provider/provider@0.1.4"
         );
         let loaded = user
             .load_pool(&format!("plugin = \"{r2}\""))

@@ -1255,7 +1255,7 @@ mod load_checks {
         assert!(e.to_string().contains("instance-group@0.2.0"), "{e}");
         let log2 = wat(r#"(component (import "flotilla:provider/log@0.2.0" (instance)))"#);
         let e = load_err(&write("log2.wasm", &log2));
-        assert!(e.to_string().contains("0.1.3"), "{e}");
+        assert!(e.to_string().contains("0.1.4"), "{e}");
         let hollow = wat(
             r#"(component (instance $i) (export "flotilla:provider/instance-group@0.1.0" (instance $i)))"#,
         );
@@ -1368,7 +1368,7 @@ mod load_checks {
     }
 }
 
-/// A plugin built against the frozen 0.1.0 contract loads and runs unchanged on this 0.1.3 host.
+/// A plugin built against the frozen 0.1.0 contract loads and runs unchanged on this 0.1.4 host.
 mod contract_0_1_0 {
     use super::*;
 
@@ -1406,8 +1406,11 @@ mod contract_0_1_0 {
         let instances = must(p.update()).await.instances;
         assert_eq!(instances.len(), 1);
         assert_eq!(instances[0].state, InstanceState::Running);
+        // Its `connection` is the older record (no zone): it is called through the 0.1.3
+        // bindings and lifted.
         let c = must(p.connect_info("legacy-1")).await;
         assert_eq!(c.protocol, Protocol::Ssh);
+        assert_eq!(c.zone, None);
     }
 }
 

@@ -304,7 +304,7 @@ async fn metrics_pass_promtool() {
         "this scrape is in flight"
     );
     assert!(text.contains(&format!(
-        "flotilla_build_info{{arch=\"{}\",os=\"linux\",version=\"{}\",wit=\"0.1.3\"}} 1",
+        "flotilla_build_info{{arch=\"{}\",os=\"linux\",version=\"{}\",wit=\"0.1.4\"}} 1",
         std::env::consts::ARCH,
         env!("CARGO_PKG_VERSION")
     )));

@@ -86,6 +86,7 @@ impl Provider for Machines {
             port: self.0.get(id).copied().unwrap_or(1),
             username: "root".into(),
             expires: None,
+            zone: None,
         })
     }
     async fn heartbeat(&self, _: &str) -> Result<(), CallError> {

@@ -894,6 +894,24 @@ fn scale_set(
                 .collect();
             page(c, items, q, path)
         }
+        // <https://learn.microsoft.com/en-us/rest/api/compute/virtual-machine-scale-set-vms/get>
+        ("GET", ["virtualmachines", index]) => {
+            if let Some(a) = compute("virtualMachineScaleSets/virtualMachines").or_else(|| {
+                check_action(
+                    c,
+                    "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read",
+                    path,
+                )
+            }) {
+                return a;
+            }
+            match c.vm(index).filter(|_| c.options.mode == Mode::Uniform) {
+                Some(vm) => respond(200, &uniform_vm(vm, false, c.options.create_after), &[]),
+                None => not_found(&format!(
+                    "Microsoft.Compute/virtualMachineScaleSets/{SET}/virtualMachines/{index}"
+                )),
+            }
+        }
         ("GET", ["virtualmachines", index, "networkinterfaces"]) => {
             if let Some(a) = api_mismatch(api, VMSS_NETWORK_API, "virtualMachineScaleSets/virtualMachines/networkInterfaces").or_else(|| {
                 check_action(c, "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/networkInterfaces/read", path)
@@ -1243,6 +1261,7 @@ fn uniform_vm(vm: &Vm, expand: bool, create_after: Duration) -> Value {
         "id": vm_id,
         "type": "Microsoft.Compute/virtualMachineScaleSets/virtualMachines",
         "location": LOCATION,
+        "zones": [zone_of(vm)],
         "instanceId": vm.id,
         "sku": {"name": "Standard_D2s_v3", "tier": "Standard"},
         "properties": properties,
@@ -1274,8 +1293,16 @@ fn flexible_vm(vm: &Vm, expand: bool, create_after: Duration) -> Value {
         "id": vm_id,
         "type": "Microsoft.Compute/virtualMachines",
         "location": LOCATION,
+        "zones": [zone_of(vm)],
         "properties": properties,
     })
+}
+
+/// The zone a VM of this zonal set was placed in: Azure spreads a set's VMs over its zones
+/// ("1", "2", "3") and reports each VM's as a one-entry `zones` array.
+/// <https://learn.microsoft.com/en-us/azure/virtual-machine-scale-sets/virtual-machine-scale-sets-use-availability-zones>
+fn zone_of(vm: &Vm) -> String {
+    (vm.index % 3 + 1).to_string()
 }
 
 /// Virtual Machines - List with `$filter=virtualMachineScaleSet/id eq '…'`; `$expand` needs

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use wasmtime::Store;
 
-use super::bindings;
 use super::bindings::flotilla::provider::types as wit;
+use super::contract;
 use super::egress::{Budget, EgressShared, EgressStats};
 use super::output::{GuestOutput, Origin, guest_text};
 use super::{HostState, Sandbox};
@@ -30,7 +30,7 @@ type Running = Box<Live>;
 /// The parts of one live plugin instance.
 struct Live {
     store: Store<HostState>,
-    bindings: bindings::Provider,
+    bindings: contract::Exports,
     stdout: GuestOutput,
     stderr: GuestOutput,
 }
@@ -75,7 +75,7 @@ type CallOutput<T> = (Running, wasmtime::Result<Result<T, wit::Error>>);
 
 /// A pool's plugin as a [`Provider`]: calls are serialised, bounded and contained.
 pub struct WasmProvider {
-    pre: bindings::ProviderPre<HostState>,
+    pre: contract::ProviderPre,
     origin: Origin,
     sandbox: Sandbox,
     egress: EgressShared,
@@ -110,11 +110,7 @@ enum Fault {
 }
 
 impl WasmProvider {
-    pub(crate) fn new(
-        pre: bindings::ProviderPre<HostState>,
-        origin: Origin,
-        sandbox: Sandbox,
-    ) -> Self {
+    pub(crate) fn new(pre: contract::ProviderPre, origin: Origin, sandbox: Sandbox) -> Self {
         let stored = sandbox
             .state
             .clone()
@@ -512,11 +508,7 @@ fn describe_trap(store: &Store<HostState>, e: &wasmtime::Error) -> String {
 }
 
 async fn init_call(mut s: Running, settings: String) -> CallOutput<wit::ProviderInfo> {
-    let r = s
-        .bindings
-        .flotilla_provider_instance_group()
-        .call_init(&mut s.store, &settings)
-        .await;
+    let r = s.bindings.init(&mut s.store, &settings).await;
     (s, r)
 }
 
@@ -574,6 +566,8 @@ impl<'a> IdSet<'a> {
 const MAX_LISTED: usize = 10_000;
 /// Bytes of an instance id.
 const MAX_ID: usize = 256;
+/// Characters of a zone name kept (the clouds' longest are about 30).
+const MAX_ZONE: usize = 128;
 /// Characters of a guest message kept (errors, failure reasons).
 const MAX_MESSAGE: usize = 2_048;
 
@@ -651,6 +645,7 @@ fn convert_connection(c: wit::Connection) -> Connection {
         port: c.port,
         username: c.username,
         expires: c.expires,
+        zone: c.zone.map(|zone| guest_text(&zone, MAX_ZONE)),
     }
 }
 
@@ -693,11 +688,7 @@ impl Provider for WasmProvider {
     async fn update(&self) -> Result<Listing, CallError> {
         let (list, group_max) = self
             .run(Function::Update, |mut s| async move {
-                let r = s
-                    .bindings
-                    .flotilla_provider_instance_group()
-                    .call_update(&mut s.store)
-                    .await;
+                let r = s.bindings.update(&mut s.store).await;
                 let reported = s.store.data_mut().reported_max.take();
                 (s, r.map(|r| r.map(|list| (list, reported))))
             })
@@ -746,11 +737,7 @@ impl Provider for WasmProvider {
     async fn increase(&self, delta: u32) -> Result<u32, CallError> {
         let granted = self
             .run(Function::Increase, move |mut s| async move {
-                let r = s
-                    .bindings
-                    .flotilla_provider_instance_group()
-                    .call_increase(&mut s.store, delta)
-                    .await;
+                let r = s.bindings.increase(&mut s.store, delta).await;
                 (s, r)
             })
             .await?;
@@ -767,11 +754,7 @@ impl Provider for WasmProvider {
         let asked = ids.to_vec();
         let accepted = self
             .run(Function::Decrease, move |mut s| async move {
-                let r = s
-                    .bindings
-                    .flotilla_provider_instance_group()
-                    .call_decrease(&mut s.store, &asked)
-                    .await;
+                let r = s.bindings.decrease(&mut s.store, &asked).await;
                 (s, r)
             })
             .await?;
@@ -795,11 +778,7 @@ impl Provider for WasmProvider {
         let asked = id.to_string();
         let info = self
             .run(Function::ConnectInfo, move |mut s| async move {
-                let r = s
-                    .bindings
-                    .flotilla_provider_instance_group()
-                    .call_connect_info(&mut s.store, &asked)
-                    .await;
+                let r = s.bindings.connect_info(&mut s.store, &asked).await;
                 (s, r)
             })
             .await?;
@@ -815,11 +794,7 @@ impl Provider for WasmProvider {
     async fn heartbeat(&self, id: &str) -> Result<(), CallError> {
         let asked = id.to_string();
         self.run(Function::Heartbeat, move |mut s| async move {
-            let r = s
-                .bindings
-                .flotilla_provider_instance_group()
-                .call_heartbeat(&mut s.store, &asked)
-                .await;
+            let r = s.bindings.heartbeat(&mut s.store, &asked).await;
             (s, r)
         })
         .await
@@ -827,11 +802,7 @@ impl Provider for WasmProvider {
 
     async fn shutdown(&self) -> Result<(), CallError> {
         self.run(Function::Shutdown, |mut s| async move {
-            let r = s
-                .bindings
-                .flotilla_provider_instance_group()
-                .call_shutdown(&mut s.store)
-                .await;
+            let r = s.bindings.shutdown(&mut s.store).await;
             (s, r)
         })
         .await

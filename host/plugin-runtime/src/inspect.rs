@@ -10,9 +10,9 @@ use wasmtime::component::Component;
 /// The contract this host implements.
 pub const CONTRACT_PACKAGE: &str = "flotilla:provider";
 /// Its version.
-pub const CONTRACT_VERSION: &str = "0.1.3";
+pub const CONTRACT_VERSION: &str = "0.1.4";
 /// The world every plugin targets.
-pub const WORLD: &str = "flotilla:provider/provider@0.1.3";
+pub const WORLD: &str = "flotilla:provider/provider@0.1.4";
 /// The one export every plugin must have.
 pub const REQUIRED_EXPORT: &str = "flotilla:provider/instance-group";
 

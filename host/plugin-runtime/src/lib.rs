@@ -13,6 +13,7 @@
 mod adapter;
 mod cache;
 pub mod config;
+mod contract;
 mod egress;
 mod inspect;
 mod limits;
@@ -150,7 +151,7 @@ impl std::fmt::Debug for PluginRuntime {
 
 /// A checked and compiled plugin, ready to instantiate cheaply any number of times.
 pub struct LoadedPlugin {
-    pre: bindings::ProviderPre<HostState>,
+    pre: contract::ProviderPre,
     /// Where it came from, for messages.
     pub source: String,
     /// Hex sha256 of the wasm bytes.
@@ -282,11 +283,12 @@ impl PluginRuntime {
                     path: source.clone(),
                     message: format!("{e:#}"),
                 })?;
-        let pre =
-            bindings::ProviderPre::new(instance_pre).map_err(|e| LoadError::ContractMismatch {
+        let pre = contract::ProviderPre::new(&shape.instance_group, instance_pre).map_err(|e| {
+            LoadError::ContractMismatch {
                 path: source.clone(),
                 message: format!("{e:#}"),
-            })?;
+            }
+        })?;
         Ok(LoadedPlugin {
             pre,
             source,

@@ -163,6 +163,8 @@ pub struct Connection {
     pub username: String,
     /// Unix seconds after which the details are stale.
     pub expires: Option<u64>,
+    /// The cloud's failure domain the instance runs in (`eu-west-1a`), if it reports one.
+    pub zone: Option<String>,
 }
 
 /// The error a plugin chose to return: the scaler picks its reaction from the case.

@@ -270,6 +270,7 @@ class InstanceGroup(exports.InstanceGroup):
     def connect_info(self, id: str) -> Connection:
         answer = call("GetInstance", "GET", f"/instances/{quote(id, safe='')}")
         address = answer.get("address") if isinstance(answer, dict) else None
+        zone = answer.get("zone") if isinstance(answer, dict) else None
         return Connection(
             id=id,
             os=Os.LINUX,
@@ -280,6 +281,7 @@ class InstanceGroup(exports.InstanceGroup):
             port=22,
             username="ci",
             expires=None,
+            zone=zone if isinstance(zone, str) else None,
         )
 
     @contract

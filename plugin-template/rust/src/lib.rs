@@ -252,6 +252,8 @@ struct ApiInstance {
     state: String,
     #[serde(default)]
     address: Option<String>,
+    #[serde(default)]
+    zone: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -354,6 +356,7 @@ impl Guest for Template {
             port: 22,
             username: "ci".to_string(),
             expires: None,
+            zone: i.zone,
         })
     }
 

@@ -445,11 +445,12 @@ impl Guest for Aws {
                         Some("i386") => Arch::X86,
                         _ => Arch::Amd64,
                     };
+                    let zone = child_node(item, "placement")
+                        .and_then(|p| child(p, "availabilityZone"))
+                        .filter(|zone| !zone.is_empty())
+                        .map(str::to_string);
                     let mut expires = None;
                     if let (Some(key), false) = (&state.instance_connect, windows) {
-                        let zone = child_node(item, "placement")
-                            .and_then(|p| child(p, "availabilityZone"))
-                            .map(str::to_string);
                         state.endpoint.send_ssh_public_key(
                             &id,
                             &state.username,
@@ -476,6 +477,7 @@ impl Guest for Aws {
                             state.username.clone()
                         },
                         expires,
+                        zone,
                     });
                 }
                 next = doc

@@ -317,6 +317,7 @@ impl Guest for Azure {
                 port: if windows { 5986 } else { 22 },
                 username: state.username.clone(),
                 expires: None,
+                zone: found.zone,
             })
         })
     }

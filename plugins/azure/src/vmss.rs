@@ -63,6 +63,17 @@ pub struct Addresses {
     pub private: Option<String>,
     pub public: Option<String>,
     pub windows: bool,
+    /// `westeurope-2`: the region and the zone number, as Kubernetes' zone label names an
+    /// Azure zone; `None` for a VM placed in no zone.
+    pub zone: Option<String>,
+}
+
+/// The zone of a VM resource (a Virtual Machine, or a scale set's VM): its `location` with the
+/// first entry of its `zones` array, which Azure gives as a bare number (`"2"`).
+fn zone_of(vm: &Value) -> Option<String> {
+    let zone = array(vm, &["zones"]).first().and_then(Value::as_str)?;
+    let location = text(vm, &["location"])?;
+    (!zone.is_empty() && !location.is_empty()).then(|| format!("{location}-{zone}"))
 }
 
 /// The managed scale set.
@@ -274,9 +285,19 @@ impl ScaleSet {
         if !plausible {
             return Err(gone());
         }
-        let (nics, windows) = match self.mode {
+        let (nics, windows, zone) = match self.mode {
             // <https://learn.microsoft.com/en-us/rest/api/virtualnetwork/network-interface-in-vm-ss/list-virtual-machine-scale-set-vm-network-interfaces>
             Mode::Uniform => {
+                // <https://learn.microsoft.com/en-us/rest/api/compute/virtual-machine-scale-set-vms/get>
+                let vm_url = self.arm.url(
+                    &format!("{}/virtualMachines/{id}", self.id),
+                    COMPUTE_API,
+                    &[],
+                );
+                let vm = self
+                    .arm
+                    .get(READ_SET_VMS, &vm_url)
+                    .map_err(|e| not_found_as(e, gone))?;
                 let url = self.arm.url(
                     &format!("{}/virtualMachines/{id}/networkInterfaces", self.id),
                     VMSS_NETWORK_API,
@@ -286,7 +307,7 @@ impl ScaleSet {
                     .arm
                     .list(READ_SET_VM_NICS, &url)
                     .map_err(|e| not_found_as(e, gone))?;
-                (nics, self.windows)
+                (nics, self.windows, zone_of(&vm))
             }
             // <https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/get>
             Mode::Flexible => {
@@ -319,7 +340,7 @@ impl ScaleSet {
                     ],
                     None => Vec::new(),
                 };
-                (nics, windows)
+                (nics, windows, zone_of(&vm))
             }
         };
         let config = primary(&nics)
@@ -336,6 +357,7 @@ impl ScaleSet {
             private,
             public,
             windows,
+            zone,
         })
     }
 

@@ -764,6 +764,8 @@ impl Guest for Gcp {
                 port: if windows { 5986 } else { 22 },
                 username: state.username.clone(),
                 expires: None,
+                // The id's zone is the one `instances.get` was asked in and answered from.
+                zone: Some(zone.to_string()),
             })
         })
     }

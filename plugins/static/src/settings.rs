@@ -32,6 +32,9 @@ pub struct HostEntry {
     pub os: String,
     #[serde(default = "default_arch")]
     pub arch: String,
+    /// The failure domain (a rack, a room, a site), passed on as the machine's zone.
+    #[serde(default)]
+    pub zone: Option<String>,
 }
 
 fn default_protocol() -> String {
@@ -92,6 +95,7 @@ impl HostEntry {
             port: self.port.unwrap_or(default_port),
             username: self.username.clone(),
             expires: None,
+            zone: self.zone.clone(),
         }
     }
 
@@ -101,6 +105,15 @@ impl HostEntry {
         }
         if self.id.as_deref().is_some_and(|id| id.trim().is_empty()) {
             out.push(format!("{at}.id: must not be empty"));
+        }
+        if self
+            .zone
+            .as_deref()
+            .is_some_and(|zone| zone.trim().is_empty())
+        {
+            out.push(format!(
+                "{at}.zone: must not be empty (leave it out for no zone)"
+            ));
         }
         if parse_os(&self.os).is_none() {
             out.push(format!(

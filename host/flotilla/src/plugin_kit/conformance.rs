@@ -495,13 +495,17 @@ async fn provision(
         Ok(c) if c.internal_address.is_some() || c.external_address.is_some() => kit.pass(
             "provision.connect-info",
             format!(
-                "{} {}:{}",
+                "{} {}:{}{}",
                 c.username,
                 c.internal_address
                     .as_deref()
                     .or(c.external_address.as_deref())
                     .unwrap_or_default(),
-                c.port
+                c.port,
+                c.zone
+                    .as_deref()
+                    .map(|zone| format!(" in zone {zone}"))
+                    .unwrap_or_default()
             ),
         ),
         Ok(_) => kit.fail("provision.connect-info", "no address"),

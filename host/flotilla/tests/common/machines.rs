@@ -56,8 +56,11 @@ impl Machines {
             .iter()
             .enumerate()
             .map(|(i, m)| {
+                // The first machine stands in a zone (a static host's `zone`), the others in
+                // none, so what the host passes on can be told from what it leaves out.
+                let zone = if i == 0 { ", zone = \"rack-1\"" } else { "" };
                 format!(
-                    "{{ id = \"m{}\", address = \"127.0.0.1\", port = {}, username = \"root\" }}",
+                    "{{ id = \"m{}\", address = \"127.0.0.1\", port = {}, username = \"root\"{zone} }}",
                     i + 1,
                     m.port
                 )

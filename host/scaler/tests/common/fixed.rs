@@ -49,6 +49,7 @@ impl Provider for Fixed {
             port: 22,
             username: String::new(),
             expires: None,
+            zone: None,
         })
     }
     async fn heartbeat(&self, _: &str) -> Result<(), CallError> {

@@ -230,6 +230,7 @@ impl Guest for Egress {
             port: 0,
             username: "probe".to_string(),
             expires: None,
+            zone: None,
         })
     }
     fn heartbeat(_id: String) -> Result<(), Error> {

@@ -247,6 +247,7 @@ impl Guest for Misbehave {
             port: 22,
             username: "ci".to_string(),
             expires: None,
+            zone: None,
         })
     }
 

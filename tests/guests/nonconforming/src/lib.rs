@@ -170,6 +170,7 @@ impl Guest for Nonconforming {
                 port: 22,
                 username: "runner".into(),
                 expires: None,
+                zone: None,
             })
         })
     }
