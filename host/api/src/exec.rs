@@ -11,6 +11,14 @@
 //!
 //! A body that ends without `exit` or `broken` was cut in transit. Refusals before the command
 //! starts are the API's usual error answers.
+//!
+//! `GET /v1/pools/{pool}/leases/{id}/terminal?command=…[&rows=R&cols=C]`, with
+//! `Connection: Upgrade` and `Upgrade: flotilla-terminal` ([`TERMINAL_UPGRADE`]), is the
+//! interactive form: an operator's shell on the machine of an instance-mode job. The query is a
+//! [`TerminalRequest`]. The answer is `101 Switching Protocols`; after it, the caller writes its
+//! keystrokes as raw bytes (closing its side ends the command's input), and reads the same
+//! frames as an exec answer's. With `rows` and `cols` the command gets a pseudo-terminal of that
+//! size, and its output comes as `stdout` only.
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +40,23 @@ pub struct ExecRequest {
     /// Standard input, base64 (standard alphabet, padded); closed after it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub stdin_base64: String,
+}
+
+/// The protocol an operator's terminal upgrades to.
+pub const TERMINAL_UPGRADE: &str = "flotilla-terminal";
+
+/// The query of a terminal request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalRequest {
+    /// The command line, as the machine's SSH server hands it to the login user's shell.
+    pub command: String,
+    /// The operator's terminal rows; with `cols`, the command gets a pseudo-terminal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<u16>,
+    /// The operator's terminal columns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cols: Option<u16>,
 }
 
 /// What one frame carries.

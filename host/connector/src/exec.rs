@@ -33,6 +33,25 @@ pub enum ExecEvent {
     Broken(String),
 }
 
+/// What a command reads on standard input.
+#[derive(Debug)]
+pub enum ExecInput {
+    /// These bytes, then the end of input (a stage's script).
+    Once(Vec<u8>),
+    /// Whatever arrives, as it arrives; the end of input when the sender is dropped (an
+    /// operator's keystrokes).
+    Stream(mpsc::Receiver<Vec<u8>>),
+}
+
+/// A pseudo-terminal for the command (`pty-req`, RFC 4254 section 6.2), of this size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pty {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
 /// How long the last event waits for room before the stream just ends (the reader then sees
 /// a cut stream).
 const LAST_SEND: std::time::Duration = std::time::Duration::from_secs(5);
@@ -82,8 +101,31 @@ impl Connector {
         command: &str,
         stdin: Vec<u8>,
     ) -> Result<mpsc::Receiver<ExecEvent>, ForwardError> {
+        self.exec_with(
+            provider,
+            instance,
+            lease,
+            command,
+            ExecInput::Once(stdin),
+            None,
+        )
+        .await
+    }
+
+    /// [`Connector::exec`] with input that may keep coming, and a pseudo-terminal when `pty`
+    /// is given (an operator's interactive session: the command's output then comes as
+    /// standard output only, as a terminal shows it).
+    pub async fn exec_with(
+        &self,
+        provider: &dyn Provider,
+        instance: &str,
+        lease: u64,
+        command: &str,
+        input: ExecInput,
+        pty: Option<Pty>,
+    ) -> Result<mpsc::Receiver<ExecEvent>, ForwardError> {
         let (mut session, token) = self.shell_session(provider, instance, lease).await?;
-        let channel = match session.open_exec(command).await {
+        let channel = match session.open_exec_with(command, pty).await {
             Ok(channel) => channel,
             Err(e) => {
                 // A kept session that turned out closed is replaced once; one that is up but
@@ -95,13 +137,12 @@ impl Connector {
                 } else {
                     session = self.extra_session(provider, instance).await?;
                 }
-                session
-                    .open_exec(command)
-                    .await
-                    .map_err(|_| ForwardError::Unreachable {
+                session.open_exec_with(command, pty).await.map_err(|_| {
+                    ForwardError::Unreachable {
                         instance: instance.to_string(),
                         why: e.to_string(),
-                    })?
+                    }
+                })?
             }
         };
         let (tx, rx) = mpsc::channel(BUFFERED);
@@ -110,10 +151,21 @@ impl Connector {
         let feeder = {
             let write = write.clone();
             tokio::spawn(async move {
-                // A command that exits without reading its input makes this fail: nothing
+                // A command that exits without reading its input makes a write fail: nothing
                 // to do about it.
-                if !stdin.is_empty() {
-                    let _ = write.data(stdin.as_slice()).await;
+                match input {
+                    ExecInput::Once(stdin) => {
+                        if !stdin.is_empty() {
+                            let _ = write.data(stdin.as_slice()).await;
+                        }
+                    }
+                    ExecInput::Stream(mut keys) => {
+                        while let Some(typed) = keys.recv().await {
+                            if write.data(typed.as_slice()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
                 }
                 let _ = write.eof().await;
             })

@@ -23,7 +23,7 @@ mod tls;
 
 pub use channels::{LeaseBody, LeaseChannels, LeaseEnded};
 pub use config::{ConnectorConfig, ConnectorSettings, HostKeyConfig};
-pub use exec::ExecEvent;
+pub use exec::{ExecEvent, ExecInput, Pty};
 pub use hostkeys::HostKeyPolicy;
 pub use keys::{KeyError, PoolKey};
 pub use proxy::{ForwardError, StreamGuard};

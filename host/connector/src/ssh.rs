@@ -284,11 +284,37 @@ impl Session {
         &self,
         command: &str,
     ) -> Result<russh::Channel<russh::client::Msg>, ConnectError> {
+        self.open_exec_with(command, None).await
+    }
+
+    /// [`Session::open_exec`], on a pseudo-terminal of `pty`'s size when given (`TERM` is
+    /// `xterm-256color`, the terminal type most operators' emulators speak).
+    pub async fn open_exec_with(
+        &self,
+        command: &str,
+        pty: Option<crate::exec::Pty>,
+    ) -> Result<russh::Channel<russh::client::Msg>, ConnectError> {
         let ssh_err = |e: russh::Error| ConnectError::Ssh {
             target: self.label.clone(),
             why: e.to_string(),
         };
         let channel = self.handle.channel_open_session().await.map_err(ssh_err)?;
+        if let Some(pty) = pty {
+            channel
+                // No reply asked: a server that gives no terminal (`PermitTTY no`) still runs
+                // the command, and a refusal would read as the command's own.
+                .request_pty(
+                    false,
+                    "xterm-256color",
+                    u32::from(pty.cols),
+                    u32::from(pty.rows),
+                    0,
+                    0,
+                    &[],
+                )
+                .await
+                .map_err(ssh_err)?;
+        }
         channel.exec(true, command).await.map_err(ssh_err)?;
         Ok(channel)
     }

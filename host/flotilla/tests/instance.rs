@@ -1105,3 +1105,141 @@ async fn prometheus_discovers_the_machines_and_scrapes_their_node_exporter() {
         "{body}"
     );
 }
+
+/// An operator opens a shell in an instance-mode job's directory on its machine, through the
+/// lease's terminal route and the host's SSH session: commands go in, output and the exit code
+/// come back, a command after `--` runs there instead, and the host logs who, which job, and
+/// the end. Asked with a size, the command gets a pseudo-terminal of that size. A session still
+/// open when the job's cleanup ends the lease is cut, and a job with no lease is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_opens_a_terminal_in_an_instance_mode_jobs_directory() {
+    use std::io::{Read, Write};
+    let fleet = Machines::start(1, 1, "").await;
+    let dir = fleet.job_dir(620);
+    let job = fleet.job(620);
+    let prepare = job.stage(&["prepare"]);
+    assert_eq!(prepare.code, 0, "{prepare:?}\n{}", fleet.flotilla.log());
+    let terminal = |input: &'static [u8], command: &[&str]| {
+        let mut args = vec!["terminal", "620", "--who", "bob"];
+        if !command.is_empty() {
+            args.push("--");
+            args.extend_from_slice(command);
+        }
+        let mut child = job
+            .command(&args)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("flotilla gitlab terminal");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(input).expect("typed");
+        (child, stdin)
+    };
+    let real = |p: &str| std::fs::canonicalize(p.trim()).expect("a path");
+
+    let (child, stdin) = terminal(b"pwd; echo \"home=$HOME\"; exit 4\n", &[]);
+    drop(stdin);
+    let out = child.wait_with_output().expect("the session ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stdout}\n{stderr}");
+    assert_eq!(
+        real(stdout.lines().next().unwrap_or("")),
+        real(&dir.display().to_string()),
+        "{stdout}"
+    );
+    // The job's own HOME, below its directory, never the login user's.
+    let home = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("home="))
+        .unwrap_or_else(|| panic!("no HOME printed: {stdout}"));
+    assert!(
+        real(home).starts_with(real(&dir.display().to_string())),
+        "{stdout}"
+    );
+
+    let (child, stdin) = terminal(b"", &["sh", "-c", "echo via-command in $(pwd); exit 5"]);
+    drop(stdin);
+    let out = child.wait_with_output().expect("the command ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(5), "{stdout}");
+    assert!(stdout.contains("via-command in"), "{stdout}");
+
+    let log = fleet.flotilla.log();
+    for line in ["terminal session opened", "terminal session closed"] {
+        let logged = log
+            .lines()
+            .find(|l| l.contains(line))
+            .unwrap_or_else(|| panic!("{line:?} not logged:\n{log}"));
+        assert!(
+            logged.contains("who=bob") && logged.contains("gitlab-job=620"),
+            "{logged}"
+        );
+    }
+
+    // The route itself: an upgrade, a pseudo-terminal of the size asked, and the frames.
+    let (_, leases) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/leases?label=gitlab-job=620", None)
+        .await;
+    let lease = leases["leases"][0]["id"].as_u64().expect("the job's lease");
+    let authority = fleet
+        .flotilla
+        .base
+        .trim_start_matches("http://")
+        .to_string();
+    let raw = |upgrade: &str| {
+        let mut tcp = std::net::TcpStream::connect(&authority).expect("connect");
+        tcp.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        write!(
+            tcp,
+            "GET /v1/pools/ci/leases/{lease}/terminal?command=stty%20size%3B%20exit%209&rows=31&cols=101 HTTP/1.1\r\nHost: {authority}\r\nAuthorization: Bearer {}\r\nConnection: Upgrade\r\nUpgrade: {upgrade}\r\n\r\n",
+            common::TOKEN
+        )
+        .expect("request");
+        let mut got = Vec::new();
+        let _ = tcp.read_to_end(&mut got);
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let answer = raw("flotilla-terminal");
+    assert!(answer.starts_with("HTTP/1.1 101"), "{answer}");
+    // The frames: stdout (kind 1) carries the size the terminal was given, exit (3) the status.
+    assert!(answer.contains("31 101"), "{answer}");
+    assert!(answer.contains("{\"status\":9}"), "{answer}");
+    let refused = raw("websocket");
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+
+    // A session left open is cut when the job's cleanup ends the lease.
+    let (mut open, stdin) = terminal(b"echo still-here\n", &[]);
+    poll::until_true(
+        "the session to open",
+        Duration::from_secs(20),
+        || {
+            fleet
+                .flotilla
+                .log()
+                .matches("terminal session opened")
+                .count()
+                == 4
+        },
+        || fleet.flotilla.log(),
+    )
+    .await;
+    assert_eq!(job.stage(&["cleanup"]).code, 0);
+    let ended = poll::until(
+        "the open session to be cut",
+        Duration::from_secs(20),
+        || {
+            let status = open.try_wait().expect("wait");
+            async move { status.ok_or_else(|| "still open".to_string()) }
+        },
+    )
+    .await;
+    drop(stdin);
+    assert!(!ended.success(), "a cut session is no success");
+
+    // No lease, no terminal.
+    let out = job.stage(&["terminal", "620"]);
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("job 620 has no lease"), "{out:?}");
+}

@@ -326,6 +326,72 @@ impl ApiClient {
         )))
     }
 
+    /// Opens an operator's terminal on the machine of `lease` (an instance-mode job's): the
+    /// upgraded connection, which takes keystrokes as raw bytes and gives the command's
+    /// frames ([`flotilla_api::exec`]). `who` is logged by the host.
+    pub async fn terminal(
+        &self,
+        lease: u64,
+        asked: &flotilla_api::exec::TerminalRequest,
+        who: &str,
+    ) -> Result<TokioIo<hyper::upgrade::Upgraded>, ApiError> {
+        let mut query = url::form_urlencoded::Serializer::new(String::new());
+        query.append_pair("command", &asked.command);
+        if let (Some(rows), Some(cols)) = (asked.rows, asked.cols) {
+            query.append_pair("rows", &rows.to_string());
+            query.append_pair("cols", &cols.to_string());
+        }
+        let path = format!("{}/{lease}/terminal?{}", self.leases_path(), query.finish());
+        let what = format!("GET {}/{lease}/terminal", self.leases_path());
+        let mut request = http::Request::builder()
+            .method(http::Method::GET)
+            .uri(path)
+            .header(http::header::HOST, &self.authority)
+            .header(http::header::CONNECTION, "upgrade")
+            .header(http::header::UPGRADE, flotilla_api::exec::TERMINAL_UPGRADE)
+            .header(crate::terminal::WHO_HEADER, who);
+        if let Some(token) = &self.token {
+            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| self.unreachable(e))?;
+        let opened = async {
+            let stream = self.connect().await.map_err(|e| self.unreachable(e))?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| self.unreachable(e))?;
+            tokio::spawn(async move {
+                // Lives on as the upgraded stream; an error reaches us through send_request.
+                let _ = connection.with_upgrades().await;
+            });
+            sender
+                .send_request(request)
+                .await
+                .map_err(|e| self.unreachable(e))
+        };
+        let response = tokio::time::timeout(self.timeout, opened)
+            .await
+            .map_err(|_| {
+                self.unreachable(format!("{what}: no answer within {:?}", self.timeout))
+            })??;
+        let status = response.status();
+        if status != http::StatusCode::SWITCHING_PROTOCOLS {
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| self.unreachable(e))?
+                .to_bytes();
+            return Err(Self::refusal(what, status, &bytes));
+        }
+        let upgraded = hyper::upgrade::on(response)
+            .await
+            .map_err(|e| self.unreachable(format!("{what}: {e}")))?;
+        Ok(TokioIo::new(upgraded))
+    }
+
     fn leases_path(&self) -> String {
         format!("/v1/pools/{}/leases", self.pool)
     }

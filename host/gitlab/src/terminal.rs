@@ -1,6 +1,7 @@
 //! `flotilla gitlab terminal JOB_ID`: an operator's interactive shell in a running job's
-//! container (Docker mode), through the job's lease and the host's Docker handle, with the
-//! API token. The host logs who opened it, for which job, and when it ended; it ends when the
+//! container (Docker mode), through the job's lease and the host's Docker handle, or in the
+//! job's directory on its machine (instance mode, [`open_on_machine`]), through the lease's
+//! terminal route over the host's SSH session; with the API token. The host logs who opened it, for which job, and when it ended; it ends when the
 //! lease does (the host cuts the lease's streams).
 //!
 //! GitLab's own web terminal needs the runner's session server and an executor that supports
@@ -14,7 +15,7 @@ use crate::api::{ApiClient, LeaseState};
 use crate::job::Job;
 
 /// The header the host logs a session's operator by.
-const WHO_HEADER: &str = "x-flotilla-terminal";
+pub(crate) const WHO_HEADER: &str = "x-flotilla-terminal";
 
 /// Without a command: bash where the image has it, else sh.
 pub const DEFAULT_SHELL: &[&str] = &[
@@ -44,11 +45,7 @@ pub async fn open(
     output: impl AsyncWrite + Unpin,
 ) -> Result<i64, String> {
     let lease = running_lease(api, job_id).await?;
-    let who = who
-        .chars()
-        .filter(|c| c.is_ascii_graphic() || *c == ' ')
-        .take(64)
-        .collect();
+    let who = printable(who);
     // A session lasts as long as the operator stays (the lease bounds it).
     let docker =
         crate::docker::client::for_lease_with(api, lease, 86_400, Some((WHO_HEADER, who)))?;
@@ -61,6 +58,103 @@ pub async fn open(
     ended
         .exit_code
         .ok_or_else(|| "the session ended without an exit code (the lease may have ended)".into())
+}
+
+/// Runs `command` (a line for the machine's login shell,
+/// [`InstanceSettings::terminal_command`](crate::InstanceSettings::terminal_command)) on the
+/// machine of instance-mode job `job_id`, with a pseudo-terminal when the operator has a
+/// terminal, and copies `input` to it and its output to `output` until it ends; its exit code
+/// (128 and the signal's number when a signal ended it). `who` is logged by the host.
+pub async fn open_on_machine(
+    api: &ApiClient,
+    job_id: &str,
+    command: String,
+    who: &str,
+    side: TerminalSide,
+    mut input: impl AsyncRead + Unpin + Send + 'static,
+    mut output: impl AsyncWrite + Unpin,
+) -> Result<i64, String> {
+    use flotilla_api::exec::{Decoder, ExitFrame, FrameKind, TerminalRequest};
+    let lease = running_lease(api, job_id).await?;
+    let (rows, cols) = match (side.tty, side.size) {
+        (true, Some(size)) => (Some(size.0), Some(size.1)),
+        (true, None) => (Some(24), Some(80)),
+        (false, _) => (None, None),
+    };
+    let asked = TerminalRequest {
+        command,
+        rows,
+        cols,
+    };
+    let stream = api
+        .terminal(lease, &asked, &printable(who))
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut from, mut to) = tokio::io::split(stream);
+    let typing = tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        while let Ok(n @ 1..) = input.read(&mut buf).await {
+            if to
+                .write_all(buf.get(..n).unwrap_or_default())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        // The end of the operator's input ends the command's.
+        let _ = to.shutdown().await;
+    });
+    let mut frames = Decoder::default();
+    let mut buf = vec![0u8; 16 * 1024];
+    let ended = loop {
+        if let Some((kind, payload)) = frames.next_frame().map_err(|e| e.to_string())? {
+            match kind {
+                FrameKind::Stdout | FrameKind::Stderr => {
+                    output
+                        .write_all(&payload)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    output.flush().await.map_err(|e| e.to_string())?;
+                }
+                FrameKind::Exit => {
+                    let end: ExitFrame = serde_json::from_slice(&payload)
+                        .map_err(|e| format!("the session's end: {e}"))?;
+                    break Ok(match (end.status, end.signal) {
+                        (Some(status), _) => i64::from(status),
+                        (None, Some(signal)) => 128 + crate::instance::signal_number(&signal),
+                        (None, None) => 1,
+                    });
+                }
+                FrameKind::Broken => {
+                    break Err(format!(
+                        "the session ended: {}",
+                        String::from_utf8_lossy(&payload)
+                    ));
+                }
+            }
+            continue;
+        }
+        match from.read(&mut buf).await {
+            Ok(n @ 1..) => frames.push(buf.get(..n).unwrap_or_default()),
+            Ok(0) => {
+                break Err(
+                    "the session was cut before the command ended (flotilla went away?)".into(),
+                );
+            }
+            Err(e) => break Err(format!("the session was cut: {e}")),
+        }
+    };
+    typing.abort();
+    ended
+}
+
+/// Printable ASCII, at most 64 characters: what the host logs an operator by.
+fn printable(who: &str) -> String {
+    who.chars()
+        .filter(|c| c.is_ascii_graphic() || *c == ' ')
+        .take(64)
+        .collect()
 }
 
 /// The job's acquired lease, or why there is none.
@@ -122,8 +216,8 @@ async fn start_shell(
             bollard::errors::Error::DockerResponseServerError {
                 status_code: 404, ..
             } => format!(
-                "job {job_id} has no container {container} on its instance: the terminal serves \
-                 Docker mode, and an instance-mode job runs on the machine itself"
+                "job {job_id} has no container {container} on its instance: an instance-mode \
+                 job runs on the machine itself (give `--mode instance`)"
             ),
             e => format!("opening a shell in {container}: {e}"),
         })?;

@@ -187,8 +187,9 @@ enum Stage {
     Cleanup,
     /// Prints the `[[runners]]` block for GitLab Runner's config.toml.
     Snippet,
-    /// For operators: an interactive shell in a running job's container (Docker mode),
-    /// through its lease, with the API token. The host logs who opened it, for which job,
+    /// For operators: an interactive shell in a running job's container (Docker mode) or in
+    /// its directory on its machine (`--mode instance`), through its lease, with the API
+    /// token. The host logs who opened it, for which job,
     /// and when it ended; it ends when the job's lease does.
     Terminal {
         /// The GitLab job's id (CI_JOB_ID).
@@ -202,14 +203,16 @@ enum Stage {
     },
 }
 
-/// `terminal`: the shell's exit code is this process's.
+/// `terminal`: the shell's exit code is this process's. `on_machine` is the instance-mode
+/// command line for the job's machine; without it the shell opens in the job's container.
 async fn terminal(
     api: &flotilla_gitlab::ApiClient,
     job: &str,
     who: Option<&str>,
     command: &[String],
+    on_machine: Option<String>,
 ) -> anyhow::Result<()> {
-    use flotilla_gitlab::terminal::{DEFAULT_SHELL, TerminalSide, open};
+    use flotilla_gitlab::terminal::{DEFAULT_SHELL, TerminalSide, open, open_on_machine};
     use std::io::IsTerminal;
 
     let who = who
@@ -227,7 +230,12 @@ async fn terminal(
         tty,
         size: raw.as_ref().and_then(raw::Raw::size),
     };
-    let ended = open(api, job, &command, &who, side, stdin(), tokio::io::stdout()).await;
+    let ended = match on_machine {
+        Some(line) => {
+            open_on_machine(api, job, line, &who, side, stdin(), tokio::io::stdout()).await
+        }
+        None => open(api, job, &command, &who, side, stdin(), tokio::io::stdout()).await,
+    };
     drop(raw);
     match ended {
         Ok(0) => Ok(()),
@@ -477,7 +485,14 @@ impl Args {
             return Ok(());
         }
         if let Stage::Terminal { job, who, command } = &self.stage {
-            return terminal(&self.api()?, job, who.as_deref(), command).await;
+            let on_machine = match self.mode {
+                ModeFlag::Instance => Some(
+                    InstanceSettings::new(self.os, self.shell, self.machine_dir.clone())?
+                        .terminal_command(job, command),
+                ),
+                ModeFlag::Docker => None,
+            };
+            return terminal(&self.api()?, job, who.as_deref(), command, on_machine).await;
         }
         let mut settings = self.settings()?;
         if let Mode::Docker(own) = &mut settings.mode {

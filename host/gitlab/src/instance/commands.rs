@@ -405,6 +405,40 @@ pub fn ps_quote(text: &str) -> String {
     out
 }
 
+impl InstanceSettings {
+    /// An operator's terminal (`flotilla gitlab terminal`) in the job's directory: an
+    /// interactive login shell (bash where the machine has it, else sh; PowerShell on
+    /// Windows), or `command` run there. On Unix `HOME` is the job's own, as in its stages,
+    /// so the shell reads no profile an earlier job could have planted in the login user's.
+    pub fn terminal_command(&self, job: &str, command: &[String]) -> String {
+        if self.os.windows() {
+            let dir = ps_quote(&self.job_dir(job));
+            if command.is_empty() {
+                return format!(
+                    "powershell.exe -NoProfile -NoLogo -NoExit -ExecutionPolicy Bypass -EncodedCommand {}",
+                    utf16_base64(&format!("Set-Location -LiteralPath {dir}"))
+                );
+            }
+            let words: Vec<String> = command.iter().map(|w| ps_quote(w)).collect();
+            return powershell(&format!(
+                "Set-Location -LiteralPath {dir}\n& {}\nexit $LASTEXITCODE",
+                words.join(" ")
+            ));
+        }
+        let run = if command.is_empty() {
+            "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi".to_string()
+        } else {
+            let words: Vec<String> = command.iter().map(|w| sh_quote(w)).collect();
+            format!("exec {}", words.join(" "))
+        };
+        unix(&format!(
+            "cd -- {dir} || exit 1\nHOME={home}\nexport HOME\n{run}",
+            dir = sh_quote(&self.job_dir(job)),
+            home = sh_quote(&self.home_dir(job)),
+        ))
+    }
+}
+
 fn unix(script: &str) -> String {
     format!("exec /bin/sh -c {}", sh_quote(script))
 }
@@ -412,12 +446,17 @@ fn unix(script: &str) -> String {
 /// A command line that runs `script` in Windows PowerShell from any shell: the script as
 /// UTF-16LE, base64 (`-EncodedCommand`).
 fn powershell(script: &str) -> String {
-    use base64::Engine as _;
-    let utf16: Vec<u8> = script.encode_utf16().flat_map(u16::to_le_bytes).collect();
     format!(
         "powershell.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -EncodedCommand {}",
-        base64::engine::general_purpose::STANDARD.encode(utf16)
+        utf16_base64(script)
     )
+}
+
+/// `script` as `-EncodedCommand` takes it: UTF-16LE, base64.
+fn utf16_base64(script: &str) -> String {
+    use base64::Engine as _;
+    let utf16: Vec<u8> = script.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    base64::engine::general_purpose::STANDARD.encode(utf16)
 }
 
 #[cfg(test)]
@@ -609,6 +648,33 @@ mod tests {
                 .status
                 .success()
         );
+    }
+
+    #[test]
+    fn an_operators_terminal_opens_in_the_jobs_directory_with_the_jobs_home() {
+        let (_root, s) = linux_machine();
+        let prepared = on_machine(&s.prepare_command("77", &s.cache_dir("p", false)), b"");
+        assert!(prepared.status.success(), "{prepared:?}");
+        let words = |w: &[&str]| w.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        let ran = on_machine(
+            &s.terminal_command("77", &words(&["sh", "-c", "pwd; echo \"$HOME\"; exit 7"])),
+            b"",
+        );
+        assert_eq!(ran.status.code(), Some(7), "{ran:?}");
+        let out = String::from_utf8_lossy(&ran.stdout);
+        let lines: Vec<&str> = out.lines().collect();
+        let real = |p: &str| std::fs::canonicalize(p).expect("exists");
+        assert_eq!(real(lines[0]), real(&s.job_dir("77")), "{out}");
+        assert_eq!(lines[1], s.home_dir("77"), "{out}");
+        // Without a command: a login shell there, reading its commands from the input.
+        let shell = on_machine(&s.terminal_command("77", &[]), b"pwd\nexit 3\n");
+        assert_eq!(shell.status.code(), Some(3), "{shell:?}");
+        let printed = String::from_utf8_lossy(&shell.stdout);
+        assert_eq!(real(printed.trim()), real(&s.job_dir("77")), "{printed}");
+        // A job whose directory is gone: no shell somewhere else.
+        let gone = on_machine(&s.terminal_command("78", &[]), b"pwd\n");
+        assert_eq!(gone.status.code(), Some(1), "{gone:?}");
+        assert!(gone.stdout.is_empty(), "{gone:?}");
     }
 
     #[test]

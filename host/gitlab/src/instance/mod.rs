@@ -293,7 +293,7 @@ impl InstancePlace {
 }
 
 /// The number of a signal by its SSH name (RFC 4254 §6.10), as Linux numbers them.
-fn signal_number(name: &str) -> i64 {
+pub(crate) fn signal_number(name: &str) -> i64 {
     match name {
         "HUP" => 1,
         "INT" => 2,

@@ -20,6 +20,9 @@ use flotilla_provider::Connection;
 use flotilla_scaler::driver::AcquireError;
 use flotilla_scaler::{Lease, LeaseError, LeaseState, PoolHandle};
 
+mod shell;
+use shell::{EXEC_BODY_LIMIT, TERMINAL_HEADER, TerminalSession, UpgradedStream, exec, terminal};
+
 /// Shared state of the server.
 pub struct AppState {
     /// Every configured pool: starting, running, or waiting to try its start again.
@@ -102,6 +105,7 @@ pub fn router(state: Shared) -> Router {
             "/v1/pools/{pool}/leases/{id}/exec",
             post(exec).layer(axum::extract::DefaultBodyLimit::max(EXEC_BODY_LIMIT)),
         )
+        .route("/v1/pools/{pool}/leases/{id}/terminal", get(terminal))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(v1)
@@ -626,7 +630,7 @@ async fn docker(
         };
         let session = who.map(|who| {
             let job = p.with_core(|c| c.lease(id).map(|l| l.labels.clone()));
-            TerminalSession::open(&who, &name, id, &instance, job.unwrap_or_default())
+            TerminalSession::open(Some(&who), &name, id, &instance, job.unwrap_or_default())
         });
         let stream = UpgradedStream {
             _permit: permit,
@@ -654,73 +658,6 @@ async fn docker(
         .await
         .map_err(ApiError::from)?;
     Ok(forwarded.map(axum::body::Body::new))
-}
-
-/// The header an operator's terminal (`flotilla gitlab terminal`) sends with its Docker
-/// requests: who opens the session.
-const TERMINAL_HEADER: &str = "x-flotilla-terminal";
-
-/// What an upgraded Docker stream holds for its life: its place under `max_streams`, and an
-/// operator's terminal session, if it is one.
-struct UpgradedStream {
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    _session: Option<TerminalSession>,
-    _open: crate::metrics::InFlight,
-}
-
-/// An operator's interactive session in a job's container: logged when it opens, and when
-/// its stream ends (the operator left, or the lease ended and cut it).
-struct TerminalSession {
-    who: String,
-    pool: String,
-    lease: u64,
-    instance: String,
-    labels: String,
-    opened: std::time::Instant,
-}
-
-impl TerminalSession {
-    fn open(
-        who: &axum::http::HeaderValue,
-        pool: &str,
-        lease: u64,
-        instance: &str,
-        labels: std::collections::BTreeMap<String, String>,
-    ) -> TerminalSession {
-        // Said by the client: printable ASCII, at most 64 characters.
-        let who: String = who
-            .to_str()
-            .unwrap_or_default()
-            .chars()
-            .filter(|c| c.is_ascii_graphic() || *c == ' ')
-            .take(64)
-            .collect();
-        let who = if who.trim().is_empty() {
-            "(unnamed)".to_string()
-        } else {
-            who
-        };
-        let labels = labels
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        tracing::info!(who = %who, pool = %pool, lease, instance = %instance, labels = %labels, "terminal session opened");
-        TerminalSession {
-            who,
-            pool: pool.to_string(),
-            lease,
-            instance: instance.to_string(),
-            labels,
-            opened: std::time::Instant::now(),
-        }
-    }
-}
-
-impl Drop for TerminalSession {
-    fn drop(&mut self) {
-        tracing::info!(who = %self.who, pool = %self.pool, lease = self.lease, instance = %self.instance, labels = %self.labels, seconds = self.opened.elapsed().as_secs(), "terminal session closed");
-    }
 }
 
 /// The largest container-create body the host reads to check it (an engine takes far less:
@@ -884,74 +821,6 @@ impl From<ForwardError> for ApiError {
         };
         ApiError::new(code, e.to_string())
     }
-}
-
-/// An exec request's body limit: the largest stdin in base64, and room for the command.
-const EXEC_BODY_LIMIT: usize = flotilla_api::exec::MAX_STDIN / 3 * 4 + (1 << 20);
-
-/// Runs one command on the machine of an acquired lease over the host's SSH session, and
-/// streams its output and end as frames ([`flotilla_api::exec`]). Neither the command nor its
-/// input is logged: the input is a job's script, which carries the job's variables.
-async fn exec(
-    State(state): State<Shared>,
-    LeasePath { pool: name, id }: LeasePath,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    use base64::Engine as _;
-    use flotilla_api::exec::{ExecRequest, ExitFrame, FrameKind, encode};
-    use flotilla_connector::ExecEvent;
-
-    let (name, running) = holder(&state, &name, id)?;
-    let p = &running.handle;
-    let instance = acquired_instance(p, id)?;
-    let connector = running.connector.as_ref().ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::NoShell,
-            format!("pool {name} has no [pool.connector]; the host reaches no machine of it"),
-        )
-    })?;
-    let request: ExecRequest = parse_body(&body)?;
-    if request.command.trim().is_empty() {
-        return Err(ApiError::new(
-            ErrorCode::BadRequest,
-            "request body: `command` is empty",
-        ));
-    }
-    let stdin = base64::engine::general_purpose::STANDARD
-        .decode(request.stdin_base64.as_bytes())
-        .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`stdin_base64`: {e}")))?;
-    let events = connector
-        .exec(
-            p.provider().as_ref(),
-            &instance,
-            id,
-            &request.command,
-            stdin,
-        )
-        .await
-        .map_err(ApiError::from)?;
-    tracing::debug!(pool = %name, lease = id, %instance, "exec on the lease's machine");
-    let frames = futures_util::stream::unfold(events, |mut events| async move {
-        let frame = match events.recv().await? {
-            ExecEvent::Stdout(data) => encode(FrameKind::Stdout, &data),
-            ExecEvent::Stderr(data) => encode(FrameKind::Stderr, &data),
-            ExecEvent::Exited { status, signal } => {
-                let end = serde_json::to_vec(&ExitFrame { status, signal }).unwrap_or_default();
-                encode(FrameKind::Exit, &end)
-            }
-            ExecEvent::Broken(why) => encode(FrameKind::Broken, why.as_bytes()),
-        };
-        let frame = axum::body::Bytes::from(frame);
-        Some((Ok::<_, std::convert::Infallible>(frame), events))
-    });
-    Ok((
-        [(
-            axum::http::header::CONTENT_TYPE,
-            flotilla_api::exec::CONTENT_TYPE,
-        )],
-        axum::body::Body::from_stream(frames),
-    )
-        .into_response())
 }
 
 /// Whether lease `id` is acquired (bound, or restored and waiting to be bound again).
