@@ -201,3 +201,52 @@ fn the_matcher_takes_wildcards_and_refuses_drift() {
     assert!(output_matches(&expected, &["a", "b", "c", "z"]));
     assert!(!output_matches(&expected, &["a", "b"]));
 }
+
+/// Every Rust source file of the repository's crates (not the build output or vendored trees).
+fn rust_sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if path.is_dir() {
+            if !matches!(name.to_str(), Some("target" | "node_modules" | ".git")) {
+                rust_sources(&path, out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The test run builds no doc tests (`scripts/test.sh` says why), so a code example in an API
+/// doc comment would never run: such blocks are text (```text), or the example is a test.
+#[test]
+fn no_api_doc_carries_an_example_that_no_test_runs() {
+    let root = root();
+    let mut files = Vec::new();
+    for dir in ["host", "plugins", "plugin-template", "tests"] {
+        rust_sources(&root.join(dir), &mut files);
+    }
+    assert!(files.len() > 100, "found only {} sources", files.len());
+    let mut runnable = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut open = false;
+        for (n, line) in text.lines().enumerate() {
+            let trimmed = line.trim_start();
+            let Some(doc) = trimmed
+                .strip_prefix("///")
+                .or_else(|| trimmed.strip_prefix("//!"))
+            else {
+                continue;
+            };
+            let Some(lang) = doc.trim().strip_prefix("```") else {
+                continue;
+            };
+            if !open && !matches!(lang.trim(), "text" | "ignore" | "sh" | "toml" | "json") {
+                runnable.push(format!("{}:{}", file.display(), n + 1));
+            }
+            open = !open;
+        }
+    }
+    assert!(runnable.is_empty(), "doc examples no test runs: {runnable:?}");
+}
