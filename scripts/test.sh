@@ -151,7 +151,9 @@ phase "tests"
 # The test-run profile: release, but the binary crate at opt-level 1 (Cargo.toml says why).
 # Every target cargo tests by default but the doc tests: no crate has one (the API docs' code
 # blocks are text), and rustdoc's pass over the 19 library crates to find none took a minute.
-cargo test --locked --profile test-run --lib --bins --tests --examples
+# `--tests` is every target whose manifest says `test` (libraries, binaries with tests,
+# integration tests); `--examples` builds the examples, as the default run does.
+cargo test --locked --profile test-run --tests --examples
 
 phase "the plugin templates (Rust, Python, JavaScript): plugin new, build, plugin test --provision"
 ./scripts/templates.sh
