@@ -242,6 +242,13 @@ pub struct LeaseView {
     /// With a deadline asked for at the reservation: when the lease fails whatever its state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_at: Option<Millis>,
+    /// Whom the lease's work belongs to, when the reservation named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// The pool the lease was reserved in, when that pool handed it to the one holding it now
+    /// (its fallback); the holder keeps using the first pool's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handed_from: Option<String>,
 }
 
 /// `GET /v1/pools/{pool}/leases[?label=k=v]`.
@@ -285,6 +292,50 @@ impl ReserveRequest {
     /// The longest deadline a reservation may ask for: a year and a day (GitLab's longest
     /// job timeout is a month).
     pub const MAX_DEADLINE_SECONDS: u64 = 366 * 24 * 3600;
+}
+
+/// `POST .../leases/{id}/release` answers this.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseAnswer {
+    /// The pool.
+    pub pool: String,
+    /// The lease.
+    pub lease: u64,
+    /// Always true: the lease is gone.
+    pub released: bool,
+}
+
+/// `DELETE .../leases/{id}` answers this.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnreserveAnswer {
+    /// The pool.
+    pub pool: String,
+    /// The lease.
+    pub lease: u64,
+    /// Always true: the reservation is gone.
+    pub unreserved: bool,
+}
+
+/// `POST .../leases/{id}/renew` answers this.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewAnswer {
+    /// The pool.
+    pub pool: String,
+    /// The lease.
+    pub lease: u64,
+    /// When the lease now fails unless renewed again.
+    pub expires_at: Millis,
+}
+
+/// `POST .../leases/{id}/report` answers this.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportAnswer {
+    /// The pool.
+    pub pool: String,
+    /// The lease.
+    pub lease: u64,
+    /// Always true: the report was counted.
+    pub reported: bool,
 }
 
 /// The body of a release: `{"instance_broken": "why"}` when the holder found the instance

@@ -248,5 +248,8 @@ fn no_api_doc_carries_an_example_that_no_test_runs() {
             open = !open;
         }
     }
-    assert!(runnable.is_empty(), "doc examples no test runs: {runnable:?}");
+    assert!(
+        runnable.is_empty(),
+        "doc examples no test runs: {runnable:?}"
+    );
 }

@@ -396,13 +396,21 @@ impl ApiClient {
         format!("/v1/pools/{}/leases", self.pool)
     }
 
-    fn lease(value: &Value) -> Result<LeaseInfo, String> {
-        let view: flotilla_api::LeaseView =
-            serde_json::from_value(value.clone()).map_err(|e| format!("unexpected lease: {e}"))?;
-        Ok(LeaseInfo {
+    fn lease(view: flotilla_api::LeaseView) -> LeaseInfo {
+        LeaseInfo {
             id: view.id,
             state: view.state,
-        })
+        }
+    }
+
+    /// An answer read as the wire type the server writes it with.
+    fn answer<T: serde::de::DeserializeOwned>(
+        &self,
+        value: Value,
+        what: &str,
+    ) -> Result<T, ApiError> {
+        serde_json::from_value(value)
+            .map_err(|e| self.unreachable(format!("unexpected {what} answer: {e}")))
     }
 
     /// The live lease carrying `key=value`, if any.
@@ -415,16 +423,8 @@ impl ApiClient {
         let answer = self
             .call(http::Method::GET, &path, None, self.timeout)
             .await?;
-        let first = answer
-            .get("leases")
-            .and_then(Value::as_array)
-            .and_then(|l| l.first());
-        match first {
-            None => Ok(None),
-            Some(lease) => Self::lease(lease)
-                .map(Some)
-                .map_err(|e| self.unreachable(e)),
-        }
+        let list: flotilla_api::LeaseList = self.answer(answer, "lease list")?;
+        Ok(list.leases.into_iter().next().map(Self::lease))
     }
 
     /// Reserves a slot tagged with `labels`, failing by itself `deadline` after the
@@ -460,8 +460,8 @@ impl ApiClient {
                 self.timeout,
             )
             .await?;
-        let lease = answer.get("lease").cloned().unwrap_or_default();
-        Self::lease(&lease).map_err(|e| self.unreachable(e))
+        let reserved: flotilla_api::LeaseAnswer = self.answer(answer, "reservation")?;
+        Ok(Self::lease(reserved.lease))
     }
 
     /// The pool's job slots at most: `max_instances × capacity_per_instance`, as the host
@@ -490,8 +490,7 @@ impl ApiClient {
     pub async fn acquire(&self, id: u64, limit: Duration) -> Result<Acquired, ApiError> {
         let path = format!("{}/{id}/acquire", self.leases_path());
         let answer = self.call(http::Method::POST, &path, None, limit).await?;
-        let answer: flotilla_api::AcquireAnswer = serde_json::from_value(answer)
-            .map_err(|e| self.unreachable(format!("unexpected acquire answer: {e}")))?;
+        let answer: flotilla_api::AcquireAnswer = self.answer(answer, "acquire")?;
         let os = answer
             .connection
             .as_ref()

@@ -9,18 +9,17 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
-use serde::Serialize;
 use serde_json::json;
 
 use crate::metrics::Metrics;
 use crate::pools::{Pools, RunningPool, Unavailable};
 use flotilla_connector::ForwardError;
 use flotilla_credentials::Secret;
-use flotilla_provider::Connection;
 use flotilla_scaler::driver::AcquireError;
 use flotilla_scaler::{Lease, LeaseError, LeaseState, PoolHandle};
 
 mod shell;
+mod wire;
 use shell::{EXEC_BODY_LIMIT, TERMINAL_HEADER, TerminalSession, UpgradedStream, exec, terminal};
 
 /// Shared state of the server.
@@ -402,11 +401,13 @@ async fn reserve(
                 .reservation_refused(&name, ErrorCode::NoIdleSlot.name()),
             _ => {}
         })?;
-    let lease = p.with_core(|c| c.lease(id).cloned());
+    let lease = p
+        .with_core(|c| c.lease(id).map(wire::view))
+        .ok_or(LeaseError::UnknownLease(id))?;
     tracing::info!(pool = %name, plugin_digest = %running.plugin_digest, lease = id, "lease reserved");
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "pool": name, "lease": lease })),
+        Json(flotilla_api::LeaseAnswer { pool: name, lease }),
     )
         .into_response())
 }
@@ -421,7 +422,7 @@ async fn list_leases(
     State(state): State<Shared>,
     Path(name): Path<String>,
     query: Result<axum::extract::Query<LeaseQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<flotilla_api::LeaseList>, ApiError> {
     let first = running(&state, &name)?;
     let p = &first.handle;
     let query = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
@@ -441,9 +442,10 @@ async fn list_leases(
                     .with_core(|c| c.lease_by_label(key, value).cloned())
                     .filter(handed_here)
             });
-        return Ok(Json(
-            json!({ "pool": name, "leases": Vec::from_iter(found) }),
-        ));
+        return Ok(Json(flotilla_api::LeaseList {
+            leases: found.iter().map(wire::view).collect(),
+            pool: name,
+        }));
     }
     let mut leases = p.with_core(|c| c.leases().cloned().collect::<Vec<_>>());
     if let Some((_, f)) = &fallback {
@@ -451,39 +453,22 @@ async fn list_leases(
             .with_core(|c| leases.extend(c.leases().filter(|l| handed_here(l)).cloned()));
     }
     leases.sort_by_key(|l| l.id);
-    Ok(Json(json!({ "pool": name, "leases": leases })))
+    Ok(Json(flotilla_api::LeaseList {
+        leases: leases.iter().map(wire::view).collect(),
+        pool: name,
+    }))
 }
 
 async fn get_lease(
     State(state): State<Shared>,
     LeasePath { pool: name, id }: LeasePath,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<flotilla_api::LeaseAnswer>, ApiError> {
     let (name, running) = holder(&state, &name, id)?;
     let lease = running
         .handle
-        .with_core(|c| c.lease(id).cloned())
+        .with_core(|c| c.lease(id).map(wire::view))
         .ok_or(LeaseError::UnknownLease(id))?;
-    Ok(Json(json!({ "pool": name, "lease": lease })))
-}
-
-#[derive(Serialize)]
-struct Acquired {
-    pool: String,
-    lease: u64,
-    instance: String,
-    slot: u32,
-    connection: Option<Connection>,
-    connection_error: Option<String>,
-    /// Where the lease holder reaches Docker Engine on the instance without any key.
-    docker: Option<DockerHandle>,
-}
-
-/// The connection handle of an acquired lease: the host forwards Docker Engine API requests
-/// under `path` (with the API's bearer token) to the instance, over the host's SSH session.
-#[derive(Serialize)]
-struct DockerHandle {
-    /// The API path to use as Docker's base URL, e.g. `/v1/pools/p/leases/7/docker`.
-    path: String,
+    Ok(Json(flotilla_api::LeaseAnswer { pool: name, lease }))
 }
 
 /// `POST .../acquire`, a long poll: while it waits, its connection counts under
@@ -519,7 +504,7 @@ async fn acquire(
 async fn bind(
     State(state): State<Shared>,
     LeasePath { pool: name, id }: LeasePath,
-) -> Result<Json<Acquired>, ApiError> {
+) -> Result<Json<flotilla_api::AcquireAnswer>, ApiError> {
     let asked = name;
     let (mut name, mut running) = holder(&state, &asked, id)?;
     // A reservation handed to the fallback while its acquire waits: the wait goes on there.
@@ -557,7 +542,11 @@ async fn bind(
             Err(e) => (None, Some(e.to_string())),
         },
     };
-    Ok(Json(Acquired {
+    let (connection, connection_error) = match connection.map(serde_json::to_value).transpose() {
+        Ok(value) => (value, connection_error),
+        Err(e) => (None, Some(format!("the plugin's connection details: {e}"))),
+    };
+    Ok(Json(flotilla_api::AcquireAnswer {
         lease: id,
         instance: binding.instance,
         slot: binding.slot,
@@ -565,7 +554,7 @@ async fn bind(
             .connector
             .as_ref()
             .filter(|c| c.serves_docker())
-            .map(|_| DockerHandle {
+            .map(|_| flotilla_api::DockerHandle {
                 path: format!("/v1/pools/{name}/leases/{id}/docker"),
             }),
         pool: name,
@@ -860,23 +849,14 @@ pub async fn watch_lease_channels(pool: std::sync::Weak<RunningPool>) {
     }
 }
 
-/// The body of a release: `{"instance_broken": "why"}` when the holder found the instance
-/// unusable (it is then failed and replaced), or nothing.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReleaseBody {
-    #[serde(default)]
-    instance_broken: Option<String>,
-}
-
 async fn release(
     State(state): State<Shared>,
     LeasePath { pool: name, id }: LeasePath,
     body: axum::body::Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<flotilla_api::ReleaseAnswer>, ApiError> {
     let (name, running) = holder(&state, &name, id)?;
     let p = &running.handle;
-    let body: ReleaseBody = parse_body(&body)?;
+    let body: flotilla_api::ReleaseRequest = parse_body(&body)?;
     let instance = acquired_instance(p, id).unwrap_or_default();
     let broken = body.instance_broken.is_some();
     match body.instance_broken {
@@ -891,20 +871,26 @@ async fn release(
         None => p.release(id)?,
     }
     tracing::info!(pool = %name, plugin_digest = %running.plugin_digest, lease = id, instance = %instance, broken, "lease released");
-    Ok(Json(json!({ "pool": name, "lease": id, "released": true })))
+    Ok(Json(flotilla_api::ReleaseAnswer {
+        pool: name,
+        lease: id,
+        released: true,
+    }))
 }
 
 /// Renews a lease's TTL (pools with `lease_ttl`): `{"expires_at": <ms since the epoch>}`.
 async fn renew(
     State(state): State<Shared>,
     LeasePath { pool: name, id }: LeasePath,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<flotilla_api::RenewAnswer>, ApiError> {
     let (name, running) = holder(&state, &name, id)?;
     let p = running.handle.clone();
     match p.renew(id)? {
-        Some(until) => Ok(Json(
-            json!({ "pool": name, "lease": id, "expires_at": until }),
-        )),
+        Some(until) => Ok(Json(flotilla_api::RenewAnswer {
+            pool: name,
+            lease: id,
+            expires_at: until,
+        })),
         None => Err(ApiError::new(
             ErrorCode::NoTtl,
             format!("pool {name} has no lease_ttl; leases need no renewal"),
@@ -930,7 +916,7 @@ async fn report(
     State(state): State<Shared>,
     LeasePath { pool: name, id }: LeasePath,
     body: axum::body::Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<flotilla_api::ReportAnswer>, ApiError> {
     let (name, running) = holder(&state, &name, id)?;
     let p = running.handle.clone();
     let body: flotilla_api::ReportRequest = parse_body(&body)?;
@@ -943,20 +929,26 @@ async fn report(
     if let Some(f) = body.job_finished {
         state.metrics.job_finished(&name, f.outcome);
     }
-    Ok(Json(json!({ "pool": name, "lease": id, "reported": true })))
+    Ok(Json(flotilla_api::ReportAnswer {
+        pool: name,
+        lease: id,
+        reported: true,
+    }))
 }
 
 async fn unreserve(
     State(state): State<Shared>,
     LeasePath { pool: name, id }: LeasePath,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<flotilla_api::UnreserveAnswer>, ApiError> {
     let (name, running) = holder(&state, &name, id)?;
     let p = running.handle.clone();
     p.unreserve(id)?;
     tracing::info!(pool = %name, lease = id, "lease unreserved");
-    Ok(Json(
-        json!({ "pool": name, "lease": id, "unreserved": true }),
-    ))
+    Ok(Json(flotilla_api::UnreserveAnswer {
+        pool: name,
+        lease: id,
+        unreserved: true,
+    }))
 }
 
 async fn metrics(State(state): State<Shared>) -> Response {
