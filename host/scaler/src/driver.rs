@@ -107,12 +107,12 @@ pub trait LeaseJournal: Send + Sync {
     fn finished(&self, _lease: &Lease, _released_at: Millis) {}
 }
 
-/// The check before a release: only an acquired (or failed) lease can be released.
-fn releasable(id: u64) -> impl Fn(&LeaseState) -> Result<(), LeaseError> {
-    move |state| match state {
-        LeaseState::Reserved => Err(LeaseError::NotAcquired(id)),
-        _ => Ok(()),
-    }
+/// What the journal must hold for a lease change before the change is made and acknowledged.
+enum Write<'a> {
+    /// The lease as it will be, with its instance's new use count when it is being bound.
+    Save(&'a Lease, Option<(&'a str, u32)>),
+    /// The lease is gone.
+    Remove(u64),
 }
 
 /// Why `acquire` gave up.
@@ -299,23 +299,37 @@ impl PoolHandle {
         }
     }
 
-    /// Binds one reserved lease and journals it; `Ok(None)`: no free slot.
+    /// Binds one reserved lease, durably; `Ok(None)`: no free slot.
     fn bind(
         &self,
         core: &mut PoolCore,
         now: Millis,
         id: u64,
     ) -> Result<Option<Binding>, LeaseError> {
-        let Some(binding) = core.acquire(now, id)? else {
+        let Some(planned) = core.plan_acquire(now, id)? else {
             return Ok(None);
         };
-        let uses = core.uses_of(&binding.instance).unwrap_or(0);
-        let saved = self.journal_save(core.lease(id).cloned(), Some((&binding.instance, uses)));
-        if let Err(e) = saved {
-            core.unacquire(now, id);
-            return Err(LeaseError::NotDurable(e));
+        let uses = Some((planned.binding.instance.as_str(), planned.uses));
+        self.durably(Write::Save(&planned.lease, uses), || {
+            core.commit_acquire(&planned);
+        })?;
+        Ok(Some(planned.binding))
+    }
+
+    /// "Durable before acknowledged", in one place: the core has checked the change and said
+    /// what the journal must hold for it (`write`); the write is made durable, and only then
+    /// is the change made in memory (`commit`). A write that fails changes nothing and
+    /// refuses the change as [`LeaseError::NotDurable`]. Called with the core's lock held, so
+    /// nothing comes between the check and the change.
+    fn durably<T>(&self, write: Write<'_>, commit: impl FnOnce() -> T) -> Result<T, LeaseError> {
+        if let Some(journal) = &self.journal {
+            self.committed(|| match write {
+                Write::Save(lease, uses) => journal.save(lease, uses),
+                Write::Remove(id) => journal.remove(id),
+            })
+            .map_err(LeaseError::NotDurable)?;
         }
-        Ok(Some(binding))
+        Ok(commit())
     }
 
     /// Undoes a binding nobody received: the lease is reserved again, in memory and journal.
@@ -500,27 +514,6 @@ impl PoolHandle {
         r
     }
 
-    /// Removes a lease from the journal before it is removed from memory, when `allowed`
-    /// says the removal will succeed.
-    fn journal_remove(
-        &self,
-        core: &PoolCore,
-        id: u64,
-        allowed: impl Fn(&LeaseState) -> Result<(), LeaseError>,
-    ) -> Result<(), LeaseError> {
-        let state = core
-            .lease(id)
-            .map(|l| l.state.clone())
-            .ok_or(LeaseError::UnknownLease(id))?;
-        allowed(&state)?;
-        match &self.journal {
-            Some(j) => self
-                .committed(|| j.remove(id))
-                .map_err(LeaseError::NotDurable),
-            None => Ok(()),
-        }
-    }
-
     /// Promises a slot tagged with `labels` (each pair held by one live lease at most).
     pub fn reserve_labelled(
         &self,
@@ -549,12 +542,10 @@ impl PoolHandle {
     ) -> Result<u64, LeaseError> {
         let mut core = self.core();
         let after = deadline_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let id = core.reserve_for(self.clock.now(), labels, after, tenant)?;
-        if let Err(e) = self.journal_save(core.lease(id).cloned(), None) {
-            // Not durable, so not granted.
-            let _ = core.unreserve(id);
-            return Err(LeaseError::NotDurable(e));
-        }
+        let lease = core.plan_reserve(self.clock.now(), labels, after, tenant)?;
+        let id = self.durably(Write::Save(&lease, None), || {
+            core.commit_reserve(lease.clone())
+        })?;
         drop(core);
         self.kick();
         Ok(id)
@@ -564,10 +555,10 @@ impl PoolHandle {
     /// replaced.
     pub fn release_broken(&self, id: u64, cause: &str) -> Result<(), LeaseError> {
         let mut core = self.core();
-        self.journal_remove(&core, id, releasable(id))?;
+        core.check_release(id)?;
         let lease = core.lease(id).cloned();
         let now = self.clock.now();
-        let r = core.release_broken(now, id, cause);
+        let r = self.durably(Write::Remove(id), || core.release_broken(now, id, cause))?;
         drop(core);
         self.ended(&r, lease, now);
         self.kick();
@@ -631,10 +622,10 @@ impl PoolHandle {
     /// Frees a slot.
     pub fn release(&self, id: u64) -> Result<(), LeaseError> {
         let mut core = self.core();
-        self.journal_remove(&core, id, releasable(id))?;
+        core.check_release(id)?;
         let lease = core.lease(id).cloned();
         let now = self.clock.now();
-        let r = core.release(now, id);
+        let r = self.durably(Write::Remove(id), || core.release(now, id))?;
         drop(core);
         self.ended(&r, lease, now);
         self.kick();
@@ -644,12 +635,9 @@ impl PoolHandle {
     /// Drops a reservation.
     pub fn unreserve(&self, id: u64) -> Result<(), LeaseError> {
         let mut core = self.core();
-        self.journal_remove(&core, id, |state| match state {
-            LeaseState::Acquired { .. } => Err(LeaseError::Acquired(id)),
-            _ => Ok(()),
-        })?;
+        core.check_unreserve(id)?;
         let lease = core.lease(id).cloned();
-        let r = core.unreserve(id);
+        let r = self.durably(Write::Remove(id), || core.unreserve(id))?;
         drop(core);
         if r.is_ok() {
             // An acquire still queued for it learns at once that the lease is gone.
@@ -674,23 +662,20 @@ impl PoolHandle {
             .cloned()
             .ok_or(LeaseError::UnknownLease(id))?;
         lease.handed_from = Some(self.name.clone());
+        core.check_unreserve(id)?;
         {
+            // Not durable there, so not moved.
             let mut theirs = to.core();
-            theirs.take_over(lease.clone())?;
-            if let Err(e) = to.journal_save(Some(lease), None) {
-                let _ = theirs.unreserve(id); // not durable there, so not moved
-                return Err(LeaseError::NotDurable(e));
-            }
+            theirs.check_take_over(&lease)?;
+            to.durably(Write::Save(&lease, None), || {
+                theirs.take_over(lease.clone())
+            })??;
         }
-        let moved = self
-            .journal_remove(&core, id, |_| Ok(()))
-            .and_then(|()| core.unreserve(id));
-        if let Err(e) = moved {
+        let moved = self.durably(Write::Remove(id), || core.unreserve(id));
+        if let Err(e) = moved.and_then(|r| r) {
             // This pool could not forget it: it stays here, and `to` gives its copy up.
             let mut theirs = to.core();
-            if to.journal_remove(&theirs, id, |_| Ok(())).is_ok() {
-                let _ = theirs.unreserve(id);
-            }
+            let _ = to.durably(Write::Remove(id), || theirs.unreserve(id));
             return Err(e);
         }
         drop(core);

@@ -369,3 +369,137 @@ async fn a_hand_over_the_first_pool_cannot_write_is_undone() {
     assert_eq!(first.waiting(), 1);
     queued.abort();
 }
+
+/// A journal whose writes fail while it is broken ("no space left on device"), and which
+/// holds what was written otherwise.
+#[derive(Default)]
+struct Breakable {
+    broken: std::sync::atomic::AtomicBool,
+    held: parking_lot::Mutex<std::collections::BTreeMap<u64, LeaseState>>,
+}
+
+impl Breakable {
+    fn set_broken(&self, broken: bool) {
+        self.broken
+            .store(broken, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn write(
+        &self,
+        f: impl FnOnce(&mut std::collections::BTreeMap<u64, LeaseState>),
+    ) -> Result<(), flotilla_scaler::JournalError> {
+        if self.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(flotilla_scaler::JournalError::new(std::io::Error::other(
+                "no space left on device",
+            )));
+        }
+        f(&mut self.held.lock());
+        Ok(())
+    }
+
+    fn held(&self, id: u64) -> Option<LeaseState> {
+        self.held.lock().get(&id).cloned()
+    }
+}
+
+impl flotilla_scaler::LeaseJournal for Breakable {
+    fn save(
+        &self,
+        lease: &flotilla_scaler::Lease,
+        _: Option<(&str, u32)>,
+    ) -> Result<(), flotilla_scaler::JournalError> {
+        self.write(|held| {
+            held.insert(lease.id, lease.state.clone());
+        })
+    }
+    fn remove(&self, id: u64) -> Result<(), flotilla_scaler::JournalError> {
+        self.write(|held| {
+            held.remove(&id);
+        })
+    }
+    fn forget_instance(&self, _: &str) -> Result<(), flotilla_scaler::JournalError> {
+        Ok(())
+    }
+}
+
+/// Durable before acknowledged: while the journal cannot write, no lease change is
+/// acknowledged and none is made. A reservation is refused and leaves no lease; an acquire is
+/// refused and leaves its lease reserved and the slot free; a release and an unreserve are
+/// refused and leave their leases as they were. Once the journal writes again, each goes
+/// through, and the journal holds what memory holds.
+#[tokio::test]
+async fn while_the_journal_cannot_write_no_lease_change_is_acknowledged_or_made() {
+    let cfg = ScalerConfig {
+        capacity_per_instance: 1,
+        max_instances: 8,
+        instance_acquire_timeout_ms: 10_000,
+        ..ScalerConfig::default()
+    };
+    let policy = Policy::new(vec!["* * * * *".into()], "UTC", 1, 3_600_000, 0.0, 0, false)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let clock = Arc::new(SystemClock);
+    let mut core = PoolCore::new(cfg, vec![policy], clock.now());
+    let provider = Fixed(1);
+    core.set_provider_info(&provider.init("").await.unwrap());
+    let journal = Arc::new(Breakable::default());
+    let pool = PoolHandle::spawn_journaled(
+        "p".into(),
+        core,
+        Arc::new(provider),
+        clock,
+        Arc::new(AlwaysReady),
+        None,
+        Some(journal.clone()),
+    );
+    let not_durable =
+        |e: &flotilla_scaler::LeaseError| matches!(e, flotilla_scaler::LeaseError::NotDurable(_));
+    let leases = |pool: &PoolHandle| pool.with_core(|c| c.leases().count());
+
+    journal.set_broken(true);
+    let refused = pool.reserve().unwrap_err();
+    assert!(not_durable(&refused), "{refused:?}");
+    assert_eq!(leases(&pool), 0, "a refused reservation left a lease");
+    journal.set_broken(false);
+    let id = pool.reserve().unwrap();
+    assert_eq!(journal.held(id), Some(LeaseState::Reserved));
+
+    journal.set_broken(true);
+    match pool.acquire(id).await {
+        Err(AcquireError::Lease(e)) if not_durable(&e) => {}
+        other => panic!("an acquire the journal could not hold: {other:?}"),
+    }
+    assert_eq!(state(&pool, id), Some(LeaseState::Reserved));
+    let slots = pool.snapshot().slots;
+    assert_eq!(
+        (slots.acquired, slots.reserved),
+        (0, 1),
+        "the refused acquire kept the slot: {slots:?}"
+    );
+    journal.set_broken(false);
+    let bound = pool.acquire(id).await.unwrap();
+    let acquired = Some(LeaseState::Acquired {
+        instance: bound.instance.clone(),
+        slot: bound.slot,
+    });
+    assert_eq!(state(&pool, id), acquired);
+    assert_eq!(journal.held(id), acquired);
+
+    journal.set_broken(true);
+    assert!(not_durable(&pool.release(id).unwrap_err()));
+    assert_eq!(
+        state(&pool, id),
+        acquired,
+        "a refused release freed the lease"
+    );
+    journal.set_broken(false);
+    pool.release(id).unwrap();
+    assert_eq!((state(&pool, id), journal.held(id)), (None, None));
+
+    let second = pool.reserve().unwrap();
+    journal.set_broken(true);
+    assert!(not_durable(&pool.unreserve(second).unwrap_err()));
+    assert_eq!(state(&pool, second), Some(LeaseState::Reserved));
+    journal.set_broken(false);
+    pool.unreserve(second).unwrap();
+    assert_eq!((state(&pool, second), journal.held(second)), (None, None));
+}

@@ -2,6 +2,7 @@
 //! give it back (release, unreserve); failing the leases of a broken instance. It owns the lease
 //! table and the reserved/acquired counters; it must not know about providers or planning.
 
+use super::types::PlannedAcquire;
 use std::collections::BTreeMap;
 
 use super::{Binding, InstState, Lease, LeaseError, LeaseState, PoolCore, PoolHealth};
@@ -62,25 +63,43 @@ impl PoolCore {
         deadline_after: Option<Millis>,
         tenant: Option<String>,
     ) -> Result<u64, LeaseError> {
+        let lease = self.plan_reserve(now, labels, deadline_after, tenant)?;
+        Ok(self.commit_reserve(lease))
+    }
+
+    /// Checks a reservation and returns the lease it makes, changing nothing but using up an
+    /// id: what the journal must hold before [`PoolCore::commit_reserve`] makes it live.
+    pub fn plan_reserve(
+        &self,
+        now: Millis,
+        labels: BTreeMap<String, String>,
+        deadline_after: Option<Millis>,
+        tenant: Option<String>,
+    ) -> Result<Lease, LeaseError> {
         self.admissible(&labels)?;
         if self.policy(now).preemptive_mode && self.free_ready_slots() <= self.reserved {
             return Err(LeaseError::NoIdleSlot);
         }
-        let id = self.next_lease.take();
-        self.leases.insert(Lease {
-            id,
+        Ok(Lease {
+            id: self.next_lease.take(),
             state: LeaseState::Reserved,
             reserved_at: now,
             acquired_at: None,
             labels,
             expires_at: self.cfg.lease_ttl_ms.map(|ttl| now.saturating_add(ttl)),
             deadline_at: deadline_after.map(|after| now.saturating_add(after)),
-            tenant: tenant.clone(),
+            tenant,
             handed_from: None,
-        });
-        self.tenants_seen |= tenant.is_some();
+        })
+    }
+
+    /// Makes a reservation from [`PoolCore::plan_reserve`] live, under the same lock; its id.
+    pub fn commit_reserve(&mut self, lease: Lease) -> u64 {
+        let id = lease.id;
+        self.tenants_seen |= lease.tenant.is_some();
+        self.leases.insert(lease);
         self.reserved += 1;
-        Ok(id)
+        id
     }
 
     /// Whether a reservation with `labels` may join the pool: no live lease holds one of its
@@ -109,48 +128,74 @@ impl PoolCore {
 
     /// Binds a reserved lease to a ready slot; `Ok(None)` means "wait and try again".
     pub fn acquire(&mut self, now: Millis, id: u64) -> Result<Option<Binding>, LeaseError> {
-        self.acquirable(id)?;
-        let tenant = self.leases.get(id).and_then(|l| l.tenant.clone());
-        let Some(key) = self.available_for(tenant.as_deref()) else {
+        let Some(planned) = self.plan_acquire(now, id)? else {
             return Ok(None);
         };
+        self.commit_acquire(&planned);
+        Ok(Some(planned.binding))
+    }
+
+    /// Checks an acquire and picks its slot, changing nothing: the lease as it will be bound
+    /// and its instance's use count after it, which the journal must hold before
+    /// [`PoolCore::commit_acquire`] binds it. `Ok(None)`: no free slot it may take.
+    pub fn plan_acquire(&self, now: Millis, id: u64) -> Result<Option<PlannedAcquire>, LeaseError> {
+        self.acquirable(id)?;
+        let Some(lease) = self.leases.get(id) else {
+            return Err(LeaseError::UnknownLease(id));
+        };
+        let Some(key) = self.available_for(lease.tenant.as_deref()) else {
+            return Ok(None);
+        };
+        let Some(inst) = self.insts.get(&key) else {
+            return Ok(None);
+        };
+        let Some(slot) = inst.slots.iter().position(Option::is_none) else {
+            return Ok(None);
+        };
+        let binding = Binding {
+            instance: inst.id.clone(),
+            slot: slot as u32,
+        };
+        let mut bound = lease.clone();
+        bound.state = LeaseState::Acquired {
+            instance: binding.instance.clone(),
+            slot: binding.slot,
+        };
+        bound.acquired_at = Some(now);
+        Ok(Some(PlannedAcquire {
+            key,
+            uses: inst.uses + 1,
+            binding,
+            lease: bound,
+        }))
+    }
+
+    /// Binds a lease as [`PoolCore::plan_acquire`] planned it, under the same lock.
+    pub fn commit_acquire(&mut self, planned: &PlannedAcquire) {
+        let id = planned.lease.id;
+        let tenant = planned.lease.tenant.clone();
         let max_use = self.cfg.max_use_count;
-        let bound = self.with_inst(key, |inst| {
+        let slot = planned.binding.slot as usize;
+        let exhausted = self.with_inst(planned.key, |inst| {
             if inst.tenant.is_none() {
                 inst.tenant.clone_from(&tenant);
             }
-            let (slot, cell) = inst
-                .slots
-                .iter_mut()
-                .enumerate()
-                .find(|(_, cell)| cell.is_none())?;
-            *cell = Some(id);
+            if let Some(cell) = inst.slots.get_mut(slot) {
+                *cell = Some(id);
+            }
             inst.used += 1;
             inst.uses += 1;
             inst.idle_since = None;
-            Some((
-                inst.id.clone(),
-                slot as u32,
-                max_use > 0 && inst.uses >= max_use,
-            ))
+            max_use > 0 && inst.uses >= max_use
         });
-        let Some(Some((instance, slot, exhausted))) = bound else {
-            return Ok(None);
-        };
-        if exhausted {
+        if exhausted == Some(true) {
             // Max use count reached: no new jobs; deleted once its leases are released.
-            self.with_inst(key, |inst| inst.state = InstState::Draining);
+            self.with_inst(planned.key, |inst| inst.state = InstState::Draining);
         }
-        self.leases.update(id, |lease| {
-            lease.state = LeaseState::Acquired {
-                instance: instance.clone(),
-                slot,
-            };
-            lease.acquired_at = Some(now);
-        });
+        let bound = planned.lease.clone();
+        self.leases.update(id, |lease| *lease = bound);
         self.reserved -= 1;
         self.acquired += 1;
-        Ok(Some(Binding { instance, slot }))
     }
 
     /// The instance with a free slot a lease of `tenant` may take: the fullest first, among
@@ -215,11 +260,21 @@ impl PoolCore {
         }
     }
 
-    /// Drops a reservation that got no job.
-    pub fn unreserve(&mut self, id: u64) -> Result<(), LeaseError> {
+    /// Whether [`PoolCore::unreserve`] would drop this lease; changes nothing.
+    pub fn check_unreserve(&self, id: u64) -> Result<(), LeaseError> {
         if self.restoring.contains(id) {
             return Err(LeaseError::Acquired(id));
         }
+        match self.leases.get(id).map(|l| &l.state) {
+            None => Err(LeaseError::UnknownLease(id)),
+            Some(LeaseState::Acquired { .. }) => Err(LeaseError::Acquired(id)),
+            Some(LeaseState::Failed { .. } | LeaseState::Reserved) => Ok(()),
+        }
+    }
+
+    /// Drops a reservation that got no job.
+    pub fn unreserve(&mut self, id: u64) -> Result<(), LeaseError> {
+        self.check_unreserve(id)?;
         match self.leases.get(id).map(|l| l.state.clone()) {
             None => Err(LeaseError::UnknownLease(id)),
             Some(LeaseState::Acquired { .. }) => Err(LeaseError::Acquired(id)),
@@ -235,8 +290,22 @@ impl PoolCore {
         }
     }
 
+    /// Whether [`PoolCore::release`] would free this lease; changes nothing. A lease still
+    /// being restored is released; a reservation is not (it is unreserved).
+    pub fn check_release(&self, id: u64) -> Result<(), LeaseError> {
+        if self.restoring.contains(id) {
+            return Ok(());
+        }
+        match self.leases.get(id).map(|l| &l.state) {
+            None => Err(LeaseError::UnknownLease(id)),
+            Some(LeaseState::Reserved) => Err(LeaseError::NotAcquired(id)),
+            Some(LeaseState::Acquired { .. } | LeaseState::Failed { .. }) => Ok(()),
+        }
+    }
+
     /// Frees an acquired slot (a failed lease is acknowledged and forgotten).
     pub fn release(&mut self, now: Millis, id: u64) -> Result<(), LeaseError> {
+        self.check_release(id)?;
         if self.restoring.remove(id).is_some() {
             // Restored, not yet bound again (the first update has not come back).
             return Ok(());

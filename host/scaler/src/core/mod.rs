@@ -29,7 +29,7 @@ use self::index::{Index, Indexed, Inst, PolicyCache};
 use self::lease_table::LeaseTable;
 pub use self::types::{
     Action, Binding, Counters, InstState, InstanceView, JournalError, Lease, LeaseError,
-    LeaseState, PoolHealth, PoolSnapshot, RestartView, SlotCounts,
+    LeaseState, PlannedAcquire, PoolHealth, PoolSnapshot, RestartView, SlotCounts,
 };
 use super::policy::{self, Policy};
 use super::{Millis, ScalerConfig};
