@@ -33,6 +33,7 @@ for f in $changed; do
     host/flotilla/tests/*/*.rs) tests+=("$(basename "$(dirname "$f")")") ;;
     host/flotilla/tests/*.rs) tests+=("$(basename "$f" .rs)") ;;
     host/flotilla/*) packages+=(flotilla) ;;
+    tests/clouds/*|plugins/aws/*|plugins/gcp/*|plugins/azure/*) packages+=(flotilla-cloud-suites) ;;
     host/*/*)
       dir=$(echo "$f" | cut -d/ -f1-2)
       [ -f "$dir/Cargo.toml" ] && packages+=("$(sed -n 's/^name = "\(.*\)"/\1/p' "$dir/Cargo.toml" | head -1)") ;;

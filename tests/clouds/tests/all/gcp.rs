@@ -2,14 +2,6 @@
 //! stand-in for the Compute Engine API and the metadata server (`gcp_cloud`): no emulator
 //! exists, so the stand-in copies the documented REST shapes. The plugin holds no key: the
 //! host mints the access tokens (kind `gcp`, metadata server) and adds them.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code: a failed assumption is a failed test
-
-mod common;
 
 use flotilla_harness::clouds::GcpPlugin;
 use flotilla_harness::pool::{spawn_pool, wait_until};

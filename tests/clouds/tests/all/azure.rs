@@ -2,12 +2,6 @@
 //! (`test-support/src/azure_cloud.rs`) that serves the documented REST shapes of one scale
 //! set, Uniform or Flexible, and mints managed-identity tokens. The plugin never holds a
 //! token: the host authorises every request.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code: a failed assumption is a failed test
 
 use flotilla_harness as common;
 use flotilla_harness::clouds::AzurePlugin;

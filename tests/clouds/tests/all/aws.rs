@@ -1,12 +1,6 @@
 //! The AWS plugin through the real host against moto with SigV4 checking on
 //! (`INITIAL_NO_AUTH_ACTION_COUNT=0`). The plugin never holds a key: the host signs.
 //! Needs the venv that `scripts/test.sh` creates (`moto[server]` and boto3).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code: a failed assumption is a failed test
 
 use flotilla_harness as common;
 use flotilla_harness::clouds::AwsPlugin;
