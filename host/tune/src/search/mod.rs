@@ -7,7 +7,6 @@
 //!
 //! It owns the search; it must not know about files or how results are printed.
 
-use chrono::{Datelike, TimeZone, Timelike};
 use serde::Serialize;
 
 use flotilla_scaler::sim::{
@@ -16,7 +15,14 @@ use flotilla_scaler::sim::{
 use flotilla_scaler::{Policy, ScalerConfig};
 
 use crate::history::Job;
-use crate::screen::{self, Figures, Knobs, Schedule};
+use crate::screen::Schedule;
+
+mod refine;
+mod screening;
+mod verdict;
+
+/// A minute, in milliseconds.
+const MIN: u64 = 60_000;
 
 /// What to tune for.
 #[derive(Debug, Clone)]
@@ -328,155 +334,6 @@ fn verify(
     Ok(Verified::of(&report, goal.cost_per_hour))
 }
 
-/// Weekday business hours from the history: the local hours whose mean weekday arrivals are at
-/// least a quarter of the busiest hour's, as one span `[from, to)`.
-fn business_hours(jobs: &[Job], tz: chrono_tz::Tz) -> Option<(u32, u32)> {
-    let mut per_hour = [0u64; 24];
-    for j in jobs {
-        let Some(t) = tz.timestamp_millis_opt(j.submit_ms).single() else {
-            continue;
-        };
-        if t.weekday().num_days_from_monday() < 5
-            && let Some(n) = per_hour.get_mut(t.hour() as usize)
-        {
-            *n += 1;
-        }
-    }
-    let peak = per_hour.iter().copied().max()?;
-    if peak == 0 {
-        return None;
-    }
-    let busy: Vec<u32> = (0..24u32)
-        .filter(|&h| per_hour.get(h as usize).is_some_and(|&n| n * 4 >= peak))
-        .collect();
-    let (from, to) = (*busy.first()?, *busy.last()? + 1);
-    // A fleet busy around the clock has no business hours to tell apart.
-    (to - from < 20).then_some((from, to))
-}
-
-/// The period of each minute from `start` to `end`: 1 in business hours, 0 otherwise.
-fn schedule(start: i64, end: i64, hours: Option<(u32, u32)>, tz: chrono_tz::Tz) -> Schedule {
-    let n = ((end - start).div_euclid(60_000) + 2).max(1) as usize;
-    let minutes = (0..n)
-        .map(|m| {
-            let t = start + m as i64 * 60_000;
-            match (hours, tz.timestamp_millis_opt(t).single()) {
-                (Some((from, to)), Some(local)) => {
-                    let weekday = local.weekday().num_days_from_monday() < 5;
-                    u8::from(weekday && (from..to).contains(&local.hour()))
-                }
-                _ => 0,
-            }
-        })
-        .collect();
-    Schedule {
-        start_ms: start,
-        minutes,
-    }
-}
-
-const MIN: u64 = 60_000;
-
-/// Idle counts to try: 0, 1, 2, 3, 4, then about +40% per step, up to `max`.
-fn counts(max: u32) -> Vec<u32> {
-    let mut out = vec![0u32];
-    let mut v = 1u32;
-    while v <= max {
-        out.push(v);
-        v = if v < 4 { v + 1 } else { (v * 7).div_ceil(5) };
-    }
-    if out.last().is_some_and(|&l| l < max) {
-        out.push(max);
-    }
-    out
-}
-
-/// Most jobs running at once if every job started on arrival.
-fn peak_concurrency(jobs: &[Job]) -> u32 {
-    let mut ends: std::collections::BinaryHeap<std::cmp::Reverse<i64>> =
-        std::collections::BinaryHeap::new();
-    let mut peak = 0usize;
-    for j in jobs {
-        while ends.peek().is_some_and(|e| e.0 <= j.submit_ms) {
-            ends.pop();
-        }
-        ends.push(std::cmp::Reverse(j.submit_ms + j.duration_ms as i64));
-        peak = peak.max(ends.len());
-    }
-    peak as u32
-}
-
-fn fmt_minutes(ms: u64) -> String {
-    if ms.is_multiple_of(60 * MIN) {
-        format!("{}h", ms / (60 * MIN))
-    } else {
-        format!("{}m", ms / MIN)
-    }
-}
-
-/// Builds a candidate from its knobs.
-fn candidate(
-    hours: Option<(u32, u32)>,
-    tz: &str,
-    night: Knobs,
-    day: Knobs,
-    capacity: u32,
-) -> Candidate {
-    let spec = |periods: Vec<String>, k: Knobs| PolicySpec {
-        periods,
-        timezone: tz.to_string(),
-        idle_count: k.idle_count,
-        idle_time_ms: k.idle_time_ms,
-        scale_factor: k.scale_factor,
-        scale_factor_limit: 0,
-        preemptive_mode: false,
-    };
-    let mut policies = vec![spec(vec!["* * * * *".into()], night)];
-    let mut label = format!(
-        "idle {}/{}",
-        night.idle_count,
-        fmt_minutes(night.idle_time_ms)
-    );
-    // The same knobs in and out of business hours are one policy.
-    let hours = hours.filter(|_| day != night);
-    if let Some((from, to)) = hours {
-        policies.push(spec(vec![format!("* {from}-{} * * MON-FRI", to - 1)], day));
-        label = format!(
-            "weekdays {from}-{to}h: {}/{}; else {}/{}",
-            day.idle_count,
-            fmt_minutes(day.idle_time_ms),
-            night.idle_count,
-            fmt_minutes(night.idle_time_ms)
-        );
-    }
-    if night.scale_factor > 0.0 {
-        label.push_str(&format!(", +{:.0}%", night.scale_factor * 100.0));
-    }
-    if capacity > 1 {
-        label.push_str(&format!(", {capacity}/instance"));
-    }
-    Candidate {
-        policies,
-        capacity,
-        label,
-    }
-}
-
-/// One screened candidate.
-#[derive(Debug, Clone)]
-struct Screened {
-    candidate: Candidate,
-    figures: Figures,
-}
-
-/// A family of candidates sharing all knobs but the business-hours idle count, swept upward.
-#[derive(Debug, Clone, Copy)]
-struct Family {
-    /// Off-hours knobs; the business period shares their idle time and scale factor.
-    night: Knobs,
-    capacity: u32,
-}
-
 /// Runs `f` over `items` on `threads` threads, keeping the order.
 fn parallel<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let threads = threads.max(1).min(items.len().max(1));
@@ -524,112 +381,63 @@ pub fn plus_half(jobs: &[SimJob]) -> Vec<SimJob> {
     out
 }
 
-/// Searches for the cheapest policy that meets the goal.
+/// The history as the search uses it: the fitted part and the held-out part, the fitted
+/// part's start (midnight UTC of its first day), its weekday business hours, the period of
+/// each minute, and the fitted jobs for the screening and for the simulator.
+struct Trace<'a> {
+    fit: &'a [Job],
+    held: &'a [Job],
+    start: i64,
+    hours: Option<(u32, u32)>,
+    tz_name: String,
+    sched: Schedule,
+    pairs: Vec<(i64, u64)>,
+    sim_fit: Vec<SimJob>,
+}
+
+impl<'a> Trace<'a> {
+    /// Splits `jobs` (ordered by submission) at the held-out boundary.
+    fn split(input: &Input, jobs: &'a [Job]) -> Result<Trace<'a>, SearchError> {
+        let split = jobs.partition_point(|j| j.submit_ms < input.holdout_from_ms);
+        let (fit, held) = jobs.split_at(split);
+        let (Some(first), Some(last)) = (fit.first(), fit.last()) else {
+            return Err(SearchError::Split(
+                "no jobs before the held-out part: hold out less (--holdout)".into(),
+            ));
+        };
+        let start = day_start(first.submit_ms);
+        let hours = screening::business_hours(fit, input.timezone);
+        let end = jobs.last().map_or(last.submit_ms, |j| j.submit_ms);
+        Ok(Trace {
+            fit,
+            held,
+            start,
+            hours,
+            tz_name: input.timezone.name().to_string(),
+            sched: screening::schedule(start, end, hours, input.timezone),
+            pairs: fit.iter().map(|j| (j.submit_ms, j.duration_ms)).collect(),
+            sim_fit: sim_jobs(fit, start),
+        })
+    }
+}
+
+/// Searches for the cheapest policy that meets the goal: families, screened
+/// ([`screening`]); the screening frontier, verified and refined on the real scaler
+/// ([`refine`]); the verified frontier and the recommendation, and the replays it was not
+/// fitted to ([`verdict`]).
 pub fn search(input: &Input, goal: &Goal, jobs: &[Job]) -> Result<Outcome, SearchError> {
     let started = std::time::Instant::now();
-    let split = jobs.partition_point(|j| j.submit_ms < input.holdout_from_ms);
-    let (fit, held) = jobs.split_at(split);
-    let (Some(first), Some(last)) = (fit.first(), fit.last()) else {
-        return Err(SearchError::Split(
-            "no jobs before the held-out part: hold out less (--holdout)".into(),
-        ));
-    };
-    let tz_name = input.timezone.name().to_string();
-    let start = day_start(first.submit_ms);
-    let hours = business_hours(fit, input.timezone);
-    let sched = schedule(
-        start,
-        jobs.last().map_or(last.submit_ms, |j| j.submit_ms),
-        hours,
-        input.timezone,
-    );
-    let pairs: Vec<(i64, u64)> = fit.iter().map(|j| (j.submit_ms, j.duration_ms)).collect();
-    let capacities = if input.capacities.is_empty() {
-        vec![input.scaler.capacity_per_instance]
-    } else {
-        input.capacities.clone()
-    };
-    let peak = peak_concurrency(fit);
-    // Families: off-hours idle count, idle time, scale factor, capacity.
-    let mut families = Vec::new();
-    for &capacity in &capacities {
-        let max_slots = input.scaler.max_instances.saturating_mul(capacity);
-        let night_counts: Vec<u32> = [0u32, 1, 2, 4]
-            .into_iter()
-            .filter(|&n| n <= max_slots)
-            .collect();
-        for &idle_time_ms in &[10 * MIN, 30 * MIN, 60 * MIN] {
-            for &scale_factor in &[0.0, 0.2] {
-                for &n in &night_counts {
-                    families.push(Family {
-                        night: Knobs {
-                            idle_count: n,
-                            idle_time_ms,
-                            scale_factor,
-                        },
-                        capacity,
-                    });
-                }
-            }
-        }
-    }
-    let day_counts = counts(
-        peak.min(input.scaler.max_instances.saturating_mul(64))
-            .max(1),
-    );
-    let screen_family = |family: &Family| -> (Vec<Screened>, usize) {
-        let pool = screen::Pool {
-            capacity: family.capacity,
-            max_instances: input.scaler.max_instances,
-            acquire_timeout_ms: input.scaler.instance_acquire_timeout_ms,
-            update_interval_ms: input.scaler.update_interval_ms,
-            delay_ms: input.cloud.provisioning_delay_ms,
-        };
-        let max_slots = input.scaler.max_instances.saturating_mul(family.capacity);
-        let mut out = Vec::new();
-        let mut zero_run = 0;
-        let usable: Vec<u32> = day_counts
-            .iter()
-            .copied()
-            .filter(|&d| d <= max_slots && (hours.is_some() || d == family.night.idle_count))
-            .collect();
-        let mut skipped = 0;
-        for (i, &d) in usable.iter().enumerate() {
-            let day = Knobs {
-                idle_count: d,
-                ..family.night
-            };
-            let figures = screen::run(&pool, &sched, &[family.night, day], &pairs);
-            // Far enough below the goal (a quarter of it, or no wait at all), more idle
-            // capacity can only cost more: it cannot be the recommendation.
-            let at_floor = figures.timed_out == 0
-                && (figures.wait_p95_s == 0.0 || figures.wait_p95_s <= goal.wait_p95_s * 0.25);
-            out.push(Screened {
-                candidate: candidate(hours, &tz_name, family.night, day, family.capacity),
-                figures,
-            });
-            // Pruning: once there, every larger count is dominated for the goal.
-            zero_run = if at_floor { zero_run + 1 } else { 0 };
-            if zero_run >= 2 {
-                skipped = usable.len() - i - 1;
-                break;
-            }
-        }
-        (out, skipped)
-    };
-    let screened_families = parallel(&families, input.threads, screen_family);
-    let pruned = screened_families.iter().map(|(_, p)| p).sum();
-    let screened: Vec<Screened> = screened_families.into_iter().flat_map(|(s, _)| s).collect();
-    let screened_count = screened.len();
+    let trace = Trace::split(input, jobs)?;
+    let screening = screening::screen(input, goal, &trace);
     // The screening frontier among candidates without timeouts.
     let front = pareto(
-        screened
+        screening
+            .all
             .iter()
             .filter(|s| s.figures.timed_out == 0)
             .map(|s| (s.figures.instance_hours, s.figures.wait_p95_s, s.clone()))
             .collect(),
     );
-    let sim_fit = sim_jobs(fit, start);
     let current = Candidate {
         policies: input.current.clone(),
         capacity: input.scaler.capacity_per_instance,
@@ -637,269 +445,73 @@ pub fn search(input: &Input, goal: &Goal, jobs: &[Job]) -> Result<Outcome, Searc
     };
     let screen_s = started.elapsed().as_secs_f64();
     let verify_started = std::time::Instant::now();
-    // Which frontier points to verify on the real scaler: the cheapest that screens as meeting
-    // the goal and the one just cheaper, then a spread over the rest, as many as the budget
-    // allows (each run costs about the fitted trace's length).
-    let budget = (VERIFY_BUDGET_JOBS / fit.len().max(1)).clamp(2, 12);
-    let goal_at = front
-        .iter()
-        .position(|(_, p95, _)| goal.wait_p95_s > 0.0 && *p95 <= goal.wait_p95_s)
-        .unwrap_or(front.len().saturating_sub(1));
-    let mut picks: Vec<usize> = vec![goal_at];
-    if goal_at > 0 {
-        picks.push(goal_at - 1);
-    }
-    let spread = budget.saturating_sub(picks.len());
-    for k in 0..spread {
-        if front.len() > 1 && spread > 1 {
-            picks.push(k * (front.len() - 1) / (spread - 1));
-        }
-    }
-    picks.sort_unstable();
-    picks.dedup();
-    picks.truncate(budget.max(2));
-    let mut to_verify: Vec<Candidate> = picks
-        .iter()
-        .filter_map(|&i| front.get(i).map(|(_, _, s)| s.candidate.clone()))
-        .collect();
-    to_verify.push(current.clone());
-    let verified = parallel(&to_verify, input.threads, |c| {
-        verify(input, goal, c, &sim_fit, start)
-    });
-    let mut points: Vec<Point> = Vec::new();
-    for (candidate, fit) in to_verify.into_iter().zip(verified) {
-        points.push(Point {
-            candidate,
-            fit: fit?,
-        });
-    }
-    let current_point = points
-        .pop()
-        .ok_or(SearchError::Policy("no current policy".into()))?;
-    // Refine on the screening frontier (ordered by screened cost): climb while no verified
-    // point meets the goal (the screening can be optimistic), and bisect between the cheapest
-    // verified point that meets it and the verified point below, until they are neighbours or
-    // the budget is spent. Every point skipped is dominated by a verified one.
-    let index_of = |label: &str| {
-        front
-            .iter()
-            .position(|(_, _, s)| s.candidate.label == label)
-    };
-    let mut runs = points.len();
-    let batch_size = input.threads.max(1);
-    loop {
-        let verified: Vec<(usize, bool)> = points
-            .iter()
-            .filter_map(|p| index_of(&p.candidate.label).map(|i| (i, p.fit.meets(goal))))
-            .collect();
-        let meeting = verified.iter().filter(|(_, m)| *m).map(|(i, _)| *i).min();
-        let wanted: Vec<usize> = match meeting {
-            None => {
-                let top = verified.iter().map(|(i, _)| *i).max().map_or(0, |i| i + 1);
-                (top..front.len()).take(batch_size).collect()
-            }
-            Some(hit) => {
-                // First the cheaper points the screening thinks are near the goal (closest
-                // to the hit first), then bisection between the hit and the verified point
-                // below it.
-                let near: Vec<usize> = (0..hit)
-                    .rev()
-                    .filter(|i| !verified.iter().any(|(v, _)| v == i))
-                    .filter(|&i| {
-                        front
-                            .get(i)
-                            .is_some_and(|(_, p95, _)| *p95 <= goal.wait_p95_s * 1.1)
-                    })
-                    .take(batch_size)
-                    .collect();
-                if !near.is_empty() {
-                    near
-                } else {
-                    let below = verified
-                        .iter()
-                        .filter(|(i, _)| *i < hit)
-                        .map(|(i, _)| *i + 1)
-                        .max()
-                        .unwrap_or(0);
-                    let gap = hit - below;
-                    (1..=batch_size.min(gap))
-                        .map(|k| below + k * gap / (batch_size.min(gap) + 1))
-                        .filter(|&i| i < hit)
-                        .collect()
-                }
-            }
-        };
-        if wanted.is_empty() || runs >= budget + 4 {
-            break;
-        }
-        let batch: Vec<Candidate> = wanted
-            .iter()
-            .filter_map(|&i| front.get(i).map(|(_, _, s)| s.candidate.clone()))
-            .filter(|c| !points.iter().any(|p| p.candidate.label == c.label))
-            .collect();
-        if batch.is_empty() {
-            break;
-        }
-        runs += batch.len();
-        let results = parallel(&batch, input.threads, |c| {
-            verify(input, goal, c, &sim_fit, start)
-        });
-        for (candidate, fit) in batch.into_iter().zip(results) {
-            points.push(Point {
-                candidate,
-                fit: fit?,
-            });
-        }
-    }
-    // The verified frontier, with the current policy beside it (not on it).
-    let verified_front: Vec<Point> = pareto(
-        points
-            .iter()
-            .filter(|p| p.fit.timed_out == 0)
-            .map(|p| (p.fit.instance_hours, p.fit.wait_p95_s, p.clone()))
-            .collect(),
-    )
-    .into_iter()
-    .map(|(_, _, p)| p)
-    .collect();
-    let recommended = verified_front.iter().find(|p| p.fit.meets(goal)).cloned();
-    let next_cheaper = recommended.as_ref().and_then(|r| {
-        verified_front
-            .iter()
-            .rfind(|p| p.fit.instance_hours < r.fit.instance_hours)
-            .cloned()
-    });
-    let unreachable = match &recommended {
-        Some(_) => None,
-        None => Some(
-            match verified_front
-                .iter()
-                .map(|p| p.fit.wait_p95_s)
-                .reduce(f64::min)
-            {
-                Some(best) => format!(
-                    "no policy tried meets a wait p95 of {}s; the closest achievable goal is --wait-p95 {}s",
-                    goal.wait_p95_s,
-                    best.ceil().max(1.0)
-                ),
-                None => {
-                    // Every policy tried times out: the fewest that give up, among the
-                    // verified ones, the current one and the screened ones (when every
-                    // screened candidate times out, none is verified).
-                    let fewest = points
-                        .iter()
-                        .map(|p| p.fit.timed_out)
-                        .chain(std::iter::once(current_point.fit.timed_out))
-                        .chain(screened.iter().map(|s| s.figures.timed_out))
-                        .min()
-                        .unwrap_or(0);
-                    let some = if fewest > 0 {
-                        format!("at least {fewest} job(s)")
-                    } else {
-                        "some jobs".to_string()
-                    };
-                    format!(
-                        "no policy tried avoids timeouts: {some} give up waiting (instance_acquire_timeout) even with the most idle capacity; raise max_instances or instance_acquire_timeout"
-                    )
-                }
-            },
-        ),
-    };
+    let (points, current_point) = refine::verify_frontier(input, goal, &trace, &front, &current)?;
+    let verdict = verdict::Verdict::of(goal, &points, &current_point, &screening.all);
     let verify_s = verify_started.elapsed().as_secs_f64();
     let later_started = std::time::Instant::now();
-    // Held out, and +50% load (on the held-out part when there is one: it is shorter, and the
-    // load the recommendation was not fitted to).
-    let held_start = held.first().map(|j| day_start(j.submit_ms));
-    let sim_held = held_start.map(|s| (s, sim_jobs(held, s)));
-    let mut later: Vec<(Candidate, Vec<SimJob>, i64)> = Vec::new();
-    if let Some((s, jobs)) = &sim_held {
-        later.push((current.clone(), jobs.clone(), *s));
-        if let Some(r) = &recommended {
-            later.push((r.candidate.clone(), jobs.clone(), *s));
-        }
-    }
-    if let Some(r) = &recommended {
-        match &sim_held {
-            Some((s, jobs)) => later.push((r.candidate.clone(), plus_half(jobs), *s)),
-            None => later.push((r.candidate.clone(), plus_half(&sim_fit), start)),
-        }
-    }
-    let later_results = parallel(&later, input.threads, |(c, jobs, s)| {
-        verify(input, goal, c, jobs, *s)
-    });
-    let mut later_results = later_results.into_iter();
-    let mut take = || later_results.next().transpose();
-    let current_holdout = if sim_held.is_some() { take()? } else { None };
-    let recommended_holdout = if sim_held.is_some() && recommended.is_some() {
-        take()?
-    } else {
-        None
+    let later = verdict::later(input, goal, &trace, &current, verdict.recommended.as_ref())?;
+    let timings = Timings {
+        screen_s,
+        verify_s,
+        holdout_s: later_started.elapsed().as_secs_f64(),
     };
-    let plus_half_load = if recommended.is_some() { take()? } else { None };
-    let holdout_miss = recommended_holdout
-        .as_ref()
-        .filter(|held| !held.meets(goal))
-        .map(|held| {
-            let timeouts = if held.timed_out > 0 {
-                format!(", {} job(s) gave up waiting", held.timed_out)
-            } else {
-                String::new()
-            };
-            format!(
-                "the recommendation misses the goal on the held-out days: wait p95 {:.1}s against {}s{timeouts}. The fitted days did not look like them (a busier week, a new pipeline); hold out less (--holdout), tune on a longer history, or take a policy with more idle capacity from the frontier",
-                held.wait_p95_s, goal.wait_p95_s
-            )
-        });
-    let estimates = front
-        .iter()
-        .filter(|(_, _, s)| {
-            !verified_front
-                .iter()
-                .any(|p| p.candidate.label == s.candidate.label)
-        })
-        .map(|(_, _, s)| Estimate {
-            label: s.candidate.label.clone(),
-            instance_hours: s.figures.instance_hours,
-            wait_p50_s: s.figures.wait_p50_s,
-            wait_p95_s: s.figures.wait_p95_s,
-            wait_max_s: s.figures.wait_max_s,
-        })
-        .collect();
+    let estimates = verdict::estimates(&front, &verdict.frontier);
+    let screened = screening.all.len();
+    Ok(outcome(
+        goal,
+        &trace,
+        (screened, screening.pruned),
+        current_point,
+        verdict,
+        later,
+        estimates,
+        timings,
+    ))
+}
+
+/// The search's answer, put together.
+#[allow(clippy::too_many_arguments)] // the phases' results, each once
+fn outcome(
+    goal: &Goal,
+    trace: &Trace<'_>,
+    (screened, pruned): (usize, usize),
+    current: Point,
+    verdict: verdict::Verdict,
+    later: verdict::Later,
+    estimates: Vec<Estimate>,
+    timings: Timings,
+) -> Outcome {
     let rfc = |ms: i64| {
         chrono::DateTime::from_timestamp_millis(ms)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
             .unwrap_or_default()
     };
-    Ok(Outcome {
+    Outcome {
         goal_wait_p95_s: goal.wait_p95_s,
-        fit_jobs: fit.len(),
-        holdout_jobs: held.len(),
-        fit_start: rfc(start),
-        holdout_start: held_start.map(rfc).unwrap_or_default(),
-        business_hours: hours,
-        screened: screened_count,
+        fit_jobs: trace.fit.len(),
+        holdout_jobs: trace.held.len(),
+        fit_start: rfc(trace.start),
+        holdout_start: later.held_start.map(rfc).unwrap_or_default(),
+        business_hours: trace.hours,
+        screened,
         pruned,
-        current: current_point,
-        current_holdout,
-        recommended,
-        recommended_holdout,
-        next_cheaper,
-        plus_half_load,
-        frontier: verified_front,
+        current,
+        current_holdout: later.current_holdout,
+        recommended: verdict.recommended,
+        recommended_holdout: later.recommended_holdout,
+        next_cheaper: verdict.next_cheaper,
+        plus_half_load: later.plus_half_load,
+        frontier: verdict.frontier,
         estimates,
-        unreachable,
-        holdout_miss,
-        plus_half_on: if sim_held.is_some() {
+        unreachable: verdict.unreachable,
+        holdout_miss: later.holdout_miss,
+        plus_half_on: if later.held_start.is_some() {
             "held-out"
         } else {
             "fitted"
         },
-        timings: Timings {
-            screen_s,
-            verify_s,
-            holdout_s: later_started.elapsed().as_secs_f64(),
-        },
-    })
+        timings,
+    }
 }
 
 #[cfg(test)]
