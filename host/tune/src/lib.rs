@@ -8,6 +8,9 @@
 //! - `search`: candidates, screening, the frontier verified on the real scaler, held-out days
 //!   and sensitivity.
 //! - `render`: the report, the blocks to paste, the SVG.
+//! - `trace` and `timeline`: `flotilla simulate`'s CSV job trace, and its runs' table and
+//!   chart; with the above, the one what-if crate (the binary needs no CSV reader or plotting
+//!   library of its own).
 //!
 //! It must not know about config files or the command line (the binary reads the pool and
 //! hands over its scaler settings and policies).
@@ -17,3 +20,5 @@ pub mod render;
 pub mod screen;
 pub mod search;
 pub mod synth;
+pub mod timeline;
+pub mod trace;

@@ -88,7 +88,7 @@ fn start_time(s: &str) -> Result<u64, String> {
 impl Args {
     /// Runs every configuration over the trace and prints the comparison.
     pub fn run(self) -> anyhow::Result<()> {
-        let jobs = simulate::read_trace(&self.trace)?;
+        let jobs = flotilla_tune::trace::read_trace(&self.trace)?;
         let delay = self.provisioning_delay;
         let cloud = flotilla_scaler::sim::SimCloud {
             provisioning_delay_ms: ((delay.min * 1000.0) as u64, (delay.max * 1000.0) as u64),
@@ -105,14 +105,14 @@ impl Args {
         let runs = simulate::run_all(&self.config, &jobs, &cloud, &stockouts, samples, self.start)
             .map_err(anyhow::Error::msg)?;
         if let Some(path) = &self.svg {
-            simulate::svg(&runs, path)
+            flotilla_tune::timeline::svg(&runs, path)
                 .map_err(anyhow::Error::msg)
                 .with_context(|| path.display().to_string())?;
         }
         if self.json {
             print_json(&runs)
         } else {
-            print!("{}", simulate::table(&runs));
+            print!("{}", flotilla_tune::timeline::table(&runs));
             Ok(())
         }
     }
