@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod history;
+mod record;
 
 pub use history::HistoryLog;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -135,8 +136,8 @@ impl Store {
             .map_err(|e| self.error(e))?
         {
             let (key, value) = row.map_err(|e| self.error(e))?;
-            match serde_json::from_slice::<Lease>(value.value()) {
-                Ok(lease) => out.leases.push(lease),
+            match serde_json::from_slice::<record::LeaseRecord>(value.value()) {
+                Ok(record) => out.leases.push(record.into()),
                 Err(e) => tracing::error!(
                     pool,
                     lease = key.value().1,
@@ -276,7 +277,8 @@ pub struct PoolJournal {
 
 impl LeaseJournal for PoolJournal {
     fn save(&self, lease: &Lease, uses: Option<(&str, u32)>) -> Result<(), JournalError> {
-        let bytes = serde_json::to_vec(lease).map_err(JournalError::new)?;
+        let bytes =
+            serde_json::to_vec(&record::LeaseRecord::from(lease)).map_err(JournalError::new)?;
         let pool = self.pool.as_str();
         self.store
             .write(|txn| {
