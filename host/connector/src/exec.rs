@@ -146,100 +146,120 @@ impl Connector {
             }
         };
         let (tx, rx) = mpsc::channel(BUFFERED);
-        let (mut read, write) = channel.split();
-        let write = Arc::new(write);
-        let feeder = {
-            let write = write.clone();
-            tokio::spawn(async move {
-                // A command that exits without reading its input makes a write fail: nothing
-                // to do about it.
-                match input {
-                    ExecInput::Once(stdin) => {
-                        if !stdin.is_empty() {
-                            let _ = write.data(stdin.as_slice()).await;
-                        }
-                    }
-                    ExecInput::Stream(mut keys) => {
-                        while let Some(typed) = keys.recv().await {
-                            if write.data(typed.as_slice()).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                }
-                let _ = write.eof().await;
-            })
-        };
-        let label = session.target().to_string();
-        tokio::spawn(async move {
-            // A connection of its own lives as long as its command.
-            let _session = session;
-            let mut status = None;
-            let mut signal = None;
-            // Every wait, reading or handing over, also watches the lease's end and the
-            // reader's departure, so a stalled reader never holds the command past either.
-            let last = loop {
-                let event = tokio::select! {
-                    () = token.cancelled() => break End::LeaseEnded,
-                    () = tx.closed() => break End::ReaderGone,
-                    msg = read.wait() => match msg {
-                        Some(ChannelMsg::Data { data }) => ExecEvent::Stdout(data.to_vec()),
-                        Some(ChannelMsg::ExtendedData { data, ext: 1 }) => {
-                            ExecEvent::Stderr(data.to_vec())
-                        }
-                        Some(ChannelMsg::ExitStatus { exit_status }) => {
-                            status = Some(exit_status);
-                            continue;
-                        }
-                        Some(ChannelMsg::ExitSignal { signal_name: sig, .. }) => {
-                            signal = Some(signal_name(&sig));
-                            continue;
-                        }
-                        Some(ChannelMsg::Failure) => {
-                            break End::Say(ExecEvent::Broken(format!(
-                                "{label}: the SSH server refused to run the command"
-                            )));
-                        }
-                        Some(ChannelMsg::Close) | None => {
-                            break End::Say(if status.is_some() || signal.is_some() {
-                                ExecEvent::Exited { status, signal }
-                            } else {
-                                ExecEvent::Broken(format!(
-                                    "{label}: the SSH channel closed before the command ended (the machine or its sshd went away)"
-                                ))
-                            });
-                        }
-                        Some(_) => continue,
-                    }
-                };
-                tokio::select! {
-                    () = token.cancelled() => break End::LeaseEnded,
-                    sent = tx.send(event) => if sent.is_err() { break End::ReaderGone },
-                }
-            };
-            feeder.abort();
-            let say = match last {
-                End::LeaseEnded => {
-                    let _ = write.signal(Sig::KILL).await;
-                    Some(ExecEvent::Broken(
-                        "the lease ended; the command was killed".into(),
-                    ))
-                }
-                // Nobody reads any more: stop the command's process group.
-                End::ReaderGone => {
-                    let _ = write.signal(Sig::TERM).await;
-                    None
-                }
-                End::Say(event) => Some(event),
-            };
-            // Closed in every case: a channel left open holds one of the machine's
-            // MaxSessions.
-            let _ = write.close().await;
-            if let Some(event) = say {
-                // Never waiting long on a reader that stopped reading.
-                let _ = tokio::time::timeout(LAST_SEND, tx.send(event)).await;
-            }
-        });
+        tokio::spawn(follow(session, channel, token, input, tx));
         Ok(rx)
+    }
+}
+
+/// Feeds `input` to the command's channel, closing its input at the end. A command that exits
+/// without reading its input makes a write fail: nothing to do about it.
+async fn feed(write: Arc<russh::ChannelWriteHalf<russh::client::Msg>>, input: ExecInput) {
+    match input {
+        ExecInput::Once(stdin) => {
+            if !stdin.is_empty() {
+                let _ = write.data(stdin.as_slice()).await;
+            }
+        }
+        ExecInput::Stream(mut keys) => {
+            while let Some(typed) = keys.recv().await {
+                if write.data(typed.as_slice()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = write.eof().await;
+}
+
+/// Follows one command's channel on `session` to its end, handing its events to `tx`: every
+/// wait also watches the lease's end (the command is killed) and the reader's departure (it
+/// is stopped), so a stalled reader never holds the command past either. The channel is
+/// closed in every case, and `session`, when it is a connection of its own, lives as long.
+async fn follow(
+    session: Arc<crate::ssh::Session>,
+    channel: russh::Channel<russh::client::Msg>,
+    token: tokio_util::sync::CancellationToken,
+    input: ExecInput,
+    tx: mpsc::Sender<ExecEvent>,
+) {
+    let label = session.target().to_string();
+    let (mut read, write) = channel.split();
+    let write = Arc::new(write);
+    let feeder = tokio::spawn(feed(write.clone(), input));
+    let last = relay(&mut read, &token, &tx, &label).await;
+    feeder.abort();
+    let say = match last {
+        End::LeaseEnded => {
+            let _ = write.signal(Sig::KILL).await;
+            Some(ExecEvent::Broken(
+                "the lease ended; the command was killed".into(),
+            ))
+        }
+        // Nobody reads any more: stop the command's process group.
+        End::ReaderGone => {
+            let _ = write.signal(Sig::TERM).await;
+            None
+        }
+        End::Say(event) => Some(event),
+    };
+    // Closed in every case: a channel left open holds one of the machine's
+    // MaxSessions.
+    let _ = write.close().await;
+    if let Some(event) = say {
+        // Never waiting long on a reader that stopped reading.
+        let _ = tokio::time::timeout(LAST_SEND, tx.send(event)).await;
+    }
+    // A connection of its own lived as long as its command.
+    drop(session);
+}
+
+/// Hands the command's output to `tx` until the command ends (the last event to say), the
+/// lease ends, or the reader goes away.
+async fn relay(
+    read: &mut russh::ChannelReadHalf,
+    token: &tokio_util::sync::CancellationToken,
+    tx: &mpsc::Sender<ExecEvent>,
+    label: &str,
+) -> End {
+    let mut status = None;
+    let mut signal = None;
+    loop {
+        let event = tokio::select! {
+            () = token.cancelled() => break End::LeaseEnded,
+            () = tx.closed() => break End::ReaderGone,
+            msg = read.wait() => match msg {
+                Some(ChannelMsg::Data { data }) => ExecEvent::Stdout(data.to_vec()),
+                Some(ChannelMsg::ExtendedData { data, ext: 1 }) => {
+                    ExecEvent::Stderr(data.to_vec())
+                }
+                Some(ChannelMsg::ExitStatus { exit_status }) => {
+                    status = Some(exit_status);
+                    continue;
+                }
+                Some(ChannelMsg::ExitSignal { signal_name: sig, .. }) => {
+                    signal = Some(signal_name(&sig));
+                    continue;
+                }
+                Some(ChannelMsg::Failure) => {
+                    break End::Say(ExecEvent::Broken(format!(
+                        "{label}: the SSH server refused to run the command"
+                    )));
+                }
+                Some(ChannelMsg::Close) | None => {
+                    break End::Say(if status.is_some() || signal.is_some() {
+                        ExecEvent::Exited { status, signal }
+                    } else {
+                        ExecEvent::Broken(format!(
+                            "{label}: the SSH channel closed before the command ended (the machine or its sshd went away)"
+                        ))
+                    });
+                }
+                Some(_) => continue,
+            }
+        };
+        tokio::select! {
+            () = token.cancelled() => break End::LeaseEnded,
+            sent = tx.send(event) => if sent.is_err() { break End::ReaderGone },
+        }
     }
 }

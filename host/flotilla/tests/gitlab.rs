@@ -1069,16 +1069,7 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
     );
     assert!(stdout.contains("in-/builds-"), "{stdout}");
     let log = fleet.flotilla.log();
-    for line in ["terminal session opened", "terminal session closed"] {
-        let logged = log
-            .lines()
-            .find(|l| l.contains(line))
-            .unwrap_or_else(|| panic!("{line:?} not logged:\n{log}"));
-        assert!(
-            logged.contains("who=alice") && logged.contains("gitlab-job=610"),
-            "{logged}"
-        );
-    }
+    common::assert_terminal_session_logged(&log, "alice", 610);
 
     // A session left open is cut when the job's cleanup ends the lease.
     let (mut open, stdin) = terminal(b"echo still-here\n");

@@ -1165,16 +1165,7 @@ async fn an_operator_opens_a_terminal_in_an_instance_mode_jobs_directory() {
     assert!(stdout.contains("via-command in"), "{stdout}");
 
     let log = fleet.flotilla.log();
-    for line in ["terminal session opened", "terminal session closed"] {
-        let logged = log
-            .lines()
-            .find(|l| l.contains(line))
-            .unwrap_or_else(|| panic!("{line:?} not logged:\n{log}"));
-        assert!(
-            logged.contains("who=bob") && logged.contains("gitlab-job=620"),
-            "{logged}"
-        );
-    }
+    common::assert_terminal_session_logged(&log, "bob", 620);
 
     // The route itself: an upgrade, a pseudo-terminal of the size asked, and the frames.
     let (_, leases) = fleet

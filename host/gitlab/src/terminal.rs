@@ -71,10 +71,10 @@ pub async fn open_on_machine(
     command: String,
     who: &str,
     side: TerminalSide,
-    mut input: impl AsyncRead + Unpin + Send + 'static,
+    input: impl AsyncRead + Unpin + Send + 'static,
     mut output: impl AsyncWrite + Unpin,
 ) -> Result<i64, String> {
-    use flotilla_api::exec::{Decoder, ExitFrame, FrameKind, TerminalRequest};
+    use flotilla_api::exec::TerminalRequest;
     let lease = running_lease(api, job_id).await?;
     let (rows, cols) = match (side.tty, side.size) {
         (true, Some(size)) => (Some(size.0), Some(size.1)),
@@ -90,24 +90,23 @@ pub async fn open_on_machine(
         .terminal(lease, &asked, &printable(who))
         .await
         .map_err(|e| e.to_string())?;
-    let (mut from, mut to) = tokio::io::split(stream);
-    let typing = tokio::spawn(async move {
-        let mut buf = vec![0u8; 4096];
-        while let Ok(n @ 1..) = input.read(&mut buf).await {
-            if to
-                .write_all(buf.get(..n).unwrap_or_default())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-        // The end of the operator's input ends the command's.
-        let _ = to.shutdown().await;
-    });
+    let (mut from, to) = tokio::io::split(stream);
+    let typing = tokio::spawn(type_into(input, to));
+    let ended = follow(&mut from, &mut output).await;
+    typing.abort();
+    ended
+}
+
+/// Writes the session's output frames to `output` until its last frame: the command's exit
+/// code (128 and the signal's number when a signal ended it), or why the session broke.
+async fn follow(
+    from: &mut (impl AsyncRead + Unpin),
+    output: &mut (impl AsyncWrite + Unpin),
+) -> Result<i64, String> {
+    use flotilla_api::exec::{Decoder, ExitFrame, FrameKind};
     let mut frames = Decoder::default();
     let mut buf = vec![0u8; 16 * 1024];
-    let ended = loop {
+    loop {
         if let Some((kind, payload)) = frames.next_frame().map_err(|e| e.to_string())? {
             match kind {
                 FrameKind::Stdout | FrameKind::Stderr => {
@@ -144,9 +143,27 @@ pub async fn open_on_machine(
             }
             Err(e) => break Err(format!("the session was cut: {e}")),
         }
-    };
-    typing.abort();
-    ended
+    }
+}
+
+/// Copies the operator's keystrokes to the session as they are typed; the end of their input
+/// closes the session's side, which ends the command's input.
+async fn type_into(
+    mut input: impl AsyncRead + Unpin + Send + 'static,
+    mut to: impl AsyncWrite + Unpin + Send + 'static,
+) {
+    let mut buf = vec![0u8; 4096];
+    while let Ok(n @ 1..) = input.read(&mut buf).await {
+        if to
+            .write_all(buf.get(..n).unwrap_or_default())
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let _ = to.flush().await;
+    }
+    let _ = to.shutdown().await;
 }
 
 /// Printable ASCII, at most 64 characters: what the host logs an operator by.
@@ -248,24 +265,11 @@ async fn start_shell(
 /// stdin), and what it prints to `output`, until it ends.
 async fn pump(
     mut from: Printed,
-    mut to: Keys,
-    mut input: impl AsyncRead + Unpin + Send + 'static,
+    to: Keys,
+    input: impl AsyncRead + Unpin + Send + 'static,
     mut output: impl AsyncWrite + Unpin,
 ) -> Result<(), String> {
-    let typing = tokio::spawn(async move {
-        let mut buf = vec![0u8; 4096];
-        while let Ok(n @ 1..) = input.read(&mut buf).await {
-            if to
-                .write_all(buf.get(..n).unwrap_or_default())
-                .await
-                .is_err()
-            {
-                break;
-            }
-            let _ = to.flush().await;
-        }
-        let _ = to.shutdown().await;
-    });
+    let typing = tokio::spawn(type_into(input, to));
     let printed = async {
         while let Some(chunk) = from.next().await {
             let log = chunk.map_err(|e| format!("the session ended: {e}"))?;

@@ -17,21 +17,7 @@ use super::bindings::flotilla::provider::types as wit;
 /// The frozen 0.1.3 contract's bindings (only its exports are called; its imports are the
 /// current ones, linked under their 0.1.x names).
 mod v0_1_3 {
-    wasmtime::component::bindgen!({
-        path: "wit-0.1.3",
-        world: "flotilla:provider/provider",
-        exports: { default: async },
-        imports: {
-            "flotilla:provider/state.set": async,
-            "flotilla:provider/state.delete": async,
-        },
-        with: {
-            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
-            "wasi:io": wasmtime_wasi::p2::bindings::io,
-            "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
-        },
-        require_store_data_send: true,
-    });
+    crate::provider_bindings!("wit-0.1.3");
 }
 
 use v0_1_3::flotilla::provider::types as old;

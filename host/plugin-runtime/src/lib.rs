@@ -45,24 +45,34 @@ pub use limits::Limits;
 use limits::AggregateLimiter;
 use output::{GuestOutput, Origin};
 
+/// The bindings of the provider world in the WIT package at `$path` (relative to this crate),
+/// as the host calls every contract version: async exports, wasmtime's own WASI types.
+macro_rules! provider_bindings {
+    ($path:literal) => {
+        wasmtime::component::bindgen!({
+            path: $path,
+            world: "flotilla:provider/provider",
+            exports: { default: async },
+            // State writes are durable commits: they run on the blocking pool, not on a
+            // worker the other pools' leases need.
+            imports: {
+                "flotilla:provider/state.set": async,
+                "flotilla:provider/state.delete": async,
+            },
+            with: {
+                "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+                "wasi:io": wasmtime_wasi::p2::bindings::io,
+                "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+            },
+            require_store_data_send: true,
+        });
+    };
+}
+pub(crate) use provider_bindings;
+
+/// The current contract's bindings.
 mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../../wit",
-        world: "flotilla:provider/provider",
-        exports: { default: async },
-        // State writes are durable commits: they run on the blocking pool, not on a worker
-        // the other pools' leases need.
-        imports: {
-            "flotilla:provider/state.set": async,
-            "flotilla:provider/state.delete": async,
-        },
-        with: {
-            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
-            "wasi:io": wasmtime_wasi::p2::bindings::io,
-            "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
-        },
-        require_store_data_send: true,
-    });
+    crate::provider_bindings!("../../wit");
 }
 
 /// Granularity of the epoch clock that enforces deadlines inside wasm code.

@@ -76,6 +76,66 @@ thread_local! {
     static UNSETTLED: RefCell<Unsettled> = RefCell::new(Unsettled::default());
 }
 
+/// How to reach the instance DescribeInstances described as `item`; with Instance Connect,
+/// the pool's key is pushed first. A stopping or terminated instance is not-found.
+fn connection_of(
+    state: &State,
+    id: &str,
+    item: roxmltree::Node<'_, '_>,
+) -> Result<Connection, Error> {
+    // A terminated or stopped instance cannot be connected to, and Instance
+    // Connect refuses it with the same code as one still booting
+    // (EC2InstanceStateInvalidException): it is gone, not coming.
+    let instance_state = child_node(item, "instanceState")
+        .and_then(|s| child(s, "name"))
+        .unwrap_or_default();
+    if matches!(
+        instance_state,
+        "shutting-down" | "terminated" | "stopping" | "stopped"
+    ) {
+        return Err(Error::NotFound(format!(
+            "instance {id} is {instance_state}"
+        )));
+    }
+    let windows = child(item, "platform") == Some("windows");
+    let arch = match child(item, "architecture") {
+        Some("arm64") => Arch::Arm64,
+        Some("i386") => Arch::X86,
+        _ => Arch::Amd64,
+    };
+    let zone = child_node(item, "placement")
+        .and_then(|p| child(p, "availabilityZone"))
+        .filter(|zone| !zone.is_empty())
+        .map(str::to_string);
+    let mut expires = None;
+    if let (Some(key), false) = (&state.instance_connect, windows) {
+        state
+            .endpoint
+            .send_ssh_public_key(id, &state.username, key, zone.as_deref())?;
+        expires = Some(unix_now() + INSTANCE_CONNECT_VALID_SECONDS);
+    }
+    Ok(Connection {
+        id: id.to_string(),
+        os: if windows { Os::Windows } else { Os::Linux },
+        arch,
+        protocol: if windows {
+            Protocol::Winrm
+        } else {
+            Protocol::Ssh
+        },
+        internal_address: child(item, "privateIpAddress").map(str::to_string),
+        external_address: child(item, "ipAddress").map(str::to_string),
+        port: if windows { 5986 } else { 22 },
+        username: if windows {
+            "Administrator".to_string()
+        } else {
+            state.username.clone()
+        },
+        expires,
+        zone,
+    })
+}
+
 fn with<T>(f: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, Error> {
     STATE.with(|s| match s.borrow().as_ref() {
         Some(state) => f(state),
@@ -425,60 +485,7 @@ impl Guest for Aws {
                     n.has_tag_name("item") && child(*n, "instanceId") == Some(id.as_str())
                 });
                 if let Some(item) = found {
-                    // A terminated or stopped instance cannot be connected to, and Instance
-                    // Connect refuses it with the same code as one still booting
-                    // (EC2InstanceStateInvalidException): it is gone, not coming.
-                    let instance_state = child_node(item, "instanceState")
-                        .and_then(|s| child(s, "name"))
-                        .unwrap_or_default();
-                    if matches!(
-                        instance_state,
-                        "shutting-down" | "terminated" | "stopping" | "stopped"
-                    ) {
-                        return Err(Error::NotFound(format!(
-                            "instance {id} is {instance_state}"
-                        )));
-                    }
-                    let windows = child(item, "platform") == Some("windows");
-                    let arch = match child(item, "architecture") {
-                        Some("arm64") => Arch::Arm64,
-                        Some("i386") => Arch::X86,
-                        _ => Arch::Amd64,
-                    };
-                    let zone = child_node(item, "placement")
-                        .and_then(|p| child(p, "availabilityZone"))
-                        .filter(|zone| !zone.is_empty())
-                        .map(str::to_string);
-                    let mut expires = None;
-                    if let (Some(key), false) = (&state.instance_connect, windows) {
-                        state.endpoint.send_ssh_public_key(
-                            &id,
-                            &state.username,
-                            key,
-                            zone.as_deref(),
-                        )?;
-                        expires = Some(unix_now() + INSTANCE_CONNECT_VALID_SECONDS);
-                    }
-                    return Ok(Connection {
-                        id: id.clone(),
-                        os: if windows { Os::Windows } else { Os::Linux },
-                        arch,
-                        protocol: if windows {
-                            Protocol::Winrm
-                        } else {
-                            Protocol::Ssh
-                        },
-                        internal_address: child(item, "privateIpAddress").map(str::to_string),
-                        external_address: child(item, "ipAddress").map(str::to_string),
-                        port: if windows { 5986 } else { 22 },
-                        username: if windows {
-                            "Administrator".to_string()
-                        } else {
-                            state.username.clone()
-                        },
-                        expires,
-                        zone,
-                    });
+                    return connection_of(state, &id, item);
                 }
                 next = doc
                     .descendants()

@@ -286,62 +286,8 @@ impl ScaleSet {
             return Err(gone());
         }
         let (nics, windows, zone) = match self.mode {
-            // <https://learn.microsoft.com/en-us/rest/api/virtualnetwork/network-interface-in-vm-ss/list-virtual-machine-scale-set-vm-network-interfaces>
-            Mode::Uniform => {
-                // <https://learn.microsoft.com/en-us/rest/api/compute/virtual-machine-scale-set-vms/get>
-                let vm_url = self.arm.url(
-                    &format!("{}/virtualMachines/{id}", self.id),
-                    COMPUTE_API,
-                    &[],
-                );
-                let vm = self
-                    .arm
-                    .get(READ_SET_VMS, &vm_url)
-                    .map_err(|e| not_found_as(e, gone))?;
-                let url = self.arm.url(
-                    &format!("{}/virtualMachines/{id}/networkInterfaces", self.id),
-                    VMSS_NETWORK_API,
-                    &[],
-                );
-                let nics = self
-                    .arm
-                    .list(READ_SET_VM_NICS, &url)
-                    .map_err(|e| not_found_as(e, gone))?;
-                (nics, self.windows, zone_of(&vm))
-            }
-            // <https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/get>
-            Mode::Flexible => {
-                let url = self.arm.url(
-                    &format!(
-                        "{}/providers/Microsoft.Compute/virtualMachines/{id}",
-                        self.group_path
-                    ),
-                    COMPUTE_API,
-                    &[],
-                );
-                let vm = self
-                    .arm
-                    .get(READ_VMS, &url)
-                    .map_err(|e| not_found_as(e, gone))?;
-                if !self.owns(&vm) {
-                    return Err(gone());
-                }
-                let os = text(&vm, &["properties", "storageProfile", "osDisk", "osType"]);
-                let windows = os.map_or(self.windows, |o| o.eq_ignore_ascii_case("Windows"));
-                let refs = array(&vm, &["properties", "networkProfile", "networkInterfaces"]);
-                let nic_id = primary(refs)
-                    .and_then(|n| n.get("id"))
-                    .and_then(Value::as_str);
-                let nics = match nic_id {
-                    // <https://learn.microsoft.com/en-us/rest/api/virtualnetwork/network-interfaces/get>
-                    Some(nic) => vec![
-                        self.arm
-                            .get(READ_NICS, &self.arm.url(nic, NETWORK_API, &[]))?,
-                    ],
-                    None => Vec::new(),
-                };
-                (nics, windows, zone_of(&vm))
-            }
+            Mode::Uniform => self.uniform_vm(id, gone)?,
+            Mode::Flexible => self.flexible_vm(id, gone)?,
         };
         let config = primary(&nics)
             .map(|nic| array(nic, &["properties", "ipConfigurations"]))
@@ -359,6 +305,76 @@ impl ScaleSet {
             windows,
             zone,
         })
+    }
+
+    /// A Uniform set's VM: its network interfaces, whether it runs Windows (the set's
+    /// setting), and its zone.
+    /// <https://learn.microsoft.com/en-us/rest/api/compute/virtual-machine-scale-set-vms/get>
+    /// <https://learn.microsoft.com/en-us/rest/api/virtualnetwork/network-interface-in-vm-ss/list-virtual-machine-scale-set-vm-network-interfaces>
+    fn uniform_vm(
+        &self,
+        id: &str,
+        gone: impl Fn() -> Error + Copy,
+    ) -> Result<(Vec<Value>, bool, Option<String>), Error> {
+        let vm_url = self.arm.url(
+            &format!("{}/virtualMachines/{id}", self.id),
+            COMPUTE_API,
+            &[],
+        );
+        let vm = self
+            .arm
+            .get(READ_SET_VMS, &vm_url)
+            .map_err(|e| not_found_as(e, gone))?;
+        let url = self.arm.url(
+            &format!("{}/virtualMachines/{id}/networkInterfaces", self.id),
+            VMSS_NETWORK_API,
+            &[],
+        );
+        let nics = self
+            .arm
+            .list(READ_SET_VM_NICS, &url)
+            .map_err(|e| not_found_as(e, gone))?;
+        Ok((nics, self.windows, zone_of(&vm)))
+    }
+
+    /// A Flexible set's VM: its primary network interface, whether it runs Windows (its OS
+    /// disk's `osType`), and its zone; not-found when the VM is not the set's.
+    /// <https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/get>
+    /// <https://learn.microsoft.com/en-us/rest/api/virtualnetwork/network-interfaces/get>
+    fn flexible_vm(
+        &self,
+        id: &str,
+        gone: impl Fn() -> Error + Copy,
+    ) -> Result<(Vec<Value>, bool, Option<String>), Error> {
+        let url = self.arm.url(
+            &format!(
+                "{}/providers/Microsoft.Compute/virtualMachines/{id}",
+                self.group_path
+            ),
+            COMPUTE_API,
+            &[],
+        );
+        let vm = self
+            .arm
+            .get(READ_VMS, &url)
+            .map_err(|e| not_found_as(e, gone))?;
+        if !self.owns(&vm) {
+            return Err(gone());
+        }
+        let os = text(&vm, &["properties", "storageProfile", "osDisk", "osType"]);
+        let windows = os.map_or(self.windows, |o| o.eq_ignore_ascii_case("Windows"));
+        let refs = array(&vm, &["properties", "networkProfile", "networkInterfaces"]);
+        let nic_id = primary(refs)
+            .and_then(|n| n.get("id"))
+            .and_then(Value::as_str);
+        let nics = match nic_id {
+            Some(nic) => vec![
+                self.arm
+                    .get(READ_NICS, &self.arm.url(nic, NETWORK_API, &[]))?,
+            ],
+            None => Vec::new(),
+        };
+        Ok((nics, windows, zone_of(&vm)))
     }
 
     /// The address of a public IP resource, by its id (a Uniform set's VM's public IPs live

@@ -11,7 +11,7 @@ use axum::response::Response;
 use flotilla_connector::ForwardError;
 use flotilla_scaler::{LeaseState, PoolHandle};
 
-use super::shell::{TERMINAL_HEADER, TerminalSession, UpgradedStream};
+use super::shell::{TERMINAL_HEADER, TerminalSession, UpgradedStream, stream_permit};
 use super::{ApiError, ErrorCode, LeasePath, Shared, acquired_instance, holder};
 use crate::pools::RunningPool;
 
@@ -47,15 +47,7 @@ pub(super) async fn docker(
     let who = parts.headers.remove(TERMINAL_HEADER);
     if parts.headers.contains_key(header::UPGRADE) {
         // An upgraded stream outlives its connection's slot: it has a bound of its own.
-        let permit = match parts.extensions.get::<crate::serve::Connection>() {
-            Some(c) => Some(c.stream().ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::TooManyRequests,
-                    "as many Docker streams are open as the server lets open (server.max_streams); retry in a second",
-                )
-            })?),
-            None => None,
-        };
+        let permit = stream_permit(&parts.extensions)?;
         let session = who.map(|who| {
             let job = p.with_core(|c| c.lease(id).map(|l| l.labels.clone()));
             TerminalSession::open(Some(&who), &name, id, &instance, job.unwrap_or_default())

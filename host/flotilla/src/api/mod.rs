@@ -306,17 +306,10 @@ fn check_label(key: &str, value: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn reserve(
-    State(state): State<Shared>,
-    Path(name): Path<String>,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    if state.draining.load(Ordering::Relaxed) {
-        return Err(LeaseError::ShuttingDown.into());
-    }
-    let running = running(&state, &name)?;
-    let p = &running.handle;
-    let body: flotilla_api::ReserveRequest = parse_body(&body)?;
+/// A reservation's request checked: its labels and tenant within bounds; its deadline.
+fn checked_reservation(
+    body: &flotilla_api::ReserveRequest,
+) -> Result<Option<std::time::Duration>, ApiError> {
     let deadline = match body.deadline_seconds {
         None => None,
         Some(s) if (1..=flotilla_api::ReserveRequest::MAX_DEADLINE_SECONDS).contains(&s) => {
@@ -350,6 +343,21 @@ async fn reserve(
             ));
         }
     }
+    Ok(deadline)
+}
+
+async fn reserve(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    if state.draining.load(Ordering::Relaxed) {
+        return Err(LeaseError::ShuttingDown.into());
+    }
+    let running = running(&state, &name)?;
+    let p = &running.handle;
+    let body: flotilla_api::ReserveRequest = parse_body(&body)?;
+    let deadline = checked_reservation(&body)?;
     // A label is held once across the pool and the reservations it handed to its fallback.
     if let Some((_, f)) = fallback_of(&state, &running) {
         for (key, value) in &body.labels {

@@ -24,6 +24,23 @@ fn shell_connector<'a>(running: &'a RunningPool, name: &str) -> Result<&'a Conne
     })
 }
 
+/// A place under `server.max_streams` for an upgraded stream (a Docker attach or exec, an
+/// operator's terminal), which outlives its connection's slot; `None` for a request the
+/// server's own connection bounds do not track. Refused when every place is taken.
+pub(super) fn stream_permit(
+    extensions: &axum::http::Extensions,
+) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
+    match extensions.get::<crate::serve::Connection>() {
+        Some(c) => c.stream().map(Some).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::TooManyRequests,
+                "as many streams are open as the server lets open (server.max_streams); retry in a second",
+            )
+        }),
+        None => Ok(None),
+    }
+}
+
 /// One event of a command as a frame of [`flotilla_api::exec`].
 fn frame_of(event: ExecEvent) -> Vec<u8> {
     match event {
@@ -135,15 +152,7 @@ pub(super) async fn terminal(
             ));
         }
     };
-    let permit = match request.extensions().get::<crate::serve::Connection>() {
-        Some(c) => Some(c.stream().ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::TooManyRequests,
-                "as many streams are open as the server lets open (server.max_streams); retry in a second",
-            )
-        })?),
-        None => None,
-    };
+    let permit = stream_permit(request.extensions())?;
     let (keys, typed) = tokio::sync::mpsc::channel(16);
     let mut events = connector
         .exec_with(

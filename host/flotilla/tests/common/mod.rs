@@ -319,3 +319,18 @@ impl Flotilla {
         (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
     }
 }
+
+/// The host's log of an operator's terminal session: opened and closed, each line naming who
+/// opened it and the job (its lease's `gitlab-job` label).
+pub fn assert_terminal_session_logged(log: &str, who: &str, job: u64) {
+    for line in ["terminal session opened", "terminal session closed"] {
+        let logged = log
+            .lines()
+            .find(|l| l.contains(line))
+            .unwrap_or_else(|| panic!("{line:?} not logged:\n{log}"));
+        assert!(
+            logged.contains(&format!("who={who}")) && logged.contains(&format!("gitlab-job={job}")),
+            "{logged}"
+        );
+    }
+}
