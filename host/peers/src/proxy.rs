@@ -37,7 +37,8 @@ impl LatencyProxy {
     pub async fn start(upstream: &str, delay: Duration) -> LatencyProxy {
         let (target, listener, endpoint) = front(upstream).await;
         let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
+            loop {
+                let client = crate::serve::next_connection(&listener).await;
                 let target = target.clone();
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&target).await {
@@ -103,7 +104,8 @@ impl SlowCreates {
         let held = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let counter = held.clone();
         let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
+            loop {
+                let client = crate::serve::next_unix_connection(&listener).await;
                 let upstream = upstream.clone();
                 let counter = counter.clone();
                 tokio::spawn(async move {
@@ -197,7 +199,8 @@ impl LosingProxy {
         let lost = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (r, l) = (rules.clone(), lost.clone());
         let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
+            loop {
+                let client = crate::serve::next_connection(&listener).await;
                 tokio::spawn(serve_losing(client, target.clone(), r.clone(), l.clone()));
             }
         });

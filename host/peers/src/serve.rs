@@ -48,7 +48,8 @@ where
         .expect("bind a port");
     let addr = listener.local_addr().expect("the listener's address");
     tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
+        loop {
+            let stream = crate::serve::next_connection(&listener).await;
             serve_connection(stream, handler.clone());
         }
     });
@@ -66,7 +67,8 @@ where
 {
     let listener = tokio::net::UnixListener::bind(path).expect("bind a unix socket");
     tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
+        loop {
+            let stream = crate::serve::next_unix_connection(&listener).await;
             serve_connection(stream, handler.clone());
         }
     });
@@ -174,7 +176,8 @@ where
         .expect("a TLS config");
     let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
     tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
+        loop {
+            let stream = crate::serve::next_connection(&listener).await;
             let acceptor = acceptor.clone();
             let handler = handler.clone();
             tokio::spawn(async move {
@@ -185,4 +188,27 @@ where
         }
     });
     (ip, ca_cert.der().clone())
+}
+
+/// The next connection on `listener`. An accept error belongs to one connection (a client
+/// that reset before it was accepted, or descriptors short for a moment): it is skipped after
+/// a short pause and the stand-in keeps serving. Ending the accept loop on it instead closed
+/// the listener, and every later request of the test failed to connect.
+pub async fn next_connection(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => return stream,
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// [`next_connection`] on a unix socket.
+pub async fn next_unix_connection(listener: &tokio::net::UnixListener) -> tokio::net::UnixStream {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => return stream,
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+        }
+    }
 }

@@ -73,11 +73,19 @@ fn curl(ca: Option<&str>, args: &[&str]) -> Reply {
         command.arg("--cacert").arg(file);
     }
     let out = command.args(args).output().expect("run curl");
+    let status = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    if status == 0 {
+        // No HTTP answer at all: curl says why, for the failure that follows.
+        eprintln!(
+            "curl {args:?} got no answer: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     Reply {
-        status: String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(0),
+        status,
         headers: std::fs::read_to_string(headers).unwrap_or_default(),
         body: std::fs::read(body).unwrap_or_default(),
     }

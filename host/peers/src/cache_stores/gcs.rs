@@ -276,7 +276,8 @@ async fn serve(
     acceptor: tokio_rustls::TlsAcceptor,
     state: Arc<State>,
 ) {
-    while let Ok((stream, _)) = listener.accept().await {
+    loop {
+        let stream = crate::serve::next_connection(&listener).await;
         let acceptor = acceptor.clone();
         let state = state.clone();
         tokio::spawn(async move {
