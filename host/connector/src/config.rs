@@ -169,23 +169,10 @@ pub struct ConnectorSettings {
     pub targets: crate::targets::AllowedTargets,
 }
 
-impl Validate for ConnectorConfig {
-    type Output = ConnectorSettings;
-
-    fn validate(
-        &self,
-        cx: &Context,
-        at: &KeyPath,
-        problems: &mut Problems,
-    ) -> Option<ConnectorSettings> {
-        let mut ok = problems.nonzero_durations(
-            at,
-            &[
-                ("ready_timeout", self.ready_timeout),
-                ("connect_timeout", self.connect_timeout),
-                ("keepalive_interval", self.keepalive_interval),
-            ],
-        );
+impl ConnectorConfig {
+    /// The keys whose text must not be empty, and the socket path's form.
+    fn check_text(&self, at: &KeyPath, problems: &mut Problems) -> bool {
+        let mut ok = true;
         if self.username.as_deref() == Some("") {
             problems.add(
                 &at.key("username"),
@@ -211,6 +198,22 @@ impl Validate for ConnectorConfig {
             );
             ok = false;
         }
+        ok
+    }
+
+    /// The files it names, resolved against the config file's directory (each checked to
+    /// exist when `cx` says so): the SSH key, the Docker TLS files, the known_hosts file.
+    fn files(
+        &self,
+        cx: &Context,
+        at: &KeyPath,
+        problems: &mut Problems,
+        ok: &mut bool,
+    ) -> (
+        Option<PathBuf>,
+        Option<crate::tls::DockerTlsFiles>,
+        Option<PathBuf>,
+    ) {
         let mut existing = |key: KeyPath, path: &PathBuf| {
             let path = cx.resolve(path);
             if cx.check_files && !path.is_file() {
@@ -218,7 +221,7 @@ impl Validate for ConnectorConfig {
                     &key,
                     format!("{} does not exist or is not a file", path.display()),
                 );
-                ok = false;
+                *ok = false;
             }
             path
         };
@@ -240,6 +243,12 @@ impl Validate for ConnectorConfig {
                 Some(existing(at.key("host_key").key("known_hosts"), known_hosts))
             }
         };
+        (ssh_key, docker_tls, known_hosts)
+    }
+
+    /// The machines it may reach: a non-empty range list, a port in range.
+    fn check_targets(&self, at: &KeyPath, problems: &mut Problems) -> bool {
+        let mut ok = true;
         if self.allowed_ranges.as_ref().is_some_and(Vec::is_empty) {
             problems.add(
                 &at.key("allowed_ranges"),
@@ -251,6 +260,30 @@ impl Validate for ConnectorConfig {
             problems.add(&at.key("port"), "must be 1-65535");
             ok = false;
         }
+        ok
+    }
+}
+
+impl Validate for ConnectorConfig {
+    type Output = ConnectorSettings;
+
+    fn validate(
+        &self,
+        cx: &Context,
+        at: &KeyPath,
+        problems: &mut Problems,
+    ) -> Option<ConnectorSettings> {
+        let mut ok = problems.nonzero_durations(
+            at,
+            &[
+                ("ready_timeout", self.ready_timeout),
+                ("connect_timeout", self.connect_timeout),
+                ("keepalive_interval", self.keepalive_interval),
+            ],
+        );
+        ok &= self.check_text(at, problems);
+        let (ssh_key, docker_tls, known_hosts) = self.files(cx, at, problems, &mut ok);
+        ok &= self.check_targets(at, problems);
         ok.then(|| ConnectorSettings {
             username: self.username.clone(),
             port: self.port,

@@ -25,8 +25,8 @@ use serde::Deserialize;
 use zeroize::Zeroizing;
 
 use super::oauth::{
-    Mint, Minted, TokenHandle, Tokens, b64url, endpoint_problems, form_value, now_secs, pem_block,
-    post_form, ps256_jws, read_answer,
+    Mint, Minted, TokenAnswer, TokenHandle, Tokens, b64url, endpoint_problems, form_value,
+    now_secs, pem_block, post_form, ps256_jws, read_answer,
 };
 use super::{CredentialError, SecretSource};
 
@@ -158,129 +158,151 @@ impl Tokens<AzureConfig> {
         let unavailable = |detail: String| Mint::failed(credential, detail);
         let c = &self.config;
         let client_id = c.client_id.clone().or_else(|| env("AZURE_CLIENT_ID"));
-        let tenant = c.tenant_id.clone().or_else(|| env("AZURE_TENANT_ID"));
-        let authority = c
-            .authority_host
-            .clone()
-            .or_else(|| env("AZURE_AUTHORITY_HOST"))
-            .unwrap_or_else(|| AUTHORITY.to_string());
-        let federated = c
-            .federated_token_file
-            .clone()
-            .or_else(|| env("AZURE_FEDERATED_TOKEN_FILE").map(PathBuf::from));
         let client = super::aws::http_client().map_err(unavailable)?;
-
-        let grant = match (&c.client_secret, &c.certificate, &federated) {
-            (Some(secret), _, _) => Some((
-                "client secret",
-                Proof::Secret(Zeroizing::new(
-                    secret
-                        .resolve(credential)
-                        .map_err(Mint::Failed)?
-                        .expose()
-                        .to_string(),
-                )),
-            )),
-            (None, Some(cert), _) => Some((
-                "certificate",
-                Proof::Assertion(Zeroizing::new(
-                    cert.resolve(credential)
-                        .map_err(Mint::Failed)?
-                        .expose()
-                        .to_string(),
-                )),
-            )),
-            (None, None, Some(file)) => {
-                let token = SecretSource::File(file.clone())
-                    .resolve(credential)
-                    .map_err(Mint::Failed)?;
-                Some((
-                    "workload identity",
-                    Proof::Assertion(Zeroizing::new(token.expose().to_string())),
-                ))
-            }
-            (None, None, None) => None,
-        };
-        let answer = match grant {
+        let answer = match self.grant(credential)? {
             Some((how, proof)) => {
+                let tenant = c.tenant_id.clone().or_else(|| env("AZURE_TENANT_ID"));
                 let (Some(client_id), Some(tenant)) = (client_id, tenant) else {
                     return Err(unavailable(format!(
                         "{how} needs tenant_id and client_id (or AZURE_TENANT_ID and AZURE_CLIENT_ID)"
                     )));
                 };
-                let endpoint = format!(
-                    "{}/{tenant}/oauth2/v2.0/token",
-                    authority.trim_end_matches('/')
-                );
-                let proof = match proof {
-                    Proof::Secret(secret) => {
-                        Zeroizing::new(format!("client_secret={}", form_value(&secret).as_str()))
-                    }
-                    Proof::Assertion(text) if how == "certificate" => {
-                        let jwt = certificate_assertion(&text, &client_id, &endpoint)
-                            .map_err(|e| unavailable(format!("the certificate: {e}")))?;
-                        assertion_form(&jwt)
-                    }
-                    Proof::Assertion(token) => assertion_form(&token),
-                };
-                let form = Zeroizing::new(format!(
-                    "client_id={}&scope={}&grant_type=client_credentials&{}",
-                    form_value(&client_id).as_str(),
-                    form_value(&c.scope).as_str(),
-                    proof.as_str()
-                ));
-                post_form(
-                    &client,
-                    credential,
-                    &endpoint,
-                    &form,
-                    &format!("token endpoint {endpoint} ({how})"),
-                )
-                .await?
+                self.mint_at_token_endpoint(&client, credential, (how, proof), &client_id, &tenant)
+                    .await?
             }
             None => {
-                let base = c.imds_endpoint.clone().unwrap_or_else(|| IMDS.to_string());
-                let resource = c.scope.trim_end_matches(".default");
-                let mut url = format!(
-                    "{}/metadata/identity/oauth2/token?api-version=2018-02-01&resource={}",
-                    base.trim_end_matches('/'),
-                    form_value(resource).as_str()
-                );
-                if let Some(id) = &client_id {
-                    url.push_str(&format!("&client_id={}", form_value(id).as_str()));
-                }
-                let response = client
-                    .get(&url)
-                    .header("Metadata", "true")
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        unavailable(format!(
-                            "no client_secret, certificate or federated token, and the managed identity endpoint {base} is not reachable: {}",
-                            super::aws::without_url(&e)
-                        ))
-                    })?;
-                // 404 while an identity is being set up, 410 while IMDS upgrades (back within
-                // 70 s), 429 and 5xx: the SDKs retry all of them, so they are failures to try
-                // again, never a refusal that pauses the pool as unauthorized.
-                // <https://learn.microsoft.com/en-us/entra/identity/managed-identities-azure-resources/how-to-use-vm-token#error-handling>
-                let retry = matches!(response.status().as_u16(), 404 | 410 | 429 | 500..=599);
-                read_answer(response, &format!("managed identity endpoint {base}"))
-                    .await
-                    .map_err(|(refused, detail)| {
-                        let detail = if retry {
-                            format!("{detail} (the identity is being set up or IMDS is upgrading; asked again at the next call)")
-                        } else {
-                            detail
-                        };
-                        Mint::answered(credential, (refused && !retry, detail))
-                    })?
+                self.mint_from_managed_identity(&client, credential, client_id.as_deref())
+                    .await?
             }
         };
         Ok(Minted {
             token: answer.access_token,
             lifetime: Duration::from_secs(answer.expires_in.unwrap_or(3600)),
         })
+    }
+
+    /// How the client proves itself, in the SDKs' order: a client secret, a certificate, a
+    /// federated token file; `None` leaves the managed identity.
+    fn grant(&self, credential: &str) -> Result<Option<(&'static str, Proof)>, Mint> {
+        let c = &self.config;
+        let federated = c
+            .federated_token_file
+            .clone()
+            .or_else(|| env("AZURE_FEDERATED_TOKEN_FILE").map(PathBuf::from));
+        let resolved = |source: &SecretSource| -> Result<Zeroizing<String>, Mint> {
+            Ok(Zeroizing::new(
+                source
+                    .resolve(credential)
+                    .map_err(Mint::Failed)?
+                    .expose()
+                    .to_string(),
+            ))
+        };
+        Ok(match (&c.client_secret, &c.certificate, &federated) {
+            (Some(secret), _, _) => Some(("client secret", Proof::Secret(resolved(secret)?))),
+            (None, Some(cert), _) => Some(("certificate", Proof::Assertion(resolved(cert)?))),
+            (None, None, Some(file)) => Some((
+                "workload identity",
+                Proof::Assertion(resolved(&SecretSource::File(file.clone()))?),
+            )),
+            (None, None, None) => None,
+        })
+    }
+
+    /// A token from the tenant's token endpoint, for the client's proof.
+    async fn mint_at_token_endpoint(
+        &self,
+        client: &reqwest::Client,
+        credential: &str,
+        (how, proof): (&'static str, Proof),
+        client_id: &str,
+        tenant: &str,
+    ) -> Result<TokenAnswer, Mint> {
+        let c = &self.config;
+        let authority = c
+            .authority_host
+            .clone()
+            .or_else(|| env("AZURE_AUTHORITY_HOST"))
+            .unwrap_or_else(|| AUTHORITY.to_string());
+        let endpoint = format!(
+            "{}/{tenant}/oauth2/v2.0/token",
+            authority.trim_end_matches('/')
+        );
+        let proof = match proof {
+            Proof::Secret(secret) => {
+                Zeroizing::new(format!("client_secret={}", form_value(&secret).as_str()))
+            }
+            Proof::Assertion(text) if how == "certificate" => {
+                let jwt = certificate_assertion(&text, client_id, &endpoint)
+                    .map_err(|e| Mint::failed(credential, format!("the certificate: {e}")))?;
+                assertion_form(&jwt)
+            }
+            Proof::Assertion(token) => assertion_form(&token),
+        };
+        let form = Zeroizing::new(format!(
+            "client_id={}&scope={}&grant_type=client_credentials&{}",
+            form_value(client_id).as_str(),
+            form_value(&c.scope).as_str(),
+            proof.as_str()
+        ));
+        post_form(
+            client,
+            credential,
+            &endpoint,
+            &form,
+            &format!("token endpoint {endpoint} ({how})"),
+        )
+        .await
+    }
+
+    /// A token from the managed identity endpoint (IMDS), for `client_id`'s identity or the
+    /// machine's only one.
+    async fn mint_from_managed_identity(
+        &self,
+        client: &reqwest::Client,
+        credential: &str,
+        client_id: Option<&str>,
+    ) -> Result<TokenAnswer, Mint> {
+        let c = &self.config;
+        let base = c.imds_endpoint.clone().unwrap_or_else(|| IMDS.to_string());
+        let resource = c.scope.trim_end_matches(".default");
+        let mut url = format!(
+            "{}/metadata/identity/oauth2/token?api-version=2018-02-01&resource={}",
+            base.trim_end_matches('/'),
+            form_value(resource).as_str()
+        );
+        if let Some(id) = client_id {
+            url.push_str(&format!("&client_id={}", form_value(id).as_str()));
+        }
+        let response = client
+            .get(&url)
+            .header("Metadata", "true")
+            .send()
+            .await
+            .map_err(|e| {
+                Mint::failed(
+                    credential,
+                    format!(
+                        "no client_secret, certificate or federated token, and the managed identity endpoint {base} is not reachable: {}",
+                        super::aws::without_url(&e)
+                    ),
+                )
+            })?;
+        // 404 while an identity is being set up, 410 while IMDS upgrades (back within
+        // 70 s), 429 and 5xx: the SDKs retry all of them, so they are failures to try
+        // again, never a refusal that pauses the pool as unauthorized.
+        // <https://learn.microsoft.com/en-us/entra/identity/managed-identities-azure-resources/how-to-use-vm-token#error-handling>
+        let retry = matches!(response.status().as_u16(), 404 | 410 | 429 | 500..=599);
+        read_answer(response, &format!("managed identity endpoint {base}"))
+            .await
+            .map_err(|(refused, detail)| {
+                let detail = if retry {
+                    format!("{detail} (the identity is being set up or IMDS is upgrading; asked again at the next call)")
+                } else {
+                    detail
+                };
+                Mint::answered(credential, (refused && !retry, detail))
+            })
     }
 }
 

@@ -26,8 +26,8 @@ use serde::Deserialize;
 use zeroize::Zeroizing;
 
 use super::oauth::{
-    Mint, Minted, TokenHandle, Tokens, endpoint_problems, form_value, now_secs, post_form,
-    read_answer, rs256_jws,
+    Mint, Minted, TokenAnswer, TokenHandle, Tokens, endpoint_problems, form_value, now_secs,
+    post_form, read_answer, rs256_jws,
 };
 use super::{CredentialError, Secret, SecretSource};
 
@@ -144,77 +144,101 @@ impl Tokens<GcpConfig> {
                 return self.federate(credential, &client, &config).await;
             }
             Some(json) => {
-                let key: ServiceAccountKey = serde_json::from_str(json.expose()).map_err(|e| {
-                    unavailable(format!(
-                        "the service-account key is not valid JSON with client_email and private_key (line {}, column {})",
-                        e.line(),
-                        e.column()
-                    ))
-                })?;
-                if key.kind != "service_account" {
-                    return Err(unavailable(format!(
-                        "the key is of type {:?}; \"service_account\" and \"external_account\" are supported",
-                        key.kind
-                    )));
-                }
-                let endpoint = self
-                    .config
-                    .token_endpoint
-                    .clone()
-                    .or_else(|| key.token_uri.clone())
-                    .unwrap_or_else(|| GOOGLE_TOKEN_URI.to_string());
-                let assertion = jwt(&key, &self.config.scopes, &endpoint, now_secs())
-                    .map_err(|e| unavailable(format!("the service-account key: {e}")))?;
-                let form = Zeroizing::new(format!(
-                    "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion={}",
-                    assertion.as_str()
-                ));
-                post_form(
-                    &client,
-                    credential,
-                    &endpoint,
-                    &form,
-                    &format!("token endpoint {endpoint}"),
-                )
-                .await?
+                self.mint_from_key(&client, credential, json.expose())
+                    .await?
             }
-            None => {
-                let base = self
-                    .config
-                    .metadata_endpoint
-                    .clone()
-                    .or_else(|| {
-                        std::env::var("GCE_METADATA_HOST")
-                            .ok()
-                            .filter(|h| !h.is_empty())
-                            .map(|h| format!("http://{h}"))
-                    })
-                    .unwrap_or_else(|| METADATA.to_string());
-                let url = format!(
-                    "{}/computeMetadata/v1/instance/service-accounts/default/token?scopes={}",
-                    base.trim_end_matches('/'),
-                    self.config.scopes.join(",")
-                );
-                let response = client
-                    .get(&url)
-                    .header("Metadata-Flavor", "Google")
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        unavailable(format!(
-                            "no service_account_key or GOOGLE_APPLICATION_CREDENTIALS, and the metadata server {base} is not reachable: {}",
-                            super::aws::without_url(&e)
-                        ))
-                    })?;
-                read_answer(response, &format!("metadata server {base}"))
-                    .await
-                    .map_err(|a| Mint::answered(credential, a))?
-            }
+            None => self.mint_from_metadata(&client, credential).await?,
         };
         Ok(Minted {
             token: answer.access_token,
             lifetime: Duration::from_secs(answer.expires_in.unwrap_or(JWT_LIFETIME)),
         })
+    }
+}
+
+impl Tokens<GcpConfig> {
+    /// A token for a service account's key: a signed JWT exchanged at the token endpoint.
+    async fn mint_from_key(
+        &self,
+        client: &reqwest::Client,
+        credential: &str,
+        json: &str,
+    ) -> Result<TokenAnswer, Mint> {
+        let unavailable = |detail: String| Mint::failed(credential, detail);
+        let key: ServiceAccountKey = serde_json::from_str(json).map_err(|e| {
+            unavailable(format!(
+                "the service-account key is not valid JSON with client_email and private_key (line {}, column {})",
+                e.line(),
+                e.column()
+            ))
+        })?;
+        if key.kind != "service_account" {
+            return Err(unavailable(format!(
+                "the key is of type {:?}; \"service_account\" and \"external_account\" are supported",
+                key.kind
+            )));
+        }
+        let endpoint = self
+            .config
+            .token_endpoint
+            .clone()
+            .or_else(|| key.token_uri.clone())
+            .unwrap_or_else(|| GOOGLE_TOKEN_URI.to_string());
+        let assertion = jwt(&key, &self.config.scopes, &endpoint, now_secs())
+            .map_err(|e| unavailable(format!("the service-account key: {e}")))?;
+        let form = Zeroizing::new(format!(
+            "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion={}",
+            assertion.as_str()
+        ));
+        post_form(
+            client,
+            credential,
+            &endpoint,
+            &form,
+            &format!("token endpoint {endpoint}"),
+        )
+        .await
+    }
+
+    /// A token from the metadata server: the machine's (or the workload's) own service account.
+    async fn mint_from_metadata(
+        &self,
+        client: &reqwest::Client,
+        credential: &str,
+    ) -> Result<TokenAnswer, Mint> {
+        let base = self
+            .config
+            .metadata_endpoint
+            .clone()
+            .or_else(|| {
+                std::env::var("GCE_METADATA_HOST")
+                    .ok()
+                    .filter(|h| !h.is_empty())
+                    .map(|h| format!("http://{h}"))
+            })
+            .unwrap_or_else(|| METADATA.to_string());
+        let url = format!(
+            "{}/computeMetadata/v1/instance/service-accounts/default/token?scopes={}",
+            base.trim_end_matches('/'),
+            self.config.scopes.join(",")
+        );
+        let response = client
+            .get(&url)
+            .header("Metadata-Flavor", "Google")
+            .send()
+            .await
+            .map_err(|e| {
+                Mint::failed(
+                    credential,
+                    format!(
+                        "no service_account_key or GOOGLE_APPLICATION_CREDENTIALS, and the metadata server {base} is not reachable: {}",
+                        super::aws::without_url(&e)
+                    ),
+                )
+            })?;
+        read_answer(response, &format!("metadata server {base}"))
+            .await
+            .map_err(|a| Mint::answered(credential, a))
     }
 }
 
@@ -307,9 +331,23 @@ impl Tokens<GcpConfig> {
                 lifetime: Duration::from_secs(federated.expires_in.unwrap_or(3600)),
             });
         };
+        self.impersonate(credential, client, url, &federated.access_token)
+            .await
+    }
+
+    /// The service account's own token, generated with the federated one
+    /// (<https://cloud.google.com/iam/docs/reference/credentials/rest/v1/projects.serviceAccounts/generateAccessToken>).
+    async fn impersonate(
+        &self,
+        credential: &str,
+        client: &reqwest::Client,
+        url: &str,
+        federated: &Secret,
+    ) -> Result<Minted, Mint> {
+        let unavailable = |detail: String| Mint::failed(credential, detail);
         let response = client
             .post(url)
-            .bearer_auth(federated.access_token.expose())
+            .bearer_auth(federated.expose())
             .header("content-type", "application/json")
             .body(
                 serde_json::json!({ "scope": self.config.scopes, "lifetime": "3600s" }).to_string(),

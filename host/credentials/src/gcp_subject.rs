@@ -179,21 +179,10 @@ impl CredentialSource {
             Some(url) => Some(imds_session(client, url).await.map_err(&failed)?),
             None => None,
         };
-        let region = match env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")) {
-            Some(region) => region,
-            None => {
-                let url = self.region_url.as_deref().ok_or_else(|| {
-                    failed("no AWS_REGION and no region_url in the AWS credential_source".into())
-                })?;
-                let zone = imds_get(client, url, imds_token.as_deref())
-                    .await
-                    .map_err(&failed)?;
-                // The zone (us-east-1b) without its letter.
-                let mut region = zone.trim().to_string();
-                region.pop();
-                region
-            }
-        };
+        let region = self
+            .aws_region(client, imds_token.as_deref())
+            .await
+            .map_err(&failed)?;
         let keys = self
             .aws_keys(client, imds_token.as_deref())
             .await
@@ -240,6 +229,26 @@ impl CredentialSource {
         Ok(Secret::new(
             crate::oauth::form_value(&serialized.to_string()).as_str(),
         ))
+    }
+
+    /// The AWS region: the environment's, else the metadata server's zone less its letter.
+    async fn aws_region(
+        &self,
+        client: &reqwest::Client,
+        imds_token: Option<&str>,
+    ) -> Result<String, String> {
+        if let Some(region) = env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")) {
+            return Ok(region);
+        }
+        let url = self
+            .region_url
+            .as_deref()
+            .ok_or("no AWS_REGION and no region_url in the AWS credential_source")?;
+        let zone = imds_get(client, url, imds_token).await?;
+        // The zone (us-east-1b) without its letter.
+        let mut region = zone.trim().to_string();
+        region.pop();
+        Ok(region)
     }
 
     /// AWS keys: the environment's, else the role's from the metadata server at `url`.

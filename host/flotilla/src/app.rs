@@ -111,27 +111,7 @@ async fn start_pool(
         sandbox.state = Some(Arc::new(state) as Arc<dyn flotilla_provider::PluginState>);
     }
     let provider: Arc<dyn Provider> = Arc::new(plugin.provider(&pool.name, sandbox));
-    let info = match provider.init(&pool.settings).instrument(span.clone()).await {
-        Ok(info) => info,
-        // The plugin refused its settings: say where they are, in the words `config check`
-        // uses for the same problem, so the operator sees the line to fix.
-        Err(flotilla_provider::CallError::Provider {
-            error: flotilla_provider::ProviderError::InvalidConfig(why),
-            ..
-        }) => {
-            let at = flotilla_validate::KeyPath::root()
-                .key("pool")
-                .index(pool.index)
-                .key("plugin_config");
-            let problem = config::locate(
-                &ctx.config_path,
-                &at,
-                format!("the plugin refused it: {why}"),
-            );
-            anyhow::bail!("pool {}: {problem}", pool.name);
-        }
-        Err(e) => return Err(anyhow::Error::new(e).context(format!("pool {}", pool.name))),
-    };
+    let info = init_plugin(ctx, pool, provider.as_ref(), &span).await?;
     tracing::info!(pool = %pool.name, id = %info.id, version = %info.version, max_size = info.max_size, "plugin initialised");
     let clock = Arc::new(SystemClock);
     let policies = lock(&ctx.policies)
@@ -141,22 +121,7 @@ async fn start_pool(
     let mut core = PoolCore::new(pool.scaler.clone(), policies, clock.now());
     core.set_provider_info(&info);
     core.share_lease_ids(ctx.lease_ids.clone());
-    let journal = match &ctx.store {
-        Some(store) => {
-            let restored = store.load(&pool.name)?;
-            if !restored.leases.is_empty() {
-                tracing::info!(pool = %pool.name, leases = restored.leases.len(), "leases restored from the journal; acquired ones are bound again at the first update");
-            }
-            core.restore_with_tenants(
-                clock.now(),
-                restored.leases,
-                restored.uses,
-                restored.tenants,
-            );
-            Some(Arc::new(store.journal(&pool.name)) as Arc<dyn LeaseJournal>)
-        }
-        None => None,
-    };
+    let journal = restore(ctx, pool, &mut core, clock.now())?;
     let pool_metrics = metrics.pool(&pool.name, &plugin.sha256[..12]);
     let readiness: Arc<dyn Readiness> = match &connector {
         Some(c) => c.clone(),
@@ -182,6 +147,58 @@ async fn start_pool(
         plugin: pool.plugin.to_string(),
         exporter_ports: pool.exporter_ports.clone(),
         fallback: pool.fallback.clone(),
+    })
+}
+
+/// The plugin's `init` with the pool's settings; settings it refuses are named where they
+/// are in the config file, as `config check` names them.
+async fn init_plugin(
+    ctx: &StartContext,
+    pool: &config::Pool,
+    provider: &dyn Provider,
+    span: &tracing::Span,
+) -> anyhow::Result<flotilla_provider::ProviderInfo> {
+    match provider.init(&pool.settings).instrument(span.clone()).await {
+        Ok(info) => Ok(info),
+        // The plugin refused its settings: say where they are, in the words `config check`
+        // uses for the same problem, so the operator sees the line to fix.
+        Err(flotilla_provider::CallError::Provider {
+            error: flotilla_provider::ProviderError::InvalidConfig(why),
+            ..
+        }) => {
+            let at = flotilla_validate::KeyPath::root()
+                .key("pool")
+                .index(pool.index)
+                .key("plugin_config");
+            let problem = config::locate(
+                &ctx.config_path,
+                &at,
+                format!("the plugin refused it: {why}"),
+            );
+            anyhow::bail!("pool {}: {problem}", pool.name);
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("pool {}", pool.name))),
+    }
+}
+
+/// The pool's leases and use counts from the journal into `core`, and the journal the pool
+/// writes from now on (`None` without a state directory).
+fn restore(
+    ctx: &StartContext,
+    pool: &config::Pool,
+    core: &mut PoolCore,
+    now: flotilla_scaler::Millis,
+) -> anyhow::Result<Option<Arc<dyn LeaseJournal>>> {
+    Ok(match &ctx.store {
+        Some(store) => {
+            let restored = store.load(&pool.name)?;
+            if !restored.leases.is_empty() {
+                tracing::info!(pool = %pool.name, leases = restored.leases.len(), "leases restored from the journal; acquired ones are bound again at the first update");
+            }
+            core.restore_with_tenants(now, restored.leases, restored.uses, restored.tenants);
+            Some(Arc::new(store.journal(&pool.name)) as Arc<dyn LeaseJournal>)
+        }
+        None => None,
     })
 }
 
@@ -474,19 +491,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         ctx,
         state,
     } = build(&config_path).await?;
-    if let Some(open_files) = open_files {
-        let within = cfg.limits.within_open_files(open_files);
-        if within != cfg.limits {
-            tracing::warn!(
-                open_files,
-                max_connections = within.max_connections,
-                max_unauthenticated_connections = within.max_unauthenticated,
-                "the connection bounds are lowered to fit the open-file limit (raise it with \
-                 `ulimit -n` or the container's nofile limit to serve more at once)"
-            );
-            cfg.limits = within;
-        }
-    }
+    fit_open_files(&mut cfg.limits, open_files);
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
@@ -495,18 +500,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     for note in cfg.pools.iter().filter_map(|p| p.shared_machine_note()) {
         tracing::warn!("{note}");
     }
-    let tls = match &cfg.tls {
-        Some((cert, key)) => {
-            let tls = Arc::new(
-                crate::tls::ServerTls::load(cert, key)
-                    .map_err(|why| anyhow::anyhow!("[server] tls: {why}"))?,
-            );
-            tracing::info!(cert = %cert.display(), "the lease API is served over TLS; the certificate is reloaded when its files change");
-            tls.clone().watch();
-            Some(tls)
-        }
-        None => None,
-    };
+    let tls = api_tls(cfg.tls.as_ref())?;
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let server = {
         let shutdown = shutdown.clone();
@@ -522,26 +516,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     // One Notify per server: notify_one keeps a permit, so a stop that comes before a server
     // polls its signal is not lost.
     let metrics_shutdown = Arc::new(tokio::sync::Notify::new());
-    let metrics_server = match cfg.metrics_listen {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr} (server.metrics_listen)"))?;
-            let bound = listener.local_addr().unwrap_or(addr);
-            tracing::info!(metrics_listen = %bound, "serving /metrics, /healthz and /readyz");
-            let shutdown = metrics_shutdown.clone();
-            let app = crate::api::health_router(state.clone());
-            // Scrapers and kubelets speak plain HTTP here: no lease API, no token.
-            Some(tokio::spawn(crate::serve::serve(
-                listener,
-                app,
-                cfg.limits,
-                None,
-                async move { shutdown.notified().await },
-            )))
-        }
-        None => None,
-    };
+    let metrics_server = serve_metrics(&cfg, &state, metrics_shutdown.clone()).await?;
     let file_sd = cfg.file_sd.clone().map(|path| {
         tracing::info!(file_sd = %path.display(), "writing the machine list for file_sd_configs");
         tokio::spawn(crate::sd::write_file_sd(state.clone(), path))
@@ -563,7 +538,85 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     for s in starters.iter().chain(&stewards) {
         s.abort();
     }
-    let grace = cfg.shutdown_grace;
+    let failed_drains = drain(&state, cfg.shutdown_grace).await;
+    shutdown.notify_one();
+    metrics_shutdown.notify_one();
+    server.await.context("the API server task panicked")?;
+    if let Some(m) = metrics_server {
+        m.await.context("the metrics server task panicked")?;
+    }
+    if failed_drains > 0 {
+        anyhow::bail!("{failed_drains} pool(s) failed while draining; see the log above");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Lowers the connection bounds to fit the open-file limit, with a warning.
+fn fit_open_files(limits: &mut crate::serve::Limits, open_files: Option<u64>) {
+    if let Some(open_files) = open_files {
+        let within = limits.within_open_files(open_files);
+        if within != *limits {
+            tracing::warn!(
+                open_files,
+                max_connections = within.max_connections,
+                max_unauthenticated_connections = within.max_unauthenticated,
+                "the connection bounds are lowered to fit the open-file limit (raise it with \
+                 `ulimit -n` or the container's nofile limit to serve more at once)"
+            );
+            *limits = within;
+        }
+    }
+}
+
+/// The lease API's TLS from `[server] tls`, watched for new certificates; `None` for plain HTTP.
+fn api_tls(
+    files: Option<&(PathBuf, PathBuf)>,
+) -> anyhow::Result<Option<Arc<crate::tls::ServerTls>>> {
+    Ok(match files {
+        Some((cert, key)) => {
+            let tls = Arc::new(
+                crate::tls::ServerTls::load(cert, key)
+                    .map_err(|why| anyhow::anyhow!("[server] tls: {why}"))?,
+            );
+            tracing::info!(cert = %cert.display(), "the lease API is served over TLS; the certificate is reloaded when its files change");
+            tls.clone().watch();
+            Some(tls)
+        }
+        None => None,
+    })
+}
+
+/// The plain-HTTP server of `/metrics`, `/healthz`, `/readyz` and the SD list on
+/// `metrics_listen`, when set.
+async fn serve_metrics(
+    cfg: &config::Config,
+    state: &Arc<AppState>,
+    shutdown: Arc<tokio::sync::Notify>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    Ok(match cfg.metrics_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (server.metrics_listen)"))?;
+            let bound = listener.local_addr().unwrap_or(addr);
+            tracing::info!(metrics_listen = %bound, "serving /metrics, /healthz and /readyz");
+            let app = crate::api::health_router(state.clone());
+            // Scrapers and kubelets speak plain HTTP here: no lease API, no token.
+            Some(tokio::spawn(crate::serve::serve(
+                listener,
+                app,
+                cfg.limits,
+                None,
+                async move { shutdown.notified().await },
+            )))
+        }
+        None => None,
+    })
+}
+
+/// Drains every running pool within `grace` (plus the plugin's allowance); how many failed.
+async fn drain(state: &Arc<AppState>, grace: Duration) -> usize {
     let drains = state
         .pools
         .running_pools()
@@ -578,18 +631,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
                 }
             }
         });
-    let failed_drains = join_all(drains).await;
-    shutdown.notify_one();
-    metrics_shutdown.notify_one();
-    server.await.context("the API server task panicked")?;
-    if let Some(m) = metrics_server {
-        m.await.context("the metrics server task panicked")?;
-    }
-    if failed_drains > 0 {
-        anyhow::bail!("{failed_drains} pool(s) failed while draining; see the log above");
-    }
-    tracing::info!("stopped");
-    Ok(())
+    join_all(drains).await
 }
 
 /// Runs every future on its own task and waits for all; returns how many failed or panicked

@@ -22,7 +22,6 @@ pub mod fallback;
 pub mod metrics;
 pub mod pools;
 pub mod preflight;
-mod process_metrics;
 pub mod sd;
 pub mod serve;
 pub mod signals;

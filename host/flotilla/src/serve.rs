@@ -185,25 +185,30 @@ pub async fn serve(
     tls: Option<Arc<crate::tls::ServerTls>>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let bounds = Arc::new(Bounds {
-        slots: Arc::new(Semaphore::new(limits.max_connections.max(1))),
-        long_polls: Arc::new(Semaphore::new(limits.max_long_polls.max(1))),
-        streams: Arc::new(Semaphore::new(limits.max_streams.max(1))),
-    });
-    let unauthenticated = Arc::new(Unauthenticated {
-        max: limits.max_unauthenticated.max(1),
-        queue: Mutex::new(VecDeque::new()),
-    });
     let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
-    let builder = Arc::new(builder);
-    let graceful = GracefulShutdown::new();
-    let ids = AtomicU64::new(0);
+    let server = Server {
+        bounds: Arc::new(Bounds {
+            slots: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            long_polls: Arc::new(Semaphore::new(limits.max_long_polls.max(1))),
+            streams: Arc::new(Semaphore::new(limits.max_streams.max(1))),
+        }),
+        unauthenticated: Arc::new(Unauthenticated {
+            max: limits.max_unauthenticated.max(1),
+            queue: Mutex::new(VecDeque::new()),
+        }),
+        builder: Arc::new(builder),
+        graceful: GracefulShutdown::new(),
+        ids: AtomicU64::new(0),
+        refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+        router,
+        tls,
+        handshake_limit: limits.header_read_timeout,
+    };
     tokio::pin!(stop);
-    let refusing = Arc::new(tokio::sync::Semaphore::new(MAX_REFUSING));
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -217,13 +222,40 @@ pub async fn serve(
             },
             () = &mut stop => break,
         };
+        server.admit(stream);
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_WAIT, server.graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::info!("connections still open after {SHUTDOWN_WAIT:?} are closed");
+    }
+}
+
+/// What every accepted connection shares: its bounds, the HTTP builder, the router and TLS.
+struct Server {
+    bounds: Arc<Bounds>,
+    unauthenticated: Arc<Unauthenticated>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    graceful: GracefulShutdown,
+    ids: AtomicU64,
+    refusing: Arc<Semaphore>,
+    router: axum::Router,
+    tls: Option<Arc<crate::tls::ServerTls>>,
+    handshake_limit: Duration,
+}
+
+impl Server {
+    /// Serves one accepted connection in a task of its own, or refuses it past the bound.
+    fn admit(&self, stream: tokio::net::TcpStream) {
         // Latency only: a socket that refuses TCP_NODELAY still works.
         let _ = stream.set_nodelay(true);
         // Past the bound a connection is answered at once and closed, never left waiting in
         // the kernel's backlog; past the refusals' own bound it is closed unanswered.
-        let Ok(slot) = bounds.slots.clone().try_acquire_owned() else {
-            if let Ok(refusal) = refusing.clone().try_acquire_owned() {
-                let plain = tls.is_none();
+        let Ok(slot) = self.bounds.slots.clone().try_acquire_owned() else {
+            if let Ok(refusal) = self.refusing.clone().try_acquire_owned() {
+                let plain = self.tls.is_none();
                 tokio::spawn(async move {
                     if plain {
                         refuse(stream).await;
@@ -231,29 +263,29 @@ pub async fn serve(
                     drop(refusal);
                 });
             }
-            continue;
+            return;
         };
         let evict = CancellationToken::new();
-        let id = ids.fetch_add(1, Ordering::Relaxed);
-        unauthenticated.admit(id, evict.clone());
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        self.unauthenticated.admit(id, evict.clone());
         let ticket = Connection(Arc::new(Ticket {
             id,
             authenticated: AtomicBool::new(false),
-            tracker: unauthenticated.clone(),
+            tracker: self.unauthenticated.clone(),
             slot: Mutex::new(Some(slot)),
-            bounds: bounds.clone(),
+            bounds: self.bounds.clone(),
         }));
         let held = ticket.clone();
-        let router = router.clone();
+        let router = self.router.clone();
         let service = hyper::service::service_fn(move |mut request| {
             request.extensions_mut().insert(ticket.clone());
             tower::ServiceExt::oneshot(router.clone(), request)
         });
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let tracker = unauthenticated.clone();
-        let tls = tls.as_ref().map(|t| t.acceptor());
-        let handshake_limit = limits.header_read_timeout;
+        let builder = self.builder.clone();
+        let watcher = self.graceful.watcher();
+        let tracker = self.unauthenticated.clone();
+        let tls = self.tls.as_ref().map(|t| t.acceptor());
+        let handshake_limit = self.handshake_limit;
         tokio::spawn(async move {
             let served = async {
                 match tls {
@@ -284,13 +316,6 @@ pub async fn serve(
             tracker.remove(id);
             drop(held.0.slot.lock().take());
         });
-    }
-    drop(listener);
-    if tokio::time::timeout(SHUTDOWN_WAIT, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::info!("connections still open after {SHUTDOWN_WAIT:?} are closed");
     }
 }
 

@@ -188,19 +188,35 @@ pub(crate) async fn acquire(
         api.pool(),
         lease.id
     ));
-    // The host gives up after the pool's instance_acquire_timeout (the lease stays reserved);
-    // the driver keeps asking until its own --acquire-timeout.
-    let instance = loop {
+    let instance = wait_for_instance(api, job, lease.id, patience).await?;
+    say(&format!(
+        "Running on instance {} (waited {:.1} s)",
+        instance.instance,
+        patience.start.elapsed().as_secs_f64()
+    ));
+    Ok((lease.id, instance))
+}
+
+/// The lease's instance, asked for again and again until the driver's own
+/// `--acquire-timeout`: the host gives up after the pool's instance_acquire_timeout (the lease
+/// stays reserved).
+async fn wait_for_instance(
+    api: &ApiClient,
+    job: &Job,
+    id: u64,
+    patience: Patience,
+) -> Result<Acquired, Outcome> {
+    loop {
         // The long poll's limit is what is left of the driver's own timeout, counted again
         // after any wait for a restarting flotilla.
         let asked = through_restarts(api, patience, || {
             let left = patience
                 .acquire_timeout
                 .saturating_sub(patience.start.elapsed());
-            api.acquire(lease.id, left + Duration::from_secs(5))
+            api.acquire(id, left + Duration::from_secs(5))
         });
         match asked.await {
-            Ok(instance) => break instance,
+            Ok(instance) => return Ok(instance),
             // An earlier try was granted but its answer was lost in a restart.
             Err(ApiError::Refused {
                 code: crate::api::ErrorCode::AlreadyAcquired,
@@ -210,16 +226,15 @@ pub(crate) async fn acquire(
                     state: LeaseState::Acquired { instance, slot },
                     ..
                 }) => {
-                    break Acquired {
+                    return Ok(Acquired {
                         instance,
                         slot,
                         os: None,
-                    };
+                    });
                 }
                 other => {
                     return Err(system(format!(
-                        "lease {} was acquired, then lost: {other:?}",
-                        lease.id
+                        "lease {id} was acquired, then lost: {other:?}"
                     )));
                 }
             },
@@ -234,13 +249,7 @@ pub(crate) async fn acquire(
             }
             Err(e) => return Err(system(e)),
         }
-    };
-    say(&format!(
-        "Running on instance {} (waited {:.1} s)",
-        instance.instance,
-        patience.start.elapsed().as_secs_f64()
-    ));
-    Ok((lease.id, instance))
+    }
 }
 
 /// Reserves a slot for the job; while every slot is promised, waits (up to the acquire

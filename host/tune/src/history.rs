@@ -238,16 +238,9 @@ fn records(text: &str) -> Result<Vec<(usize, usize)>, Refusal> {
                 }
                 open_at.pop();
                 depth -= 1;
-                match record {
-                    Some((s, d, true)) if d == depth => {
-                        spans.push((s, i + 1));
-                        record = None;
-                    }
-                    Some((s, _, false)) if depth == 0 => {
-                        spans.push((s, i));
-                        record = None;
-                    }
-                    _ => {}
+                if let Some(span) = record.and_then(|r| closed(r, depth, i)) {
+                    spans.push(span);
+                    record = None;
                 }
             }
             b',' if depth == 1 => {
@@ -257,17 +250,14 @@ fn records(text: &str) -> Result<Vec<(usize, usize)>, Refusal> {
                 }
             }
             c if c.is_ascii_whitespace() => {}
-            _ => {
-                if depth == 0 {
-                    return Err(Refusal {
-                        line: line_of(text, i),
-                        reason: "expected a JSON array or object here".into(),
-                    });
-                }
-                if depth == 1 && record.is_none() {
-                    record = Some((i, 1, false));
-                }
+            _ if depth == 0 => {
+                return Err(Refusal {
+                    line: line_of(text, i),
+                    reason: "expected a JSON array or object here".into(),
+                });
             }
+            _ if depth == 1 && record.is_none() => record = Some((i, 1, false)),
+            _ => {}
         }
     }
     if in_string || depth > 0 {
@@ -278,6 +268,21 @@ fn records(text: &str) -> Result<Vec<(usize, usize)>, Refusal> {
         });
     }
     Ok(spans)
+}
+
+/// The span of the record `(start, depth, container)` that a closing bracket at `i` ends, now
+/// that the depth is `depth`: a container at its own depth, or a bare value at the end of
+/// its array.
+fn closed(
+    (start, at, container): (usize, usize, bool),
+    depth: usize,
+    i: usize,
+) -> Option<(usize, usize)> {
+    match container {
+        true if at == depth => Some((start, i + 1)),
+        false if depth == 0 => Some((start, i)),
+        _ => None,
+    }
 }
 
 /// A job as GitLab's jobs API returns it (the fields used).
@@ -487,14 +492,12 @@ fn parse_json(text: &str, filter: &Filter) -> Result<History, ParseError> {
 /// 00:00 UTC, a Monday) or absolute times (`submit_at` as RFC 3339 or Unix seconds,
 /// `duration_s`, optional `waited_s` and `tags` separated by `;`). Rows must be in time order.
 fn parse_csv(text: &str, filter: &Filter) -> Result<History, ParseError> {
-    /// Where relative traces start: a Monday, so weekday policies mean something.
-    const RELATIVE_START_MS: i64 = 1_767_571_200_000;
     let mut reader = csv::ReaderBuilder::new()
         .flexible(true)
         .trim(csv::Trim::All)
         .from_reader(text.as_bytes());
-    let headers: Vec<String> = match reader.headers() {
-        Ok(h) => h.iter().map(str::to_string).collect(),
+    let columns = match reader.headers() {
+        Ok(h) => Columns::of(&h.iter().map(str::to_string).collect::<Vec<_>>())?,
         Err(e) => {
             return Err(ParseError::Refused(vec![Refusal {
                 line: 1,
@@ -502,22 +505,8 @@ fn parse_csv(text: &str, filter: &Filter) -> Result<History, ParseError> {
             }]));
         }
     };
-    let column = |name: &str| headers.iter().position(|h| h == name);
-    let relative = column("submit_at_s");
-    let absolute = column("submit_at");
-    let (Some(duration_col), Some(_)) = (column("duration_s"), relative.or(absolute)) else {
-        return Err(ParseError::Refused(vec![Refusal {
-            line: 1,
-            reason: format!(
-                "the header must name submit_at_s (seconds from the start) or submit_at (RFC 3339 or Unix seconds), and duration_s; it has {}",
-                headers.join(",")
-            ),
-        }]));
-    };
-    let waited_col = column("waited_s");
-    let tags_col = column("tags").or(column("tag"));
     let mut history = History {
-        format: if relative.is_some() {
+        format: if columns.relative.is_some() {
             "CSV trace (relative)"
         } else {
             "CSV (absolute times)"
@@ -539,51 +528,7 @@ fn parse_csv(text: &str, filter: &Filter) -> Result<History, ParseError> {
             }
         };
         let line = record.position().map_or(0, |p| p.line() as usize);
-        let field = |i: Option<usize>| i.and_then(|i| record.get(i)).filter(|s| !s.is_empty());
-        let number = |name: &str, i: Option<usize>| -> Result<Option<f64>, String> {
-            match field(i) {
-                None => Ok(None),
-                Some(s) => s
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|v| v.is_finite() && *v >= 0.0)
-                    .map(Some)
-                    .ok_or(format!("{name} {s:?} is not a number of seconds")),
-            }
-        };
-        let parsed = (|| -> Result<Option<Job>, String> {
-            if let Some(tag) = &filter.tag {
-                let tags = field(tags_col).unwrap_or_default();
-                if !tags.split(';').any(|t| t.trim() == tag) {
-                    return Ok(None);
-                }
-            }
-            let submit_ms = match (relative, absolute) {
-                (Some(i), _) => {
-                    let s = number("submit_at_s", Some(i))?.ok_or("submit_at_s is empty")?;
-                    RELATIVE_START_MS + (s * 1000.0).round() as i64
-                }
-                (None, Some(i)) => {
-                    let s = field(Some(i)).ok_or("submit_at is empty")?;
-                    match s.parse::<f64>() {
-                        Ok(secs) if secs.is_finite() && secs >= 0.0 => {
-                            (secs * 1000.0).round() as i64
-                        }
-                        _ => timestamp("submit_at", s)?,
-                    }
-                }
-                (None, None) => return Err("no submit time column".into()),
-            };
-            let duration =
-                number("duration_s", Some(duration_col))?.ok_or("duration_s is empty")?;
-            let waited = number("waited_s", waited_col)?;
-            Ok(Some(Job {
-                submit_ms,
-                duration_ms: seconds_ms("duration_s", duration)?,
-                waited_ms: waited.map(|w| (w * 1000.0).round() as u64),
-            }))
-        })();
-        match parsed {
+        match columns.job(&record, filter) {
             Ok(Some(job)) => {
                 if let Some((previous, previous_line)) = last
                     && job.submit_ms < previous
@@ -614,6 +559,87 @@ fn parse_csv(text: &str, filter: &Filter) -> Result<History, ParseError> {
         return Err(ParseError::Refused(refusals));
     }
     Ok(history)
+}
+
+/// Where relative traces start: a Monday, so weekday policies mean something.
+const RELATIVE_START_MS: i64 = 1_767_571_200_000;
+
+/// The columns a CSV history's header names.
+struct Columns {
+    relative: Option<usize>,
+    absolute: Option<usize>,
+    duration: usize,
+    waited: Option<usize>,
+    tags: Option<usize>,
+}
+
+impl Columns {
+    /// The columns of `headers`, or the refusal of a header without a submit time or a
+    /// duration.
+    fn of(headers: &[String]) -> Result<Columns, ParseError> {
+        let column = |name: &str| headers.iter().position(|h| h == name);
+        let relative = column("submit_at_s");
+        let absolute = column("submit_at");
+        let (Some(duration), Some(_)) = (column("duration_s"), relative.or(absolute)) else {
+            return Err(ParseError::Refused(vec![Refusal {
+                line: 1,
+                reason: format!(
+                    "the header must name submit_at_s (seconds from the start) or submit_at (RFC 3339 or Unix seconds), and duration_s; it has {}",
+                    headers.join(",")
+                ),
+            }]));
+        };
+        Ok(Columns {
+            relative,
+            absolute,
+            duration,
+            waited: column("waited_s"),
+            tags: column("tags").or(column("tag")),
+        })
+    }
+
+    /// One row's job; `None` for a row the tag filter sets aside.
+    fn job(&self, record: &csv::StringRecord, filter: &Filter) -> Result<Option<Job>, String> {
+        let field = |i: Option<usize>| i.and_then(|i| record.get(i)).filter(|s| !s.is_empty());
+        let number = |name: &str, i: Option<usize>| -> Result<Option<f64>, String> {
+            match field(i) {
+                None => Ok(None),
+                Some(s) => s
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|v| v.is_finite() && *v >= 0.0)
+                    .map(Some)
+                    .ok_or(format!("{name} {s:?} is not a number of seconds")),
+            }
+        };
+        if let Some(tag) = &filter.tag {
+            let tags = field(self.tags).unwrap_or_default();
+            if !tags.split(';').any(|t| t.trim() == tag) {
+                return Ok(None);
+            }
+        }
+        let submit_ms = match (self.relative, self.absolute) {
+            (Some(i), _) => {
+                let s = number("submit_at_s", Some(i))?.ok_or("submit_at_s is empty")?;
+                RELATIVE_START_MS + (s * 1000.0).round() as i64
+            }
+            (None, Some(i)) => {
+                let s = field(Some(i)).ok_or("submit_at is empty")?;
+                match s.parse::<f64>() {
+                    Ok(secs) if secs.is_finite() && secs >= 0.0 => (secs * 1000.0).round() as i64,
+                    _ => timestamp("submit_at", s)?,
+                }
+            }
+            (None, None) => return Err("no submit time column".into()),
+        };
+        let duration = number("duration_s", Some(self.duration))?.ok_or("duration_s is empty")?;
+        let waited = number("waited_s", self.waited)?;
+        Ok(Some(Job {
+            submit_ms,
+            duration_ms: seconds_ms("duration_s", duration)?,
+            waited_ms: waited.map(|w| (w * 1000.0).round() as u64),
+        }))
+    }
 }
 
 #[cfg(test)]

@@ -68,6 +68,20 @@ fn header() -> String {
 /// The whole report as text.
 pub fn text(o: &Outcome) -> String {
     let mut out = String::new();
+    summary(&mut out, o);
+    verified(&mut out, o);
+    frontier(&mut out, o);
+    let t = &o.timings;
+    let _ = writeln!(
+        out,
+        "\nTook {:.1} s screening, {:.1} s verifying, {:.1} s on held-out and load.",
+        t.screen_s, t.verify_s, t.holdout_s
+    );
+    out
+}
+
+/// What was fitted and searched, and the recommendation (or why there is none).
+fn summary(out: &mut String, o: &Outcome) {
     let _ = writeln!(
         out,
         "Fitted on {} jobs from {}; held out {} jobs from {}.",
@@ -124,6 +138,11 @@ pub fn text(o: &Outcome) -> String {
             );
         }
     }
+}
+
+/// The current policy and the recommendation on the real scaler: fitted, held out, and its
+/// sensitivity.
+fn verified(out: &mut String, o: &Outcome) {
     out.push_str("Fitted part (the real scaler on the simulator):\n");
     out.push_str(&header());
     out.push_str(&row("current", &o.current.fit));
@@ -157,6 +176,10 @@ pub fn text(o: &Outcome) -> String {
             let _ = writeln!(out, "  (+50% load on the {} part)", o.plus_half_on);
         }
     }
+}
+
+/// The frontier, verified points and the screening model's estimates, cheapest first.
+fn frontier(out: &mut String, o: &Outcome) {
     out.push_str(
         "\nFrontier on the fitted part, cheapest first (* meets the goal; ~ the screening model's\nestimate, not verified on the real scaler):\n",
     );
@@ -193,13 +216,6 @@ pub fn text(o: &Outcome) -> String {
     for (_, r) in rows {
         out.push_str(&r);
     }
-    let t = &o.timings;
-    let _ = writeln!(
-        out,
-        "\nTook {:.1} s screening, {:.1} s verifying, {:.1} s on held-out and load.",
-        t.screen_s, t.verify_s, t.holdout_s
-    );
-    out
 }
 
 /// The frontier as an SVG: p95 wait against instance-hours, the current policy and the

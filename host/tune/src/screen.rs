@@ -98,28 +98,9 @@ pub struct Figures {
 
 /// Runs the jobs (`(submit_ms, duration_ms)`, ordered) under `knobs` per period.
 pub fn run(pool: &Pool, schedule: &Schedule, knobs: &[Knobs], jobs: &[(i64, u64)]) -> Figures {
-    let c = pool.capacity.max(1);
-    let max_slots = pool.max_instances.saturating_mul(c);
-    let mut rng = Rng(0x5eed);
-    let mut finishes: BinaryHeap<Reverse<i64>> = BinaryHeap::new();
-    let mut booting: BinaryHeap<Reverse<i64>> = BinaryHeap::new();
-    // Idle slots by when they became idle: oldest at the front.
-    let mut idle: VecDeque<i64> = VecDeque::new();
-    let mut waiting: VecDeque<(i64, u64)> = VecDeque::new();
-    let mut ready_instances: u32 = 0;
-    let mut busy: u32 = 0;
-    let mut waits: Vec<u32> = Vec::new();
-    let mut zero_waits: u64 = 0;
-    let mut timed_out = 0u64;
-    let mut instance_ms: f64 = 0.0;
     let Some(&(first, _)) = jobs.first() else {
         return Figures::default();
     };
-    let mut now = first;
-    let mut next_job = 0usize;
-    let mut change = schedule.next_change(now);
-    let update = pool.update_interval_ms.max(1) as i64;
-    let (lo, hi) = pool.delay_ms;
     let knobs_at = |t: i64| {
         knobs
             .get(schedule.period(t))
@@ -131,125 +112,203 @@ pub fn run(pool: &Pool, schedule: &Schedule, knobs: &[Knobs], jobs: &[(i64, u64)
                 scale_factor: 0.0,
             })
     };
-    let mut k = knobs_at(now);
-    loop {
-        // The next event: an arrival, a finish, an instance ready, a period change, the
-        // oldest idle slot's expiry, or the oldest waiter's timeout.
-        let mut next = i64::MAX;
-        if let Some(&(t, _)) = jobs.get(next_job) {
-            next = next.min(t);
-        }
-        if let Some(&Reverse(t)) = finishes.peek() {
-            next = next.min(t);
-        }
-        if let Some(&Reverse(t)) = booting.peek() {
-            next = next.min(t);
-        }
-        // The oldest idle slot's expiry, if still ahead: one already past it is kept for the
-        // idle target, and only another event can change that.
-        if let Some(&t) = idle.front()
-            && t + k.idle_time_ms as i64 > now
-        {
-            next = next.min(t + k.idle_time_ms as i64);
-        }
-        if let Some(&(t, _)) = waiting.front() {
-            next = next.min(t + pool.acquire_timeout_ms as i64);
-        }
-        if next == i64::MAX {
-            break;
-        }
+    let mut queue = Queue::new(pool, first);
+    let mut change = schedule.next_change(first);
+    let mut k = knobs_at(first);
+    while let Some(mut next) = queue.next_event(jobs, &k) {
         if change <= next && change < i64::MAX {
             next = change;
         }
-        let live = ready_instances + booting.len() as u32;
-        instance_ms += (next.saturating_sub(now)) as f64 * f64::from(live);
-        now = next;
-        if now >= change {
-            k = knobs_at(now);
-            change = schedule.next_change(now);
+        queue.advance_to(next);
+        if next >= change {
+            k = knobs_at(next);
+            change = schedule.next_change(next);
         }
-        while let Some(&Reverse(t)) = finishes.peek() {
-            if t > now {
-                break;
-            }
-            finishes.pop();
-            busy -= 1;
-            idle.push_back(t);
-        }
-        while let Some(&Reverse(t)) = booting.peek() {
-            if t > now {
-                break;
-            }
-            booting.pop();
-            ready_instances += 1;
-            for _ in 0..c {
-                idle.push_back(t);
-            }
-        }
-        while let Some(&(t, d)) = jobs.get(next_job) {
-            if t > now {
-                break;
-            }
-            next_job += 1;
-            waiting.push_back((t, d));
-        }
-        // Timeouts, then serve in order.
-        while let Some(&(t, _)) = waiting.front() {
-            if now - t < pool.acquire_timeout_ms as i64 {
-                break;
-            }
-            waiting.pop_front();
-            timed_out += 1;
-        }
-        while !waiting.is_empty() && !idle.is_empty() {
-            let Some((submitted, duration)) = waiting.pop_front() else {
-                break;
-            };
-            idle.pop_back();
-            busy += 1;
-            let wait = (now - submitted).max(0) as u64;
-            if wait == 0 {
-                zero_waits += 1;
-            } else {
-                waits.push(u32::try_from(wait).unwrap_or(u32::MAX));
-            }
-            finishes.push(Reverse(now + duration as i64));
-        }
-        // Scale: up to the target, or down past idle_time.
-        let in_use = (busy + waiting.len() as u32).min(max_slots);
-        let want = in_use
-            .saturating_add(k.idle_target(in_use))
-            .div_ceil(c)
-            .min(pool.max_instances);
-        let live = ready_instances + booting.len() as u32;
-        if want > live {
-            for _ in live..want {
-                let delay = rng.range(lo, hi);
-                let up = now + delay as i64;
-                // Seen at the next update after it is up.
-                let seen = (up + update - 1).div_euclid(update) * update;
-                booting.push(Reverse(seen.max(up)));
-            }
-        } else {
-            let mut surplus = live - want;
-            while surplus > 0 && idle.len() >= c as usize && ready_instances > 0 {
-                let Some(&oldest) = idle.front() else { break };
-                if now < oldest + k.idle_time_ms as i64 {
-                    break;
-                }
-                for _ in 0..c {
-                    idle.pop_front();
-                }
-                ready_instances -= 1;
-                surplus -= 1;
-            }
-        }
-        let done = next_job >= jobs.len() && finishes.is_empty() && waiting.is_empty();
+        queue.arrive(jobs);
+        queue.serve();
+        queue.scale(&k);
+        let done =
+            queue.next_job >= jobs.len() && queue.finishes.is_empty() && queue.waiting.is_empty();
         if done {
             break;
         }
     }
-    figures(waits, zero_waits, timed_out, instance_ms)
+    figures(
+        queue.waits,
+        queue.zero_waits,
+        queue.timed_out,
+        queue.instance_ms,
+    )
+}
+
+/// The screening model's state between events: the slots, the instances and the jobs.
+struct Queue<'p> {
+    pool: &'p Pool,
+    /// Slots per instance (at least 1).
+    c: u32,
+    rng: Rng,
+    now: i64,
+    next_job: usize,
+    finishes: BinaryHeap<Reverse<i64>>,
+    booting: BinaryHeap<Reverse<i64>>,
+    /// Idle slots by when they became idle: oldest at the front.
+    idle: VecDeque<i64>,
+    waiting: VecDeque<(i64, u64)>,
+    ready_instances: u32,
+    busy: u32,
+    waits: Vec<u32>,
+    zero_waits: u64,
+    timed_out: u64,
+    instance_ms: f64,
+}
+
+impl<'p> Queue<'p> {
+    fn new(pool: &'p Pool, now: i64) -> Self {
+        Queue {
+            pool,
+            c: pool.capacity.max(1),
+            rng: Rng(0x5eed),
+            now,
+            next_job: 0,
+            finishes: BinaryHeap::new(),
+            booting: BinaryHeap::new(),
+            idle: VecDeque::new(),
+            waiting: VecDeque::new(),
+            ready_instances: 0,
+            busy: 0,
+            waits: Vec::new(),
+            zero_waits: 0,
+            timed_out: 0,
+            instance_ms: 0.0,
+        }
+    }
+
+    /// The next event: an arrival, a finish, an instance ready, the oldest idle slot's expiry,
+    /// or the oldest waiter's timeout; `None` when nothing is left to happen.
+    fn next_event(&self, jobs: &[(i64, u64)], k: &Knobs) -> Option<i64> {
+        let mut next = i64::MAX;
+        if let Some(&(t, _)) = jobs.get(self.next_job) {
+            next = next.min(t);
+        }
+        if let Some(&Reverse(t)) = self.finishes.peek() {
+            next = next.min(t);
+        }
+        if let Some(&Reverse(t)) = self.booting.peek() {
+            next = next.min(t);
+        }
+        // The oldest idle slot's expiry, if still ahead: one already past it is kept for the
+        // idle target, and only another event can change that.
+        if let Some(&t) = self.idle.front()
+            && t + k.idle_time_ms as i64 > self.now
+        {
+            next = next.min(t + k.idle_time_ms as i64);
+        }
+        if let Some(&(t, _)) = self.waiting.front() {
+            next = next.min(t + self.pool.acquire_timeout_ms as i64);
+        }
+        (next != i64::MAX).then_some(next)
+    }
+
+    /// Time passes to `next`: instance time is counted, finished jobs free their slots and
+    /// booted instances bring theirs.
+    fn advance_to(&mut self, next: i64) {
+        let live = self.ready_instances + self.booting.len() as u32;
+        self.instance_ms += (next.saturating_sub(self.now)) as f64 * f64::from(live);
+        self.now = next;
+        while let Some(&Reverse(t)) = self.finishes.peek() {
+            if t > self.now {
+                break;
+            }
+            self.finishes.pop();
+            self.busy -= 1;
+            self.idle.push_back(t);
+        }
+        while let Some(&Reverse(t)) = self.booting.peek() {
+            if t > self.now {
+                break;
+            }
+            self.booting.pop();
+            self.ready_instances += 1;
+            for _ in 0..self.c {
+                self.idle.push_back(t);
+            }
+        }
+    }
+
+    /// The jobs submitted by now join the queue.
+    fn arrive(&mut self, jobs: &[(i64, u64)]) {
+        while let Some(&(t, d)) = jobs.get(self.next_job) {
+            if t > self.now {
+                break;
+            }
+            self.next_job += 1;
+            self.waiting.push_back((t, d));
+        }
+    }
+
+    /// Timeouts, then the waiting jobs in order on the most recently freed slots.
+    fn serve(&mut self) {
+        while let Some(&(t, _)) = self.waiting.front() {
+            if self.now - t < self.pool.acquire_timeout_ms as i64 {
+                break;
+            }
+            self.waiting.pop_front();
+            self.timed_out += 1;
+        }
+        while !self.waiting.is_empty() && !self.idle.is_empty() {
+            let Some((submitted, duration)) = self.waiting.pop_front() else {
+                break;
+            };
+            self.idle.pop_back();
+            self.busy += 1;
+            let wait = (self.now - submitted).max(0) as u64;
+            if wait == 0 {
+                self.zero_waits += 1;
+            } else {
+                self.waits.push(u32::try_from(wait).unwrap_or(u32::MAX));
+            }
+            self.finishes.push(Reverse(self.now + duration as i64));
+        }
+    }
+
+    /// Scale: up to the target, or down past idle_time.
+    fn scale(&mut self, k: &Knobs) {
+        let pool = self.pool;
+        let c = self.c;
+        let in_use =
+            (self.busy + self.waiting.len() as u32).min(pool.max_instances.saturating_mul(c));
+        let want = in_use
+            .saturating_add(k.idle_target(in_use))
+            .div_ceil(c)
+            .min(pool.max_instances);
+        let live = self.ready_instances + self.booting.len() as u32;
+        if want > live {
+            let update = pool.update_interval_ms.max(1) as i64;
+            let (lo, hi) = pool.delay_ms;
+            for _ in live..want {
+                let delay = self.rng.range(lo, hi);
+                let up = self.now + delay as i64;
+                // Seen at the next update after it is up.
+                let seen = (up + update - 1).div_euclid(update) * update;
+                self.booting.push(Reverse(seen.max(up)));
+            }
+            return;
+        }
+        let mut surplus = live - want;
+        while surplus > 0 && self.idle.len() >= c as usize && self.ready_instances > 0 {
+            let Some(&oldest) = self.idle.front() else {
+                break;
+            };
+            if self.now < oldest + k.idle_time_ms as i64 {
+                break;
+            }
+            for _ in 0..c {
+                self.idle.pop_front();
+            }
+            self.ready_instances -= 1;
+            surplus -= 1;
+        }
+    }
 }
 
 fn figures(mut waits: Vec<u32>, zero: u64, timed_out: u64, instance_ms: f64) -> Figures {

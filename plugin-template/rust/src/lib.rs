@@ -112,6 +112,23 @@ fn status_error(action: &str, status: u16, retry_after: Option<u32>, body: &str)
 /// The largest response body read whole (the host caps it too).
 const MAX_BODY: usize = 16 << 20;
 
+/// The request's headers: JSON both ways, the credential the host applies, and the body's
+/// length.
+fn request_headers(credential: Option<&str>, payload: Option<&[u8]>) -> Vec<(String, Vec<u8>)> {
+    let mut headers = vec![("accept".to_string(), b"application/json".to_vec())];
+    if let Some(name) = credential {
+        // The host signs or authorises the request with this credential; the secret stays there.
+        headers.push(("flotilla-credential".to_string(), name.as_bytes().to_vec()));
+    }
+    if let Some(payload) = payload {
+        headers.push(("content-type".to_string(), b"application/json".to_vec()));
+        // Sent with its length, not chunked: some APIs refuse chunked requests.
+        let length = payload.len().to_string().into_bytes();
+        headers.push(("content-length".to_string(), length));
+    }
+    headers
+}
+
 /// Sends one JSON request, authenticated by the host, and decodes the JSON answer.
 ///
 /// It speaks `wasi:http` through the bindings wit-bindgen generated for the world: build the
@@ -144,18 +161,8 @@ fn call<T: for<'de> Deserialize<'de>>(
         ))
     };
 
-    let mut headers = vec![("accept".to_string(), b"application/json".to_vec())];
-    if let Some(name) = &s.credential {
-        // The host signs or authorises the request with this credential; the secret stays there.
-        headers.push(("flotilla-credential".to_string(), name.as_bytes().to_vec()));
-    }
     let payload = body.map(|json| json.to_string().into_bytes());
-    if let Some(payload) = &payload {
-        headers.push(("content-type".to_string(), b"application/json".to_vec()));
-        // Sent with its length, not chunked: some APIs refuse chunked requests.
-        let length = payload.len().to_string().into_bytes();
-        headers.push(("content-length".to_string(), length));
-    }
+    let headers = request_headers(s.credential.as_deref(), payload.as_deref());
     let fields = Fields::from_list(&headers).map_err(|e| invalid(&format!("{e:?}")))?;
     let request = OutgoingRequest::new(fields);
     // A new request is a GET already; only other methods are set (one host call less a GET).
@@ -193,8 +200,16 @@ fn call<T: for<'de> Deserialize<'de>>(
         _ => return Err(transient("no response".into())),
     };
     sent.map_err(|e| transient(format!("sending: {e}")))?;
+    decode(action, &response)
+}
+
+/// The answer's JSON, or the error its status means.
+fn decode<T: for<'de> Deserialize<'de>>(
+    action: &str,
+    response: &IncomingResponse,
+) -> Result<T, Error> {
     let status = response.status();
-    let bytes = read_body(&response)
+    let bytes = read_body(response)
         .map_err(|e| Error::Transient(format!("{action}: reading response: {e}")))?;
     if !(200..300).contains(&status) {
         let retry_after = (status == 429)

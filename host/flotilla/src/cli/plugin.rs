@@ -155,23 +155,7 @@ impl PluginCommand {
                 } else {
                     cache_dir.or_else(flotilla_plugin_runtime::default_cache_dir)
                 };
-                let sandbox = sandbox.sandbox().map_err(anyhow::Error::msg)?;
-                let report = check(&CheckOptions {
-                    file,
-                    settings,
-                    sandbox,
-                    cache_dir,
-                })
-                .await;
-                if json {
-                    print_json(&report)?;
-                } else {
-                    print!("{}", report.render());
-                }
-                if !report.ok {
-                    return Err(Reported("plugin check failed".to_string()).into());
-                }
-                return Ok(());
+                return run_check(file, json, settings, sandbox, cache_dir).await;
             }
             PluginCommand::Test(args) => return super::plugin_test::run(args).await,
             PluginCommand::New { name, lang } => {
@@ -181,6 +165,18 @@ impl PluginCommand {
                 );
                 return Ok(());
             }
+            PluginCommand::Export { name, output } => {
+                return crate::plugin_kit::check::export(&name, &output);
+            }
+            registry => registry.oci().await,
+        }?;
+        print!("{out}");
+        Ok(())
+    }
+
+    /// The registry commands: what they print.
+    async fn oci(self) -> anyhow::Result<String> {
+        let out = match self {
             PluginCommand::Push {
                 file,
                 reference,
@@ -224,17 +220,46 @@ impl PluginCommand {
             }
             PluginCommand::Logout { registry_host } => oci_cli::logout(&registry_host),
             PluginCommand::Ls { json, registry } => oci_cli::ls(&registry, json),
-            PluginCommand::Export { name, output } => {
-                return crate::plugin_kit::check::export(&name, &output);
-            }
             PluginCommand::Sign {
                 reference,
                 key,
                 registry,
             } => oci_cli::sign(&registry, &reference, &key).await,
             PluginCommand::GenerateKey { prefix } => oci_cli::generate_key(&prefix),
-        }?;
-        print!("{out}");
-        Ok(())
+            PluginCommand::Check { .. }
+            | PluginCommand::Test(_)
+            | PluginCommand::New { .. }
+            | PluginCommand::Export { .. } => {
+                anyhow::bail!("not a registry command")
+            }
+        };
+        Ok(out?)
     }
+}
+
+/// `plugin check`: the report as text or JSON; a failed check is the exit code.
+async fn run_check(
+    file: PathBuf,
+    json: bool,
+    settings: Option<PathBuf>,
+    sandbox: SandboxArgs,
+    cache_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let sandbox = sandbox.sandbox().map_err(anyhow::Error::msg)?;
+    let report = check(&CheckOptions {
+        file,
+        settings,
+        sandbox,
+        cache_dir,
+    })
+    .await;
+    if json {
+        print_json(&report)?;
+    } else {
+        print!("{}", report.render());
+    }
+    if !report.ok {
+        return Err(Reported("plugin check failed".to_string()).into());
+    }
+    Ok(())
 }

@@ -134,10 +134,9 @@ impl Args {
         })
     }
 
-    /// Reads the pool and the history, searches, prints.
-    pub fn run(self) -> anyhow::Result<()> {
-        let cfg = config::load_with(&self.config, false).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let pool = match (&self.pool, cfg.pools.as_slice()) {
+    /// The pool `--pool` names, or the config's only one.
+    fn pick_pool<'c>(&self, cfg: &'c config::Config) -> anyhow::Result<&'c config::Pool> {
+        Ok(match (&self.pool, cfg.pools.as_slice()) {
             (Some(name), pools) => pools.iter().find(|p| p.name == *name).with_context(|| {
                 let names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
                 format!(
@@ -156,7 +155,53 @@ impl Args {
                     names.join(", ")
                 )
             }
-        };
+        })
+    }
+
+    /// The outcome where it was asked for: the trace, the SVG, and JSON or the text report.
+    fn write_out(&self, outcome: &search::Outcome, history: &History) -> anyhow::Result<()> {
+        if let Some(path) = &self.export_trace {
+            let start = chrono::DateTime::parse_from_rfc3339(&outcome.fit_start)
+                .map(|t| t.timestamp_millis())
+                .unwrap_or(0);
+            let fit = history.jobs.get(..outcome.fit_jobs).unwrap_or_default();
+            write_trace(path, &search::sim_jobs(fit, start))?;
+        }
+        if let Some(path) = &self.svg {
+            render::svg(outcome, path)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| path.display().to_string())?;
+        }
+        if self.json {
+            // The blocks to paste travel with the figures.
+            let mut value = serde_json::to_value(outcome)?;
+            if let (Some(map), Some(r)) = (value.as_object_mut(), &outcome.recommended) {
+                map.insert(
+                    "recommended_toml".into(),
+                    render::policy_blocks(&r.candidate.policies).into(),
+                );
+            }
+            print_json(&value)?;
+        } else {
+            print!("{}", render::text(outcome));
+            if let Some(path) = &self.export_trace {
+                println!(
+                    "\nReproduce the fitted figures: flotilla simulate -c CONFIG --trace {} --start {} --provisioning-delay {}..{} --seed {}",
+                    path.display(),
+                    outcome.fit_start,
+                    self.provisioning_delay.min,
+                    self.provisioning_delay.max,
+                    self.seed
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the pool and the history, searches, prints.
+    pub fn run(self) -> anyhow::Result<()> {
+        let cfg = config::load_with(&self.config, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let pool = self.pick_pool(&cfg)?;
         let filter = Filter {
             tag: self.tag.clone(),
             runner: self.runner.clone(),
@@ -186,41 +231,7 @@ impl Args {
             cost_per_hour: self.cost_per_hour,
         };
         let outcome = search::search(&input, &goal, &history.jobs)?;
-        if let Some(path) = &self.export_trace {
-            let start = chrono::DateTime::parse_from_rfc3339(&outcome.fit_start)
-                .map(|t| t.timestamp_millis())
-                .unwrap_or(0);
-            let fit = history.jobs.get(..outcome.fit_jobs).unwrap_or_default();
-            write_trace(path, &search::sim_jobs(fit, start))?;
-        }
-        if let Some(path) = &self.svg {
-            render::svg(&outcome, path)
-                .map_err(anyhow::Error::msg)
-                .with_context(|| path.display().to_string())?;
-        }
-        if self.json {
-            // The blocks to paste travel with the figures.
-            let mut value = serde_json::to_value(&outcome)?;
-            if let (Some(map), Some(r)) = (value.as_object_mut(), &outcome.recommended) {
-                map.insert(
-                    "recommended_toml".into(),
-                    render::policy_blocks(&r.candidate.policies).into(),
-                );
-            }
-            print_json(&value)?;
-        } else {
-            print!("{}", render::text(&outcome));
-            if let Some(path) = &self.export_trace {
-                println!(
-                    "\nReproduce the fitted figures: flotilla simulate -c CONFIG --trace {} --start {} --provisioning-delay {}..{} --seed {}",
-                    path.display(),
-                    outcome.fit_start,
-                    self.provisioning_delay.min,
-                    self.provisioning_delay.max,
-                    self.seed
-                );
-            }
-        }
+        self.write_out(&outcome, &history)?;
         if let Some(miss) = &outcome.holdout_miss {
             if self.strict {
                 eprintln!("error: --strict: {miss}");

@@ -79,8 +79,7 @@ impl Pruned {
 
 /// Deserializes `text`, finding every problem serde can find in it.
 pub(super) fn deserialize_all<T: DeserializeOwned>(text: &str) -> Found<T> {
-    let mut pruned = Pruned::default();
-    let mut doc = match text.parse::<toml_edit::DocumentMut>() {
+    let doc = match text.parse::<toml_edit::DocumentMut>() {
         Ok(doc) => doc,
         Err(e) => {
             return Found {
@@ -90,21 +89,23 @@ pub(super) fn deserialize_all<T: DeserializeOwned>(text: &str) -> Found<T> {
                     offset: e.span().map(|s| s.start),
                     message: syntax_message(e.message()),
                 }],
-                pruned,
+                pruned: Pruned::default(),
             };
         }
     };
-    let mut problems = Vec::new();
-    // Keys removed after a problem was reported, as written: their absence is not news.
-    let mut removed: Vec<(Vec<Seg>, String)> = Vec::new();
-    // Stand-ins in place (pruned path of the key, index into STAND_INS).
-    let mut stand_ins: Vec<(Vec<Seg>, usize)> = Vec::new();
+    let mut rounds = Rounds {
+        doc,
+        pruned: Pruned::default(),
+        problems: Vec::new(),
+        removed: Vec::new(),
+        stand_ins: Vec::new(),
+    };
     for _ in 0..MAX_ROUNDS {
-        let current = doc.to_string();
+        let current = rounds.doc.to_string();
         let de = match toml::de::Deserializer::parse(&current) {
             Ok(de) => de,
             Err(e) => {
-                problems.push(SerdeProblem {
+                rounds.problems.push(SerdeProblem {
                     path: KeyPath::root().key("(syntax)"),
                     offset: None,
                     message: syntax_message(e.message()),
@@ -116,87 +117,117 @@ pub(super) fn deserialize_all<T: DeserializeOwned>(text: &str) -> Found<T> {
             Ok(value) => {
                 return Found {
                     value: Some(value),
-                    problems,
-                    pruned,
+                    problems: rounds.problems,
+                    pruned: rounds.pruned,
                 };
             }
             Err(e) => e,
         };
         let here = segments(e.path());
-        let written = pruned.original(&here);
+        let written = rounds.pruned.original(&here);
         let message = e.inner().message().to_string();
-        // A required key removed for its bad value: stand a value of some type in for it, so the
-        // rest of its table is still read and validated (problems about the stand-in are
-        // dropped as echoes of the one already reported).
+        if rounds.stand_in(&here, &written, &message) {
+            continue;
+        }
+        let step = classify(&here, &written, &message, &rounds.removed);
+        if !rounds.prune(step, &here, &written) {
+            break;
+        }
+    }
+    Found {
+        value: None,
+        problems: rounds.problems,
+        pruned: rounds.pruned,
+    }
+}
+
+/// The document as the rounds of [`deserialize_all`] change it, and what they found.
+struct Rounds {
+    doc: toml_edit::DocumentMut,
+    pruned: Pruned,
+    problems: Vec<SerdeProblem>,
+    /// Keys removed after a problem was reported, as written: their absence is not news.
+    removed: Vec<(Vec<Seg>, String)>,
+    /// Stand-ins in place (pruned path of the key, index into STAND_INS).
+    stand_ins: Vec<(Vec<Seg>, usize)>,
+}
+
+impl Rounds {
+    /// A required key removed for its bad value: stands a value of some type in for it (or
+    /// the next type, when the last stand-in was refused), so the rest of its table is still
+    /// read and validated; problems about the stand-in are dropped as echoes of the one
+    /// already reported. Whether one was put in.
+    fn stand_in(&mut self, here: &[Seg], written: &[Seg], message: &str) -> bool {
         if let Some(key) = message
             .strip_prefix("missing field `")
             .and_then(|r| r.split('`').next())
-            && removed.iter().any(|(p, k)| *p == written && k == key)
+            && self.removed.iter().any(|(p, k)| p == written && k == key)
         {
-            let mut at = here.clone();
+            let mut at = here.to_vec();
             at.push(Seg::Key(key.to_string()));
             if set_key(
-                doc.as_table_mut(),
-                &here,
+                self.doc.as_table_mut(),
+                here,
                 key,
                 STAND_INS.first().copied().unwrap_or("1"),
             ) {
-                stand_ins.push((at, 0));
-                continue;
+                self.stand_ins.push((at, 0));
+                return true;
             }
         }
-        if let Some(slot) = stand_ins.iter_mut().find(|(at, _)| *at == here)
+        if let Some(slot) = self.stand_ins.iter_mut().find(|(at, _)| at == here)
             && let Some(next) = STAND_INS.get(slot.1 + 1).copied()
         {
             slot.1 += 1;
             if let Some((Seg::Key(key), table)) = here.split_last()
-                && set_key(doc.as_table_mut(), table, key, next)
+                && set_key(self.doc.as_table_mut(), table, key, next)
             {
-                continue;
+                return true;
             }
         }
-        match classify(&here, &written, &message, &removed) {
+        false
+    }
+
+    /// Records the step's problem and removes what it names; `false` when nothing could be
+    /// removed (the rounds stop).
+    fn prune(&mut self, step: Step, here: &[Seg], written: &[Seg]) -> bool {
+        match step {
             Step::RemoveKey {
                 table,
                 key,
                 problem,
             } => {
-                problems.extend(problem);
-                let table_written = pruned.original(&table);
-                if !remove_key(doc.as_table_mut(), &table, &key) {
-                    break;
+                self.problems.extend(problem);
+                let table_written = self.pruned.original(&table);
+                if !remove_key(self.doc.as_table_mut(), &table, &key) {
+                    return false;
                 }
-                removed.push((table_written, key));
+                self.removed.push((table_written, key));
             }
             Step::RemoveTable { problem } => {
-                problems.extend(problem);
+                self.problems.extend(problem);
                 // The table itself goes: an array element (remembered, so later indices are
                 // mapped back), or a key of its parent.
                 match here.split_last() {
                     Some((Seg::Index(i), array)) => {
-                        if !remove_element(doc.as_table_mut(), array, *i) {
-                            break;
+                        if !remove_element(self.doc.as_table_mut(), array, *i) {
+                            return false;
                         }
-                        pruned
-                            .elements
-                            .push((pruned.original(array), written_index(&written)));
+                        let at = self.pruned.original(array);
+                        self.pruned.elements.push((at, written_index(written)));
                     }
                     Some((Seg::Key(key), parent)) => {
-                        let parent_written = pruned.original(parent);
-                        if !remove_key(doc.as_table_mut(), parent, key) {
-                            break;
+                        let parent_written = self.pruned.original(parent);
+                        if !remove_key(self.doc.as_table_mut(), parent, key) {
+                            return false;
                         }
-                        removed.push((parent_written, key.clone()));
+                        self.removed.push((parent_written, key.clone()));
                     }
-                    None => break,
+                    None => return false,
                 }
             }
         }
-    }
-    Found {
-        value: None,
-        problems,
-        pruned,
+        true
     }
 }
 

@@ -3,7 +3,8 @@
 use flotilla_validate::KeyPath;
 
 use super::{
-    DriverOptions, GroupSpec, Options, Runner, option, quote, shell_line, toml_strings, with_option,
+    CloudPool, DriverOptions, GroupSpec, Runner, option, quote, shell_line, toml_strings,
+    with_option,
 };
 
 /// An AWS region name: `eu-central-1`, `us-gov-west-1`, `ap-southeast-5`.
@@ -21,6 +22,145 @@ fn is_aws_region(name: &str) -> bool {
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
 }
 
+/// A Docker Machine option that maps onto the launch template's data alone: the key it sets
+/// and its value, or `None` for the options that need more than their own value.
+fn template_entry(
+    k: &str,
+    value: &str,
+    one: &dyn Fn(&str) -> Option<String>,
+) -> Option<(&'static str, serde_json::Value)> {
+    use serde_json::{Value, json};
+    Some(match k {
+        "ami" => ("ImageId", Value::from(value)),
+        "instance-type" => ("InstanceType", Value::from(value)),
+        "iam-instance-profile" => ("IamInstanceProfile", json!({ "Name": value })),
+        "keypair-name" => ("KeyName", Value::from(value)),
+        "monitoring" => ("Monitoring", json!({ "Enabled": true })),
+        "use-ebs-optimized-instance" => ("EbsOptimized", Value::from(true)),
+        "request-spot-instance" => (
+            "InstanceMarketOptions",
+            match one("spot-price") {
+                Some(price) => {
+                    json!({ "MarketType": "spot", "SpotOptions": { "MaxPrice": price } })
+                }
+                None => json!({ "MarketType": "spot" }),
+            },
+        ),
+        "metadata-token" => (
+            "MetadataOptions",
+            match one("metadata-token-response-hop-limit").and_then(|h| h.parse::<u32>().ok()) {
+                Some(hops) => json!({ "HttpTokens": value, "HttpPutResponseHopLimit": hops }),
+                None => json!({ "HttpTokens": value }),
+            },
+        ),
+        "tags" => {
+            let parts: Vec<&str> = value.split(',').collect();
+            let tags: Vec<Value> = parts
+                .chunks(2)
+                .map(|kv| {
+                    json!({
+                        "Key": kv.first().copied().unwrap_or_default(),
+                        "Value": kv.get(1).copied().unwrap_or_default()
+                    })
+                })
+                .collect();
+            (
+                "TagSpecifications",
+                json!([{ "ResourceType": "instance", "Tags": tags }]),
+            )
+        }
+        "root-size" | "volume-type" | "device-name" => {
+            let size = one("root-size").and_then(|s| s.parse::<u32>().ok());
+            let ebs = json!({
+                "VolumeType": one("volume-type").unwrap_or_else(|| "gp2".into()),
+                "VolumeSize": size.unwrap_or(16)
+            });
+            (
+                "BlockDeviceMappings",
+                json!([{
+                    "DeviceName": one("device-name").unwrap_or_else(|| "/dev/sda1".into()),
+                    "Ebs": ebs
+                }]),
+            )
+        }
+        _ => return None,
+    })
+}
+
+/// The commands that create the launch template, the group (empty, at most `max`) and
+/// suspend its rebalancing.
+fn group_commands(
+    region: &str,
+    group: &str,
+    template: &str,
+    subnet: &str,
+    max: u32,
+) -> Vec<String> {
+    let max = max.to_string();
+    vec![
+        shell_line(&[
+            "aws",
+            "ec2",
+            "create-launch-template",
+            "--region",
+            region,
+            "--launch-template-name",
+            group,
+            "--launch-template-data",
+            template,
+        ]),
+        shell_line(&[
+            "aws",
+            "autoscaling",
+            "create-auto-scaling-group",
+            "--region",
+            region,
+            "--auto-scaling-group-name",
+            group,
+            "--launch-template",
+            &format!("LaunchTemplateName={group},Version=$Latest"),
+            "--min-size",
+            "0",
+            "--max-size",
+            &max,
+            "--desired-capacity",
+            "0",
+            "--vpc-zone-identifier",
+            subnet,
+            "--new-instances-protected-from-scale-in",
+        ]),
+        shell_line(&[
+            "aws",
+            "autoscaling",
+            "suspend-processes",
+            "--region",
+            region,
+            "--auto-scaling-group-name",
+            group,
+            "--scaling-processes",
+            "AZRebalance",
+        ]),
+    ]
+}
+
+/// What the aws plugin's credential may do, as an IAM policy.
+fn permissions() -> String {
+    let permissions = serde_json::json!({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Action": [
+                "autoscaling:DescribeAutoScalingGroups",
+                "autoscaling:SetDesiredCapacity",
+                "autoscaling:TerminateInstanceInAutoScalingGroup",
+                "ec2:DescribeInstances"
+            ],
+            "Resource": "*"
+        }]
+    });
+    serde_json::to_string_pretty(&permissions).unwrap_or_default()
+}
+
 impl Runner<'_> {
     /// `amazonec2` options → a launch template and an Auto Scaling group, and the aws plugin.
     pub(super) fn aws(
@@ -29,10 +169,56 @@ impl Runner<'_> {
         options_at: &KeyPath,
         pool: &str,
         max: u32,
-        options: &Options,
-    ) -> Option<(String, String, String)> {
+    ) -> CloudPool {
         let one = |k: &str| option(opts, "amazonec2-", k);
-        let region = match one("region") {
+        let region = self.aws_region(one("region"), options_at);
+        let group = format!("flotilla-{pool}");
+        let (data, notes) = self.launch_template(opts, options_at);
+        let subnet = match (one("subnet-id"), one("vpc-id")) {
+            (Some(s), _) => s,
+            (None, vpc) => {
+                let zone = one("zone").unwrap_or_else(|| "a".into());
+                self.changed(
+                    &with_option(options_at, "amazonec2-subnet-id"),
+                    format!(
+                        "unset: use the subnet of {} in {region}{zone}",
+                        vpc.as_deref().unwrap_or("the default VPC")
+                    ),
+                );
+                "<subnet-id>".to_string()
+            }
+        };
+        let template = serde_json::Value::Object(data).to_string();
+        let spec = GroupSpec {
+            cloud: "aws".into(),
+            commands: group_commands(&region, &group, &template, &subnet, max),
+            permissions: permissions(),
+        };
+        let hosts = toml_strings(&[
+            format!("https://autoscaling.{region}.amazonaws.com"),
+            format!("https://ec2.{region}.amazonaws.com"),
+        ]);
+        let sandbox = format!(
+            "allowed_outbound_hosts = {hosts}\n\n[[pool.credentials]]\nname = \"aws\"\nkind = \"aws\"\nhosts = {hosts}\n"
+        );
+        let mut settings = format!(
+            "\n[pool.plugin_config]\nname = {}\nregion = {}\ncredential = \"aws\"\n",
+            quote(&group),
+            quote(&region)
+        );
+        for n in notes {
+            settings.push_str(&n);
+        }
+        CloudPool {
+            group: spec,
+            sandbox,
+            settings,
+        }
+    }
+
+    /// `amazonec2-region`, or us-east-1 when it is unset or not a region's name.
+    fn aws_region(&mut self, region: Option<String>, options_at: &KeyPath) -> String {
+        match region {
             Some(r) if is_aws_region(&r) => r,
             Some(r) => {
                 self.changed(
@@ -42,8 +228,17 @@ impl Runner<'_> {
                 "us-east-1".to_string()
             }
             None => "us-east-1".to_string(),
-        };
-        let group = format!("flotilla-{pool}");
+        }
+    }
+
+    /// The launch template's data from the machine options, and the plugin settings some of
+    /// them become; every other option is reported as changed or unmapped.
+    fn launch_template(
+        &mut self,
+        opts: &DriverOptions,
+        options_at: &KeyPath,
+    ) -> (serde_json::Map<String, serde_json::Value>, Vec<String>) {
+        let one = |k: &str| option(opts, "amazonec2-", k);
         let mut data = serde_json::Map::new();
         let mut notes = Vec::new();
         for (k, value, at) in self.driver_options(
@@ -51,81 +246,12 @@ impl Runner<'_> {
             "amazonec2-",
             "the AMI or the launch template's user data",
         ) {
+            if let Some((key, entry)) = template_entry(k, value, &one) {
+                data.insert(key.into(), entry);
+                continue;
+            }
             match k {
                 "region" => {}
-                "ami" => {
-                    data.insert("ImageId".into(), serde_json::Value::from(value.as_str()));
-                }
-                "instance-type" => {
-                    data.insert("InstanceType".into(), serde_json::Value::from(value.as_str()));
-                }
-                "iam-instance-profile" => {
-                    data.insert(
-                        "IamInstanceProfile".into(),
-                        serde_json::json!({ "Name": value }),
-                    );
-                }
-                "keypair-name" => {
-                    data.insert("KeyName".into(), serde_json::Value::from(value.as_str()));
-                }
-                "monitoring" => {
-                    data.insert("Monitoring".into(), serde_json::json!({ "Enabled": true }));
-                }
-                "use-ebs-optimized-instance" => {
-                    data.insert("EbsOptimized".into(), serde_json::Value::from(true));
-                }
-                "request-spot-instance" => {
-                    let spot = match one("spot-price") {
-                        Some(price) => serde_json::json!({
-                            "MarketType": "spot",
-                            "SpotOptions": { "MaxPrice": price }
-                        }),
-                        None => serde_json::json!({ "MarketType": "spot" }),
-                    };
-                    data.insert("InstanceMarketOptions".into(), spot);
-                }
-                "metadata-token" => {
-                    let hops = one("metadata-token-response-hop-limit")
-                        .and_then(|h| h.parse::<u32>().ok());
-                    let m = match hops {
-                        Some(hops) => serde_json::json!({
-                            "HttpTokens": value,
-                            "HttpPutResponseHopLimit": hops
-                        }),
-                        None => serde_json::json!({ "HttpTokens": value }),
-                    };
-                    data.insert("MetadataOptions".into(), m);
-                }
-                "tags" => {
-                    let parts: Vec<&str> = value.split(',').collect();
-                    let tags: Vec<serde_json::Value> = parts
-                        .chunks(2)
-                        .map(|kv| {
-                            serde_json::json!({
-                                "Key": kv.first().copied().unwrap_or_default(),
-                                "Value": kv.get(1).copied().unwrap_or_default()
-                            })
-                        })
-                        .collect();
-                    data.insert(
-                        "TagSpecifications".into(),
-                        serde_json::json!([{ "ResourceType": "instance", "Tags": tags }]),
-                    );
-                }
-                "root-size" | "volume-type" | "device-name" => {
-                    let size = one("root-size").and_then(|s| s.parse::<u32>().ok());
-                    let ebs = serde_json::json!({
-                        "VolumeType": one("volume-type").unwrap_or_else(|| "gp2".into()),
-                        "VolumeSize": size.unwrap_or(16)
-                    });
-                    data.insert(
-                        "BlockDeviceMappings".into(),
-                        serde_json::json!([{
-                            "DeviceName": one("device-name").unwrap_or_else(|| "/dev/sda1".into()),
-                            "Ebs": ebs
-                        }]),
-                    );
-                }
                 "security-group" => {
                     let groups: Vec<&str> = opts
                         .get(&format!("amazonec2-{k}"))
@@ -171,100 +297,6 @@ impl Runner<'_> {
         if !data.contains_key("InstanceType") {
             data.insert("InstanceType".into(), serde_json::Value::from("t2.micro"));
         }
-        let subnet = match (one("subnet-id"), one("vpc-id")) {
-            (Some(s), _) => s,
-            (None, vpc) => {
-                let zone = one("zone").unwrap_or_else(|| "a".into());
-                self.changed(
-                    &with_option(options_at, "amazonec2-subnet-id"),
-                    format!(
-                        "unset: use the subnet of {} in {region}{zone}",
-                        vpc.as_deref().unwrap_or("the default VPC")
-                    ),
-                );
-                "<subnet-id>".to_string()
-            }
-        };
-        let template = serde_json::Value::Object(data).to_string();
-        let max = max.to_string();
-        let commands = vec![
-            shell_line(&[
-                "aws",
-                "ec2",
-                "create-launch-template",
-                "--region",
-                &region,
-                "--launch-template-name",
-                &group,
-                "--launch-template-data",
-                &template,
-            ]),
-            shell_line(&[
-                "aws",
-                "autoscaling",
-                "create-auto-scaling-group",
-                "--region",
-                &region,
-                "--auto-scaling-group-name",
-                &group,
-                "--launch-template",
-                &format!("LaunchTemplateName={group},Version=$Latest"),
-                "--min-size",
-                "0",
-                "--max-size",
-                &max,
-                "--desired-capacity",
-                "0",
-                "--vpc-zone-identifier",
-                &subnet,
-                "--new-instances-protected-from-scale-in",
-            ]),
-            shell_line(&[
-                "aws",
-                "autoscaling",
-                "suspend-processes",
-                "--region",
-                &region,
-                "--auto-scaling-group-name",
-                &group,
-                "--scaling-processes",
-                "AZRebalance",
-            ]),
-        ];
-        let permissions = serde_json::json!({
-            "Version": "2012-10-17",
-            "Statement": [{
-                "Effect": "Allow",
-                "Action": [
-                    "autoscaling:DescribeAutoScalingGroups",
-                    "autoscaling:SetDesiredCapacity",
-                    "autoscaling:TerminateInstanceInAutoScalingGroup",
-                    "ec2:DescribeInstances"
-                ],
-                "Resource": "*"
-            }]
-        });
-        self.report.group = Some(GroupSpec {
-            cloud: "aws".into(),
-            commands,
-            permissions: serde_json::to_string_pretty(&permissions).unwrap_or_default(),
-        });
-        let plugin = self.plugin_for("aws", options)?;
-        let hosts = toml_strings(&[
-            format!("https://autoscaling.{region}.amazonaws.com"),
-            format!("https://ec2.{region}.amazonaws.com"),
-        ]);
-        let sandbox = format!(
-            "allowed_outbound_hosts = {hosts}\n\n[[pool.credentials]]\nname = \"aws\"\nkind = \"aws\"\nhosts = {hosts}\n"
-        );
-        let mut settings = format!(
-            "\n[pool.plugin_config]\nname = {}\nregion = {}\ncredential = \"aws\"\n",
-            quote(&group),
-            quote(&region)
-        );
-        for n in notes {
-            settings.push_str(&n);
-        }
-        Some((sandbox, settings, plugin))
+        (data, notes)
     }
 }

@@ -172,32 +172,7 @@ pub async fn run(
         updates: 0,
         duplicate: None,
     };
-    kit.pass(
-        "static.world",
-        format!(
-            "{} exporting {}",
-            plugin.shape.world,
-            plugin.shape.exports.join(", ")
-        ),
-    );
-    kit.pass(
-        "static.imports",
-        format!(
-            "{} imports, each one the host provides",
-            plugin.shape.imports.len()
-        ),
-    );
-    let compile = match plugin.cache {
-        flotilla_plugin_runtime::CacheOutcome::Hit => "compiled code from the cache".to_string(),
-        flotilla_plugin_runtime::CacheOutcome::Compiled { millis }
-        | flotilla_plugin_runtime::CacheOutcome::Uncached { millis } => {
-            format!("compiled in {millis} ms")
-        }
-    };
-    kit.pass(
-        "static.size",
-        format!("{} KiB, {compile}", plugin.size.div_ceil(1024)),
-    );
+    static_rules(&mut kit, plugin);
     let mut left_behind = Vec::new();
     match &options.settings {
         None => kit.skip(
@@ -243,6 +218,36 @@ pub async fn run(
     }
 }
 
+/// The rules its load already decided: the world it exports, its imports, its size.
+fn static_rules(kit: &mut Kit, plugin: &LoadedPlugin) {
+    kit.pass(
+        "static.world",
+        format!(
+            "{} exporting {}",
+            plugin.shape.world,
+            plugin.shape.exports.join(", ")
+        ),
+    );
+    kit.pass(
+        "static.imports",
+        format!(
+            "{} imports, each one the host provides",
+            plugin.shape.imports.len()
+        ),
+    );
+    let compile = match plugin.cache {
+        flotilla_plugin_runtime::CacheOutcome::Hit => "compiled code from the cache".to_string(),
+        flotilla_plugin_runtime::CacheOutcome::Compiled { millis }
+        | flotilla_plugin_runtime::CacheOutcome::Uncached { millis } => {
+            format!("compiled in {millis} ms")
+        }
+    };
+    kit.pass(
+        "static.size",
+        format!("{} KiB, {compile}", plugin.size.div_ceil(1024)),
+    );
+}
+
 /// The error of a call, as a line.
 fn said<T>(r: &Result<T, CallError>) -> String {
     match r {
@@ -284,6 +289,29 @@ async fn contract(
             return None;
         }
     };
+    unknown_keys(kit, provider, settings).await;
+    // Back to the good settings before the other rules.
+    if let Err(e) = provider.init(settings).await {
+        kit.fail(
+            "init.ok",
+            format!("init with the same settings failed the second time: {e}"),
+        );
+        return None;
+    }
+    update_stable(kit, provider).await;
+    let r = provider.connect_info(NO_SUCH_ID).await;
+    kit.check(
+        "connect-info.unknown",
+        matches!(provider_error(&r), Some(ProviderError::NotFound(_))),
+        "an unknown id is not-found",
+        format!("expected not-found for {NO_SUCH_ID}, got: {}", said(&r)),
+    );
+    Some(info)
+}
+
+/// `init.unknown-key` and `init.all-problems`: one unknown key refused by name, then two,
+/// both named in one error.
+async fn unknown_keys(kit: &mut Kit, provider: &(impl Provider + ?Sized), settings: &str) {
     match with_keys(settings, &UNKNOWN_KEYS[..1]) {
         None => {
             kit.skip("init.unknown-key", "the settings are not a JSON object");
@@ -332,14 +360,10 @@ async fn contract(
             }
         }
     }
-    // Back to the good settings before the other rules.
-    if let Err(e) = provider.init(settings).await {
-        kit.fail(
-            "init.ok",
-            format!("init with the same settings failed the second time: {e}"),
-        );
-        return None;
-    }
+}
+
+/// `update.stable`: two updates in a row list the same ids.
+async fn update_stable(kit: &mut Kit, provider: &(impl Provider + ?Sized)) {
     match (
         provider.update().await.map(|l| l.instances),
         provider.update().await.map(|l| l.instances),
@@ -361,14 +385,6 @@ async fn contract(
         }
         (Err(e), _) | (_, Err(e)) => kit.fail("update.stable", e.to_string()),
     }
-    let r = provider.connect_info(NO_SUCH_ID).await;
-    kit.check(
-        "connect-info.unknown",
-        matches!(provider_error(&r), Some(ProviderError::NotFound(_))),
-        "an unknown id is not-found",
-        format!("expected not-found for {NO_SUCH_ID}, got: {}", said(&r)),
-    );
-    Some(info)
 }
 
 /// Why waiting on `update` ended without the awaited list.
@@ -429,18 +445,34 @@ async fn provision(
     options: &KitOptions,
     created: &mut BTreeSet<String>,
 ) {
+    let Some(id) = create_one(kit, provider, options, created).await else {
+        return;
+    };
+    check_running(kit, provider, info, &id).await;
+    check_decrease(kit, provider, &id).await;
+    await_gone(kit, provider, options, created, &id).await;
+}
+
+/// `provision.increase` and `provision.appears`: one instance asked for, and its id once it
+/// runs.
+async fn create_one(
+    kit: &mut Kit,
+    provider: &(impl Provider + ?Sized),
+    options: &KitOptions,
+    created: &mut BTreeSet<String>,
+) -> Option<String> {
     let before: BTreeSet<String> = match provider.update().await.map(|l| l.instances) {
         Ok(l) => l.into_iter().map(|i| i.id).collect(),
         Err(e) => {
             kit.fail("provision.increase", format!("update before: {e}"));
-            return;
+            return None;
         }
     };
     let granted = match provider.increase(1).await {
         Ok(n) => n,
         Err(e) => {
             kit.fail("provision.increase", e.to_string());
-            return;
+            return None;
         }
     };
     kit.check(
@@ -454,7 +486,7 @@ async fn provision(
             "provision.appears",
             "increase(1) granted nothing (is the group full?)",
         );
-        return;
+        return None;
     }
     let mut new_id = None;
     let appeared = wait_for(kit, provider, options, |list| {
@@ -470,28 +502,37 @@ async fn provision(
         new_id.is_some()
     })
     .await;
-    let id = match (appeared, new_id) {
+    match (appeared, new_id) {
         (Ok(_), Some(id)) => {
             kit.pass("provision.appears", format!("{id} is running"));
-            id
+            Some(id)
         }
         (Err(Waited::Violation(detail)), _) => {
             kit.skip(
                 "provision.appears",
                 format!("update answers break the contract ({detail}); see update.unique"),
             );
-            return;
+            None
         }
         (Err(Waited::Timeout(e)), _) => {
             kit.fail("provision.appears", format!("no new running instance: {e}"));
-            return;
+            None
         }
         (Ok(_), None) => {
             kit.fail("provision.appears", "no new running instance");
-            return;
+            None
         }
-    };
-    match provider.connect_info(&id).await {
+    }
+}
+
+/// `provision.connect-info` and `provision.heartbeat` on the running instance `id`.
+async fn check_running(
+    kit: &mut Kit,
+    provider: &(impl Provider + ?Sized),
+    info: &ProviderInfo,
+    id: &str,
+) {
+    match provider.connect_info(id).await {
         Ok(c) if c.internal_address.is_some() || c.external_address.is_some() => kit.pass(
             "provision.connect-info",
             format!(
@@ -512,7 +553,7 @@ async fn provision(
         Err(e) => kit.fail("provision.connect-info", e.to_string()),
     }
     if info.heartbeat {
-        let r = provider.heartbeat(&id).await;
+        let r = provider.heartbeat(id).await;
         kit.check(
             "provision.heartbeat",
             r.is_ok(),
@@ -522,7 +563,11 @@ async fn provision(
     } else {
         kit.skip("provision.heartbeat", "not advertised");
     }
-    let asked = vec![id.clone(), NO_SUCH_ID.to_string()];
+}
+
+/// `decrease.subset` and `decrease.idempotent`: `id` and an unknown id asked twice.
+async fn check_decrease(kit: &mut Kit, provider: &(impl Provider + ?Sized), id: &str) {
+    let asked = vec![id.to_string(), NO_SUCH_ID.to_string()];
     let first = provider.decrease(&asked).await;
     let second = provider.decrease(&asked).await;
     let outside = |r: &Result<Vec<String>, CallError>| {
@@ -547,7 +592,7 @@ async fn provision(
                     "decrease.subset",
                     format!("returned ids it was not asked for: {}", extra.join(", ")),
                 );
-            } else if !accepted.contains(&id) {
+            } else if !accepted.iter().any(|a| a == id) {
                 kit.fail(
                     "decrease.subset",
                     format!("did not accept {id}, the instance it created"),
@@ -565,7 +610,7 @@ async fn provision(
             "decrease.idempotent",
             "the answer itself broke the contract (see decrease.subset)",
         ),
-        Ok(again) if again.contains(&id) => kit.pass(
+        Ok(again) if again.iter().any(|a| a == id) => kit.pass(
             "decrease.idempotent",
             "asking again succeeds and accepts the instance again",
         ),
@@ -575,6 +620,16 @@ async fn provision(
         ),
         Err(e) => kit.fail("decrease.idempotent", format!("asked again: {e}")),
     }
+}
+
+/// `provision.gone`: the decreased instance leaves the listing.
+async fn await_gone(
+    kit: &mut Kit,
+    provider: &(impl Provider + ?Sized),
+    options: &KitOptions,
+    created: &mut BTreeSet<String>,
+    id: &str,
+) {
     let gone = wait_for(kit, provider, options, |list| {
         !list
             .iter()
@@ -583,7 +638,7 @@ async fn provision(
     .await;
     match gone {
         Ok(_) => {
-            created.remove(&id);
+            created.remove(id);
             kit.pass("provision.gone", format!("{id} is gone"));
         }
         Err(Waited::Timeout(e) | Waited::Violation(e)) => {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource};
-use flotilla_plugin_runtime::{PluginRuntime, RuntimeOptions};
+use flotilla_plugin_runtime::{LoadedPlugin, PluginRuntime, RuntimeOptions, Sandbox};
 
 use super::conformance::{self, KitOptions, Outcome, Report};
 use super::sandbox::{SandboxArgs, flag_hint};
@@ -44,85 +44,8 @@ pub async fn test(plan: &TestPlan) -> anyhow::Result<Report> {
         .map_err(anyhow::Error::msg)?;
     let mut example = None;
     let (plugin, sandbox, label) = match &plan.pool {
-        Some((path, pool_name)) => {
-            let cfg = crate::config::load(path)?;
-            let pool = cfg
-                .pools
-                .iter()
-                .find(|p| &p.name == pool_name)
-                .ok_or_else(|| {
-                    anyhow::anyhow!(format!(
-                        "{}: no pool named {pool_name:?} (there are: {})",
-                        path.display(),
-                        cfg.pools
-                            .iter()
-                            .map(|p| p.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                })?;
-            let plugin = match &plan.plugin {
-                Some(file) => runtime.load_file(file)?,
-                None => {
-                    let registry = crate::app::registry_for(&cfg)?;
-                    flotilla_plugin_runtime::loader::load_plugin(
-                        &runtime,
-                        Some(&registry),
-                        &pool.name,
-                        &pool.plugin,
-                    )
-                    .await?
-                }
-            };
-            if settings.is_none() {
-                settings = Some(pool.settings.clone());
-            }
-            (plugin, pool.sandbox.clone(), format!("pool {}", pool.name))
-        }
-        None => {
-            let Some(file) = &plan.plugin else {
-                anyhow::bail!("give the plugin file, or --config and --pool");
-            };
-            let plugin = runtime.load_file(file)?;
-            let mut quick = plan.sandbox.clone();
-            let mut token = None;
-            if plan.example_cloud {
-                let secret = format!("example-{:016x}", random_u64());
-                let cloud = ExampleCloud::start(example_cloud::Options {
-                    token: Some(secret.clone()),
-                    ..example_cloud::Options::default()
-                })
-                .await?;
-                quick.allow_hosts.push(cloud.endpoint());
-                quick
-                    .allow_ip_ranges
-                    .push(format!("{}/32", cloud.addr.ip()));
-                token = Some(secret);
-                if settings.is_none() {
-                    settings = Some(
-                        serde_json::json!({
-                            "endpoint": cloud.endpoint(),
-                            "group": example_cloud::GROUP,
-                            "credential": "example",
-                        })
-                        .to_string(),
-                    );
-                }
-                example = Some(cloud);
-            }
-            let mut sandbox = quick.sandbox().map_err(anyhow::Error::msg)?;
-            if let Some(secret) = token {
-                // The example cloud's token, bound to it like any pool credential.
-                sandbox.egress.credentials.push(Credential {
-                    name: "example".into(),
-                    kind: CredentialKind::Bearer {
-                        token: SecretSource::Value(Secret::new(secret)),
-                    },
-                    hosts: sandbox.egress.allow.clone(),
-                });
-            }
-            (plugin, sandbox, file.display().to_string())
-        }
+        Some((path, pool_name)) => as_pool(&runtime, plan, path, pool_name, &mut settings).await?,
+        None => quick_try(&runtime, plan, &mut settings, &mut example).await?,
     };
     let provider = plugin.provider("plugin-test", sandbox);
     let mut report = conformance::run(
@@ -150,6 +73,102 @@ pub async fn test(plan: &TestPlan) -> anyhow::Result<Report> {
         rule.reason = format!("{}; {}", rule.reason, flag_hint(&denial));
     }
     Ok(report)
+}
+
+/// The plugin, sandbox and label of a pool of a config: its plugin (or `plan`'s file), and its
+/// settings unless `settings` has some.
+async fn as_pool(
+    runtime: &PluginRuntime,
+    plan: &TestPlan,
+    path: &std::path::Path,
+    pool_name: &str,
+    settings: &mut Option<String>,
+) -> anyhow::Result<(LoadedPlugin, Sandbox, String)> {
+    let cfg = crate::config::load(path)?;
+    let pool = cfg
+        .pools
+        .iter()
+        .find(|p| p.name == pool_name)
+        .ok_or_else(|| {
+            anyhow::anyhow!(format!(
+                "{}: no pool named {pool_name:?} (there are: {})",
+                path.display(),
+                cfg.pools
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+    let plugin = match &plan.plugin {
+        Some(file) => runtime.load_file(file)?,
+        None => {
+            let registry = crate::app::registry_for(&cfg)?;
+            flotilla_plugin_runtime::loader::load_plugin(
+                runtime,
+                Some(&registry),
+                &pool.name,
+                &pool.plugin,
+            )
+            .await?
+        }
+    };
+    if settings.is_none() {
+        *settings = Some(pool.settings.clone());
+    }
+    Ok((plugin, pool.sandbox.clone(), format!("pool {}", pool.name)))
+}
+
+/// The plugin, sandbox and label of a quick try of `plan`'s file: the sandbox flags, and with
+/// `--example-cloud` the example cloud (kept in `example` for the run) and its token.
+async fn quick_try(
+    runtime: &PluginRuntime,
+    plan: &TestPlan,
+    settings: &mut Option<String>,
+    example: &mut Option<ExampleCloud>,
+) -> anyhow::Result<(LoadedPlugin, Sandbox, String)> {
+    let Some(file) = &plan.plugin else {
+        anyhow::bail!("give the plugin file, or --config and --pool");
+    };
+    let plugin = runtime.load_file(file)?;
+    let mut quick = plan.sandbox.clone();
+    let mut token = None;
+    if plan.example_cloud {
+        let secret = format!("example-{:016x}", random_u64());
+        let cloud = ExampleCloud::start(example_cloud::Options {
+            token: Some(secret.clone()),
+            ..example_cloud::Options::default()
+        })
+        .await?;
+        quick.allow_hosts.push(cloud.endpoint());
+        quick
+            .allow_ip_ranges
+            .push(format!("{}/32", cloud.addr.ip()));
+        token = Some(secret);
+        if settings.is_none() {
+            *settings = Some(
+                serde_json::json!({
+                    "endpoint": cloud.endpoint(),
+                    "group": example_cloud::GROUP,
+                    "credential": "example",
+                })
+                .to_string(),
+            );
+        }
+        *example = Some(cloud);
+    }
+    let mut sandbox = quick.sandbox().map_err(anyhow::Error::msg)?;
+    if let Some(secret) = token {
+        // The example cloud's token, bound to it like any pool credential.
+        sandbox.egress.credentials.push(Credential {
+            name: "example".into(),
+            kind: CredentialKind::Bearer {
+                token: SecretSource::Value(Secret::new(secret)),
+            },
+            hosts: sandbox.egress.allow.clone(),
+        });
+    }
+    Ok((plugin, sandbox, file.display().to_string()))
 }
 
 /// Settings from a file path, or inline JSON (text starting with `{`).

@@ -239,28 +239,7 @@ pub(crate) async fn create_job(
     let helper_image = helper::image(docker, own, job).await?;
     let pulling = pull_all(docker, job, image, helper_image.as_deref(), own).await?;
     let labels = labels(job, pool);
-    let network = async {
-        docker
-            .create_network(NetworkCreateRequest {
-                name: job.network(),
-                driver: Some("bridge".into()),
-                labels: Some(labels.clone()),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| step(network_failure(&e))(e))
-    };
-    let (builds, cache) = (job.builds_volume(slot), job.cache_volume());
-    let (network, builds, cache) = tokio::join!(
-        network,
-        shared_volume(docker, job, &builds, "builds"),
-        shared_volume(docker, job, &cache, "cache"),
-    );
-    network?;
-    let mut binds = vec![
-        format!("{}:{}", builds?, own.builds_dir),
-        format!("{}:{}", cache?, own.cache_dir),
-    ];
+    let mut binds = network_and_volumes(docker, job, own, slot, &labels).await?;
     binds.extend(own.options.volumes.iter().cloned());
     let env = variables::environment(&job.variables);
     let began = Instant::now();
@@ -310,6 +289,39 @@ pub(crate) async fn create_job(
         began.elapsed().as_secs_f64()
     ));
     Ok(pulling)
+}
+
+/// The job's network and its project's builds and cache volumes, made at once; the volumes'
+/// binds.
+async fn network_and_volumes(
+    docker: &Docker,
+    job: &Job,
+    own: &DockerSettings,
+    slot: u32,
+    labels: &HashMap<String, String>,
+) -> Result<Vec<String>, StepError> {
+    let network = async {
+        docker
+            .create_network(NetworkCreateRequest {
+                name: job.network(),
+                driver: Some("bridge".into()),
+                labels: Some(labels.clone()),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| step(network_failure(&e))(e))
+    };
+    let (builds, cache) = (job.builds_volume(slot), job.cache_volume());
+    let (network, builds, cache) = tokio::join!(
+        network,
+        shared_volume(docker, job, &builds, "builds"),
+        shared_volume(docker, job, &cache, "cache"),
+    );
+    network?;
+    Ok(vec![
+        format!("{}:{}", builds?, own.builds_dir),
+        format!("{}:{}", cache?, own.cache_dir),
+    ])
 }
 
 /// A volume the jobs of the project share on the instance (its `kind`, builds or cache),

@@ -21,6 +21,7 @@ use crate::{OciError, OciRef};
 mod errors;
 mod pull;
 mod push;
+mod token;
 
 /// When to contact the registry for a reference that is already cached.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]

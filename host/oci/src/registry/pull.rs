@@ -19,10 +19,7 @@ use super::{Blob, Fetched, PullPolicy, Pulled, Registry, Validate};
 
 /// The most of a registry's error answer that is read (its JSON errors are a few hundred
 /// bytes).
-const MAX_ERROR_BODY: u64 = 64 * 1024;
-
-/// The largest answer of a token realm read (a bearer token is a few KiB at most).
-const MAX_TOKEN_ANSWER: u64 = 64 * 1024;
+pub(super) const MAX_ERROR_BODY: u64 = 64 * 1024;
 
 /// The largest signature payload read (a simple-signing payload is well under 1 KiB).
 const MAX_SIGNATURE_PAYLOAD: u64 = 64 * 1024;
@@ -140,123 +137,6 @@ impl Registry {
         Err(self.map_err(r, false, error))
     }
 
-    /// The bearer token to pull from `r`'s repository: the registry's challenge (`GET /v2/`)
-    /// and its token realm's answer are read here, bounded (oci-client reads a realm's answer
-    /// whole), then handed to oci-client, which keeps it for the blob requests. The realm is
-    /// the registry's word, so it must be HTTPS unless the registry itself is reached over
-    /// plain HTTP: the account's password never goes in clear to a host the registry names.
-    /// `None`: the registry asks for no token (anonymous, or Basic on every request).
-    async fn pull_token(
-        &self,
-        client: &oci_client::Client,
-        auth: &RegistryAuth,
-        r: &OciRef,
-    ) -> Result<Option<String>, OciError> {
-        let reference = r.client_ref();
-        let stored = |token: String| async {
-            client
-                .auth(
-                    &reference,
-                    &RegistryAuth::Bearer(token.clone()),
-                    oci_client::RegistryOperation::Pull,
-                )
-                .await
-                .map_err(|e| self.map_err(r, false, e))?;
-            Ok::<_, OciError>(Some(token))
-        };
-        if let RegistryAuth::Bearer(token) = auth {
-            return stored(token.clone()).await;
-        }
-        let unreachable = |e: reqwest::Error| OciError::Unreachable {
-            registry: r.registry.clone(),
-            why: describe_reqwest(&e),
-        };
-        let base = self.base_url(r)?;
-        let http = self.http()?;
-        let probe = http
-            .get(format!("{base}/v2/"))
-            .send()
-            .await
-            .map_err(unreachable)?;
-        let challenge = probe
-            .headers()
-            .get(reqwest::header::WWW_AUTHENTICATE)
-            .and_then(|h| h.to_str().ok())
-            .and_then(bearer_challenge);
-        // The probe's own body is not needed; at most a bounded part of it is read.
-        let _ = read_limited(probe, MAX_ERROR_BODY, "error answer", r).await;
-        let Some((realm, service)) = challenge else {
-            // No bearer challenge: oci-client keeps the account (Basic) for its own blob
-            // requests, as before; it reads no realm for it.
-            client
-                .auth(&reference, auth, oci_client::RegistryOperation::Pull)
-                .await
-                .map_err(|e| self.map_err(r, false, e))?;
-            return Ok(None);
-        };
-        let realm_url = reqwest::Url::parse(&realm).map_err(|e| OciError::Registry {
-            registry: r.registry.clone(),
-            reference: r.to_string(),
-            why: format!("the token realm {realm:?} is not a URL: {e}"),
-        })?;
-        if realm_url.scheme() != "https" && !base.starts_with("http://") {
-            return Err(OciError::Registry {
-                registry: r.registry.clone(),
-                reference: r.to_string(),
-                why: format!(
-                    "the registry names a token realm over {} ({realm}); refusing to send credentials anywhere but HTTPS",
-                    realm_url.scheme()
-                ),
-            });
-        }
-        let mut query = vec![("scope", format!("repository:{}:pull", r.repository))];
-        if let Some(service) = service {
-            query.push(("service", service));
-        }
-        let mut request = http.get(realm_url).query(&query);
-        if let RegistryAuth::Basic(user, password) = auth {
-            request = request.basic_auth(user, Some(password));
-        }
-        let answer = request.send().await.map_err(unreachable)?;
-        let status = answer.status();
-        let body = read_limited(answer, MAX_TOKEN_ANSWER, "token answer", r).await?;
-        if !status.is_success() {
-            let why = String::from_utf8_lossy(&body).chars().take(300).collect();
-            return Err(self.map_err(
-                r,
-                false,
-                OciDistributionError::ServerError {
-                    code: if status.as_u16() == 401 || status.as_u16() == 403 {
-                        status.as_u16()
-                    } else {
-                        0
-                    },
-                    url: realm,
-                    message: why,
-                },
-            ));
-        }
-        #[derive(serde::Deserialize)]
-        struct TokenAnswer {
-            token: Option<String>,
-            access_token: Option<String>,
-        }
-        let parsed: TokenAnswer =
-            serde_json::from_slice(&body).map_err(|e| OciError::Registry {
-                registry: r.registry.clone(),
-                reference: r.to_string(),
-                why: format!("the token realm's answer is not a token: {e}"),
-            })?;
-        match parsed.token.or(parsed.access_token) {
-            Some(token) => stored(token).await,
-            None => Err(OciError::Registry {
-                registry: r.registry.clone(),
-                reference: r.to_string(),
-                why: "the token realm's answer holds no token".to_string(),
-            }),
-        }
-    }
-
     /// Downloads a blob into the cache, verifying size and digest before it becomes visible.
     pub(super) async fn fetch_blob(
         &self,
@@ -266,7 +146,7 @@ impl Registry {
         validate: Option<Validate<'_>>,
     ) -> Result<Fetched, OciError> {
         let Blob {
-            what,
+            what: _,
             media_type,
             digest,
             size,
@@ -288,47 +168,7 @@ impl Registry {
             .map_err(|e| self.map_err(r, false, e))?;
         let mut tmp = self.store.temp()?;
         let tmp_path = tmp.path().to_path_buf();
-        let bar = self.progress_bar(size, what);
-        let mut hasher = Sha256::new();
-        let mut got: u64 = 0;
-        let mut stream_error = None;
-        while let Some(chunk) = stream.next().await {
-            let bytes = match chunk {
-                Ok(bytes) => bytes,
-                Err(e) => {
-                    stream_error = Some(e);
-                    break;
-                }
-            };
-            got += bytes.len() as u64;
-            if got > size {
-                return Err(OciError::DigestMismatch {
-                    what,
-                    reference: r.to_string(),
-                    expected: format!("{digest} ({size} bytes)"),
-                    actual: format!("more than {size} bytes"),
-                });
-            }
-            hasher.update(&bytes);
-            tmp.write_all(&bytes)
-                .map_err(|e| OciError::local(&tmp_path, e))?;
-            if let Some(b) = &bar {
-                b.set_position(got);
-            }
-        }
-        if let Some(b) = &bar {
-            b.finish_and_clear();
-        }
-        let download = Download {
-            got,
-            actual: format!("sha256:{}", hex::encode(hasher.finalize())),
-            interrupted: stream_error.map(|e| {
-                match e.get_ref().and_then(|i| i.downcast_ref::<reqwest::Error>()) {
-                    Some(inner) => describe_reqwest(inner),
-                    None => e.to_string(),
-                }
-            }),
-        };
+        let download = self.download(&mut stream, &mut tmp, r, &blob).await?;
         download.verify(r, &blob)?;
         tmp.as_file()
             .sync_all()
@@ -341,6 +181,65 @@ impl Registry {
             })?;
         }
         Ok(Fetched::Fresh(tmp, digest.to_string()))
+    }
+
+    /// Streams a blob into `tmp`, hashing it, never past its size; what came (an interrupted
+    /// stream is not an error yet: [`Download::verify`] says what it means).
+    async fn download<S, B>(
+        &self,
+        stream: &mut S,
+        tmp: &mut tempfile::NamedTempFile,
+        r: &OciRef,
+        blob: &Blob<'_>,
+    ) -> Result<Download, OciError>
+    where
+        S: futures_util::Stream<Item = Result<B, std::io::Error>> + Unpin,
+        B: AsRef<[u8]>,
+    {
+        let (what, digest, size) = (blob.what, blob.digest, blob.size);
+        let tmp_path = tmp.path().to_path_buf();
+        let bar = self.progress_bar(size, what);
+        let mut hasher = Sha256::new();
+        let mut got: u64 = 0;
+        let mut stream_error = None;
+        while let Some(chunk) = stream.next().await {
+            let bytes = match chunk {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    stream_error = Some(e);
+                    break;
+                }
+            };
+            let bytes = bytes.as_ref();
+            got += bytes.len() as u64;
+            if got > size {
+                return Err(OciError::DigestMismatch {
+                    what,
+                    reference: r.to_string(),
+                    expected: format!("{digest} ({size} bytes)"),
+                    actual: format!("more than {size} bytes"),
+                });
+            }
+            hasher.update(bytes);
+            tmp.write_all(bytes)
+                .map_err(|e| OciError::local(&tmp_path, e))?;
+            if let Some(b) = &bar {
+                b.set_position(got);
+            }
+        }
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        Ok(Download {
+            got,
+            actual: format!("sha256:{}", hex::encode(hasher.finalize())),
+            interrupted: stream_error.map(|e| {
+                match e.get_ref().and_then(|i| i.downcast_ref::<reqwest::Error>()) {
+                    Some(inner) => describe_reqwest(inner),
+                    None => e.to_string(),
+                }
+            }),
+        })
     }
 
     pub(super) fn progress_bar(&self, size: u64, what: &str) -> Option<indicatif::ProgressBar> {
@@ -687,7 +586,7 @@ impl Download {
 
 /// Reads at most `limit` bytes of an answer, or says how large it was (declared or seen), so
 /// an endless body costs a bounded buffer.
-async fn read_limited(
+pub(super) async fn read_limited(
     mut response: reqwest::Response,
     limit: u64,
     what: &'static str,
@@ -715,80 +614,4 @@ async fn read_limited(
         body.extend_from_slice(&chunk);
     }
     Ok(body)
-}
-
-/// `realm` and `service` of a `WWW-Authenticate: Bearer ...` challenge (RFC 6750 section 3,
-/// as the distribution spec's token authentication uses it); `None` for any other scheme.
-fn bearer_challenge(header: &str) -> Option<(String, Option<String>)> {
-    let rest = header.trim();
-    let (scheme, params) = rest.split_once(char::is_whitespace)?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return None;
-    }
-    let mut realm = None;
-    let mut service = None;
-    let mut rest = params.trim();
-    while !rest.is_empty() {
-        let (key, after) = rest.split_once('=')?;
-        let key = key
-            .trim()
-            .trim_start_matches(',')
-            .trim()
-            .to_ascii_lowercase();
-        let after = after.trim_start();
-        let (value, tail) = if let Some(quoted) = after.strip_prefix('"') {
-            let mut value = String::new();
-            let mut chars = quoted.char_indices();
-            let mut end = None;
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '\\' => {
-                        if let Some((_, escaped)) = chars.next() {
-                            value.push(escaped);
-                        }
-                    }
-                    '"' => {
-                        end = Some(i + 1);
-                        break;
-                    }
-                    c => value.push(c),
-                }
-            }
-            (value, quoted.get(end?..).unwrap_or(""))
-        } else {
-            let end = after.find(',').unwrap_or(after.len());
-            (after[..end].trim().to_string(), &after[end..])
-        };
-        match key.as_str() {
-            "realm" => realm = Some(value),
-            "service" => service = Some(value),
-            _ => {}
-        }
-        rest = tail.trim_start().trim_start_matches(',').trim_start();
-    }
-    Some((realm?, service))
-}
-
-#[cfg(test)]
-mod challenge_tests {
-    use super::bearer_challenge;
-
-    #[test]
-    fn a_bearer_challenge_gives_its_realm_and_service() {
-        assert_eq!(
-            bearer_challenge(
-                r#"Bearer realm="https://auth.example.com/token",service="registry.example.com",scope="repository:a/b:pull""#
-            ),
-            Some((
-                "https://auth.example.com/token".to_string(),
-                Some("registry.example.com".to_string())
-            ))
-        );
-        assert_eq!(
-            bearer_challenge(r#"bearer service="s", realm="https://r/t\"x""#),
-            Some(("https://r/t\"x".to_string(), Some("s".to_string())))
-        );
-        assert_eq!(bearer_challenge(r#"Basic realm="registry""#), None);
-        assert_eq!(bearer_challenge("Bearer service=\"s\""), None);
-    }
 }

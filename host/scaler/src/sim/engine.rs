@@ -4,12 +4,14 @@
 //! job queues; it must not reach into the pool's state except through `PoolCore`'s methods.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 
-use super::{Job, Rng, Sample, SimCloud, SimOptions, SimPool, SimReport};
-use crate::core::{Action, InstState, LeaseError, LeaseIds, LeaseState, PoolCore};
-use crate::{Millis, ScalerConfig};
+use super::{Job, Rng, Sample, SimOptions, SimPool, SimReport};
+use crate::Millis;
+use crate::core::{Action, InstState, LeaseError, LeaseIds, LeaseState};
 use flotilla_provider::{CallError, Function, Instance, InstanceState, ProviderError};
+
+use super::side::{Side, Sides};
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
@@ -41,77 +43,10 @@ enum Pending {
     Decrease(Vec<String>),
 }
 
-/// One pool of the simulation and its cloud: the pool the jobs come to, or its fallback.
-struct Side<'a> {
-    cfg: &'a ScalerConfig,
-    cloud_cfg: &'a SimCloud,
-    core: PoolCore,
-    /// The cloud's instances by number (`i-{n}`), in creation order, so `update()` lists them
-    /// the same way on every run; each kept as `update()` lists it, so a listing lends them
-    /// without a copy.
-    cloud: BTreeMap<u64, Instance>,
-    next_inst: u64,
-    /// The core's `leases_failed` counter when the running leases were last checked.
-    leases_failed_seen: u64,
-}
-
-impl<'a> Side<'a> {
-    fn new(pool: &SimPool<'a>, start_at: Millis, ids: &LeaseIds) -> Side<'a> {
-        let mut core = PoolCore::new(pool.cfg.clone(), pool.policies.to_vec(), start_at);
-        core.share_lease_ids(ids.clone());
-        core.set_provider_info(&flotilla_provider::ProviderInfo {
-            id: "sim".into(),
-            version: "0".into(),
-            max_size: pool.cloud.max_size,
-            heartbeat: false,
-            expiring_connect_info: false,
-        });
-        Side {
-            cfg: pool.cfg,
-            cloud_cfg: pool.cloud,
-            core,
-            cloud: BTreeMap::new(),
-            next_inst: 1,
-            leases_failed_seen: 0,
-        }
-    }
-}
-
-/// The pool jobs come to, and its fallback when it has one.
-struct Sides<'a> {
-    first: Side<'a>,
-    fallback: Option<Side<'a>>,
-}
-
-impl<'a> Sides<'a> {
-    /// Side `i`: the fallback for [`FALLBACK`] when there is one, else the first.
-    fn get(&self, i: usize) -> &Side<'a> {
-        match (i, &self.fallback) {
-            (FALLBACK, Some(f)) => f,
-            _ => &self.first,
-        }
-    }
-
-    fn get_mut(&mut self, i: usize) -> &mut Side<'a> {
-        match (i, &mut self.fallback) {
-            (FALLBACK, Some(f)) => f,
-            _ => &mut self.first,
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &Side<'a>> {
-        std::iter::once(&self.first).chain(&self.fallback)
-    }
-
-    fn len(&self) -> usize {
-        1 + usize::from(self.fallback.is_some())
-    }
-}
-
 /// The pool jobs come to.
-const FIRST: usize = 0;
+pub(super) const FIRST: usize = 0;
 /// Its fallback, when it has one.
-const FALLBACK: usize = 1;
+pub(super) const FALLBACK: usize = 1;
 
 pub(super) struct Sim<'a> {
     jobs: &'a [Job],
@@ -705,8 +640,10 @@ impl<'a> Sim<'a> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::SimCloud;
     use super::*;
     use crate::Policy;
+    use crate::ScalerConfig;
 
     /// An overloaded trace: a job every 12 s, each 100-900 s long, for 8 slots.
     fn overload(n: u64) -> Vec<Job> {

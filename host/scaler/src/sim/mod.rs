@@ -11,6 +11,7 @@
 
 mod engine;
 mod rng;
+mod side;
 
 pub use rng::Rng;
 

@@ -14,10 +14,18 @@ use async_trait::async_trait;
 use wasmtime::Store;
 
 use super::bindings::flotilla::provider::types as wit;
+
+mod answers;
+mod deadline;
+
 use super::contract;
 use super::egress::{Budget, EgressShared, EgressStats};
 use super::output::{GuestOutput, Origin, guest_text};
 use super::{HostState, Sandbox};
+use answers::{
+    IdSet, MAX_ID, MAX_LISTED, convert_connection, convert_error, convert_info, convert_state,
+};
+use deadline::{arm_deadline, describe_trap, with_guest_words, within, yield_or_interrupt};
 use flotilla_provider::{
     Arch, CallError, Connection, Function, Instance, InstanceState, Listing, MemoryState, Os,
     PluginState, Protocol, Provider, ProviderError, ProviderHealth, ProviderInfo,
@@ -416,237 +424,9 @@ impl WasmProvider {
     }
 }
 
-/// Epoch ticks of guest code between two yields to the executor: a guest that computes
-/// without waiting gives its worker thread back this often, so it cannot starve the API, the
-/// metrics or other pools however long its deadline.
-const YIELD_EVERY_TICKS: u64 = 1;
-
-/// Starts a call's (or an instantiation's) deadline.
-fn arm_deadline(store: &mut Store<HostState>, deadline: Duration) {
-    store.data_mut().deadline = super::Deadline::after(deadline);
-    store.set_epoch_deadline(YIELD_EVERY_TICKS);
-}
-
-/// Runs `call` for at most `deadline`: `None` if it is not done by then (it is dropped, not
-/// awaited). The clock and the timer are only needed if the call has to wait: a call that
-/// completes on its first poll, as most calls that make no request do, reads no clock and sets
-/// no timer. The epoch deadline bounds the guest's own running time either way.
-async fn within<F: Future>(deadline: Duration, call: F) -> Option<F::Output> {
-    // Pinned in this future (itself in the boxed export future): no allocation of its own.
-    let mut call = std::pin::pin!(call);
-    let first = std::future::poll_fn(|cx| match call.as_mut().poll(cx) {
-        std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
-        std::task::Poll::Pending => std::task::Poll::Ready(None),
-    })
-    .await;
-    match first {
-        Some(out) => Some(out),
-        None => tokio::time::timeout(deadline, call).await.ok(),
-    }
-}
-
-/// At every epoch check of a running guest: interrupt it past its deadline, otherwise yield to
-/// the executor and let it run on. The tokio timeout around every call enforces the same
-/// deadline while the guest waits on the host.
-fn yield_or_interrupt(
-    mut store: wasmtime::StoreContextMut<'_, HostState>,
-) -> wasmtime::Result<wasmtime::UpdateDeadline> {
-    if Instant::now() >= store.data_mut().deadline.due() {
-        return Ok(wasmtime::UpdateDeadline::Interrupt);
-    }
-    Ok(wasmtime::UpdateDeadline::YieldCustom(
-        YIELD_EVERY_TICKS,
-        Box::pin(tokio::task::yield_now()),
-    ))
-}
-
-/// A trap message that says what happened in plain words (memory cap, interrupt, panic).
-/// A trap's `message` with the guest's own last words above it: the last lines of its
-/// stderr (else stdout), where a Rust panic, a Python traceback or a JavaScript error and stack
-/// end up. They are guest text: escaped and capped like every guest string.
-fn with_guest_words(message: String, stderr: &GuestOutput, stdout: &GuestOutput) -> String {
-    let (stream, lines) = match stderr.tail() {
-        lines if lines.is_empty() => ("stdout", stdout.tail()),
-        lines => ("stderr", lines),
-    };
-    if lines.is_empty() {
-        return message;
-    }
-    let mut out = format!("guest {stream} (last {} lines):\n", lines.len());
-    for line in &lines {
-        out.push_str("  | ");
-        out.push_str(line);
-        out.push('\n');
-    }
-    out.push_str(&message);
-    out
-}
-
-fn describe_trap(store: &Store<HostState>, e: &wasmtime::Error) -> String {
-    if let Some(after) = store.data().limiter.exceeded {
-        return format!("memory cap exceeded (tried to grow to {} MiB)", after >> 20);
-    }
-    let root = match e.downcast_ref::<wasmtime::Trap>() {
-        Some(trap) => trap.to_string(),
-        None => format!("{e}"),
-    };
-    let mut chain = format!("{e:#}");
-    if chain.len() > 2048 {
-        chain.truncate(
-            chain
-                .char_indices()
-                .take_while(|(i, _)| *i < 2048)
-                .last()
-                .map_or(0, |(i, _)| i),
-        );
-    }
-    if chain.contains(&root) {
-        chain
-    } else {
-        format!("{root}: {chain}")
-    }
-}
-
 async fn init_call(mut s: Running, settings: String) -> CallOutput<wit::ProviderInfo> {
     let r = s.bindings.init(&mut s.store, &settings).await;
     (s, r)
-}
-
-/// The ids seen so far in one answer, to find one listed twice. Answers are usually a handful
-/// of ids: up to [`IdSet::LINEAR`] they are compared in place, with no hashing or allocation.
-#[allow(clippy::large_enum_variant)] // a stack local for one check: the inline array is the point
-enum IdSet<'a> {
-    Few {
-        ids: [&'a str; IdSet::LINEAR],
-        len: usize,
-    },
-    Many(HashSet<&'a str>),
-}
-
-impl<'a> IdSet<'a> {
-    const LINEAR: usize = 16;
-
-    fn with_capacity(n: usize) -> Self {
-        if n <= Self::LINEAR {
-            IdSet::Few {
-                ids: [""; IdSet::LINEAR],
-                len: 0,
-            }
-        } else {
-            IdSet::Many(HashSet::with_capacity(n))
-        }
-    }
-
-    /// Adds `id`; false if it was already there.
-    fn insert(&mut self, id: &'a str) -> bool {
-        match self {
-            IdSet::Few { ids, len } => {
-                if ids.iter().take(*len).any(|seen| *seen == id) {
-                    return false;
-                }
-                match ids.get_mut(*len) {
-                    Some(slot) => {
-                        *slot = id;
-                        *len += 1;
-                    }
-                    None => {
-                        let mut all: HashSet<&'a str> = ids.iter().copied().collect();
-                        all.insert(id);
-                        *self = IdSet::Many(all);
-                    }
-                }
-                true
-            }
-            IdSet::Many(all) => all.insert(id),
-        }
-    }
-}
-
-/// Instances one `update` may list: far above any pool, far below what hurts the host.
-const MAX_LISTED: usize = 10_000;
-/// Bytes of an instance id.
-const MAX_ID: usize = 256;
-/// Characters of a zone name kept (the clouds' longest are about 30).
-const MAX_ZONE: usize = 128;
-/// Characters of a guest message kept (errors, failure reasons).
-const MAX_MESSAGE: usize = 2_048;
-
-fn convert_error(e: wit::Error) -> ProviderError {
-    let e = match e {
-        wit::Error::InvalidConfig(m) => wit::Error::InvalidConfig(guest_text(&m, MAX_MESSAGE)),
-        wit::Error::Unauthorized(m) => wit::Error::Unauthorized(guest_text(&m, MAX_MESSAGE)),
-        wit::Error::QuotaExceeded(m) => wit::Error::QuotaExceeded(guest_text(&m, MAX_MESSAGE)),
-        wit::Error::Throttled(t) => wit::Error::Throttled(wit::Throttle {
-            retry_after_seconds: t.retry_after_seconds,
-            message: guest_text(&t.message, MAX_MESSAGE),
-        }),
-        wit::Error::NotFound(m) => wit::Error::NotFound(guest_text(&m, MAX_MESSAGE)),
-        wit::Error::Unsupported(m) => wit::Error::Unsupported(guest_text(&m, MAX_MESSAGE)),
-        wit::Error::Transient(m) => wit::Error::Transient(guest_text(&m, MAX_MESSAGE)),
-        wit::Error::Other(m) => wit::Error::Other(guest_text(&m, MAX_MESSAGE)),
-    };
-    match e {
-        wit::Error::InvalidConfig(m) => ProviderError::InvalidConfig(m),
-        wit::Error::Unauthorized(m) => ProviderError::Unauthorized(m),
-        wit::Error::QuotaExceeded(m) => ProviderError::QuotaExceeded(m),
-        wit::Error::Throttled(t) => ProviderError::Throttled {
-            retry_after: Duration::from_secs(u64::from(t.retry_after_seconds)),
-            message: t.message,
-        },
-        wit::Error::NotFound(m) => ProviderError::NotFound(m),
-        wit::Error::Unsupported(m) => ProviderError::Unsupported(m),
-        wit::Error::Transient(m) => ProviderError::Transient(m),
-        wit::Error::Other(m) => ProviderError::Other(m),
-    }
-}
-
-fn convert_info(i: wit::ProviderInfo) -> ProviderInfo {
-    ProviderInfo {
-        id: i.id,
-        version: i.version,
-        max_size: i.max_size,
-        heartbeat: i.capabilities.heartbeat,
-        expiring_connect_info: i.capabilities.expiring_connect_info,
-    }
-}
-
-fn convert_state(s: wit::InstanceState) -> InstanceState {
-    match s {
-        wit::InstanceState::Creating => InstanceState::Creating,
-        wit::InstanceState::Running => InstanceState::Running,
-        wit::InstanceState::Deleting => InstanceState::Deleting,
-        wit::InstanceState::Deleted => InstanceState::Deleted,
-        wit::InstanceState::Failed(r) => InstanceState::Failed(guest_text(&r, MAX_MESSAGE)),
-    }
-}
-
-fn convert_connection(c: wit::Connection) -> Connection {
-    Connection {
-        id: c.id,
-        os: match c.os {
-            wit::Os::Linux => Os::Linux,
-            wit::Os::Windows => Os::Windows,
-            wit::Os::Darwin => Os::Darwin,
-            wit::Os::Freebsd => Os::Freebsd,
-        },
-        arch: match c.arch {
-            wit::Arch::Amd64 => Arch::Amd64,
-            wit::Arch::Arm64 => Arch::Arm64,
-            wit::Arch::X86 => Arch::X86,
-            wit::Arch::Arm => Arch::Arm,
-        },
-        protocol: match c.protocol {
-            wit::Protocol::Ssh => Protocol::Ssh,
-            wit::Protocol::Winrm => Protocol::Winrm,
-            wit::Protocol::DockerTls => Protocol::DockerTls,
-        },
-        internal_address: c.internal_address,
-        external_address: c.external_address,
-        port: c.port,
-        username: c.username,
-        expires: c.expires,
-        zone: c.zone.map(|zone| guest_text(&zone, MAX_ZONE)),
-    }
 }
 
 #[async_trait]
@@ -833,27 +613,5 @@ impl Provider for WasmProvider {
                 .load(std::sync::atomic::Ordering::Relaxed),
             ..h.health.clone()
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::IdSet;
-
-    #[test]
-    fn id_set_finds_a_repeat_in_short_and_long_answers() {
-        for n in [1, IdSet::LINEAR, IdSet::LINEAR + 1, 100] {
-            let ids: Vec<String> = (0..n).map(|i| format!("i-{i}")).collect();
-            let mut seen = IdSet::with_capacity(n);
-            assert!(ids.iter().all(|id| seen.insert(id)), "{n} distinct ids");
-            for id in &ids {
-                assert!(!seen.insert(id), "{id} repeated among {n}");
-            }
-        }
-        // More ids than the capacity it was made for: it grows, and still finds repeats.
-        let ids: Vec<String> = (0..40).map(|i| format!("i-{i}")).collect();
-        let mut seen = IdSet::with_capacity(2);
-        assert!(ids.iter().all(|id| seen.insert(id)));
-        assert!(!seen.insert("i-0") && !seen.insert("i-39"));
     }
 }
