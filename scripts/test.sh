@@ -88,7 +88,7 @@ if ! command -v kubectl >/dev/null; then
 fi
 # oras-py is the independent OCI client of the cross-checks.
 "$FLOTILLA_VENV/bin/python" -c "import oras" 2>/dev/null || "$FLOTILLA_VENV/bin/pip" install -q "oras==0.2.43"
-# Azurite is the Azure Blob store of the runner-cache tests (host/peers/src/cache_stores).
+# Azurite is the Azure Blob store of the runner-cache tests (tests/peers/src/cache_stores).
 export FLOTILLA_NPM="${FLOTILLA_NPM:-$HOME/.cache/flotilla-npm}"
 [ -x "$FLOTILLA_NPM/node_modules/.bin/azurite-blob" ] \
   || npm install --prefix "$FLOTILLA_NPM" --no-audit --no-fund --silent "azurite@3.35.0"

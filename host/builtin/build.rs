@@ -25,13 +25,7 @@ fn main() {
     // OUT_DIR is <target>/[<triple>/]<profile>/build/<pkg>-<hash>/out; the guests go beside the
     // profiles in the same place tests/artifacts puts them, so neither builds them twice.
     let target_dir = target_root(&out).join("wasm-guests");
-    for path in [
-        "plugins",
-        "host/plugin-settings",
-        "host/plugin-http",
-        "wit",
-        "Cargo.lock",
-    ] {
+    for path in ["plugins", "guest", "wit", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(path).display());
     }
 

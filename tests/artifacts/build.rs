@@ -17,7 +17,7 @@ struct Guest {
 
 /// The guests, read from `cargo metadata`: the one list, kept in each guest's own manifest;
 /// and the directories of the workspace crates they depend on by path (the guest-side
-/// libraries in `host/`), whose changes must rebuild them too.
+/// SDK in `guest/`), whose changes must rebuild them too.
 fn guests(cargo: &str, root: &Path) -> (Vec<Guest>, Vec<PathBuf>) {
     let out = Command::new(cargo)
         .current_dir(root)

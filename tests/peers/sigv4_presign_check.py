@@ -1,4 +1,4 @@
-"""An independent check of the S3 presigned URLs of host/peers/src/cache_stores/s3.rs.
+"""An independent check of the S3 presigned URLs of tests/peers/src/cache_stores/s3.rs.
 
 moto does not check query-string signatures, so botocore (the AWS SDK for Python, installed
 with moto) signs the same request at the same instant and prints its X-Amz-Signature; the

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use flotilla_connector::{Connector, ConnectorSettings, DockerTls, DockerTlsFiles, PoolKey};
 use flotilla_harness::LogCapture;
-use flotilla_harness::machines::{Engines, Machines};
 use flotilla_harness::poll;
 use flotilla_peers::dockerd::{DockerPki, Dockerd};
 use flotilla_peers::sshd::Sshd;
+use flotilla_provider::fixed::Fixed;
 use flotilla_scaler::{PoolCore, PoolHandle, Readiness, ScalerConfig, SystemClock};
 
 fn settings(ready_command: Option<String>, ready_timeout: Duration) -> ConnectorSettings {
@@ -54,8 +54,8 @@ fn pool_key() -> Pool {
     Pool { _keys: keys, key }
 }
 
-fn one_machine(sshd: &Sshd) -> Machines {
-    Machines(BTreeMap::from([("m1".to_string(), sshd.port)]))
+fn one_machine(sshd: &Sshd) -> Fixed {
+    Fixed::machines(BTreeMap::from([("m1".to_string(), sshd.port)]))
 }
 
 #[tokio::test]
@@ -99,7 +99,7 @@ fn one_slot_pool(
 }
 
 /// Loopback machines that count the plugin's `connect-info` calls.
-struct Counting(Machines, std::sync::atomic::AtomicUsize);
+struct Counting(Fixed, std::sync::atomic::AtomicUsize);
 
 #[async_trait::async_trait]
 impl flotilla_provider::Provider for Counting {
@@ -415,7 +415,7 @@ async fn a_machine_that_dies_after_it_was_ready_is_found_by_the_ping_before_the_
     let pool = pool_key();
     let doomed = Sshd::start(pool.key.public_openssh());
     let healthy = Sshd::start(pool.key.public_openssh());
-    let machines = Machines(BTreeMap::from([
+    let machines = Fixed::machines(BTreeMap::from([
         ("m1".to_string(), doomed.port),
         ("m2".to_string(), healthy.port),
     ]));
@@ -574,7 +574,7 @@ async fn a_docker_tls_instance_is_ready_with_the_pools_client_certificate_and_se
     let pki = DockerPki::new();
     let docker = Dockerd::start_tls(&pki);
     let port = docker.tls_port.expect("a TLS port");
-    let engines = Engines(BTreeMap::from([("e1".to_string(), port)]));
+    let engines = Fixed::engines(BTreeMap::from([("e1".to_string(), port)]));
     let pool = pool_key();
     let mut s = settings(None, Duration::from_secs(5));
     s.docker_socket = None;

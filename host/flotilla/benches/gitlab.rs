@@ -12,8 +12,6 @@
     clippy::indexing_slicing
 )] // bench code
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,15 +27,15 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::StreamExt;
 use hyper_util::rt::TokioIo;
 
-use common::{ready_pool, settings};
 use flotilla::api::{AppState, router};
 use flotilla::metrics::Metrics;
 use flotilla::pools::{Pools, RunningPool};
 use flotilla_connector::{Connector, PoolKey};
 use flotilla_gitlab::{ApiClient, DriverSettings, Job, PullPolicy};
-use flotilla_harness::machines::Machines;
+use flotilla_harness::ready::{connector_settings as settings, ready_pool};
 use flotilla_peers::dockerd::{Dockerd, busybox_rootfs_tar};
 use flotilla_peers::sshd::Sshd;
+use flotilla_provider::fixed::Fixed;
 
 const IMAGE: &str = "flotilla-bench/busybox:1";
 const HELPER_IMAGE: &str = "flotilla-bench/helper:1";
@@ -127,7 +125,10 @@ fn bench(c: &mut Criterion) {
     let key = PoolKey::load_or_generate(keys.path(), "bench").expect("pool key");
     let docker = Dockerd::start();
     let sshd = Sshd::start(key.public_openssh());
-    let machines = Arc::new(Machines(BTreeMap::from([("m0".to_string(), sshd.port)])));
+    let machines = Arc::new(Fixed::machines(BTreeMap::from([(
+        "m0".to_string(),
+        sshd.port,
+    )])));
     let connector = Arc::new(Connector::new(key.clone(), settings(&docker)));
     let (api, engine) = rt.block_on(async {
         let pool = ready_pool(machines, connector.clone()).await;

@@ -10,8 +10,6 @@
     clippy::indexing_slicing
 )] // bench code
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,14 +17,14 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
-use common::ready_pool;
 use flotilla::api::{AppState, router};
 use flotilla::metrics::Metrics;
 use flotilla::pools::{Pools, RunningPool};
 use flotilla_connector::{Connector, ConnectorSettings, PoolKey};
 use flotilla_gitlab::{ApiClient, DriverSettings, InstanceSettings, Job, MachineOs, Mode, Outcome};
-use flotilla_harness::machines::Machines;
+use flotilla_harness::ready::ready_pool;
 use flotilla_peers::sshd::Sshd;
+use flotilla_provider::fixed::Fixed;
 
 fn connector_settings() -> ConnectorSettings {
     ConnectorSettings {
@@ -82,7 +80,10 @@ fn bench(c: &mut Criterion) {
     let key_file = keys.path().join("bench/id_ed25519");
     assert!(key_file.is_file(), "the pool key at {}", key_file.display());
     let sshd = Sshd::start(key.public_openssh());
-    let machines = Arc::new(Machines(BTreeMap::from([("m0".to_string(), sshd.port)])));
+    let machines = Arc::new(Fixed::machines(BTreeMap::from([(
+        "m0".to_string(),
+        sshd.port,
+    )])));
     let connector = Arc::new(Connector::new(key.clone(), connector_settings()));
     let api = rt.block_on(async {
         let pool = ready_pool(machines, connector.clone()).await;

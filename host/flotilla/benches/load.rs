@@ -6,10 +6,13 @@
 //! ```text
 //! cargo bench -p flotilla --bench load -- [--jobs N]... [--engine dockerd|fake]
 //!     [--poisson RATE] [--machines M] [--capacity C] [--script-time SECONDS]
+//!     [--plugin static|gcp] [--get-latency MS]
 //! ```
 //!
 //! Several `--jobs` run one after another, each on fresh machines, engine and host. A real
-//! `dockerd` needs root; the fake engine does not.
+//! `dockerd` needs root; the fake engine does not. `--plugin gcp` runs the pool on the GCP
+//! plugin against the Compute stand-in, whose `instances.get` (the plugin's `connect-info`)
+//! answers after `--get-latency` milliseconds (default 0).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -19,7 +22,7 @@
 
 use std::time::Duration;
 
-use flotilla_harness::load::{self, Arrivals, Engine, Options};
+use flotilla_harness::load::{self, Arrivals, Engine, Options, Plugin};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -40,6 +43,14 @@ fn main() {
         None | Some("fake") => Engine::Fake,
         Some(other) => panic!("--engine dockerd or fake, not {other}"),
     };
+    let latency = Duration::from_millis(
+        one("--get-latency").map_or(0, |ms| ms.parse().expect("--get-latency MS")),
+    );
+    let plugin = match one("--plugin").as_deref() {
+        None | Some("static") => Plugin::Static,
+        Some("gcp") => Plugin::Gcp(latency),
+        Some(other) => panic!("--plugin static or gcp, not {other}"),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -50,6 +61,7 @@ fn main() {
             n,
             engine,
         );
+        o.plugin = plugin;
         if let Some(rate) = one("--poisson") {
             o.arrivals = Arrivals::Poisson(rate.parse().expect("--poisson RATE"));
         }

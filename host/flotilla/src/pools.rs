@@ -3,7 +3,9 @@
 //! slow or broken plugin never keeps the API (or another pool) down.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
+
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde_json::{Value, json};
 
@@ -133,14 +135,14 @@ impl Pools {
         }
     }
 
-    // A panic while holding the lock leaves the map whole (every write is one insert), so a
-    // poisoned lock is still safe to use.
+    // parking_lot's lock does not poison: every write is one insert, so a panic elsewhere
+    // leaves the map whole.
     fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, PoolState>> {
-        self.inner.read().unwrap_or_else(|e| e.into_inner())
+        self.inner.read()
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<String, PoolState>> {
-        self.inner.write().unwrap_or_else(|e| e.into_inner())
+        self.inner.write()
     }
 
     /// Records where a pool is now.

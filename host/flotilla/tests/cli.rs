@@ -526,3 +526,248 @@ fn tune_warns_when_the_held_out_days_miss_the_goal_and_strict_fails() {
         "{err}"
     );
 }
+
+/// `flotilla plugin check` and `flotilla plugin test` on the template plugin against the
+/// example cloud, and the conformance kit against a plugin with one deliberate flaw per run:
+/// each flaw fails exactly its rule, and the flawless run passes.
+mod plugin_kit {
+    use super::guests;
+    use flotilla_example_cloud::{ExampleCloud, Options};
+
+    /// The example cloud (the one `plugin test --example-cloud` serves), with a group `ci` of
+    /// at most `max_size` and no token check.
+    async fn example_cloud(max_size: u32) -> ExampleCloud {
+        let options = Options {
+            group: "ci".into(),
+            max_size,
+            token: None,
+        };
+        ExampleCloud::start(options)
+            .await
+            .unwrap_or_else(|e| panic!("the example cloud: {e}"))
+    }
+
+    /// Runs the `flotilla` binary; exit code and stdout+stderr.
+    fn flotilla(args: &[&str], cache: &std::path::Path) -> (i32, String) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .env("XDG_CACHE_HOME", cache)
+            .env("FLOTILLA_LOG", "warn")
+            .output()
+            .unwrap_or_else(|e| panic!("run flotilla: {e}"));
+        (
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    /// `plugin check --settings` refused by the sandbox names the flag that allows it, one
+    /// refusal at a time, and passes once both flags are given.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn plugin_check_names_the_flag_a_refused_request_needs() {
+        let cloud = example_cloud(3).await;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let settings = dir.path().join("settings.json");
+        std::fs::write(
+            &settings,
+            format!(r#"{{"endpoint":"{}","group":"ci"}}"#, cloud.endpoint()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let settings = settings.display().to_string();
+        let host = format!("http://127.0.0.1:{}", cloud.addr.port());
+        let base = [
+            "plugin",
+            "check",
+            guests::TEMPLATE_PLUGIN,
+            "--settings",
+            &settings,
+        ];
+        let (code, out) = flotilla(&base, dir.path());
+        assert_ne!(code, 0, "{out}");
+        assert!(
+            out.contains(&format!("(allow it with --allow-host {host})")),
+            "{out}"
+        );
+        let with_host: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain(["--allow-host", &host])
+            .collect();
+        let (code, out) = flotilla(&with_host, dir.path());
+        assert_ne!(code, 0, "{out}");
+        assert!(
+            out.contains("(allow it with --allow-ip-range 127.0.0.1/32)"),
+            "{out}"
+        );
+        let both: Vec<&str> = with_host
+            .iter()
+            .copied()
+            .chain(["--allow-ip-range", "127.0.0.1/32"])
+            .collect();
+        let (code, out) = flotilla(&both, dir.path());
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("init:     ok"), "{out}");
+    }
+
+    /// `plugin test --config --pool` runs the kit in that pool's own sandbox and settings,
+    /// and an unknown pool is named with the ones that exist.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn plugin_test_uses_a_pools_sandbox_and_settings() {
+        let cloud = example_cloud(3).await;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let config = dir.path().join("flotilla.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"[[pool]]
+    name = "tmpl"
+    plugin = "{plugin}"
+    max_instances = 2
+    allowed_outbound_hosts = ["{ep}"]
+    allowed_ip_ranges = ["127.0.0.0/8"]
+
+    [pool.plugin_config]
+    endpoint = "{ep}"
+    group = "ci"
+    "#,
+                plugin = guests::TEMPLATE_PLUGIN,
+                ep = cloud.endpoint()
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let config = config.display().to_string();
+        let (code, out) = flotilla(
+            &[
+                "plugin", "test", "--config", &config, "--pool", "tmpl", "--json",
+            ],
+            dir.path(),
+        );
+        assert_eq!(code, 0, "{out}");
+        let report: serde_json::Value = serde_json::from_str(
+            out.lines()
+                .skip_while(|l| !l.starts_with('{'))
+                .collect::<Vec<_>>()
+                .join("\n")
+                .as_str(),
+        )
+        .unwrap_or_else(|e| panic!("{e}: {out}"));
+        let outcome = |rule: &str| {
+            report["rules"]
+                .as_array()
+                .and_then(|r| r.iter().find(|x| x["rule"] == rule))
+                .map(|x| x["outcome"].as_str().unwrap_or_default().to_string())
+        };
+        assert_eq!(outcome("init.ok").as_deref(), Some("PASS"), "{report:#}");
+        assert_eq!(
+            outcome("init.all-problems").as_deref(),
+            Some("PASS"),
+            "{report:#}"
+        );
+        assert_eq!(outcome("provision").as_deref(), Some("SKIP"), "{report:#}");
+        assert!(
+            cloud.seen().iter().any(|s| s.path == "/v1/groups/ci"),
+            "the pool's settings reached the cloud"
+        );
+        let (code, out) = flotilla(
+            &["plugin", "test", "--config", &config, "--pool", "nope"],
+            dir.path(),
+        );
+        assert_ne!(code, 0);
+        assert!(
+            out.contains("no pool named \"nope\" (there are: tmpl)"),
+            "{out}"
+        );
+    }
+
+    /// `flotilla plugin test` on the guest with `flaw`, provisioning: exit code and
+    /// `(rule, outcome)` of every rule.
+    fn kit(flaw: &str, cache: &std::path::Path) -> (i32, Vec<(String, String)>) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args([
+                "plugin",
+                "test",
+                guests::NONCONFORMING,
+                "--provision",
+                "--json",
+            ])
+            .args(["--timeout", "10s", "--settings"])
+            .arg(format!(r#"{{"flaw":"{flaw}"}}"#))
+            .env("XDG_CACHE_HOME", cache)
+            .env("FLOTILLA_LOG", "warn")
+            .output()
+            .expect("run flotilla");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{flaw}: {e}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        assert_eq!(report["left_behind"], serde_json::json!([]), "{report:#}");
+        let rules = report["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .map(|r| {
+                (
+                    r["rule"].as_str().unwrap_or_default().to_string(),
+                    r["outcome"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        (out.status.code().unwrap_or(-1), rules)
+    }
+
+    #[test]
+    fn each_flaw_fails_exactly_its_rule() {
+        let cache = tempfile::tempdir().expect("cache dir");
+        let (code, rules) = kit("none", cache.path());
+        assert_eq!(code, 0, "{rules:?}");
+        let passed: Vec<&str> = rules
+            .iter()
+            .filter(|(_, o)| o == "PASS")
+            .map(|(r, _)| r.as_str())
+            .collect();
+        for rule in [
+            "init.ok",
+            "init.unknown-key",
+            "init.all-problems",
+            "update.stable",
+            "update.unique",
+            "connect-info.unknown",
+            "provision.increase",
+            "provision.appears",
+            "provision.connect-info",
+            "decrease.subset",
+            "decrease.idempotent",
+            "provision.gone",
+        ] {
+            assert!(passed.contains(&rule), "{rule} did not pass: {rules:?}");
+        }
+        for (flaw, rule) in [
+            ("increase-more", "provision.increase"),
+            ("decrease-extra", "decrease.subset"),
+            ("update-duplicate", "update.unique"),
+            ("accept-unknown", "init.unknown-key"),
+            ("first-problem-only", "init.all-problems"),
+            ("decrease-not-idempotent", "decrease.idempotent"),
+        ] {
+            let (code, rules) = kit(flaw, cache.path());
+            assert_eq!(code, 1, "{flaw}: {rules:?}");
+            let failed: Vec<&str> = rules
+                .iter()
+                .filter(|(_, o)| o == "FAIL")
+                .map(|(r, _)| r.as_str())
+                .collect();
+            assert_eq!(
+                failed,
+                vec![rule],
+                "{flaw} must fail exactly {rule}: {rules:?}"
+            );
+        }
+    }
+}

@@ -16,7 +16,7 @@ use flotilla_oci::config::VerifyConfig;
 use flotilla_oci::{OciRef, PullPolicy};
 use flotilla_validate::{Context, KeyPath, Problems, Validate};
 
-use crate::loader::PluginSource;
+use crate::loader::{BUILTIN_PREFIX, Embedded, PluginSource};
 use crate::{EgressPolicy, Limits, Sandbox};
 
 /// `plugin`, `pull_policy` and `verify` of one pool.
@@ -29,6 +29,8 @@ pub struct SourceConfig<'a> {
     pub pull_policy: Option<PullPolicy>,
     /// For `oci://` plugins only.
     pub verify: Option<&'a VerifyConfig>,
+    /// The plugins the binary embeds, which `builtin:NAME` may name.
+    pub embedded: &'a [Embedded],
 }
 
 impl Validate for SourceConfig<'_> {
@@ -54,15 +56,16 @@ impl Validate for SourceConfig<'_> {
                 verify_key: verify_key?,
             });
         }
-        let builtin = match self.plugin.strip_prefix(flotilla_builtin::PREFIX) {
-            Some(name) => match flotilla_builtin::find(name) {
-                Some(builtin) => Some(builtin),
+        let builtin = match self.plugin.strip_prefix(BUILTIN_PREFIX) {
+            Some(name) => match self.embedded.iter().find(|e| e.name == name) {
+                Some(builtin) => Some(*builtin),
                 None => {
+                    let names: Vec<_> = self.embedded.iter().map(|e| e.name).collect();
                     problems.add(
                         &at.key("plugin"),
                         format!(
                             "no built-in plugin {name:?}; built in: {}",
-                            flotilla_builtin::names()
+                            names.join(", ")
                         ),
                     );
                     return None;

@@ -8,13 +8,27 @@ use flotilla_oci::{OciError, OciRef, PublicKey, PullPolicy, Registry};
 
 use crate::{LoadError, LoadedPlugin, PluginRuntime};
 
+/// The prefix of an embedded plugin's reference in a config: `builtin:NAME`.
+pub const BUILTIN_PREFIX: &str = "builtin:";
+
+/// A plugin the binary embeds. The runtime does not know which plugins those are: the binary
+/// hands their names and bytes to the config ([`crate::config::SourceConfig::embedded`]), so
+/// building the runtime builds no plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Embedded {
+    /// The name after `builtin:`.
+    pub name: &'static str,
+    /// The component.
+    pub bytes: &'static [u8],
+}
+
 /// A pool's `plugin = ...`.
 #[derive(Debug, Clone)]
 pub enum PluginSource {
     /// A local `.wasm` file.
     File(PathBuf),
     /// An official plugin embedded in the binary (`builtin:NAME`).
-    Builtin(&'static flotilla_builtin::Builtin),
+    Builtin(Embedded),
     /// A registry artifact.
     Oci {
         /// The reference.
@@ -30,7 +44,7 @@ impl std::fmt::Display for PluginSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PluginSource::File(p) => write!(f, "{}", p.display()),
-            PluginSource::Builtin(b) => write!(f, "{}{}", flotilla_builtin::PREFIX, b.name),
+            PluginSource::Builtin(b) => write!(f, "{BUILTIN_PREFIX}{}", b.name),
             PluginSource::Oci { reference, .. } => write!(f, "{reference}"),
         }
     }

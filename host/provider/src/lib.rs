@@ -7,6 +7,8 @@
 //! Nothing here knows about WebAssembly. The wasm adapter in `flotilla-plugin-runtime` is one
 //! implementation; tests and the simulator use in-process ones.
 
+#[cfg(feature = "fixed")]
+pub mod fixed;
 mod state;
 pub use state::{Budgeted, MemoryState, PluginState, StateError, StateLimits};
 

@@ -22,10 +22,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
-#[path = "../tests/common/fixed.rs"]
-mod fixed;
-
-use fixed::Fixed;
+use flotilla_provider::fixed::Fixed;
 use flotilla_scaler::driver::AcquireError;
 use flotilla_scaler::sim::{Job, SimCloud, SimOptions, simulate};
 use flotilla_scaler::{
@@ -65,7 +62,7 @@ impl Relay {
         let pool = PoolHandle::spawn(
             "bench".into(),
             core,
-            Arc::new(Fixed(1)),
+            Arc::new(Fixed::running(1)),
             clock,
             Arc::new(AlwaysReady),
             None,

@@ -11,11 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-#[path = "common/fixed.rs"]
-mod fixed;
-
-use fixed::Fixed;
 use flotilla_provider::Provider;
+use flotilla_provider::fixed::Fixed;
 use flotilla_scaler::driver::AcquireError;
 use flotilla_scaler::{
     AlwaysReady, Clock, LeaseState, Policy, PoolCore, PoolHandle, ScalerConfig, SystemClock,
@@ -65,7 +62,7 @@ async fn spawn(
     let clock = Arc::new(SystemClock);
     let mut core = PoolCore::new(cfg, vec![policy], clock.now());
     core.restore(clock.now(), restored, Default::default());
-    let provider = Fixed(1);
+    let provider = Fixed::running(1);
     core.set_provider_info(&provider.init("").await.unwrap());
     PoolHandle::spawn(
         name.into(),
@@ -340,7 +337,7 @@ async fn a_hand_over_the_first_pool_cannot_write_is_undone() {
     };
     let clock = Arc::new(SystemClock);
     let mut core = PoolCore::new(cfg, Vec::new(), clock.now());
-    let provider = Fixed(0);
+    let provider = Fixed::running(0);
     core.set_provider_info(&provider.init("").await.unwrap());
     let first = PoolHandle::spawn_journaled(
         "spot".into(),
@@ -439,7 +436,7 @@ async fn while_the_journal_cannot_write_no_lease_change_is_acknowledged_or_made(
         .unwrap_or_else(|e| panic!("{e:?}"));
     let clock = Arc::new(SystemClock);
     let mut core = PoolCore::new(cfg, vec![policy], clock.now());
-    let provider = Fixed(1);
+    let provider = Fixed::running(1);
     core.set_provider_info(&provider.init("").await.unwrap());
     let journal = Arc::new(Breakable::default());
     let pool = PoolHandle::spawn_journaled(

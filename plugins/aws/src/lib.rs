@@ -10,7 +10,7 @@ mod query;
 
 use std::cell::RefCell;
 
-use flotilla_plugin_http::unsettled::Unsettled;
+use flotilla_guest_http::unsettled::Unsettled;
 use serde::Deserialize;
 
 use query::{Endpoint, child, child_node};
@@ -71,7 +71,7 @@ struct State {
 const INSTANCE_CONNECT_VALID_SECONDS: u64 = 50;
 
 thread_local! {
-    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    static STATE: flotilla_guest::State<State> = const { flotilla_guest::State::new() };
     /// A `SetDesiredCapacity` whose answer was lost.
     static UNSETTLED: RefCell<Unsettled> = RefCell::new(Unsettled::default());
 }
@@ -137,25 +137,18 @@ fn connection_of(
 }
 
 fn with<T>(f: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, Error> {
-    STATE.with(|s| match s.borrow().as_ref() {
-        Some(state) => f(state),
-        None => Err(Error::Other("init has not been called".into())),
-    })
+    STATE.with(|s| s.read(f))
 }
 
-/// The settings keys; any other key is a problem.
-const KEYS: [&str; 6] = [
-    "name",
-    "region",
-    "endpoint",
-    "credential",
-    "username",
-    "instance_connect",
-];
+impl From<flotilla_guest::NotInitialized> for Error {
+    fn from(e: flotilla_guest::NotInitialized) -> Self {
+        Error::Other(e.to_string())
+    }
+}
 
 /// Reads the settings, reporting every problem at once (each unknown key included).
 fn parse_settings(text: &str) -> Result<Settings, Error> {
-    let (s, mut problems) = flotilla_plugin_settings::read::<Settings>(text, &KEYS)
+    let (s, mut problems) = flotilla_guest::settings::read::<Settings>(text)
         .map_err(|p| Error::InvalidConfig(p.join("; ")))?;
     if s.name.is_empty() || s.name.len() > 255 {
         problems.push("name: must be 1-255 characters".to_string());
@@ -172,7 +165,7 @@ fn parse_settings(text: &str) -> Result<Settings, Error> {
         ));
     }
     if let Some(e) = &s.endpoint
-        && let Err(why) = flotilla_plugin_http::split_url(e)
+        && let Err(why) = flotilla_guest_http::split_url(e)
     {
         problems.push(format!("endpoint: {why}"));
     }
@@ -365,7 +358,7 @@ impl Guest for Aws {
                 ),
             );
         }
-        STATE.with(|cell| *cell.borrow_mut() = Some(state));
+        STATE.with(|cell| cell.set(state));
         Ok(ProviderInfo {
             id: format!("aws/{}/{}", s.region, s.name),
             version: env!("CARGO_PKG_VERSION").to_string(),

@@ -2,7 +2,7 @@
 //! over wasi:http. Requests name the pool credential and the service; the host signs them with
 //! SigV4, so this code never sees a key.
 
-use flotilla_plugin_http::{Method, Request};
+use flotilla_guest_http::{Method, Request};
 
 use crate::flotilla::provider::types::{Error, Throttle};
 
@@ -216,11 +216,11 @@ impl Endpoint {
 /// Sends one request; its status and body text. A request that cannot be described is the
 /// settings' fault; one that did not complete is transient.
 fn send(action: &str, request: &Request<'_>) -> Result<(u16, String), Error> {
-    match flotilla_plugin_http::send(request) {
+    match flotilla_guest_http::send(request) {
         Ok(response) => response
             .into_text()
             .map_err(|e| Error::Transient(format!("{action}: {e}"))),
-        Err(flotilla_plugin_http::Error::Invalid(e)) => {
+        Err(flotilla_guest_http::Error::Invalid(e)) => {
             Err(Error::InvalidConfig(format!("{action}: {e}")))
         }
         Err(e) => Err(Error::Transient(format!("{action}: {e}"))),

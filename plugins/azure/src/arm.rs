@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use flotilla_plugin_http::{Method, Request};
+use flotilla_guest_http::{Method, Request};
 use serde_json::Value;
 
 use crate::flotilla::provider::types::{Error, Throttle};
@@ -372,7 +372,7 @@ impl Arm {
             if start.elapsed() + delay > budget {
                 return Ok(Outcome::Running);
             }
-            flotilla_plugin_http::sleep(delay);
+            flotilla_guest_http::sleep(delay);
             let reply = self.send(action, Method::Get, &url, None)?;
             retry_after = reply.retry_after;
             if by_status_body {
@@ -418,9 +418,9 @@ impl Arm {
             headers: if body.is_some() { &json } else { &json[..2] },
             body: body.as_deref().map(str::as_bytes),
         };
-        let response = match flotilla_plugin_http::send(&request) {
+        let response = match flotilla_guest_http::send(&request) {
             Ok(response) => response,
-            Err(flotilla_plugin_http::Error::Invalid(e)) => {
+            Err(flotilla_guest_http::Error::Invalid(e)) => {
                 return Err(Error::InvalidConfig(cap(format!("{action}: {e}"))));
             }
             Err(e) => return Err(Error::Transient(cap(format!("{action}: {e}")))),

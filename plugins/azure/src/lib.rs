@@ -13,7 +13,7 @@ mod vmss;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-use flotilla_plugin_http::unsettled::Unsettled;
+use flotilla_guest_http::unsettled::Unsettled;
 use serde::Deserialize;
 
 use arm::Arm;
@@ -102,21 +102,9 @@ fn is_guid(s: &str) -> bool {
     groups == [8, 4, 4, 4, 12] && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
 }
 
-/// The settings keys; any other key is a problem.
-const KEYS: [&str; 8] = [
-    "subscription_id",
-    "resource_group",
-    "name",
-    "endpoint",
-    "credential",
-    "username",
-    "max_size",
-    "arch",
-];
-
 /// Reads the settings, reporting every problem at once (each unknown key included).
 fn parse_settings(text: &str) -> Result<Valid, Error> {
-    let (s, mut problems) = flotilla_plugin_settings::read::<Settings>(text, &KEYS)
+    let (s, mut problems) = flotilla_guest::settings::read::<Settings>(text)
         .map_err(|p| Error::InvalidConfig(p.join("; ")))?;
     let mut required = |key: &str, value: &Option<String>| match value {
         Some(v) if !v.is_empty() => v.clone(),
@@ -149,7 +137,7 @@ fn parse_settings(text: &str) -> Result<Valid, Error> {
             "name: {name:?} is not a scale set name (1-64 letters, digits, - _ .)"
         ));
     }
-    if let Err(why) = flotilla_plugin_http::split_url(&s.endpoint) {
+    if let Err(why) = flotilla_guest_http::split_url(&s.endpoint) {
         problems.push(format!("endpoint: {why}"));
     }
     if s.credential.is_empty() {
@@ -183,16 +171,19 @@ struct State {
 }
 
 thread_local! {
-    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    static STATE: flotilla_guest::State<State> = const { flotilla_guest::State::new() };
     /// A capacity change whose answer was lost.
     static UNSETTLED: RefCell<Unsettled> = RefCell::new(Unsettled::default());
 }
 
 fn with<T>(f: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, Error> {
-    STATE.with(|s| match s.borrow().as_ref() {
-        Some(state) => f(state),
-        None => Err(Error::Other("init has not been called".into())),
-    })
+    STATE.with(|s| s.read(f))
+}
+
+impl From<flotilla_guest::NotInitialized> for Error {
+    fn from(e: flotilla_guest::NotInitialized) -> Self {
+        Error::Other(e.to_string())
+    }
 }
 
 struct Azure;
@@ -223,7 +214,7 @@ impl Guest for Azure {
             );
         }
         STATE.with(|cell| {
-            *cell.borrow_mut() = Some(State {
+            cell.set(State {
                 set: ScaleSet {
                     arm,
                     group_path,

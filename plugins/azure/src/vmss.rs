@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use flotilla_plugin_http::Method;
+use flotilla_guest_http::Method;
 use serde_json::{Value, json};
 
 use crate::arm::{Arm, Outcome, cap};

@@ -7,17 +7,21 @@
 #![allow(unsafe_code)] // wit-bindgen's generated export glue is unsafe; this crate's own code is not
 #![allow(missing_docs)] // a component's API is its WIT; the generated bindings carry no docs
 
+mod group;
 mod rest;
+mod settings;
 
 use std::cell::RefCell;
 use std::time::Duration;
 
-use flotilla_plugin_http::Method;
-use flotilla_plugin_http::unsettled::Unsettled;
+use flotilla_guest_http::Method;
+use flotilla_guest_http::unsettled::Unsettled;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use group::{autoscaler_is_off, get_manager, list_managed, split_id, target_size};
 use rest::{Api, capped, field, valid_name};
+use settings::parse_settings;
 
 wit_bindgen::generate!({
     path: "../../wit",
@@ -30,40 +34,6 @@ use flotilla::provider::log::{Level, emit};
 use flotilla::provider::types::{
     Arch, Capabilities, Connection, Error, Instance, InstanceState, Os, Protocol, ProviderInfo,
 };
-
-/// The pool's `plugin_config`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Settings {
-    /// The project id.
-    project: String,
-    /// The zone of a zonal group (`us-central1-a`); give this or `region`.
-    #[serde(default)]
-    zone: Option<String>,
-    /// The region of a regional group (`us-central1`); give this or `zone`.
-    #[serde(default)]
-    region: Option<String>,
-    /// The managed instance group's name.
-    name: String,
-    /// The most instances the plugin lets the group grow to (a MIG has no maximum of its own).
-    max_size: u32,
-    /// The API's root, default `https://compute.googleapis.com` (emulators, private endpoints).
-    #[serde(default)]
-    endpoint: Option<String>,
-    /// The pool credential (kind `gcp`) whose tokens the host adds.
-    #[serde(default = "default_credential")]
-    credential: String,
-    /// SSH user for connect-info of Linux instances.
-    #[serde(default = "default_user")]
-    username: String,
-}
-
-fn default_credential() -> String {
-    "gcp".to_string()
-}
-fn default_user() -> String {
-    "flotilla".to_string()
-}
 
 /// The largest `max_size` accepted for a zonal group: Compute's limit on its size ("you can
 /// create up to 1,000 VMs in a zonal MIG").
@@ -119,7 +89,7 @@ impl State {
 }
 
 thread_local! {
-    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    static STATE: flotilla_guest::State<State> = const { flotilla_guest::State::new() };
     /// A resize whose answer was lost.
     static UNSETTLED: RefCell<Unsettled> = RefCell::new(Unsettled::default());
     /// When instances that Compute cannot create were last seen, and why.
@@ -141,344 +111,13 @@ fn out_of_quota(code: &str) -> bool {
 }
 
 fn with<T>(f: impl FnOnce(&State) -> Result<T, Error>) -> Result<T, Error> {
-    STATE.with(|s| match s.borrow().as_ref() {
-        Some(state) => f(state),
-        None => Err(Error::Other("init has not been called".into())),
-    })
+    STATE.with(|s| s.read(f))
 }
 
-/// A zone like `us-central1-a` or a region like `us-central1`: lowercase words and digits
-/// joined by dashes, `parts` of them.
-fn location_ok(text: &str, parts: usize) -> bool {
-    let words: Vec<&str> = text.split('-').collect();
-    words.len() == parts
-        && words.iter().all(|w| {
-            !w.is_empty()
-                && w.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-        })
-}
-
-/// A project id (6–30 characters; lowercase letters, digits, dashes), optionally
-/// domain-scoped (`example.com:my-project`).
-fn project_ok(project: &str) -> bool {
-    let id = project.rsplit(':').next().unwrap_or_default();
-    (6..=30).contains(&id.len())
-        && id.starts_with(|c: char| c.is_ascii_lowercase())
-        && !id.ends_with('-')
-        && id
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && project
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-.:".contains(c))
-}
-
-/// The settings keys; any other key is a problem.
-const KEYS: [&str; 8] = [
-    "project",
-    "zone",
-    "region",
-    "name",
-    "max_size",
-    "endpoint",
-    "credential",
-    "username",
-];
-
-/// Reads the settings, reporting every problem at once: each unknown key, a missing or
-/// mistyped key, and each bad value.
-fn parse_settings(text: &str) -> Result<Settings, Error> {
-    let (s, mut problems) = flotilla_plugin_settings::read::<Settings>(text, &KEYS)
-        .map_err(|p| Error::InvalidConfig(p.join("; ")))?;
-    if !project_ok(&s.project) {
-        problems.push(format!(
-            "project: {:?} is not a project id (6-30 lowercase letters, digits, dashes)",
-            capped(&s.project)
-        ));
+impl From<flotilla_guest::NotInitialized> for Error {
+    fn from(e: flotilla_guest::NotInitialized) -> Self {
+        Error::Other(e.to_string())
     }
-    match (&s.zone, &s.region) {
-        (Some(_), Some(_)) => {
-            problems.push("zone, region: give one, not both".to_string());
-        }
-        (None, None) => problems.push(
-            "zone, region: give `zone` for a zonal group or `region` for a regional one"
-                .to_string(),
-        ),
-        (Some(z), None) if !location_ok(z, 3) => problems.push(format!(
-            "zone: {:?} is not a zone like us-central1-a",
-            capped(z)
-        )),
-        (None, Some(r)) if !location_ok(r, 2) => problems.push(format!(
-            "region: {:?} is not a region like us-central1",
-            capped(r)
-        )),
-        _ => {}
-    }
-    let name_ok = valid_name(&s.name)
-        && s.name.starts_with(|c: char| c.is_ascii_lowercase())
-        && !s.name.ends_with('-');
-    if !name_ok {
-        problems.push(format!(
-            "name: {:?} is not a group name (1-63 lowercase letters, digits, dashes)",
-            capped(&s.name)
-        ));
-    }
-    let (limit, kind) = if s.region.is_some() {
-        (REGIONAL_MAX_SIZE, "regional")
-    } else {
-        (ZONAL_MAX_SIZE, "zonal")
-    };
-    if s.max_size == 0 || s.max_size > limit {
-        problems.push(format!(
-            "max_size: must be 1-{limit} (Compute's limit on a {kind} group's size)"
-        ));
-    }
-    if let Some(e) = &s.endpoint
-        && let Err(why) = flotilla_plugin_http::split_url(e)
-    {
-        problems.push(format!("endpoint: {why}"));
-    }
-    if s.credential.is_empty() {
-        problems.push("credential: must name a pool credential".to_string());
-    }
-    if s.username.is_empty() || s.username.len() > 32 {
-        problems.push("username: must be 1-32 characters".to_string());
-    }
-    if problems.is_empty() {
-        Ok(s)
-    } else {
-        Err(Error::InvalidConfig(problems.join("; ")))
-    }
-}
-
-/// The group as `instanceGroupManagers.get` reports it.
-/// <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/get>
-fn get_manager(state: &State) -> Result<Value, Error> {
-    let m = state.api.call(
-        "instanceGroupManagers.get",
-        Method::Get,
-        &state.manager(),
-        None,
-    )?;
-    if field(&m, "/targetSize").is_null() {
-        return Err(Error::Other(
-            "instanceGroupManagers.get: the answer has no targetSize".into(),
-        ));
-    }
-    Ok(m)
-}
-
-fn target_size(manager: &Value) -> u32 {
-    // int32 in the API; JSON numbers here.
-    field(manager, "/targetSize")
-        .as_u64()
-        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
-}
-
-/// One managed instance, as `listManagedInstances` reports it.
-struct Managed {
-    id: String,
-    state: InstanceState,
-    /// The last creation attempt's error, when Compute keeps retrying it.
-    creation_error: Option<String>,
-    /// That error is a quota or a capacity shortage.
-    out_of_quota: bool,
-}
-
-/// The instance's id for the host: `ZONE/NAME`, parsed from its URL
-/// (`https://www.googleapis.com/compute/v1/projects/P/zones/Z/instances/N`).
-fn id_from_url(url: &str) -> Option<String> {
-    let mut parts = url.rsplit('/');
-    let name = parts.next()?;
-    let kind = parts.next()?;
-    let zone = parts.next()?;
-    let zones = parts.next()?;
-    (kind == "instances" && zones == "zones" && valid_name(name) && location_ok(zone, 3))
-        .then(|| format!("{zone}/{name}"))
-}
-
-/// `ZONE/NAME` split, when both are well formed.
-fn split_id(id: &str) -> Option<(&str, &str)> {
-    let (zone, name) = id.split_once('/')?;
-    (location_ok(zone, 3) && valid_name(name)).then_some((zone, name))
-}
-
-/// Maps `instanceStatus` and `currentAction` to the contract's states.
-/// <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/listManagedInstances#ManagedInstance>
-fn map_state(status: &str, action: &str) -> InstanceState {
-    match action {
-        "DELETING" | "ABANDONING" => return InstanceState::Deleting,
-        "CREATING"
-        | "CREATING_WITHOUT_RETRIES"
-        | "CREATING_ATOMICALLY"
-        | "QUEUING"
-        | "VERIFYING" => return InstanceState::Creating,
-        // The group is replacing or restarting it: whatever runs there is lost.
-        "RECREATING" | "RESTARTING" | "STOPPING" | "SUSPENDING" | "STARTING" | "RESUMING" => {
-            return InstanceState::Failed(format!("the group is {action} it"));
-        }
-        // REFRESHING "is applying configuration changes to the instance without stopping it"
-        // (discovery doc, ManagedInstance.currentAction): a busy VM keeps its job, and its
-        // status decides, like NONE.
-        _ => {}
-    }
-    match status {
-        "RUNNING" => InstanceState::Running,
-        "" | "PROVISIONING" | "STAGING" | "PENDING" => InstanceState::Creating,
-        // Nothing of ours stops a group's instance: Compute does, when it preempts a Spot
-        // VM (its termination action STOP; DELETE makes it vanish), the way
-        // <https://cloud.google.com/compute/docs/instances/spot#preemption-process> describes.
-        "STOPPING" | "TERMINATED" | "STOPPED" => InstanceState::Failed(format!(
-            "Compute stopped it ({status}): a Spot VM is preempted this way when Compute takes \
-             its capacity back"
-        )),
-        other => InstanceState::Failed(format!("instance status {other}")),
-    }
-}
-
-/// One page of `listManagedInstances`: the fields the plugin reads.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Page {
-    #[serde(default)]
-    managed_instances: Vec<ManagedInstance>,
-    #[serde(default)]
-    next_page_token: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ManagedInstance {
-    #[serde(default)]
-    instance: Option<String>,
-    #[serde(default)]
-    instance_status: Option<String>,
-    #[serde(default)]
-    current_action: Option<String>,
-    #[serde(default)]
-    last_attempt: Option<LastAttempt>,
-}
-
-#[derive(Deserialize)]
-struct LastAttempt {
-    #[serde(default)]
-    errors: AttemptErrors,
-}
-
-#[derive(Deserialize, Default)]
-struct AttemptErrors {
-    #[serde(default)]
-    errors: Vec<AttemptError>,
-}
-
-#[derive(Deserialize)]
-struct AttemptError {
-    #[serde(default)]
-    code: String,
-    #[serde(default)]
-    message: String,
-}
-
-/// Every managed instance, page by page.
-/// <https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/listManagedInstances>
-fn list_managed(state: &State) -> Result<Vec<Managed>, Error> {
-    const ACTION: &str = "instanceGroupManagers.listManagedInstances";
-    let mut out = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let mut path = format!(
-            "{}/listManagedInstances?maxResults={PAGE_SIZE}",
-            state.manager()
-        );
-        if let Some(t) = &token {
-            path.push_str("&pageToken=");
-            path.push_str(&percent(t));
-        }
-        let page: Page = state.api.call_as(ACTION, Method::Post, &path, None)?;
-        for m in page.managed_instances {
-            let Some(id) = m.instance.as_deref().and_then(id_from_url) else {
-                // An instance not created yet has no URL; it shows once it has one.
-                continue;
-            };
-            let first = m
-                .last_attempt
-                .and_then(|a| a.errors.errors.into_iter().next());
-            let out_of_quota = first.as_ref().is_some_and(|e| out_of_quota(&e.code));
-            let creation_error = first.map(|e| format!("{}: {}", e.code, capped(&e.message)));
-            let mut state = map_state(
-                m.instance_status.as_deref().unwrap_or_default(),
-                m.current_action.as_deref().unwrap_or_default(),
-            );
-            // A resize is DONE once scheduled; a quota or a stockout shows only here, while
-            // the group retries for ever (`resize` in the discovery doc). Such an instance is
-            // not coming: it is failed, so the host removes it and stops waiting for it.
-            if let (true, InstanceState::Creating, Some(why)) =
-                (out_of_quota, &state, &creation_error)
-            {
-                state = InstanceState::Failed(format!("Compute cannot create it: {why}"));
-            }
-            out.push(Managed {
-                id,
-                state,
-                creation_error,
-                out_of_quota,
-            });
-        }
-        token = page.next_page_token.filter(|t| !t.is_empty());
-        if token.is_none() {
-            return Ok(out);
-        }
-    }
-}
-
-/// `Ok` when the autoscaler at `url` (`.../projects/P/zones/Z/autoscalers/N`) is in mode OFF;
-/// `invalid-config` that says what to do otherwise.
-/// <https://cloud.google.com/compute/docs/reference/rest/v1/autoscalers/get>
-fn autoscaler_is_off(state: &State, group: &str, url: &str) -> Result<(), Error> {
-    let refuse = |why: String| {
-        Error::InvalidConfig(format!(
-            "group {group}: an autoscaler is attached ({}){why}; Flotilla sizes the group itself, so remove it or set its mode to OFF",
-            capped(url)
-        ))
-    };
-    let name = url.rsplit('/').next().unwrap_or_default();
-    let kind = url.rsplit('/').nth(1).unwrap_or_default();
-    if kind != "autoscalers" || !valid_name(name) {
-        return Err(refuse(String::new()));
-    }
-    let path = format!("{}/autoscalers/{name}", state.location);
-    let autoscaler = match state.api.call("autoscalers.get", Method::Get, &path, None) {
-        Ok(a) => a,
-        Err(Error::Unauthorized(m)) => {
-            return Err(refuse(format!(
-                " and its mode cannot be read ({m}; grant compute.autoscalers.get)"
-            )));
-        }
-        Err(e) => return Err(e),
-    };
-    match field(&autoscaler, "/autoscalingPolicy/mode").as_str() {
-        Some("OFF") => {
-            emit(
-                Level::Info,
-                &format!("group {group}: its autoscaler is attached in mode OFF and left alone"),
-            );
-            Ok(())
-        }
-        mode => Err(refuse(format!(" in mode {}", mode.unwrap_or("ON")))),
-    }
-}
-
-/// A page token, percent-encoded for the query string.
-fn percent(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 struct Gcp;
@@ -551,7 +190,7 @@ impl Guest for Gcp {
             );
         }
         let scope = state.location.clone();
-        STATE.with(|cell| *cell.borrow_mut() = Some(state));
+        STATE.with(|cell| cell.set(state));
         Ok(ProviderInfo {
             id: format!("gcp/{}/{scope}/{}", s.project, s.name),
             version: env!("CARGO_PKG_VERSION").to_string(),

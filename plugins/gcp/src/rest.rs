@@ -2,7 +2,7 @@
 //! following a long-running operation. Requests name the pool credential; the host mints the
 //! OAuth token and adds `Authorization: Bearer`, so this code never sees it.
 
-use flotilla_plugin_http::{Method, Request};
+use flotilla_guest_http::{Method, Request};
 use serde_json::Value;
 
 use crate::flotilla::provider::types::{Error, Throttle};
@@ -213,7 +213,7 @@ impl Api {
                     "{action}: the operation has no usable name"
                 )));
             };
-            flotilla_plugin_http::sleep(pause);
+            flotilla_guest_http::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_secs(2));
             op = self.call(
                 action,
@@ -237,7 +237,7 @@ pub fn valid_name(name: &str) -> bool {
 /// Sends one request: its status, `Retry-After` in seconds, and body text. A request that
 /// cannot be described is the settings' fault; one that did not complete is transient.
 fn send(action: &str, request: &Request<'_>) -> Result<(u16, Option<u32>, String), Error> {
-    match flotilla_plugin_http::send(request) {
+    match flotilla_guest_http::send(request) {
         Ok(response) => {
             let retry_after = response
                 .header("retry-after")
@@ -247,7 +247,7 @@ fn send(action: &str, request: &Request<'_>) -> Result<(u16, Option<u32>, String
                 .map_err(|e| Error::Transient(format!("{action}: {e}")))?;
             Ok((status, retry_after, text))
         }
-        Err(flotilla_plugin_http::Error::Invalid(e)) => {
+        Err(flotilla_guest_http::Error::Invalid(e)) => {
             Err(Error::InvalidConfig(format!("{action}: {e}")))
         }
         Err(e) => Err(Error::Transient(format!("{action}: {e}"))),

@@ -13,8 +13,6 @@
 
 mod settings;
 
-use std::cell::RefCell;
-
 use settings::{HostEntry, Settings};
 
 wit_bindgen::generate!({
@@ -37,14 +35,17 @@ struct State {
 }
 
 thread_local! {
-    static STATE: RefCell<Option<State>> = const { RefCell::new(None) };
+    static STATE: flotilla_guest::State<State> = const { flotilla_guest::State::new() };
 }
 
 fn with_state<T>(f: impl FnOnce(&mut State) -> Result<T, Error>) -> Result<T, Error> {
-    STATE.with(|cell| match cell.borrow_mut().as_mut() {
-        Some(state) => f(state),
-        None => Err(Error::Other("init has not been called".to_string())),
-    })
+    STATE.with(|s| s.change(f))
+}
+
+impl From<flotilla_guest::NotInitialized> for Error {
+    fn from(e: flotilla_guest::NotInitialized) -> Self {
+        Error::Other(e.to_string())
+    }
 }
 
 fn find<'a>(state: &'a State, id: &str) -> Option<(usize, &'a HostEntry)> {
@@ -137,7 +138,7 @@ impl Guest for StaticProvider {
         );
         let saved = load_active(&settings)?;
         STATE.with(|cell| {
-            *cell.borrow_mut() = Some(State {
+            cell.set(State {
                 settings,
                 active: saved,
             });

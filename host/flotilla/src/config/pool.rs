@@ -15,7 +15,7 @@ use flotilla_credentials::config::{CredentialConfig, validate_all as validate_cr
 use flotilla_oci::PullPolicy;
 use flotilla_oci::config::VerifyConfig;
 use flotilla_plugin_runtime::config::{EgressConfig, SourceConfig, sandbox};
-use flotilla_plugin_runtime::loader::PluginSource;
+use flotilla_plugin_runtime::loader::{Embedded, PluginSource};
 use flotilla_plugin_runtime::{Limits, Sandbox};
 use flotilla_scaler::config::{InPool, KnobsConfig, PolicyConfig, ThrottleConfig};
 use flotilla_scaler::{Policy, ScalerConfig};
@@ -269,6 +269,20 @@ pub struct PluginParts {
     pub connector: Option<ConnectorSettings>,
 }
 
+/// The official plugins this binary embeds, as the plugin runtime takes them (`builtin:NAME`).
+pub fn embedded() -> &'static [Embedded] {
+    static EMBEDDED: std::sync::LazyLock<Vec<Embedded>> = std::sync::LazyLock::new(|| {
+        flotilla_builtin::ALL
+            .iter()
+            .map(|b| Embedded {
+                name: b.name,
+                bytes: b.bytes,
+            })
+            .collect()
+    });
+    &EMBEDDED
+}
+
 impl PoolConfig {
     /// The parts of this pool the later checks need, when they validate on their own (their
     /// problems are reported by the pool's own validation, not here).
@@ -278,6 +292,7 @@ impl PoolConfig {
             plugin: &self.plugin,
             pull_policy: self.pull_policy,
             verify: self.verify.as_ref(),
+            embedded: embedded(),
         }
         .validate(cx, &at, &mut scratch)?;
         let sandbox = self.sandbox(cx, &at, &mut scratch)?;
@@ -372,6 +387,7 @@ impl Validate for PoolConfig {
             plugin: &self.plugin,
             pull_policy: self.pull_policy,
             verify: self.verify.as_ref(),
+            embedded: embedded(),
         }
         .validate(cx, at, problems);
         let scaler = self.knobs().validate(cx, at, problems);
