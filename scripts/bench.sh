@@ -13,7 +13,12 @@ out=$(mktemp -d)
 if [ -z "${FLOTILLA_BENCH_NS:-}" ] && [ -f /root/.bashrc ] && [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
   exec env FLOTILLA_BENCH_NS=1 unshare --mount --propagation private -- bash -c 'mount --bind /dev/null /root/.bashrc && exec "$0" "$@"' "$0" "$@"
 fi
-FLOTILLA_BENCH_OUT="$out" cargo bench --locked -p flotilla --bench runtime --bench scaler --bench aws --bench oci --bench connector --bench gitlab --bench instance --bench credentials -- "$@"
+# Each bench lives in the crate it measures; cargo runs the named ones of the packages given.
+FLOTILLA_BENCH_OUT="$out" cargo bench --locked \
+  -p flotilla-plugin-runtime -p flotilla-scaler -p flotilla-cloud-suites -p flotilla-oci \
+  -p flotilla-connector -p flotilla -p flotilla-credentials \
+  --bench runtime --bench scaler --bench aws --bench oci --bench connector --bench gitlab \
+  --bench instance --bench credentials -- "$@"
 python3 - "$CARGO_TARGET_DIR/criterion" "$out" <<'PY'
 import json, os, sys
 root, out = sys.argv[1], sys.argv[2]

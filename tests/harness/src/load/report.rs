@@ -243,6 +243,9 @@ impl Report {
                 summary.cells()
             );
         }
+        if self.plugin_calls.is_empty() {
+            let _ = writeln!(s, "| plugin calls during the run | none |");
+        }
         for (function, count, summary) in &self.plugin_calls {
             let _ = writeln!(
                 s,

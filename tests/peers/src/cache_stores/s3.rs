@@ -5,7 +5,7 @@
 //! ever checks the `Authorization` header (`moto/iam/access_control.py` `IAMRequestBase` reads
 //! it unconditionally), so with auth on a presigned request, which has none, gets a 500; with
 //! auth off it is served without any check. So moto proves the URLs' shape and the bytes'
-//! round trip, not their signatures; `tests/cache_stores.rs` pins that limit, and checks the
+//! round trip, not their signatures; `tests/all/cache_stores.rs` pins that limit, and checks the
 //! signatures against botocore's instead (`tests/peers/sigv4_presign_check.py`).
 
 use std::net::{IpAddr, SocketAddr};
