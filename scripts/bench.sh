@@ -15,7 +15,7 @@ if [ -z "${FLOTILLA_BENCH_NS:-}" ] && [ -f /root/.bashrc ] && [ "$(id -u)" = 0 ]
 fi
 # Each bench lives in the crate it measures; cargo runs the named ones of the packages given.
 FLOTILLA_BENCH_OUT="$out" cargo bench --locked \
-  -p flotilla-plugin-runtime -p flotilla-scaler -p flotilla-cloud-suites -p flotilla-oci \
+  -p flotilla-plugin-runtime -p flotilla-scaler -p flotilla-cloud-suites \
   -p flotilla-connector -p flotilla -p flotilla-credentials \
   --bench runtime --bench scaler --bench aws --bench oci --bench connector --bench gitlab \
   --bench instance --bench credentials -- "$@"

@@ -21,7 +21,7 @@ pub struct Builtin {
 pub const PREFIX: &str = "builtin:";
 
 /// Every built-in plugin, sorted by name.
-pub const ALL: &[Builtin] = include!(concat!(env!("OUT_DIR"), "/builtin.rs"));
+pub static ALL: &[Builtin] = include!(concat!(env!("OUT_DIR"), "/builtin.rs"));
 
 /// The built-in plugin `name` (without the prefix).
 pub fn find(name: &str) -> Option<&'static Builtin> {
