@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the flotilla container image: a static x86_64-unknown-linux-musl binary on `scratch`.
+# Builds the flotilla container image: the static x86_64-unknown-linux-musl binaries on `scratch`.
 # Nothing is pulled (no base image), so this works offline; with internet it is the same.
 #
 #   deploy/image.sh [TAG]        default TAG: flotilla:<crate version>
@@ -23,6 +23,7 @@ roots=/etc/ssl/certs/ca-certificates.crt
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 strip -o "$ctx/flotilla" "$CARGO_TARGET_DIR/$target/release/flotilla"
+strip -o "$ctx/flotilla-gitlab" "$CARGO_TARGET_DIR/$target/release/flotilla-gitlab"
 mkdir -p "$ctx/rootfs/etc/ssl/certs" "$ctx/rootfs-writable/var/cache/flotilla" \
   "$ctx/rootfs-writable/var/lib/flotilla"
 cp "$roots" "$ctx/rootfs/etc/ssl/certs/ca-certificates.crt"

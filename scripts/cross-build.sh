@@ -37,14 +37,14 @@ for which in "$@"; do
     windows)
       t=x86_64-pc-windows-gnu
       rustup target list --installed | grep -qx "$t" || rustup target add "$t"
-      cargo build --locked --profile "$windows_profile" --target "$t" -p flotilla --bin flotilla
+      cargo build --locked --profile "$windows_profile" --target "$t" -p flotilla --bin flotilla --bin flotilla-gitlab
       ;;
     musl)
       t=x86_64-unknown-linux-musl
       rustup target list --installed | grep -qx "$t" || rustup target add "$t"
       command -v musl-gcc >/dev/null || { echo "musl-gcc is missing: apt-get install musl-tools" >&2; exit 1; }
       CC_x86_64_unknown_linux_musl=musl-gcc \
-        cargo build --locked --release --target "$t" -p flotilla --bin flotilla
+        cargo build --locked --release --target "$t" -p flotilla --bin flotilla --bin flotilla-gitlab
       ;;
     *) echo "cross-build.sh: unknown target '$which' (windows or musl)" >&2; exit 2 ;;
   esac

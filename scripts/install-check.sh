@@ -19,9 +19,15 @@ bare sh -c 'command -v cargo' >/dev/null && { echo "install-check: cargo is on t
 # A release built without the project's signing key says which key signed it.
 key=()
 [ -f "$dist/release-key.pub" ] && key=(--key "$dist/release-key.pub")
-bin=$(bare ./scripts/install.sh --from "$dist" --prefix "$work/a" "${key[@]}" 2>/dev/null | tail -1)
+installed=$(bare ./scripts/install.sh --from "$dist" --prefix "$work/a" "${key[@]}" 2>/dev/null)
+bin=$(head -1 <<< "$installed")
 [ "$bin" = "$work/a/bin/flotilla" ] || { echo "install-check: installed at $bin" >&2; exit 1; }
+[ "$(sed -n 2p <<< "$installed")" = "$work/a/bin/flotilla-gitlab" ] \
+  || { echo "install-check: no driver installed: $installed" >&2; exit 1; }
+cmp "$work/a/bin/flotilla-gitlab" "$dist/flotilla-gitlab-x86_64-unknown-linux-musl"
 bare "$bin" --version
+bare "$work/a/bin/flotilla-gitlab" --pool p snippet | grep -q "config_exec = \"$work/a/bin/flotilla-gitlab\"" \
+  || { echo "install-check: the installed driver's snippet does not name it" >&2; exit 1; }
 bare "$bin" plugin ls | grep -q '^builtin:aws ' || { echo "install-check: no built-in plugins" >&2; exit 1; }
 bare "$bin" config check -c examples/quickstart.toml
 
@@ -29,8 +35,9 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 python3 -m http.server --bind 127.0.0.1 --directory "$dist" "$port" >/dev/null 2>&1 &
 server=$!
 for _ in $(seq 1 50); do curl -sf "http://127.0.0.1:$port/SHA256SUMS" >/dev/null && break; sleep 0.1; done
-bin=$(bare ./scripts/install.sh --from "http://127.0.0.1:$port" --prefix "$work/b" "${key[@]}" 2>/dev/null | tail -1)
+bin=$(bare ./scripts/install.sh --from "http://127.0.0.1:$port" --prefix "$work/b" "${key[@]}" 2>/dev/null | head -1)
 cmp "$bin" "$dist/flotilla-x86_64-unknown-linux-musl"
+cmp "$work/b/bin/flotilla-gitlab" "$dist/flotilla-gitlab-x86_64-unknown-linux-musl"
 
 # refused NAME EXPECTED-WORDS ARGS...: install.sh fails, says so, and installs nothing.
 refused() {
@@ -39,15 +46,21 @@ refused() {
     echo "install-check: $name: installed" >&2; exit 1
   fi
   grep -q "$words" "$work/$name.txt" || { echo "install-check: $name:" >&2; cat "$work/$name.txt" >&2; exit 1; }
-  [ ! -e "$work/$name/bin/flotilla" ] || { echo "install-check: $name: something was installed" >&2; exit 1; }
+  [ ! -e "$work/$name/bin" ] || { echo "install-check: $name: something was installed" >&2; exit 1; }
 }
 binary=flotilla-x86_64-unknown-linux-musl
+driver=flotilla-gitlab-x86_64-unknown-linux-musl
+# A tampered driver keeps the host out too.
+mkdir -p "$work/bad-driver"
+cp "$dist/SHA256SUMS" "$dist/SHA256SUMS.sig" "$dist/$binary" "$dist/$driver" "$work/bad-driver/"
+printf 'x' >> "$work/bad-driver/$driver"
+refused tampered-driver "does not match its checksum" --from "$work/bad-driver" "${key[@]}"
 mkdir -p "$work/bad"
-cp "$dist/SHA256SUMS" "$dist/SHA256SUMS.sig" "$dist/$binary" "$work/bad/"
+cp "$dist/SHA256SUMS" "$dist/SHA256SUMS.sig" "$dist/$binary" "$dist/$driver" "$work/bad/"
 printf 'x' >> "$work/bad/$binary"
 refused tampered "does not match its checksum" --from "$work/bad" "${key[@]}"
 # The attacker rewrites SHA256SUMS to match; the signature no longer does.
-(cd "$work/bad" && sha256sum "$binary" > SHA256SUMS)
+(cd "$work/bad" && sha256sum "$binary" "$driver" > SHA256SUMS)
 refused resummed "not signed by the release key" --from "$work/bad" "${key[@]}"
 # Without --key, a release signed by another key is refused the same way.
 [ ${#key[@]} -eq 0 ] || refused other-key "not signed by the release key" --from "$dist"
@@ -59,6 +72,7 @@ refused userinfo "user information" --from "http://127.0.0.1:$port@192.0.2.1"
 # A checksum from elsewhere works without SHA256SUMS or a signature.
 mkdir -p "$work/bare-binary"
 cp "$dist/$binary" "$work/bare-binary/"
-bin=$(bare ./scripts/install.sh --from "$work/bare-binary" --prefix "$work/d" --sha256 "$(sha256sum "$dist/$binary" | cut -c1-64)" 2>/dev/null | tail -1)
+bin=$(bare ./scripts/install.sh --from "$work/bare-binary" --prefix "$work/d" --sha256 "$(sha256sum "$dist/$binary" | cut -c1-64)" 2>/dev/null | head -1)
 cmp "$bin" "$dist/$binary"
-echo "install-check: installed from a directory, a URL and a --sha256 without Rust; refused a tampered binary, a re-summed one, an unsigned release, a wrong checksum and plain HTTP"
+[ ! -e "$work/d/bin/flotilla-gitlab" ] || { echo "install-check: --sha256 installed a driver it did not check" >&2; exit 1; }
+echo "install-check: installed from a directory, a URL and a --sha256 without Rust; refused a tampered host or driver, a re-summed one, an unsigned release, a wrong checksum and plain HTTP"

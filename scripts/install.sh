@@ -2,16 +2,18 @@
 # Installs flotilla.
 #
 #   scripts/install.sh --from DIR-or-URL [--prefix DIR] [--key PUBLIC.pem | --sha256 HEX]
-#       No Rust needed: takes the static Linux binary (flotilla-x86_64-unknown-linux-musl),
-#       SHA256SUMS and SHA256SUMS.sig from a release directory or an https:// URL (what
-#       scripts/release.sh writes), checks the signature over SHA256SUMS with the release key
-#       pinned below (or --key), the binary against its checksum, and installs it as
-#       PREFIX/bin/flotilla. --sha256 checks the binary against a checksum you got elsewhere
-#       instead (SHA256SUMS and its signature are then not read). http:// is refused except
-#       on loopback, and a redirect may only go to https://.
+#       No Rust needed: takes the static Linux binaries (flotilla-x86_64-unknown-linux-musl
+#       and the GitLab driver flotilla-gitlab-x86_64-unknown-linux-musl), SHA256SUMS and
+#       SHA256SUMS.sig from a release directory or an https:// URL (what scripts/release.sh
+#       writes), checks the signature over SHA256SUMS with the release key pinned below (or
+#       --key), each binary against its checksum, and installs them as PREFIX/bin/flotilla and
+#       PREFIX/bin/flotilla-gitlab. --sha256 checks the host binary against a checksum you got
+#       elsewhere instead (SHA256SUMS and its signature are then not read, and the driver is
+#       not installed: the runner then runs `flotilla gitlab`). http:// is refused except on
+#       loopback, and a redirect may only go to https://.
 #   scripts/install.sh [--prefix DIR]
 #       From this checkout, with Rust (rustup): `cargo install --locked --path host/flotilla`
-#       into PREFIX (the official plugins are built into the binary, so the wasm32-wasip2
+#       (both binaries) into PREFIX (the official plugins are built into the binary, so the wasm32-wasip2
 #       target is added when missing).
 #
 # PREFIX defaults to /usr/local as root, ~/.local otherwise. Prints the installed path.
@@ -57,6 +59,7 @@ if [ -z "$prefix" ]; then
   if [ "$(id -u)" = 0 ]; then prefix=/usr/local; else prefix="$HOME/.local"; fi
 fi
 artifact=flotilla-x86_64-unknown-linux-musl
+driver=flotilla-gitlab-x86_64-unknown-linux-musl
 
 if [ -n "$from" ]; then
   [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ] \
@@ -96,10 +99,18 @@ if [ -n "$from" ]; then
       || { echo "install.sh: SHA256SUMS at $from is not signed by the release key${key:+ $key}; nothing installed" >&2; exit 1; }
     grep -E "^[0-9a-f]{64}  $artifact\$" "$work/SHA256SUMS" > "$work/sum" \
       || { echo "install.sh: SHA256SUMS lists no $artifact" >&2; exit 1; }
+    # The driver, when the release has it (releases before it had only the host).
+    if grep -E "^[0-9a-f]{64}  $driver\$" "$work/SHA256SUMS" >> "$work/sum"; then
+      fetch "$driver" || { echo "install.sh: SHA256SUMS lists $driver, but $from has none" >&2; exit 1; }
+    fi
   fi
   (cd "$work" && sha256sum --quiet -c sum) \
-    || { echo "install.sh: $artifact does not match its checksum; nothing installed" >&2; exit 1; }
+    || { echo "install.sh: a binary does not match its checksum; nothing installed" >&2; exit 1; }
   mkdir -p "$prefix/bin"
+  if [ -f "$work/$driver" ]; then
+    install -m 0755 "$work/$driver" "$prefix/bin/flotilla-gitlab.new"
+    mv -f "$prefix/bin/flotilla-gitlab.new" "$prefix/bin/flotilla-gitlab"
+  fi
   install -m 0755 "$work/$artifact" "$prefix/bin/flotilla.new"
   mv -f "$prefix/bin/flotilla.new" "$prefix/bin/flotilla"
 else
@@ -116,6 +127,10 @@ else
 fi
 "$prefix/bin/flotilla" --version >/dev/null
 echo "$prefix/bin/flotilla"
+if [ -x "$prefix/bin/flotilla-gitlab" ]; then
+  "$prefix/bin/flotilla-gitlab" --version >/dev/null
+  echo "$prefix/bin/flotilla-gitlab"
+fi
 case ":$PATH:" in
   *":$prefix/bin:"*) ;;
   *) echo "install.sh: $prefix/bin is not on PATH; add it, or run $prefix/bin/flotilla" >&2 ;;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The host on Windows, checked under Wine: cross-builds flotilla.exe (x86_64-pc-windows-gnu)
-# and runs it there: `plugin check` on the static and AWS plugins, `config check`, and `run`
-# with the quick-start config, with a lease reserved, acquired and released over loopback HTTP.
+# The host on Windows, checked under Wine: cross-builds flotilla.exe and the lean driver
+# flotilla-gitlab.exe (x86_64-pc-windows-gnu) and runs them there: `plugin check` on the
+# static and AWS plugins, `config check`, and `run` with the quick-start config, with a lease
+# reserved, acquired and released over loopback HTTP, and the driver asking it for the pool's
+# slots.
 # Needs the guests built by scripts/test.sh, wine64 and gcc-mingw-w64-x86-64.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,4 +61,8 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["instance"
 curl -sf -X POST -H "$auth" "$api/v1/pools/local/leases/$id/release" > /dev/null
 curl -sf -H "$auth" "$api/v1/pools/local/leases" | python3 -c 'import json,sys; l=json.load(sys.stdin)["leases"]; assert not l, l'
 echo
-echo "windows: lease $id reserved, acquired and released through flotilla.exe"
+echo "== windows: the lean driver asks the running host for its pool's slots"
+FLOTILLA_TOKEN=quickstart-token "$wine" "$exe_dir/flotilla-gitlab.exe" --url "$api" --pool local snippet \
+  > "$work/snippet.toml"
+grep -q '^  limit = [0-9]' "$work/snippet.toml" || { cat "$work/snippet.toml" "$work/run.log"; exit 1; }
+echo "windows: lease $id reserved, acquired and released through flotilla.exe; flotilla-gitlab.exe read the pool's slots"

@@ -1,18 +1,19 @@
 //! The load harness's command line: N synthetic GitLab jobs, each run stage by stage through
-//! this build's `flotilla gitlab`, against this build's `flotilla run` (see
+//! this build's `flotilla-gitlab`, against this build's `flotilla run` (see
 //! `flotilla_harness::load`). It prints one Markdown report per run; `docs/scaling-out.md`
 //! holds the figures.
 //!
 //! ```text
 //! cargo bench -p flotilla --bench load -- [--jobs N]... [--engine dockerd|fake]
 //!     [--poisson RATE] [--machines M] [--capacity C] [--script-time SECONDS]
-//!     [--plugin static|gcp] [--get-latency MS]
+//!     [--plugin static|gcp] [--get-latency MS] [--driver lean|full]
 //! ```
 //!
 //! Several `--jobs` run one after another, each on fresh machines, engine and host. A real
 //! `dockerd` needs root; the fake engine does not. `--plugin gcp` runs the pool on the GCP
 //! plugin against the Compute stand-in, whose `instances.get` (the plugin's `connect-info`)
-//! answers after `--get-latency` milliseconds (default 0).
+//! answers after `--get-latency` milliseconds (default 0). The runner manager's driver is
+//! `flotilla-gitlab` (`--driver lean`, the default) or `flotilla gitlab` (`--driver full`).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -22,7 +23,7 @@
 
 use std::time::Duration;
 
-use flotilla_harness::load::{self, Arrivals, Engine, Options, Plugin};
+use flotilla_harness::load::{self, Arrivals, Driver, Engine, Options, Plugin};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -62,6 +63,11 @@ fn main() {
             engine,
         );
         o.plugin = plugin;
+        o.driver = match one("--driver").as_deref() {
+            None | Some("lean") => Driver::Lean,
+            Some("full") => Driver::Full,
+            Some(other) => panic!("--driver lean or full, not {other}"),
+        };
         if let Some(rate) = one("--poisson") {
             o.arrivals = Arrivals::Poisson(rate.parse().expect("--poisson RATE"));
         }

@@ -1,22 +1,58 @@
-//! The `[runners.custom]` table that makes GitLab Runner run its jobs through
-//! `flotilla gitlab`, and the path it should run: written by `flotilla gitlab snippet` and by
-//! `flotilla migrate`, so both say the same.
+//! The `[runners.custom]` table that makes GitLab Runner run its jobs through the driver, and
+//! the command it should run: written by `flotilla gitlab snippet` and by `flotilla migrate`,
+//! so both say the same.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The `[runners.custom]` table of a runner that runs its jobs through `flotilla gitlab`: each
-/// stage calls `exe` with the driver's `args` and the stage's name.
+/// The lean driver's file name (`flotilla-gitlab`, `.exe` on Windows): the runner's stages
+/// start it, not the full `flotilla`.
+pub fn lean_name() -> String {
+    format!("flotilla-gitlab{}", std::env::consts::EXE_SUFFIX)
+}
+
+/// What GitLab Runner runs for each stage: a program, and the arguments before the driver's
+/// flags (`gitlab` when the program is the full `flotilla`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverCommand {
+    /// The program's path.
+    pub exe: String,
+    /// The arguments before the driver's own.
+    pub first: Vec<String>,
+}
+
+impl DriverCommand {
+    /// The lean `flotilla-gitlab` at `path`.
+    pub fn lean(path: &Path) -> DriverCommand {
+        DriverCommand {
+            exe: path.display().to_string(),
+            first: Vec::new(),
+        }
+    }
+
+    /// `flotilla gitlab` at `path`: an install without the lean binary.
+    pub fn full(path: &Path) -> DriverCommand {
+        DriverCommand {
+            exe: path.display().to_string(),
+            first: vec!["gitlab".into()],
+        }
+    }
+}
+
+/// The `[runners.custom]` table of a runner that runs its jobs through the driver: each
+/// stage calls `driver` with the driver's `args` and the stage's name.
 pub fn custom_section(
-    exe: &str,
+    driver: &DriverCommand,
     args: &[String],
     acquire_timeout: Duration,
 ) -> anyhow::Result<String> {
     let stage = |stage: &str| -> anyhow::Result<String> {
-        let mut all = args.to_vec();
+        let mut all = driver.first.clone();
+        all.extend_from_slice(args);
         all.push(stage.into());
         Ok(serde_json::to_string(&all)?)
     };
-    let exe = serde_json::to_string(exe)?;
+    let exe = serde_json::to_string(&driver.exe)?;
     // prepare waits for an instance, then pulls: give it the acquire timeout plus 30 min.
     let prepare_timeout = acquire_timeout.as_secs() + 1800;
     Ok(format!(
@@ -41,40 +77,50 @@ pub fn custom_section(
     ))
 }
 
-/// The path GitLab Runner should run: this executable, unless it sits in a cargo build
-/// directory (a `CACHEDIR.TAG` above it), which a rebuild or `cargo clean` replaces; then the
-/// `flotilla` on PATH, or `/usr/local/bin/flotilla`, with a warning to install it.
-pub fn driver_exe() -> String {
-    let fallback = "/usr/local/bin/flotilla".to_string();
-    let Ok(exe) = std::env::current_exe() else {
-        return fallback;
-    };
-    let in_build_dir = exe
-        .ancestors()
+/// Whether `file` sits in a cargo build directory (a `CACHEDIR.TAG` above it), which a
+/// rebuild or `cargo clean` replaces.
+fn in_build_dir(file: &Path) -> bool {
+    file.ancestors()
         .skip(1)
-        .any(|d| d.join("CACHEDIR.TAG").is_file());
-    if !in_build_dir {
-        return exe.display().to_string();
+        .any(|d| d.join("CACHEDIR.TAG").is_file())
+}
+
+/// The first installed `name` on PATH (not in a build directory).
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|f| f.is_file() && !in_build_dir(f))
+}
+
+/// The command GitLab Runner should run: the lean `flotilla-gitlab` that is this executable or
+/// sits beside it, else this `flotilla` with `gitlab` (an install without the lean binary).
+/// A build directory's binaries are never named: then the installed `flotilla-gitlab` on
+/// PATH, or `flotilla`, or `/usr/local/bin/flotilla-gitlab` with a warning to install it.
+pub fn driver_exe() -> DriverCommand {
+    let fallback = Path::new("/usr/local/bin").join(lean_name());
+    let Ok(exe) = std::env::current_exe() else {
+        return DriverCommand::lean(&fallback);
+    };
+    if !in_build_dir(&exe) {
+        let lean = exe.with_file_name(lean_name());
+        return if exe == lean || lean.is_file() {
+            DriverCommand::lean(&lean)
+        } else {
+            DriverCommand::full(&exe)
+        };
     }
-    let on_path = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join("flotilla"))
-            .find(|f| {
-                f.is_file()
-                    && !f
-                        .ancestors()
-                        .skip(1)
-                        .any(|d| d.join("CACHEDIR.TAG").is_file())
-            })
-    });
-    match on_path {
-        Some(installed) => installed.display().to_string(),
-        None => {
-            eprintln!(
-                "warning: this flotilla runs from a build directory ({}); install it (scripts/install.sh) where the runner can run it. The block names {fallback}.",
-                exe.display()
-            );
-            fallback
-        }
+    if let Some(lean) = on_path(&lean_name()) {
+        return DriverCommand::lean(&lean);
     }
+    let full = format!("flotilla{}", std::env::consts::EXE_SUFFIX);
+    if let Some(full) = on_path(&full) {
+        return DriverCommand::full(&full);
+    }
+    eprintln!(
+        "warning: this driver runs from a build directory ({}); install it (scripts/install.sh) where the runner can run it. The block names {}.",
+        exe.display(),
+        fallback.display()
+    );
+    DriverCommand::lean(&fallback)
 }

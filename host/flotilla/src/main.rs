@@ -10,45 +10,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use flotilla::cli::gitlab::ExitWith;
-use flotilla::cli::{Cli, Command, Reported};
-
-fn init_logging(json: bool, quiet: bool) {
-    // The GitLab driver's stderr is the job's log, and `config check` prints its verdict: only
-    // warnings unless asked.
-    let default = if quiet { "warn" } else { "info" };
-    let spec = std::env::var("FLOTILLA_LOG").unwrap_or_else(|_| default.to_string());
-    // rustls' platform verifier logs each rejected certificate itself; flotilla reports it once.
-    let spec = if spec.contains("rustls_platform_verifier") {
-        spec
-    } else {
-        format!("{spec},rustls_platform_verifier=off")
-    };
-    let filter = tracing_subscriber::EnvFilter::try_new(&spec).unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,rustls_platform_verifier=off")
-    });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    if json {
-        // One object per line: the event's fields at the top level, and the pool's span
-        // (`span.pool`, `span.plugin_digest`) on every line logged inside a pool.
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .init();
-    } else {
-        builder.init();
-    }
-}
+use flotilla::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let driver = matches!(cli.command, Command::Gitlab(_));
-    init_logging(
+    flotilla::cli::logging::init(
         cli.log_json,
         driver || matches!(cli.command, Command::Config(_)),
     );
@@ -71,16 +38,5 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(cli.command.run()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.downcast_ref::<ExitWith>().is_some() => {
-            ExitCode::from(e.downcast_ref::<ExitWith>().map_or(1, |c| c.0))
-        }
-        Err(e) => {
-            if e.downcast_ref::<Reported>().is_none() {
-                eprintln!("error: {e:#}");
-            }
-            ExitCode::from(1)
-        }
-    }
+    flotilla::cli::exit_code(runtime.block_on(cli.command.run()))
 }

@@ -157,8 +157,8 @@ fn every_console_block_runs_as_shown_and_other_output_is_marked() {
             }
             for (command, expected) in steps {
                 assert!(
-                    command.starts_with("flotilla "),
-                    "{here}: console blocks run flotilla only: {command}"
+                    command.starts_with("flotilla ") || command.starts_with("flotilla-gitlab "),
+                    "{here}: console blocks run flotilla or flotilla-gitlab only: {command}"
                 );
                 let out = Command::new("sh")
                     .arg("-c")

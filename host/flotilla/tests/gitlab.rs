@@ -527,6 +527,77 @@ fn the_snippet_is_a_runners_block_gitlab_runner_can_read() {
     );
 }
 
+/// The runner is told to start the lean driver. `snippet` run by an installed `flotilla`
+/// names the `flotilla-gitlab` beside it, with the flags first; so does `flotilla-gitlab
+/// snippet`; an install without the lean binary names `flotilla` with `gitlab` first.
+/// Mutation: naming the executable that prints the block fails the first case.
+#[test]
+fn the_snippet_names_the_lean_driver_beside_an_installed_flotilla() {
+    let dir = tempfile::tempdir().expect("dir");
+    let installed = |name: &str, from: &str| {
+        let to = dir.path().join(name);
+        if std::fs::hard_link(from, &to).is_err() {
+            std::fs::copy(from, &to).expect("install");
+        }
+        to
+    };
+    let full = installed("flotilla", env!("CARGO_BIN_EXE_flotilla"));
+    let lean = installed("flotilla-gitlab", env!("CARGO_BIN_EXE_flotilla-gitlab"));
+    let block = |exe: &std::path::Path, first: &[&str]| -> (String, Vec<String>) {
+        let out = Command::new(exe)
+            .args(first)
+            .args(["--pool", "linux", "--limit", "4", "snippet"])
+            .env_clear()
+            .output()
+            .expect("snippet");
+        assert!(out.status.success(), "{out:?}");
+        let doc: toml::Value = toml::from_str(&String::from_utf8_lossy(&out.stdout)).expect("TOML");
+        let custom = &doc["runners"][0]["custom"];
+        let args = custom["run_args"].as_array().expect("run_args");
+        (
+            custom["run_exec"].as_str().expect("run_exec").to_string(),
+            args.iter()
+                .filter_map(|a| a.as_str().map(str::to_string))
+                .collect(),
+        )
+    };
+    let lean_path = lean.display().to_string();
+    for (exe, first) in [(&full, &["gitlab"][..]), (&lean, &[][..])] {
+        let (exec, args) = block(exe, first);
+        assert_eq!(exec, lean_path, "{exe:?}");
+        assert_eq!(args.first().map(String::as_str), Some("--url"), "{exe:?}");
+    }
+    std::fs::remove_file(&lean).expect("uninstall the driver");
+    let (exec, args) = block(&full, &["gitlab"]);
+    assert_eq!(exec, full.display().to_string());
+    assert_eq!(args.first().map(String::as_str), Some("gitlab"));
+}
+
+/// The driver the runner starts seven times per job carries only the driver: no wasmtime
+/// compiler and no server, so a start maps and relocates a fraction of the host's pages (and
+/// a stage's RSS is half the full binary's). Mutation: the lean binary able to run the full CLI
+/// (`flotilla::cli::Cli`) links the whole host and fails this.
+#[test]
+fn the_lean_driver_is_a_fraction_of_the_host() {
+    let size = |path: &str| std::fs::metadata(path).expect("binary").len();
+    let (full, lean) = (
+        size(env!("CARGO_BIN_EXE_flotilla")),
+        size(env!("CARGO_BIN_EXE_flotilla-gitlab")),
+    );
+    assert!(
+        lean * 3 < full,
+        "flotilla-gitlab {lean} bytes, flotilla {full}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla-gitlab"))
+        .arg("--help")
+        .output()
+        .expect("--help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for stage in ["config", "prepare", "run", "cleanup", "snippet", "terminal"] {
+        assert!(help.contains(stage), "{help}");
+    }
+}
+
 /// A tiny deterministic generator for kill points; the seed is printed so a failing round can
 /// be replayed (`FLOTILLA_CHAOS_SEED`).
 struct Lcg(u64);

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 pub mod config;
 pub mod gitlab;
+pub mod logging;
 pub mod migrate;
 pub mod plugin;
 pub mod plugin_test;
@@ -73,6 +74,24 @@ impl Command {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Reported(pub String);
+
+/// The process's exit code for a command's result: 0; the code a `gitlab` stage's `ExitWith`
+/// carries; or 1, with the error printed unless the command reported it (`Reported`).
+pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => match e.downcast_ref::<gitlab::ExitWith>() {
+            Some(code) => ExitCode::from(code.0),
+            None => {
+                if e.downcast_ref::<Reported>().is_none() {
+                    eprintln!("error: {e:#}");
+                }
+                ExitCode::from(1)
+            }
+        },
+    }
+}
 
 /// Prints `value` as pretty JSON on standard output.
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {

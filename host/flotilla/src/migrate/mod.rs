@@ -42,8 +42,8 @@ pub struct Options {
     pub token_file: String,
     /// The lease API's address: `server.listen`, and the driver's `--url`.
     pub listen: std::net::SocketAddr,
-    /// The `flotilla` the runner runs for each stage.
-    pub exe: String,
+    /// What the runner runs for each stage.
+    pub exe: crate::custom_executor::DriverCommand,
 }
 
 /// The whole result: the Flotilla configuration and the report.
@@ -209,7 +209,6 @@ fn runner_block(
     table.insert("builds_dir".into(), "/builds".into());
     table.insert("cache_dir".into(), "/cache".into());
     let mut args: Vec<String> = [
-        "gitlab",
         "--url",
         &format!("http://{}", options.listen),
         "--pool",

@@ -391,8 +391,7 @@ impl RunnerJob {
             ("CUSTOM_ENV_CI_JOB_ID".to_string(), id.to_string()),
         ]);
         let args = vec![
-            "gitlab".to_string(),
-            "--url".into(),
+            "--url".to_string(),
             base.to_string(),
             "--pool".into(),
             "ci".into(),
@@ -412,8 +411,9 @@ impl RunnerJob {
         RunnerJob { dir, env, args }
     }
 
+    /// The stage's process: the lean driver the runner runs, `flotilla-gitlab`.
     pub fn command(&self, stage: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flotilla-gitlab"));
         cmd.args(&self.args)
             .args(stage)
             .current_dir(self.dir.path())
@@ -437,7 +437,7 @@ impl RunnerJob {
 
     /// The stage's process output, bytes as written.
     pub fn stage_raw(&self, stage: &[&str]) -> Output {
-        self.command(stage).output().expect("flotilla gitlab")
+        self.command(stage).output().expect("flotilla-gitlab")
     }
 
     /// Writes a stage's script (0700, as the runner does) and returns its path.

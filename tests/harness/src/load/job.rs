@@ -1,5 +1,5 @@
 //! One synthetic job, stage by stage, as GitLab Runner's Custom executor runs it: one
-//! `flotilla gitlab` process per stage, with the runner's environment.
+//! `flotilla-gitlab` (or `flotilla gitlab`) process per stage, with the runner's environment.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -96,10 +96,11 @@ impl Shared {
     /// Runs one stage process of `job` to its end.
     /// The process of one stage of a job (in `job`, its directory, with `env`), not started.
     pub(super) fn command(&self, job: &Path, env: &[(String, String)], args: &[&str]) -> Command {
-        let mut command = Command::new(&self.options.flotilla);
+        let (program, first) = self.options.driver_command();
+        let mut command = Command::new(program);
         command
+            .args(first)
             .args([
-                "gitlab",
                 "--url",
                 &format!("http://{}", self.api),
                 "--pool",

@@ -67,11 +67,22 @@ pub enum Arrivals {
     Poisson(f64),
 }
 
+/// The runner manager's driver, started once per stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// `flotilla-gitlab STAGE`, the lean binary beside `flotilla`.
+    Lean,
+    /// `flotilla gitlab STAGE`, the full binary.
+    Full,
+}
+
 /// One run's shape.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// The `flotilla` binary.
     pub flotilla: PathBuf,
+    /// What the runner manager runs for each stage.
+    pub driver: Driver,
     pub jobs: usize,
     pub arrivals: Arrivals,
     pub engine: Engine,
@@ -89,6 +100,7 @@ impl Options {
         let machines = jobs.div_ceil(20).clamp(1, 50);
         Options {
             flotilla: flotilla.to_path_buf(),
+            driver: Driver::Lean,
             jobs,
             arrivals: Arrivals::Burst,
             engine,
@@ -117,13 +129,29 @@ impl Options {
                 format!("GCP plugin ({} ms instances.get)", latency.as_millis())
             }
         };
+        let driver = match self.driver {
+            Driver::Lean => "",
+            Driver::Full => ", `flotilla gitlab` as the driver",
+        };
         format!(
-            "{} jobs, {arrivals}, {engine}, {plugin}, {} machines × {} jobs, {} s script",
+            "{} jobs, {arrivals}, {engine}, {plugin}, {} machines × {} jobs, {} s script{driver}",
             self.jobs,
             self.machines,
             self.capacity,
             self.script_time.as_secs_f64()
         )
+    }
+
+    /// The program and first arguments of a stage process.
+    pub fn driver_command(&self) -> (PathBuf, &'static [&'static str]) {
+        match self.driver {
+            Driver::Lean => (
+                self.flotilla
+                    .with_file_name(format!("flotilla-gitlab{}", std::env::consts::EXE_SUFFIX)),
+                &[],
+            ),
+            Driver::Full => (self.flotilla.clone(), &["gitlab"]),
+        }
     }
 }
 

@@ -127,8 +127,7 @@ impl Args {
     /// timeouts and the job container's limits.
     pub(super) fn common_flags(&self, url: String, pool: String) -> Vec<String> {
         let mut common = vec![
-            "gitlab".to_string(),
-            "--url".into(),
+            "--url".to_string(),
             url,
             "--pool".into(),
             pool.clone(),
