@@ -4,7 +4,7 @@
 # volumes), waits for /readyz, reserves and acquires a lease through the published port,
 # sends SIGTERM while the lease is held (the container must keep draining and refuse new
 # work), releases the lease, and expects exit 0 well inside the grace period. A second run on
-# the same volumes must load the plugin from the compile cache.
+# the same volumes must load the plugin from the compile cache. The lean driver is in the image.
 # Needs docker.io (dockerd) and musl-tools. With FLOTILLA_DIST set, the image is also saved
 # there as flotilla-image.tar (tagged flotilla:<version>) for scripts/release.sh.
 set -euo pipefail
@@ -53,6 +53,9 @@ cid=$(docker create "$tag")
 docker cp "$cid:/etc/ssl/certs/ca-certificates.crt" "$work/roots.crt"
 docker rm "$cid" > /dev/null
 grep -q "BEGIN CERTIFICATE" "$work/roots.crt" || fail "no CA roots in the image"
+# The lean GitLab driver, for a runner manager's image to copy.
+driver=$(docker run --rm --entrypoint /usr/local/bin/flotilla-gitlab "$tag" --version) || true
+[[ "$driver" == "flotilla-gitlab "* ]] || fail "no flotilla-gitlab in the image: $driver"
 
 # The quick-start config, listening on all interfaces inside the container, with the
 # metrics-and-health listener on its own port.

@@ -26,8 +26,9 @@ bin=$(head -1 <<< "$installed")
   || { echo "install-check: no driver installed: $installed" >&2; exit 1; }
 cmp "$work/a/bin/flotilla-gitlab" "$dist/flotilla-gitlab-x86_64-unknown-linux-musl"
 bare "$bin" --version
-bare "$work/a/bin/flotilla-gitlab" --pool p snippet | grep -q "config_exec = \"$work/a/bin/flotilla-gitlab\"" \
-  || { echo "install-check: the installed driver's snippet does not name it" >&2; exit 1; }
+bare "$work/a/bin/flotilla-gitlab" --pool p --limit 4 snippet > "$work/snippet.toml"
+grep -q "config_exec = \"$work/a/bin/flotilla-gitlab\"" "$work/snippet.toml" \
+  || { echo "install-check: the installed driver's snippet does not name it:" >&2; cat "$work/snippet.toml" >&2; exit 1; }
 bare "$bin" plugin ls | grep -q '^builtin:aws ' || { echo "install-check: no built-in plugins" >&2; exit 1; }
 bare "$bin" config check -c examples/quickstart.toml
 
@@ -35,7 +36,7 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 python3 -m http.server --bind 127.0.0.1 --directory "$dist" "$port" >/dev/null 2>&1 &
 server=$!
 for _ in $(seq 1 50); do curl -sf "http://127.0.0.1:$port/SHA256SUMS" >/dev/null && break; sleep 0.1; done
-bin=$(bare ./scripts/install.sh --from "http://127.0.0.1:$port" --prefix "$work/b" "${key[@]}" 2>/dev/null | head -1)
+bin=$(bare ./scripts/install.sh --from "http://127.0.0.1:$port" --prefix "$work/b" "${key[@]}" 2>/dev/null | sed -n 1p)
 cmp "$bin" "$dist/flotilla-x86_64-unknown-linux-musl"
 cmp "$work/b/bin/flotilla-gitlab" "$dist/flotilla-gitlab-x86_64-unknown-linux-musl"
 
@@ -72,7 +73,7 @@ refused userinfo "user information" --from "http://127.0.0.1:$port@192.0.2.1"
 # A checksum from elsewhere works without SHA256SUMS or a signature.
 mkdir -p "$work/bare-binary"
 cp "$dist/$binary" "$work/bare-binary/"
-bin=$(bare ./scripts/install.sh --from "$work/bare-binary" --prefix "$work/d" --sha256 "$(sha256sum "$dist/$binary" | cut -c1-64)" 2>/dev/null | head -1)
+bin=$(bare ./scripts/install.sh --from "$work/bare-binary" --prefix "$work/d" --sha256 "$(sha256sum "$dist/$binary" | cut -c1-64)" 2>/dev/null | sed -n 1p)
 cmp "$bin" "$dist/$binary"
 [ ! -e "$work/d/bin/flotilla-gitlab" ] || { echo "install-check: --sha256 installed a driver it did not check" >&2; exit 1; }
 echo "install-check: installed from a directory, a URL and a --sha256 without Rust; refused a tampered host or driver, a re-summed one, an unsigned release, a wrong checksum and plain HTTP"

@@ -6,14 +6,15 @@
 //! ```text
 //! cargo bench -p flotilla --bench load -- [--jobs N]... [--engine dockerd|fake]
 //!     [--poisson RATE] [--machines M] [--capacity C] [--script-time SECONDS]
-//!     [--plugin static|gcp] [--get-latency MS] [--driver lean|full]
+//!     [--plugin static|gcp] [--get-latency MS] [--driver lean|full|PATH]
 //! ```
 //!
 //! Several `--jobs` run one after another, each on fresh machines, engine and host. A real
 //! `dockerd` needs root; the fake engine does not. `--plugin gcp` runs the pool on the GCP
 //! plugin against the Compute stand-in, whose `instances.get` (the plugin's `connect-info`)
 //! answers after `--get-latency` milliseconds (default 0). The runner manager's driver is
-//! `flotilla-gitlab` (`--driver lean`, the default) or `flotilla gitlab` (`--driver full`).
+//! `flotilla-gitlab` (`--driver lean`, the default), `flotilla gitlab` (`--driver full`), or a
+//! lean driver built elsewhere (`--driver PATH`: the static musl release binary, as shipped).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -66,7 +67,8 @@ fn main() {
         o.driver = match one("--driver").as_deref() {
             None | Some("lean") => Driver::Lean,
             Some("full") => Driver::Full,
-            Some(other) => panic!("--driver lean or full, not {other}"),
+            Some(path) if path.contains('/') => Driver::At(path.into()),
+            Some(other) => panic!("--driver lean, full or a path, not {other}"),
         };
         if let Some(rate) = one("--poisson") {
             o.arrivals = Arrivals::Poisson(rate.parse().expect("--poisson RATE"));

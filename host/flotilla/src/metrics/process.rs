@@ -8,7 +8,9 @@ use prometheus::{Counter, Gauge, IntGauge, IntGaugeVec, Opts, Registry};
 use crate::metrics::MetricsError;
 
 /// The process's own figures, refreshed by [`ProcessMetrics::refresh`] before each render.
+/// The families exist on every platform; only Linux fills them (from `/proc`).
 #[derive(Clone)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub struct ProcessMetrics {
     cpu_seconds: Counter,
     resident_bytes: IntGauge,
@@ -137,6 +139,7 @@ impl ProcessMetrics {
 }
 
 /// The fields of `/proc/self/stat` read here (proc(5)).
+#[cfg(any(target_os = "linux", test))]
 #[derive(Debug, PartialEq, Eq)]
 struct Stat {
     utime: u64,
@@ -146,6 +149,7 @@ struct Stat {
     vsize: i64,
 }
 
+#[cfg(any(target_os = "linux", test))]
 impl Stat {
     /// Fields after the command name, which is in parentheses and may hold spaces or `)`.
     fn parse(text: &str) -> Option<Stat> {
@@ -164,6 +168,7 @@ impl Stat {
 }
 
 /// A `Key:   N kB` line of `/proc/self/status`.
+#[cfg(any(target_os = "linux", test))]
 fn status_kib(text: &str, key: &str) -> Option<i64> {
     let line = text.lines().find(|l| l.starts_with(key))?;
     line.strip_prefix(key)?

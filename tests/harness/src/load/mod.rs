@@ -68,12 +68,14 @@ pub enum Arrivals {
 }
 
 /// The runner manager's driver, started once per stage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Driver {
     /// `flotilla-gitlab STAGE`, the lean binary beside `flotilla`.
     Lean,
     /// `flotilla gitlab STAGE`, the full binary.
     Full,
+    /// A lean driver built elsewhere (the static musl release binary, as shipped).
+    At(PathBuf),
 }
 
 /// One run's shape.
@@ -129,9 +131,10 @@ impl Options {
                 format!("GCP plugin ({} ms instances.get)", latency.as_millis())
             }
         };
-        let driver = match self.driver {
-            Driver::Lean => "",
-            Driver::Full => ", `flotilla gitlab` as the driver",
+        let driver = match &self.driver {
+            Driver::Lean => String::new(),
+            Driver::Full => ", `flotilla gitlab` as the driver".to_string(),
+            Driver::At(path) => format!(", the driver {}", path.display()),
         };
         format!(
             "{} jobs, {arrivals}, {engine}, {plugin}, {} machines × {} jobs, {} s script{driver}",
@@ -144,13 +147,14 @@ impl Options {
 
     /// The program and first arguments of a stage process.
     pub fn driver_command(&self) -> (PathBuf, &'static [&'static str]) {
-        match self.driver {
+        match &self.driver {
             Driver::Lean => (
                 self.flotilla
                     .with_file_name(format!("flotilla-gitlab{}", std::env::consts::EXE_SUFFIX)),
                 &[],
             ),
             Driver::Full => (self.flotilla.clone(), &["gitlab"]),
+            Driver::At(path) => (path.clone(), &[]),
         }
     }
 }
