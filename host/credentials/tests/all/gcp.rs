@@ -6,14 +6,7 @@
 //! - the metadata server answers only with `Metadata-Flavor: Google`
 //!   (<https://cloud.google.com/compute/docs/access/authenticate-workloads#applications>).
 //!
-//! One test in its own binary, because it sets environment variables.
-#![allow(unsafe_code)] // set_var/remove_var: this binary holds one test, on a current-thread runtime
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code: a failed assumption is a failed test
+//! It sets environment variables: it holds `crate::env::lock()` for its whole run.
 
 use std::convert::Infallible;
 use std::path::Path;
@@ -27,6 +20,8 @@ use flotilla_credentials::{Credential, CredentialKind, SigningHints};
 use flotilla_net::AllowList;
 use http_body_util::Full;
 use hyper::body::Bytes;
+
+use crate::env::{set, unset};
 
 const EMAIL: &str = "flotilla@my-project.iam.gserviceaccount.com";
 const KEY_ID: &str = "0123456789abcdef";
@@ -420,18 +415,9 @@ async fn authorize(c: &Credential) -> Result<http::HeaderValue, String> {
     Ok(req.headers()["authorization"].clone())
 }
 
-fn set(var: &str, value: &str) {
-    // SAFETY: this binary has one test, on a current-thread runtime.
-    unsafe { std::env::set_var(var, value) };
-}
-
-fn unset(var: &str) {
-    // SAFETY: as above.
-    unsafe { std::env::remove_var(var) };
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn gcp_tokens_from_a_service_account_key_and_the_metadata_server() {
+    let _env = crate::env::lock().await;
     unset("GOOGLE_APPLICATION_CREDENTIALS");
     unset("GCE_METADATA_HOST");
     let dir = tempfile::tempdir().unwrap();

@@ -11,14 +11,7 @@
 //! - the managed identity endpoint answers only with `Metadata: true`
 //!   (<https://learn.microsoft.com/en-us/entra/identity/managed-identities-azure-resources/how-to-use-vm-token#get-a-token-using-http>).
 //!
-//! One test in its own binary, because it sets environment variables.
-#![allow(unsafe_code)] // set_var/remove_var: this binary holds one test, on a current-thread runtime
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code: a failed assumption is a failed test
+//! It sets environment variables: it holds `crate::env::lock()` for its whole run.
 
 use std::convert::Infallible;
 use std::path::Path;
@@ -31,6 +24,8 @@ use flotilla_credentials::{Credential, CredentialKind, Secret, SecretSource, Sig
 use flotilla_net::AllowList;
 use http_body_util::Full;
 use hyper::body::Bytes;
+
+use crate::env::{set, unset};
 
 const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
 const CLIENT: &str = "6731de76-14a6-49ae-97bc-6eba6914391e";
@@ -267,18 +262,9 @@ async fn authorize(c: &Credential) -> Result<String, String> {
     Ok(v.to_str().unwrap().to_string())
 }
 
-fn set(var: &str, value: &str) {
-    // SAFETY: this binary has one test, on a current-thread runtime.
-    unsafe { std::env::set_var(var, value) };
-}
-
-fn unset(var: &str) {
-    // SAFETY: as above.
-    unsafe { std::env::remove_var(var) };
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn azure_tokens_by_secret_certificate_workload_identity_and_managed_identity() {
+    let _env = crate::env::lock().await;
     for v in [
         "AZURE_CLIENT_ID",
         "AZURE_TENANT_ID",
