@@ -1,10 +1,11 @@
 //! The `flotilla` command line: parse, set up logging, run the command, and map its result to
 //! the exit code. Success is 0. A `gitlab` stage's job or system failure ends with the code
-//! its `ExitWith` carries, which `cli/gitlab.rs` takes from the runner
+//! its `ExitWith` carries, which `cli/gitlab/` takes from the runner
 //! (`BUILD_FAILURE_EXIT_CODE` or `SYSTEM_FAILURE_EXIT_CODE`; 1 and 2 when unset, 2 when the
 //! job's variables cannot be read). Any other failure is 1, and its error is printed here
-//! unless the command reported it (`Reported`). clap's parse exits on its own: 0 after
-//! `--help` or `--version`, 2 on a usage error.
+//! unless the command reported it (`Reported`): `cli::exit_code`, which the lean driver binary
+//! (`bin/flotilla-gitlab.rs`) shares. clap's parse exits on its own: 0 after `--help` or
+//! `--version`, 2 on a usage error.
 
 use std::process::ExitCode;
 
