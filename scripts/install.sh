@@ -113,6 +113,9 @@ if [ -n "$from" ]; then
   fi
   install -m 0755 "$work/$artifact" "$prefix/bin/flotilla.new"
   mv -f "$prefix/bin/flotilla.new" "$prefix/bin/flotilla"
+  if [ ! -f "$work/$driver" ] && [ -e "$prefix/bin/flotilla-gitlab" ]; then
+    echo "install.sh: $prefix/bin/flotilla-gitlab is from an earlier install and was not replaced (this install checked the host alone); the runner keeps running it" >&2
+  fi
 else
   [ -z "$key$sha256" ] || { echo "install.sh: --key and --sha256 go with --from" >&2; exit 2; }
   mkdir -p "$prefix/bin"

@@ -96,9 +96,15 @@ fn on_path(name: &str) -> Option<PathBuf> {
 /// The command GitLab Runner should run: the lean `flotilla-gitlab` that is this executable or
 /// sits beside it, else this `flotilla` with `gitlab` (an install without the lean binary).
 /// A build directory's binaries are never named: then the installed `flotilla-gitlab` on
-/// PATH, or `flotilla`, or `/usr/local/bin/flotilla-gitlab` with a warning to install it.
+/// PATH, or `flotilla`, or `/usr/local/bin/flotilla-gitlab` (`C:\flotilla\flotilla-gitlab.exe`
+/// on Windows) with a warning to install it.
 pub fn driver_exe() -> DriverCommand {
-    let fallback = Path::new("/usr/local/bin").join(lean_name());
+    // Where the install script puts it; on Windows, where the Windows page does.
+    let fallback = PathBuf::from(if cfg!(windows) {
+        r"C:\flotilla\flotilla-gitlab.exe"
+    } else {
+        "/usr/local/bin/flotilla-gitlab"
+    });
     let Ok(exe) = std::env::current_exe() else {
         return DriverCommand::lean(&fallback);
     };
