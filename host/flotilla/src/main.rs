@@ -3,7 +3,7 @@
 //! its `ExitWith` carries, which `cli/gitlab/` takes from the runner
 //! (`BUILD_FAILURE_EXIT_CODE` or `SYSTEM_FAILURE_EXIT_CODE`; 1 and 2 when unset, 2 when the
 //! job's variables cannot be read). Any other failure is 1, and its error is printed here
-//! unless the command reported it (`Reported`): `cli::exit_code`, which the lean driver binary
+//! unless the command reported it (`Reported`): `cli::run_to_exit`, which the lean driver binary
 //! (`bin/flotilla-gitlab.rs`) shares. clap's parse exits on its own: 0 after `--help` or
 //! `--version`, 2 on a usage error.
 
@@ -21,23 +21,6 @@ fn main() -> ExitCode {
         driver || matches!(cli.command, Command::Config(_)),
     );
     // A GitLab stage is one job's short process, and a runner manager starts hundreds of them
-    // at once: one thread each, not one per core (the host's server keeps the multi-threaded
-    // runtime).
-    let runtime = if driver {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-    };
-    let runtime = match runtime {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    flotilla::cli::exit_code(runtime.block_on(cli.command.run()))
+    // at once: one thread each (the host's server keeps the multi-threaded runtime).
+    flotilla::cli::run_to_exit(driver, cli.command.run())
 }

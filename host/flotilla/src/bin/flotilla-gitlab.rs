@@ -23,16 +23,5 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     flotilla::cli::logging::init(cli.log_json, true);
-    // One job's short process: one thread.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    flotilla::cli::exit_code(runtime.block_on(cli.driver.run()))
+    flotilla::cli::run_to_exit(true, cli.driver.run())
 }

@@ -75,9 +75,34 @@ impl Command {
 #[error("{0}")]
 pub struct Reported(pub String);
 
+/// Runs `command` to its end on a fresh runtime and returns the process's exit code: one
+/// thread for a GitLab stage (`single_thread`: one job's short process, hundreds at once on a
+/// runner manager), one worker per core otherwise. Both binaries' `main` end here.
+pub fn run_to_exit(
+    single_thread: bool,
+    command: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> std::process::ExitCode {
+    let runtime = if single_thread {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    };
+    match runtime {
+        Ok(rt) => exit_code(rt.block_on(command)),
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
 /// The process's exit code for a command's result: 0; the code a `gitlab` stage's `ExitWith`
 /// carries; or 1, with the error printed unless the command reported it (`Reported`).
-pub fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
+fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
     use std::process::ExitCode;
     match result {
         Ok(()) => ExitCode::SUCCESS,
