@@ -198,12 +198,7 @@ impl Place for DockerPlace {
             }
             printed.set(base + out.shown);
         }
-        Ok(match out.status() {
-            Some(Status::Exited(code)) => Ended::Exited(code),
-            Some(Status::Lost) => Ended::Lost,
-            None if !out.started => Ended::NotStarted(out.setup_output()),
-            None => Ended::Cut("the follower ended without the script's status".into()),
-        })
+        Ok(stream_end(&out))
     }
 
     async fn stop(&self, run: &StageRun<'_>) {
@@ -227,6 +222,23 @@ impl Place for DockerPlace {
         }
         tokio::time::sleep(SETTLE).await;
         sweep::remove_job_objects(&self.docker, &self.job).await
+    }
+}
+
+/// How a follow ended whose stream closed without an error. A failed start says why before
+/// the start marker; a stream that closed before saying a word was cut (the host died with
+/// the exec's upgraded connection, which then reads as a clean end), so it is followed again.
+fn stream_end(out: &Output) -> Ended {
+    match out.status() {
+        Some(Status::Exited(code)) => Ended::Exited(code),
+        Some(Status::Lost) => Ended::Lost,
+        None if out.started => Ended::Cut("the follower ended without the script's status".into()),
+        None => match out.setup_output() {
+            words if words.is_empty() => {
+                Ended::Cut("the follower ended before the script's start marker".into())
+            }
+            words => Ended::NotStarted(words),
+        },
     }
 }
 
@@ -342,6 +354,36 @@ impl DockerPlace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A follower stream that the host's death closed before its first byte is followed
+    /// again, not reported as a script that could not be placed (the chaos test met this:
+    /// `placing the build_script script failed (did prepare run?): ` with no words).
+    #[test]
+    fn a_stream_closed_before_a_word_is_a_cut_and_a_setup_failure_is_not() {
+        let name = "flotilla-build_script";
+        let silent = Output::new(name);
+        assert!(matches!(stream_end(&silent), Ended::Cut(_)));
+        let mut failed = Output::new(name);
+        failed.take(
+            FrameKind::Stderr,
+            b"flotilla: the script is not in the container\n",
+        );
+        assert_eq!(
+            stream_end(&failed),
+            Ended::NotStarted("flotilla: the script is not in the container".into())
+        );
+        let mut started = Output::new(name);
+        started.take(
+            FrameKind::Stdout,
+            crate::detached::start_marker(name).as_bytes(),
+        );
+        assert!(matches!(stream_end(&started), Ended::Cut(_)));
+        started.take(
+            FrameKind::Stderr,
+            crate::detached::status_line("3").as_bytes(),
+        );
+        assert_eq!(stream_end(&started), Ended::Exited(3));
+    }
 
     /// [`stop_command`] against real processes in a PID namespace of their own (as a
     /// container has), so `kill -1` reaches nothing outside: a background process, one that
