@@ -81,6 +81,31 @@ pub struct AwsChain {
     stamp: Mutex<FileStamp>,
     /// When cached keys were last dropped because the cloud refused them.
     forced: Mutex<Option<SystemTime>>,
+    /// Where the `AWS_*` variables are read.
+    vars: ChainEnv,
+}
+
+/// Where a chain reads its `AWS_*` variables (and `HOME`): the process's environment, as the
+/// AWS SDKs do, or a fixed set, so a test states the environment of each link without changing
+/// the process's own (which other threads read).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ChainEnv {
+    /// The process's environment.
+    #[default]
+    Process,
+    /// These variables and no others.
+    Fixed(std::collections::BTreeMap<String, String>),
+}
+
+impl ChainEnv {
+    /// The value of `name`; an empty one counts as unset, as in the SDKs.
+    fn get(&self, name: &str) -> Option<String> {
+        match self {
+            ChainEnv::Process => std::env::var(name).ok(),
+            ChainEnv::Fixed(vars) => vars.get(name).cloned(),
+        }
+        .filter(|v| !v.is_empty())
+    }
 }
 
 /// Modification time and size of the shared credentials and config files.
@@ -96,13 +121,14 @@ impl Clone for AwsChain {
             cache: Mutex::new(None),
             stamp: Mutex::new([None, None]),
             forced: Mutex::new(None),
+            vars: self.vars.clone(),
         }
     }
 }
 
 impl PartialEq for AwsChain {
     fn eq(&self, other: &Self) -> bool {
-        self.config == other.config
+        self.config == other.config && self.vars == other.vars
     }
 }
 
@@ -113,10 +139,6 @@ const REFRESH_BEFORE: Duration = Duration::from_secs(300);
 /// Long-lived keys (configured files, environment, shared files) are read again this often,
 /// so a rotated file is used without a restart.
 pub const STATIC_REFRESH: Duration = Duration::from_secs(5);
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
 
 /// The client the host's own credential exchanges use (public CA roots, short timeouts).
 pub(crate) fn http_client() -> Result<reqwest::Client, String> {
@@ -160,19 +182,29 @@ fn ini_section(text: &str, section: &str) -> Option<Vec<(String, String)>> {
     found.then_some(out)
 }
 
-fn home() -> PathBuf {
-    PathBuf::from(env("HOME").unwrap_or_default())
-}
-
 impl AwsChain {
-    /// A chain from its configuration.
+    /// A chain from its configuration, reading the process's environment.
     pub fn new(config: AwsChainConfig) -> Self {
+        AwsChain::with_env(config, ChainEnv::Process)
+    }
+
+    /// A chain from its configuration that reads its variables from `vars`.
+    pub fn with_env(config: AwsChainConfig, vars: ChainEnv) -> Self {
         AwsChain {
             config,
             cache: Mutex::new(None),
             stamp: Mutex::new([None, None]),
             forced: Mutex::new(None),
+            vars,
         }
+    }
+
+    fn env(&self, name: &str) -> Option<String> {
+        self.vars.get(name)
+    }
+
+    fn home(&self) -> PathBuf {
+        PathBuf::from(self.env("HOME").unwrap_or_default())
     }
 
     /// Drops cached temporary keys whose access key id is `sent`, which the cloud refused as
@@ -256,12 +288,14 @@ impl AwsChain {
 
     /// The two shared files' paths, for the profile in force.
     fn shared_paths(&self) -> (PathBuf, PathBuf) {
-        let creds_file = env("AWS_SHARED_CREDENTIALS_FILE")
+        let creds_file = self
+            .env("AWS_SHARED_CREDENTIALS_FILE")
             .map(PathBuf::from)
-            .unwrap_or_else(|| home().join(".aws/credentials"));
-        let config_file = env("AWS_CONFIG_FILE")
+            .unwrap_or_else(|| self.home().join(".aws/credentials"));
+        let config_file = self
+            .env("AWS_CONFIG_FILE")
             .map(PathBuf::from)
-            .unwrap_or_else(|| home().join(".aws/config"));
+            .unwrap_or_else(|| self.home().join(".aws/config"));
         (creds_file, config_file)
     }
 
@@ -297,11 +331,14 @@ impl AwsChain {
             });
         }
         // 2. Environment.
-        if let (Some(id), Some(secret)) = (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
+        if let (Some(id), Some(secret)) = (
+            self.env("AWS_ACCESS_KEY_ID"),
+            self.env("AWS_SECRET_ACCESS_KEY"),
+        ) {
             return Ok(AwsKeys {
                 access_key_id: Secret::new(id),
                 secret_access_key: Secret::new(secret),
-                session_token: env("AWS_SESSION_TOKEN").map(Secret::new),
+                session_token: self.env("AWS_SESSION_TOKEN").map(Secret::new),
                 expires: None,
                 source: "environment",
             });
@@ -311,16 +348,20 @@ impl AwsChain {
             return Ok(keys);
         }
         // 4. Web identity (EKS IRSA).
-        if let (Some(role), Some(token_file)) =
-            (env("AWS_ROLE_ARN"), env("AWS_WEB_IDENTITY_TOKEN_FILE"))
-        {
+        if let (Some(role), Some(token_file)) = (
+            self.env("AWS_ROLE_ARN"),
+            self.env("AWS_WEB_IDENTITY_TOKEN_FILE"),
+        ) {
             return self
                 .web_identity(&role, &token_file, region)
                 .await
                 .map_err(unavailable);
         }
         // 5. Instance metadata (IMDSv2).
-        if env("AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        if self
+            .env("AWS_EC2_METADATA_DISABLED")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        {
             return Err(unavailable("no AWS credentials found (config, environment, shared files, web identity; instance metadata is disabled)".into()));
         }
         self.imds().await.map_err(|e| {
@@ -335,7 +376,7 @@ impl AwsChain {
             .config
             .profile
             .clone()
-            .or_else(|| env("AWS_PROFILE"))
+            .or_else(|| self.env("AWS_PROFILE"))
             .unwrap_or_else(|| "default".into());
         let (creds_file, config_file) = self.shared_paths();
         let config_section = if profile == "default" {
@@ -384,14 +425,19 @@ impl AwsChain {
             .config
             .sts_endpoint
             .clone()
-            .or_else(|| env("AWS_ENDPOINT_URL_STS"))
-            .unwrap_or_else(
-                || match region.map(str::to_string).or_else(|| env("AWS_REGION")) {
+            .or_else(|| self.env("AWS_ENDPOINT_URL_STS"))
+            .unwrap_or_else(|| {
+                match region
+                    .map(str::to_string)
+                    .or_else(|| self.env("AWS_REGION"))
+                {
                     Some(r) => format!("https://sts.{r}.amazonaws.com/"),
                     None => "https://sts.amazonaws.com/".to_string(),
-                },
-            );
-        let session = env("AWS_ROLE_SESSION_NAME").unwrap_or_else(|| "flotilla".into());
+                }
+            });
+        let session = self
+            .env("AWS_ROLE_SESSION_NAME")
+            .unwrap_or_else(|| "flotilla".into());
         let form = [
             ("Action", "AssumeRoleWithWebIdentity"),
             ("Version", "2011-06-15"),
@@ -433,7 +479,7 @@ impl AwsChain {
             .config
             .imds_endpoint
             .clone()
-            .or_else(|| env("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
+            .or_else(|| self.env("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
             .unwrap_or_else(|| "http://169.254.169.254".into());
         let base = base.trim_end_matches('/');
         let client = http_client()?;

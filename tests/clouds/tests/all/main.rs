@@ -1,6 +1,5 @@
-//! The cloud plugins' contract suites, one module per plugin (see the crate's page). The
-//! `aws` credential chain's test sets environment variables, so it keeps a binary of its own
-//! (`tests/aws_chain.rs`).
+//! The cloud plugins' contract suites, one module per plugin (see the crate's page), and the
+//! `aws` credential chain's links against moto.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -9,5 +8,6 @@
 )] // test code: a failed assumption is a failed test
 
 mod aws;
+mod aws_chain;
 mod azure;
 mod gcp;

@@ -1,51 +1,41 @@
 //! The `aws` credential chain, link by link, against moto with SigV4 checking on: shared files
 //! with a profile, the environment overriding them, web identity through moto's STS, and
 //! IMDSv2 (a loopback server with the documented shapes, since no emulator exists), with the
-//! refresh of temporary credentials. One test in its own binary, because it sets env vars.
-#![allow(unsafe_code)] // set_var/remove_var: this binary holds one test, on a current-thread runtime
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code: a failed assumption is a failed test
+//! refresh of temporary credentials. Each link's environment is the chain's own
+//! ([`ChainEnv::Fixed`]), so the process's environment, which other tests read, is never changed.
 
 use flotilla_harness as common;
 use flotilla_harness::clouds::AwsPlugin;
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use flotilla_credentials::aws::{AwsChain, AwsChainConfig};
+use flotilla_credentials::aws::{AwsChain, AwsChainConfig, ChainEnv};
 use flotilla_credentials::{AwsChainHandle, CredentialKind};
 use flotilla_peers::moto::{Moto, python};
 use flotilla_provider::{CallError, Provider, ProviderError};
 use http_body_util::Full;
 use hyper::body::Bytes;
 
-fn chain(config: AwsChainConfig) -> CredentialKind {
-    CredentialKind::Aws(AwsChainHandle(Arc::new(AwsChain::new(config))))
-}
+/// The environment a chain reads: set and unset like the process's, but the chain's own.
+#[derive(Default)]
+struct Vars(BTreeMap<String, String>);
 
-fn unset_all() {
-    for var in [
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_ROLE_ARN",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_EC2_METADATA_DISABLED",
-    ] {
-        // SAFETY: this binary has one test, on a current-thread runtime.
-        unsafe { std::env::remove_var(var) };
+impl Vars {
+    fn set(&mut self, var: &str, value: &str) {
+        self.0.insert(var.to_string(), value.to_string());
     }
-}
 
-fn set(var: &str, value: &str) {
-    // SAFETY: see unset_all.
-    unsafe { std::env::set_var(var, value) };
+    fn unset_all(&mut self) {
+        self.0.clear();
+    }
+
+    fn chain(&self, config: AwsChainConfig) -> CredentialKind {
+        let vars = ChainEnv::Fixed(self.0.clone());
+        CredentialKind::Aws(AwsChainHandle(Arc::new(AwsChain::with_env(config, vars))))
+    }
 }
 
 async fn works(moto: &Moto, kind: CredentialKind) -> Result<(), CallError> {
@@ -101,7 +91,7 @@ async fn imds(
 
 #[tokio::test(flavor = "current_thread")]
 async fn every_link_of_the_chain_signs_requests_moto_accepts() {
-    unset_all();
+    let mut env = Vars::default();
     let logs = common::LogCapture::default();
     let _guard = logs.install();
     let moto = Moto::start();
@@ -113,17 +103,17 @@ async fn every_link_of_the_chain_signs_requests_moto_accepts() {
     let file = dir.join("credentials");
     std::fs::write(&file, format!("[default]\naws_access_key_id = WRONG\naws_secret_access_key = WRONG\n\n[ci]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"))
         .unwrap_or_else(|e| panic!("{e}"));
-    set("AWS_SHARED_CREDENTIALS_FILE", &file.display().to_string());
-    set("AWS_CONFIG_FILE", &dir.join("none").display().to_string());
-    set("AWS_EC2_METADATA_DISABLED", "true");
+    env.set("AWS_SHARED_CREDENTIALS_FILE", &file.display().to_string());
+    env.set("AWS_CONFIG_FILE", &dir.join("none").display().to_string());
+    env.set("AWS_EC2_METADATA_DISABLED", "true");
     let profile = AwsChainConfig {
         profile: Some("ci".into()),
         ..AwsChainConfig::default()
     };
-    works(&moto, chain(profile.clone()))
+    works(&moto, env.chain(profile.clone()))
         .await
         .unwrap_or_else(|e| panic!("shared file: {e}"));
-    let r = works(&moto, chain(AwsChainConfig::default())).await;
+    let r = works(&moto, env.chain(AwsChainConfig::default())).await;
     assert!(
         matches!(
             r,
@@ -143,7 +133,7 @@ async fn every_link_of_the_chain_signs_requests_moto_accepts() {
         "[ci]\naws_access_key_id = OLD\naws_secret_access_key = REVOKED\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let rotating = moto.provider_with(chain(profile.clone()));
+    let rotating = moto.provider_with(env.chain(profile.clone()));
     let r = rotating.init(&moto.settings()).await;
     assert!(r.is_err(), "the revoked key is refused");
     std::fs::write(
@@ -169,9 +159,9 @@ async fn every_link_of_the_chain_signs_requests_moto_accepts() {
         .unwrap_or_else(|e| panic!("{e}"));
 
     // The environment comes before the files.
-    set("AWS_ACCESS_KEY_ID", &key);
-    set("AWS_SECRET_ACCESS_KEY", "wrong-secret-from-env");
-    let r = works(&moto, chain(profile.clone())).await;
+    env.set("AWS_ACCESS_KEY_ID", &key);
+    env.set("AWS_SECRET_ACCESS_KEY", "wrong-secret-from-env");
+    let r = works(&moto, env.chain(profile.clone())).await;
     assert!(
         matches!(
             r,
@@ -182,22 +172,22 @@ async fn every_link_of_the_chain_signs_requests_moto_accepts() {
         ),
         "env wins: {r:?}"
     );
-    set("AWS_SECRET_ACCESS_KEY", &secret);
-    works(&moto, chain(profile))
+    env.set("AWS_SECRET_ACCESS_KEY", &secret);
+    works(&moto, env.chain(profile))
         .await
         .unwrap_or_else(|e| panic!("env: {e}"));
-    unset_all();
+    env.unset_all();
 
     // Web identity: STS AssumeRoleWithWebIdentity gives temporary keys for the role.
     let token = dir.join("token");
     std::fs::write(&token, "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJjaSJ9.sig")
         .unwrap_or_else(|e| panic!("{e}"));
-    set(
+    env.set(
         "AWS_ROLE_ARN",
         moto.setup["role"].as_str().unwrap_or_default(),
     );
-    set("AWS_WEB_IDENTITY_TOKEN_FILE", &token.display().to_string());
-    set(
+    env.set("AWS_WEB_IDENTITY_TOKEN_FILE", &token.display().to_string());
+    env.set(
         "AWS_SHARED_CREDENTIALS_FILE",
         &dir.join("none").display().to_string(),
     );
@@ -206,13 +196,13 @@ async fn every_link_of_the_chain_signs_requests_moto_accepts() {
         sts_endpoint: Some(format!("{}/", moto.endpoint)),
         ..AwsChainConfig::default()
     };
-    works(&moto, chain(wi))
+    works(&moto, env.chain(wi))
         .await
         .unwrap_or_else(|e| panic!("web identity: {e}"));
-    unset_all();
+    env.unset_all();
 
     // IMDSv2, with refresh: credentials that expire within five minutes are fetched again.
-    set(
+    env.set(
         "AWS_SHARED_CREDENTIALS_FILE",
         &dir.join("none").display().to_string(),
     );
@@ -229,7 +219,7 @@ async fn every_link_of_the_chain_signs_requests_moto_accepts() {
             fetches.clone(),
         )
         .await;
-        let kind = chain(AwsChainConfig {
+        let kind = env.chain(AwsChainConfig {
             imds_endpoint: Some(endpoint),
             ..AwsChainConfig::default()
         });
@@ -246,8 +236,8 @@ async fn every_link_of_the_chain_signs_requests_moto_accepts() {
     }
 
     // Nothing anywhere: the request is refused and the host log says why, with no secret.
-    set("AWS_EC2_METADATA_DISABLED", "true");
-    let r = works(&moto, chain(AwsChainConfig::default())).await;
+    env.set("AWS_EC2_METADATA_DISABLED", "true");
+    let r = works(&moto, env.chain(AwsChainConfig::default())).await;
     assert!(format!("{r:?}").contains("HttpRequestDenied"), "{r:?}");
     let text = logs.text();
     assert!(text.contains("no AWS credentials found"), "{text}");
@@ -258,5 +248,5 @@ async fn every_link_of_the_chain_signs_requests_moto_accepts() {
     ] {
         assert!(!text.contains(s), "a secret reached the log");
     }
-    unset_all();
+    env.unset_all();
 }
