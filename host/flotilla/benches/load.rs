@@ -6,7 +6,7 @@
 //! ```text
 //! cargo bench -p flotilla --bench load -- [--jobs N]... [--engine dockerd|fake]
 //!     [--poisson RATE] [--machines M] [--capacity C] [--script-time SECONDS]
-//!     [--plugin static|gcp] [--get-latency MS] [--driver lean|full|PATH]
+//!     [--plugin static|gcp] [--get-latency MS] [--driver lean|full|PATH] [--flotilla PATH]
 //! ```
 //!
 //! Several `--jobs` run one after another, each on fresh machines, engine and host. A real
@@ -15,6 +15,7 @@
 //! answers after `--get-latency` milliseconds (default 0). The runner manager's driver is
 //! `flotilla-gitlab` (`--driver lean`, the default), `flotilla gitlab` (`--driver full`), or a
 //! lean driver built elsewhere (`--driver PATH`: the static musl release binary, as shipped).
+//! `--flotilla PATH` runs another build of the host, such as the shipped static musl binary.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -58,11 +59,8 @@ fn main() {
         .build()
         .expect("runtime");
     for n in jobs {
-        let mut o = Options::new(
-            std::path::Path::new(env!("CARGO_BIN_EXE_flotilla")),
-            n,
-            engine,
-        );
+        let host = one("--flotilla").unwrap_or_else(|| env!("CARGO_BIN_EXE_flotilla").into());
+        let mut o = Options::new(std::path::Path::new(&host), n, engine);
         o.plugin = plugin;
         o.driver = match one("--driver").as_deref() {
             None | Some("lean") => Driver::Lean,
@@ -84,6 +82,9 @@ fn main() {
         }
         if let Some(s) = one("--script-time") {
             o.script_time = Duration::from_secs_f64(s.parse().expect("--script-time SECONDS"));
+        }
+        if one("--flotilla").is_some() {
+            println!("The host: {host}\n");
         }
         let report = rt.block_on(load::run(&o));
         println!("{}", report.markdown());
