@@ -2,7 +2,7 @@
 //! prove the sandbox, the limits and the egress checks from the hostile side. Each protection
 //! test here fails when its protection is removed (see the issue notes). The tests that start
 //! the `flotilla` process (`plugin check`, `plugin test`) are the binary's, in
-//! `host/flotilla/tests/cli.rs`.
+//! `host/flotilla/tests/all/cli.rs`.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

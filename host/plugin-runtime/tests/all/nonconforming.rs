@@ -1,7 +1,7 @@
 //! The conformance kit's guest through the runtime alone: with `"flaw": "none"` it follows the
 //! contract, and each flaw the runtime can see in one answer is a contract violation the
 //! runtime stops, not an answer it forwards. (The kit's own verdicts, one rule per flaw, are
-//! the binary's tests: `host/flotilla/tests/cli.rs`, `plugin_kit`.)
+//! the binary's tests: `host/flotilla/tests/all/cli.rs`, `plugin_kit`.)
 use super::*;
 
 async fn provider(flaw: &str) -> flotilla_plugin_runtime::WasmProvider {

@@ -11,7 +11,7 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::process::Command;

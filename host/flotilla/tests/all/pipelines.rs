@@ -13,7 +13,7 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

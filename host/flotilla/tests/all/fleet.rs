@@ -9,7 +9,7 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -94,6 +94,8 @@ async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
 
 #[tokio::test]
 async fn a_job_runs_in_a_container_on_a_leased_instance_through_the_hosts_docker_handle() {
+    // One dockerd at a time, with the other modules' engines (their cgroups would race).
+    let _one = common::fleet::DOCKER.lock().await;
     let docker = Dockerd::start();
     let dir = tempfile::tempdir().expect("dir");
     let key = PoolKey::load_or_generate(&dir.path().join("keys"), "fleet").expect("key");

@@ -6,7 +6,7 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-mod common;
+use crate::common;
 
 use common::cli as flotilla;
 use flotilla_test_artifacts as guests;

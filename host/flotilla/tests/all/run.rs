@@ -15,7 +15,7 @@ use std::time::Duration;
 use flotilla_test_artifacts as guests;
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::{Flotilla, TOKEN};
 use flotilla_harness::poll;

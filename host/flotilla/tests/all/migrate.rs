@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-mod common;
+use crate::common;
 
 use common::cli as flotilla;
 use flotilla_test_artifacts as guests;

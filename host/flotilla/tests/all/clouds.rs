@@ -11,7 +11,7 @@
     clippy::indexing_slicing
 )]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

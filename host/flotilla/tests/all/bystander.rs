@@ -8,7 +8,7 @@
     clippy::indexing_slicing
 )] // test code: a failed assumption is a failed test
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
