@@ -96,6 +96,9 @@ fn bench(c: &mut Criterion) {
             plugin_digest: "sha256:bench".into(),
             plugin: String::new(),
             exporter_ports: Vec::new(),
+            group: "bench".into(),
+            described: Default::default(),
+            describing: None,
             fallback: None,
         };
         let state = Arc::new(AppState {
@@ -113,6 +116,7 @@ fn bench(c: &mut Criterion) {
             listener,
             router(state),
             flotilla::serve::Limits::default(),
+            None,
             None,
             std::future::pending(),
         ));

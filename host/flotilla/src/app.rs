@@ -138,6 +138,12 @@ async fn start_pool(
             journal,
         )
     });
+    let described = Arc::new(crate::sd::Described::default());
+    // A connector keeps its readiness checks' answers; without one, the machine list asks.
+    let describing = connector.is_none().then(|| {
+        let asking = described.clone().keep_asking(handle.clone());
+        crate::sd::AbortOnDrop(tokio::spawn(asking.instrument(span.clone())))
+    });
     Ok(RunningPool {
         handle,
         connector,
@@ -146,6 +152,9 @@ async fn start_pool(
         plugin_digest,
         plugin: pool.plugin.to_string(),
         exporter_ports: pool.exporter_ports.clone(),
+        group: info.id.clone(),
+        described,
+        describing,
         fallback: pool.fallback.clone(),
     })
 }
@@ -510,6 +519,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
             app,
             cfg.limits,
             tls,
+            Some(state.metrics.connections("api")),
             async move { shutdown.notified().await },
         ))
     };
@@ -608,6 +618,7 @@ async fn serve_metrics(
                 app,
                 cfg.limits,
                 None,
+                Some(state.metrics.connections("metrics")),
                 async move { shutdown.notified().await },
             )))
         }

@@ -29,6 +29,13 @@ pub struct RunningPool {
     pub plugin: String,
     /// Exporter ports `/sd/prometheus` lists per instance.
     pub exporter_ports: Vec<u16>,
+    /// The plugin's id for the pool's instance group (`provider-info.id`, from `init`).
+    pub group: String,
+    /// What the plugin said of each machine, for a pool without a connector.
+    pub described: Arc<crate::sd::Described>,
+    /// The task that asks the plugin about the machines no acquire has asked about (a pool
+    /// without a connector); it ends with the pool.
+    pub describing: Option<crate::sd::AbortOnDrop>,
     /// The pool that takes its waiting reservations while it cannot grow.
     pub fallback: Option<String>,
 }

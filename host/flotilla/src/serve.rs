@@ -183,6 +183,7 @@ pub async fn serve(
     router: axum::Router,
     limits: Limits,
     tls: Option<Arc<crate::tls::ServerTls>>,
+    connections: Option<crate::metrics::Connections>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
@@ -207,6 +208,7 @@ pub async fn serve(
         router,
         tls,
         handshake_limit: limits.header_read_timeout,
+        connections,
     };
     tokio::pin!(stop);
     loop {
@@ -244,6 +246,7 @@ struct Server {
     router: axum::Router,
     tls: Option<Arc<crate::tls::ServerTls>>,
     handshake_limit: Duration,
+    connections: Option<crate::metrics::Connections>,
 }
 
 impl Server {
@@ -286,7 +289,12 @@ impl Server {
         let tracker = self.unauthenticated.clone();
         let tls = self.tls.as_ref().map(|t| t.acceptor());
         let handshake_limit = self.handshake_limit;
+        let open = self
+            .connections
+            .as_ref()
+            .map(crate::metrics::Connections::opened);
         tokio::spawn(async move {
+            let _open = open;
             let served = async {
                 match tls {
                     None => {
@@ -394,7 +402,7 @@ mod tests {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve(listener, router, limits, None, async {
+        tokio::spawn(serve(listener, router, limits, None, None, async {
             let _ = stopped.await;
         }));
         (addr, stop)

@@ -32,7 +32,7 @@ pub struct AppState {
     pub pools: Pools,
     /// The API token; `None` leaves `/v1` open (only allowed on loopback by `run`).
     pub token: Option<Secret>,
-    /// The read-only token of `/sd/prometheus`; `None`: the endpoint is off.
+    /// The read-only token of `/sd/prometheus`; `None`: the endpoint is closed (401).
     pub sd_token: Option<Secret>,
     /// Metrics registry.
     pub metrics: Metrics,
@@ -50,7 +50,7 @@ pub struct ApiError {
 pub use flotilla_api::ErrorCode;
 
 impl ApiError {
-    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {
             code,
             message: message.into(),
@@ -62,7 +62,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (
             self.code.status(),
-            Json(json!({ "error": { "code": self.code, "message": self.message } })),
+            Json(flotilla_api::ErrorBody {
+                error: flotilla_api::ErrorDetail {
+                    code: self.code,
+                    message: self.message,
+                },
+            }),
         )
             .into_response()
     }
@@ -523,7 +528,12 @@ async fn bind(
     let (connection, connection_error) = match kept {
         Some(c) => (Some(c), None),
         None => match p.connect_info(&binding.instance).await {
-            Ok(c) => (Some(c), None),
+            Ok(c) => {
+                if running.connector.is_none() {
+                    running.described.keep(&binding.instance, &c);
+                }
+                (Some(c), None)
+            }
             Err(e) => (None, Some(e.to_string())),
         },
     };
@@ -661,4 +671,87 @@ async fn unreserve(
         lease: id,
         unreserved: true,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    /// The rows of docs/api.md's endpoint table: each method (`any method` as GET) and path,
+    /// with `{pool}`, `{id}` and `...` filled in.
+    fn documented() -> Vec<(String, String)> {
+        let page = include_str!("../../../../docs/api.md");
+        let table = page
+            .split("## Endpoints")
+            .nth(1)
+            .and_then(|rest| rest.split("\n## ").next())
+            .unwrap_or_default();
+        let mut rows = Vec::new();
+        for line in table.lines().filter(|l| l.starts_with("| ")) {
+            let cell = line.split('|').nth(1).unwrap_or_default().trim();
+            // `any method, `PATH`` is one endpoint; other cells list `METHOD PATH`s.
+            let cell = match cell.strip_prefix("any method, ") {
+                Some(path) => format!("`GET {}`", path.trim_matches('`')),
+                None => cell.to_string(),
+            };
+            for endpoint in cell.split(", ") {
+                let endpoint = endpoint.trim().trim_matches('`');
+                let Some((method, path)) = endpoint.split_once(' ') else {
+                    continue;
+                };
+                let path = path
+                    .replace("{pool}", "nosuchpool")
+                    .replace("{id}", "1")
+                    .replace("...", "version");
+                rows.push((method.to_string(), path));
+            }
+        }
+        rows
+    }
+
+    /// Every endpoint docs/api.md lists is one the server routes, with that method: none
+    /// answers the router's fallback (`not_found`, "no such endpoint") or 405. A row for a
+    /// route that does not exist, or a method the route does not take, fails here.
+    #[tokio::test]
+    async fn every_documented_endpoint_is_routed() {
+        let rows = documented();
+        assert!(rows.len() >= 18, "the table was not read: {rows:?}");
+        let state = Arc::new(AppState {
+            pools: crate::pools::Pools::running([]),
+            token: None,
+            sd_token: None,
+            metrics: Metrics::new().expect("metrics"),
+            draining: std::sync::atomic::AtomicBool::new(false),
+        });
+        let app = router(state);
+        let ask = |method: &str, path: &str| {
+            let request = axum::http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .expect("a request");
+            let app = app.clone();
+            async move {
+                let answer = app.oneshot(request).await.expect("an answer");
+                let status = answer.status();
+                let body = axum::body::to_bytes(answer.into_body(), 1 << 20)
+                    .await
+                    .unwrap_or_default();
+                (status, String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+        for (method, path) in &rows {
+            let (status, body) = ask(method, path).await;
+            assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            assert!(
+                !body.contains("no such endpoint"),
+                "{method} {path}: {status} {body}"
+            );
+        }
+        // The check can fail: a path the server does not have gets the fallback.
+        let (status, body) = ask("GET", "/v1/nosuchroute").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body.contains("no such endpoint"), "{body}");
+    }
 }

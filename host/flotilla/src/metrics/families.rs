@@ -333,6 +333,7 @@ pub(super) struct ServerFamilies {
     pub(super) http_seconds: HistogramVec,
     pub(super) http_in_flight: IntGauge,
     pub(super) docker_streams: IntGauge,
+    pub(super) connections: prometheus::IntGaugeVec,
 }
 
 impl ServerFamilies {
@@ -369,6 +370,17 @@ impl ServerFamilies {
                     "flotilla_docker_streams_open",
                     "Upgraded Docker streams (exec, attach) open through the leases' handles \
                      (bounded by server.max_streams).",
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            connections: {
+                let g = prometheus::IntGaugeVec::new(
+                    prometheus::Opts::new(
+                        "flotilla_connections_open",
+                        "TCP connections being served, by listener (`api`, `metrics`):                          bounded by server.max_connections, long polls and upgraded streams                          apart.",
+                    ),
+                    &["listener"],
                 )?;
                 r.register(Box::new(g.clone()))?;
                 g

@@ -46,6 +46,18 @@ impl Drop for InFlight {
     }
 }
 
+/// A listener's count of open connections (`flotilla_connections_open`).
+#[derive(Clone)]
+pub struct Connections(prometheus::IntGauge);
+
+impl Connections {
+    /// A connection was accepted; it is open until the guard is dropped.
+    pub fn opened(&self) -> InFlight {
+        self.0.inc();
+        InFlight(self.0.clone())
+    }
+}
+
 /// Why a metric could not be registered (a programming error, reported not panicked).
 pub type MetricsError = prometheus::Error;
 
@@ -136,6 +148,11 @@ impl Metrics {
     pub fn http_started(&self) -> InFlight {
         self.server.http_in_flight.inc();
         InFlight(self.server.http_in_flight.clone())
+    }
+
+    /// The count of open connections of one listener (`api` or `metrics`), for the server.
+    pub fn connections(&self, listener: &str) -> Connections {
+        Connections(self.server.connections.with_label_values(&[listener]))
     }
 
     /// An upgraded Docker stream opened; it is open until the guard is dropped.

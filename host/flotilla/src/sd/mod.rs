@@ -26,8 +26,7 @@ use crate::api::AppState;
 pub async fn prometheus(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     // No token can be right when none is set: the list stays closed, with the setting named.
     let Some(token) = &state.sd_token else {
-        return plain(
-            StatusCode::UNAUTHORIZED,
+        return unauthorized(
             "service discovery is off: set server.sd_token (a read-only token of its own)",
         );
     };
@@ -39,10 +38,7 @@ pub async fn prometheus(State(state): State<Arc<AppState>>, headers: HeaderMap) 
         .map(|v| v.strip_prefix("Bearer ").unwrap_or(v))
         .unwrap_or("");
     if !token.matches(given.as_bytes()) {
-        return plain(
-            StatusCode::UNAUTHORIZED,
-            "missing or invalid bearer token (server.sd_token)",
-        );
+        return unauthorized("missing or invalid bearer token (server.sd_token)");
     }
     (
         StatusCode::OK,
@@ -65,9 +61,9 @@ pub fn groups(state: &AppState) -> Vec<Value> {
                     .map_or((None, None), |(d, a)| (Some(d), a)),
                 None => {
                     let d = pool.described.get(&view.id);
-                    let a = d.as_ref().and_then(|d| {
-                        d.internal_address.clone().or(d.external_address.clone())
-                    });
+                    let a = d
+                        .as_ref()
+                        .and_then(|d| d.internal_address.clone().or(d.external_address.clone()));
                     (d, a)
                 }
             };
@@ -94,7 +90,10 @@ pub fn groups(state: &AppState) -> Vec<Value> {
                     label("external_address", a.clone());
                 }
                 let mut addresses: Vec<&str> = Vec::new();
-                for a in [&d.internal_address, &d.external_address].into_iter().flatten() {
+                for a in [&d.internal_address, &d.external_address]
+                    .into_iter()
+                    .flatten()
+                {
                     if !addresses.contains(&a.as_str()) {
                         addresses.push(a);
                     }
@@ -179,15 +178,9 @@ fn host_port(address: &str, port: u16) -> String {
     }
 }
 
-/// An error answer in the API's shape.
-fn plain(status: StatusCode, message: &str) -> Response {
-    let code = if status == StatusCode::UNAUTHORIZED {
-        "unauthorized"
-    } else {
-        "not_found"
-    };
-    let body = json!({ "error": { "code": code, "message": message } });
-    (status, axum::Json(body)).into_response()
+/// A refusal in the API's shape: 401 `unauthorized`, with why.
+fn unauthorized(message: &str) -> Response {
+    crate::api::ApiError::new(flotilla_api::ErrorCode::Unauthorized, message).into_response()
 }
 
 #[cfg(test)]

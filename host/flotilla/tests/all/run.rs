@@ -255,6 +255,7 @@ async fn metrics_pass_promtool() {
         "flotilla_http_requests_total{",
         "flotilla_http_request_duration_seconds_bucket{",
         "flotilla_http_requests_in_flight ",
+        "flotilla_connections_open{listener=\"api\"}",
         "flotilla_journal_commit_duration_seconds_bucket{",
         "flotilla_plugin_call_wait_seconds_total{",
         "process_cpu_seconds_total ",
@@ -302,6 +303,10 @@ async fn metrics_pass_promtool() {
     assert!(
         value("flotilla_http_requests_in_flight") >= 1.0,
         "this scrape is in flight"
+    );
+    assert!(
+        value("flotilla_connections_open{listener=\"api\"}") >= 1.0,
+        "this scrape's connection is open"
     );
     assert!(text.contains(&format!(
         "flotilla_build_info{{arch=\"{}\",os=\"linux\",version=\"{}\",wit=\"0.1.4\"}} 1",
@@ -588,7 +593,9 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_at_start() {
 }
 
 /// `server.file_sd` keeps a file holding the same machine list as `/sd/prometheus`, in the
-/// format `file_sd_configs` reads, and rewrites it whole when the fleet changes.
+/// format `file_sd_configs` reads, and rewrites it whole when the fleet changes. The pool has
+/// no connector: each machine's address still comes from the plugin (`connect-info`, asked once
+/// per machine in the background), so every machine is a target at node_exporter's port.
 #[tokio::test]
 async fn the_machine_list_is_written_for_file_sd() {
     let dir = tempfile::tempdir().expect("dir");
@@ -647,10 +654,75 @@ async fn the_machine_list_is_written_for_file_sd() {
             .await;
         assert_eq!(code, 201);
     }
-    poll::until(
-        "three machines in the file",
+    let file = poll::until(
+        "three machines in the file, each a target",
         Duration::from_secs(20),
-        || listed(3),
+        || {
+            let listed = listed(3);
+            async move {
+                let file = listed.await?;
+                let mut targets: Vec<String> = Vec::new();
+                for group in file.as_array().into_iter().flatten() {
+                    targets.extend(
+                        group["targets"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|t| t.as_str().map(str::to_string)),
+                    );
+                }
+                targets.sort();
+                if targets != ["127.0.0.1:9100", "127.0.0.2:9100", "127.0.0.3:9100"] {
+                    return Err(format!("targets {targets:?} in {file}"));
+                }
+                Ok(file)
+            }
+        },
     )
     .await;
+    for group in file.as_array().into_iter().flatten() {
+        let labels = &group["labels"];
+        let target = group["targets"][0].as_str().unwrap_or_default();
+        assert_eq!(
+            Some(target),
+            labels["__meta_flotilla_addresses"]
+                .as_str()
+                .map(|a| format!("{a}:9100"))
+                .as_deref(),
+            "{file}"
+        );
+        assert_eq!(labels["__meta_flotilla_os"], "linux", "{file}");
+        assert!(
+            labels["__meta_flotilla_group"]
+                .as_str()
+                .is_some_and(|g| !g.is_empty()),
+            "{file}"
+        );
+    }
+    // The lease token opens nothing here; neither does no token.
+    for token in [None, Some(TOKEN)] {
+        let mut request = client.get(format!("{}/sd/prometheus", f.base));
+        if let Some(t) = token {
+            request = request.bearer_auth(t);
+        }
+        let code = request.send().await.expect("sd").status().as_u16();
+        assert_eq!(code, 401, "{token:?}");
+    }
+}
+
+/// Without `server.sd_token` the machine list is closed (401, naming the setting), never open.
+#[tokio::test]
+async fn the_machine_list_is_closed_without_its_token() {
+    let dir = tempfile::tempdir().expect("dir");
+    let f = Flotilla::start(dir, &config(1, "")).await;
+    for token in [None, Some(TOKEN)] {
+        let mut request = f.client.get(format!("{}/sd/prometheus", f.base));
+        if let Some(t) = token {
+            request = request.bearer_auth(t);
+        }
+        let answer = request.send().await.expect("sd");
+        assert_eq!(answer.status().as_u16(), 401, "{token:?}");
+        let text = answer.text().await.unwrap_or_default();
+        assert!(text.contains("server.sd_token"), "{text}");
+    }
 }
