@@ -101,6 +101,9 @@ pub struct Filter {
     pub runner: Option<String>,
     /// Only this pool (Flotilla's lease history).
     pub pool: Option<String>,
+    /// The longest span of history read, in days ([`MAX_SPAN_DAYS`] when unset): a longer
+    /// one is refused before anything is sized by it.
+    pub max_span_days: Option<u32>,
 }
 
 /// Reads a history file, telling the format from its content: JSON (GitLab's jobs API or
@@ -148,18 +151,19 @@ pub fn parse(text: &str, filter: &Filter) -> Result<History, ParseError> {
     if history.jobs.is_empty() {
         return Err(ParseError::Empty(std::mem::take(&mut history.set_aside)));
     }
-    within_span(&history.jobs)?;
+    within_span(&history.jobs, filter.max_span_days.unwrap_or(MAX_SPAN_DAYS))?;
     Ok(history)
 }
 
-/// The longest history `tune` replays. The replay and its screen keep a sample per minute of
-/// the history's span, so two records ten thousand years apart would ask for gigabytes; a
-/// year and a month covers any seasonal pattern a policy can follow.
-pub const MAX_SPAN_DAYS: i64 = 400;
+/// The longest history `tune` replays by default (`--max-history-days`). The replay and its
+/// screen keep a sample per minute of the history's span, so two records ten thousand years
+/// apart would ask for gigabytes; a year and a month covers any seasonal pattern a policy can
+/// follow.
+pub const MAX_SPAN_DAYS: u32 = 400;
 
 /// Refuses a history whose jobs, from the first submit to the last end, span more than
-/// [`MAX_SPAN_DAYS`], before anything is sized by it.
-fn within_span(jobs: &[Job]) -> Result<(), ParseError> {
+/// `max_days`, before anything is sized by it.
+fn within_span(jobs: &[Job], max_days: u32) -> Result<(), ParseError> {
     let first = jobs.iter().map(|j| j.submit_ms).min().unwrap_or_default();
     let end = jobs
         .iter()
@@ -170,14 +174,14 @@ fn within_span(jobs: &[Job]) -> Result<(), ParseError> {
         .max()
         .unwrap_or_default();
     let span_ms = end.saturating_sub(first);
-    let max_ms = MAX_SPAN_DAYS * 24 * 3_600_000;
+    let max_ms = i64::from(max_days) * 24 * 3_600_000;
     if span_ms <= max_ms {
         return Ok(());
     }
     Err(ParseError::Refused(vec![Refusal {
         line: 1,
         reason: format!(
-            "the history spans {} days (from its first submit to its last job's end); tune replays at most {MAX_SPAN_DAYS}: cut the file to the period to tune on, or check the timestamps and durations",
+            "the history spans {} days (from its first submit to its last job's end); tune reads at most {max_days} (--max-history-days): cut the file to the period to tune on, or check the timestamps and durations",
             span_ms / (24 * 3_600_000)
         ),
     }]))
@@ -700,7 +704,7 @@ mod tests {
         for text in [far, long_job] {
             match parse(text, &Filter::default()) {
                 Err(ParseError::Refused(r)) => {
-                    assert!(r[0].reason.contains("tune replays at most 400"), "{r:?}");
+                    assert!(r[0].reason.contains("tune reads at most 400"), "{r:?}");
                 }
                 Err(ParseError::Empty(aside)) => panic!("{text}: set aside {aside:?}"),
                 Ok(h) => panic!("{text}: read {} jobs", h.jobs.len()),
@@ -711,6 +715,27 @@ mod tests {
             parse(year, &Filter::default()).map(|h| h.jobs.len()).ok(),
             Some(2)
         );
+        // `--max-history-days` moves the bound both ways.
+        let shorter = Filter {
+            max_span_days: Some(30),
+            ..Filter::default()
+        };
+        match parse(year, &shorter) {
+            Err(ParseError::Refused(r)) => {
+                assert!(r[0].reason.contains("spans 365 days"), "{r:?}");
+                assert!(
+                    r[0].reason.contains("at most 30 (--max-history-days)"),
+                    "{r:?}"
+                );
+            }
+            other => panic!("a year with a 30-day bound: {other:?}"),
+        }
+        let longer = Filter {
+            max_span_days: Some(20_000),
+            ..Filter::default()
+        };
+        let decades = "submit_at_s,duration_s\n0,60\n1576800000,60\n";
+        assert_eq!(parse(decades, &longer).map(|h| h.jobs.len()).ok(), Some(2));
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 

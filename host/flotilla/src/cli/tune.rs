@@ -74,6 +74,10 @@ pub struct Args {
     /// pipeline that applies what `tune` recommends).
     #[arg(long)]
     pub strict: bool,
+    /// The longest history read, in days from its first submit to its last job's end; a
+    /// longer one is refused (the replay keeps a sample per minute of the span).
+    #[arg(long, default_value_t = history::MAX_SPAN_DAYS, value_parser = clap::value_parser!(u32).range(1..=36_600))]
+    pub max_history_days: u32,
     /// A span, FROM..TO seconds from the start of each simulated stretch, in which the pool's
     /// cloud is out of capacity (a spot stockout); repeatable. A pool with a `fallback` hands
     /// its waiting jobs to it meanwhile, as `flotilla run` does.
@@ -206,6 +210,7 @@ impl Args {
             tag: self.tag.clone(),
             runner: self.runner.clone(),
             pool: Some(pool.name.clone()),
+            max_span_days: Some(self.max_history_days),
         };
         let history = history::read(&self.history, &filter)?;
         summarize(&history, &self.history);
@@ -315,6 +320,9 @@ pub struct CheckArgs {
     /// Only jobs of this runner.
     #[arg(long)]
     pub runner: Option<String>,
+    /// The longest history read, in days (as `tune --max-history-days`).
+    #[arg(long, default_value_t = history::MAX_SPAN_DAYS, value_parser = clap::value_parser!(u32).range(1..=36_600))]
+    pub max_history_days: u32,
 }
 
 impl HistoryCommand {
@@ -341,6 +349,7 @@ impl HistoryCommand {
                     tag: a.tag,
                     runner: a.runner,
                     pool: None,
+                    max_span_days: Some(a.max_history_days),
                 };
                 let history = history::read(&a.file, &filter)?;
                 let (Some(first), Some(last)) = (history.jobs.first(), history.jobs.last()) else {
