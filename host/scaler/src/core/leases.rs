@@ -272,22 +272,16 @@ impl PoolCore {
         }
     }
 
-    /// Drops a reservation that got no job.
+    /// Drops a reservation that got no job (or a failed lease), by the rules of
+    /// [`PoolCore::check_unreserve`], which are written there only.
     pub fn unreserve(&mut self, id: u64) -> Result<(), LeaseError> {
         self.check_unreserve(id)?;
-        match self.leases.get(id).map(|l| l.state.clone()) {
-            None => Err(LeaseError::UnknownLease(id)),
-            Some(LeaseState::Acquired { .. }) => Err(LeaseError::Acquired(id)),
-            Some(LeaseState::Failed { .. }) => {
-                self.leases.remove(id);
-                Ok(())
-            }
-            Some(LeaseState::Reserved) => {
-                self.leases.remove(id);
-                self.reserved -= 1;
-                Ok(())
-            }
+        if let Some(lease) = self.leases.remove(id)
+            && lease.state == LeaseState::Reserved
+        {
+            self.reserved -= 1;
         }
+        Ok(())
     }
 
     /// Whether [`PoolCore::release`] would free this lease; changes nothing. A lease still
@@ -303,40 +297,32 @@ impl PoolCore {
         }
     }
 
-    /// Frees an acquired slot (a failed lease is acknowledged and forgotten).
+    /// Frees an acquired slot (a failed lease is acknowledged and forgotten), by the rules of
+    /// [`PoolCore::check_release`], which are written there only.
     pub fn release(&mut self, now: Millis, id: u64) -> Result<(), LeaseError> {
         self.check_release(id)?;
         if self.restoring.remove(id).is_some() {
             // Restored, not yet bound again (the first update has not come back).
             return Ok(());
         }
-        let state = match self.leases.get(id) {
-            None => return Err(LeaseError::UnknownLease(id)),
-            Some(l) => l.state.clone(),
+        let Some(LeaseState::Acquired { instance, slot }) = self.leases.remove(id).map(|l| l.state)
+        else {
+            // A failed lease: acknowledged, and nothing of it is held.
+            return Ok(());
         };
-        match state {
-            LeaseState::Reserved => Err(LeaseError::NotAcquired(id)),
-            LeaseState::Failed { .. } => {
-                self.leases.remove(id);
-                Ok(())
-            }
-            LeaseState::Acquired { instance, slot } => {
-                self.leases.remove(id);
-                self.acquired -= 1;
-                if let Some(&key) = self.by_id.get(&instance) {
-                    self.with_inst(key, |inst| {
-                        if let Some(s) = inst.slots.get_mut(slot as usize) {
-                            *s = None;
-                        }
-                        inst.used = inst.used.saturating_sub(1);
-                        if inst.used == 0 {
-                            inst.idle_since = Some(now);
-                        }
-                    });
+        self.acquired -= 1;
+        if let Some(&key) = self.by_id.get(&instance) {
+            self.with_inst(key, |inst| {
+                if let Some(s) = inst.slots.get_mut(slot as usize) {
+                    *s = None;
                 }
-                Ok(())
-            }
+                inst.used = inst.used.saturating_sub(1);
+                if inst.used == 0 {
+                    inst.idle_since = Some(now);
+                }
+            });
         }
+        Ok(())
     }
 
     /// Releases an acquired lease whose client found its instance broken (e.g. the job left
@@ -360,8 +346,8 @@ impl PoolCore {
         self.insts.get(key).map(|i| i.uses)
     }
 
-    /// Undoes an acquire whose journal write failed: the lease is reserved again and its slot
-    /// and use are given back.
+    /// Undoes a binding nobody received (the acquire's caller left between the grant and the
+    /// answer): the lease is reserved again and its slot and use are given back.
     pub fn unacquire(&mut self, now: Millis, id: u64) {
         let Some(LeaseState::Acquired { instance, slot }) =
             self.leases.get(id).map(|l| l.state.clone())
