@@ -590,6 +590,59 @@ fn simulation_compares_capacity_per_instance() {
     assert!(one.invariant_violations.is_empty() && four.invariant_violations.is_empty());
 }
 
+/// From running to the first lease, on virtual time: one job on an empty pool, machines that
+/// boot in 25 to 89 s, `update_interval` 1 min. While an instance is expected the pool polls
+/// every `update_interval_when_expecting` (2 s), so a machine is leased within about 2 s of the
+/// cloud reporting it running, whatever its boot time. With that poll as slow as
+/// `update_interval` (taskscaler without its key, and Flotilla before it), the machine waits
+/// for whatever is left of the minute. The figures are printed (`--nocapture`) and in
+/// `docs/scaling-out.md`.
+#[test]
+fn a_machine_is_leased_within_seconds_of_running() {
+    let lag = |boot: u64, expecting: u64| {
+        let config = ScalerConfig {
+            update_interval_ms: MIN,
+            update_interval_when_expecting_ms: expecting,
+            ..cfg(1, 10, 0)
+        };
+        let cloud = SimCloud {
+            provisioning_delay_ms: (boot, boot),
+            ..SimCloud::default()
+        };
+        let jobs = [Job {
+            submit_at: 5_000,
+            duration: MIN,
+            tag: None,
+        }];
+        let opts = SimOptions {
+            check_invariants: true,
+            ..SimOptions::default()
+        };
+        let (r, _) = simulate(&config, &[policy(0, MIN)], &cloud, &jobs, &opts);
+        assert_eq!(r.completed, 1, "{r:?}");
+        assert!(r.invariant_violations.is_empty(), "{r:?}");
+        // The wait runs from the job's submit; the increase call takes the cloud's latency,
+        // then the machine boots.
+        r.wait_max_s - (cloud.api_latency_ms + boot) as f64 / 1000.0
+    };
+    let boots = [25_000, 40_000, 47_000, 53_000, 71_000, 89_000];
+    let fast: Vec<f64> = boots.iter().map(|b| lag(*b, 2_000)).collect();
+    let slow: Vec<f64> = boots.iter().map(|b| lag(*b, MIN)).collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    println!("running to first lease, polling every 2 s while expecting: {fast:.1?} s");
+    println!("running to first lease, polling only every minute: {slow:.1?} s");
+    for (boot, lag) in boots.iter().zip(&fast) {
+        assert!(
+            *lag <= 2.5,
+            "boot {boot} ms: leased {lag:.1} s after running"
+        );
+    }
+    assert!(
+        mean(&slow) > 10.0 * mean(&fast),
+        "{slow:?} against {fast:?}"
+    );
+}
+
 /// A spot pool out of capacity for ten minutes of a steady trace, with an on-demand fallback
 /// behind it. Without the fallback, the jobs of the stockout give up. With it, every job runs:
 /// the fallback serves the stockout's jobs, and once it is over (and `fallback_hold` has

@@ -685,3 +685,45 @@ async fn an_instance_auto_scaling_marks_unhealthy_is_failed_as_interrupted() {
         "{list:?}"
     );
 }
+
+/// From demand to a lease on moto: an empty pool whose `update_interval` is a minute, one job.
+/// The reservation asks for an instance at once; while it is expected the pool polls every
+/// `update_interval_when_expecting` (2 s), so the instance is leased within seconds of the
+/// group reporting it, not at the next minute's update. The time is printed (`--nocapture`)
+/// and in `docs/scaling-out.md`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_is_leased_within_seconds_of_moto_reporting_it() {
+    use flotilla_scaler::ScalerConfig;
+    let moto = Moto::start();
+    let provider = Arc::new(Counting::new(moto.provider(None)));
+    let info = must(provider.init(&moto.settings())).await;
+    let config = ScalerConfig {
+        update_interval_ms: 60_000,
+        instance_acquire_timeout_ms: 60_000,
+        max_instances: 2,
+        ..ScalerConfig::default()
+    };
+    let pool = spawn_pool("aws", provider.clone(), &info, config, 0, 60_000);
+    // The first update (at once) finds an empty group; the next regular one is a minute away.
+    poll::until_true(
+        "the first update",
+        Duration::from_secs(20),
+        || provider.updates.load(Relaxed) >= 1,
+        || format!("{:?}", pool.snapshot()),
+    )
+    .await;
+    let start = std::time::Instant::now();
+    let id = pool.reserve().expect("reserve");
+    let bound = tokio::time::timeout(Duration::from_secs(20), pool.acquire(id))
+        .await
+        .expect("leased within 20 s, not at the next minute's update")
+        .expect("acquired");
+    let took = start.elapsed();
+    println!(
+        "moto: reserve to lease on a new instance {took:.2?}, {} updates",
+        provider.updates.load(Relaxed)
+    );
+    assert!(moto.live().contains(&bound.instance), "{bound:?}");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    pool.shutdown(Duration::from_secs(1), false).await;
+}
