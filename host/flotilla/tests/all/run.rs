@@ -701,13 +701,19 @@ async fn the_machine_list_is_written_for_file_sd() {
     }
     // The lease token opens nothing here; neither does no token.
     for token in [None, Some(TOKEN)] {
-        let mut request = client.get(format!("{}/sd/prometheus", f.base));
-        if let Some(t) = token {
-            request = request.bearer_auth(t);
-        }
-        let code = request.send().await.expect("sd").status().as_u16();
-        assert_eq!(code, 401, "{token:?}");
+        assert_eq!(sd(&f, token).await.0, 401, "{token:?}");
     }
+}
+
+/// `/sd/prometheus` asked with `token`: the status and the body.
+async fn sd(f: &Flotilla, token: Option<&str>) -> (u16, String) {
+    let mut request = f.client.get(format!("{}/sd/prometheus", f.base));
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    let answer = request.send().await.expect("sd");
+    let status = answer.status().as_u16();
+    (status, answer.text().await.unwrap_or_default())
 }
 
 /// Without `server.sd_token` the machine list is closed (401, naming the setting), never open.
@@ -716,13 +722,8 @@ async fn the_machine_list_is_closed_without_its_token() {
     let dir = tempfile::tempdir().expect("dir");
     let f = Flotilla::start(dir, &config(1, "")).await;
     for token in [None, Some(TOKEN)] {
-        let mut request = f.client.get(format!("{}/sd/prometheus", f.base));
-        if let Some(t) = token {
-            request = request.bearer_auth(t);
-        }
-        let answer = request.send().await.expect("sd");
-        assert_eq!(answer.status().as_u16(), 401, "{token:?}");
-        let text = answer.text().await.unwrap_or_default();
+        let (status, text) = sd(&f, token).await;
+        assert_eq!(status, 401, "{token:?}");
         assert!(text.contains("server.sd_token"), "{text}");
     }
 }
