@@ -687,10 +687,12 @@ async fn an_instance_auto_scaling_marks_unhealthy_is_failed_as_interrupted() {
 }
 
 /// From demand to a lease on moto: an empty pool whose `update_interval` is a minute, one job.
-/// The reservation asks for an instance at once; while it is expected the pool polls every
-/// `update_interval_when_expecting` (2 s), so the instance is leased within seconds of the
-/// group reporting it, not at the next minute's update. The time is printed (`--nocapture`)
-/// and in `docs/scaling-out.md`.
+/// The reservation asks for an instance at once, and moto's group reports the instance it
+/// launches at once, so the update the pool makes right after the increase finds it (had it
+/// not, the 2 s `update_interval_when_expecting` poll would, which the scaler's
+/// `a_machine_is_leased_within_seconds_of_running` proves): leased within seconds, never at
+/// the next minute's update. The time is printed (`--nocapture`) and in
+/// `docs/scaling-out.md`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_is_leased_within_seconds_of_moto_reporting_it() {
     use flotilla_scaler::ScalerConfig;
