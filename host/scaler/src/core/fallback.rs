@@ -61,29 +61,11 @@ impl PoolCore {
         waiting.into_iter().take(extra).map(|l| l.id).collect()
     }
 
-    /// Whether [`PoolCore::take_over`] would take `lease`; changes nothing.
-    pub fn check_take_over(&self, lease: &Lease) -> Result<(), LeaseError> {
-        if lease.state != LeaseState::Reserved {
-            return Err(LeaseError::Acquired(lease.id));
-        }
-        if self.leases.contains(lease.id) {
-            return Ok(());
-        }
-        self.admissible(&lease.labels)
-    }
-
-    /// Takes a reservation handed over by the pool it is the fallback of: same id, labels,
-    /// tenant and deadlines; refused as a reservation of its own would be. Taking one it
-    /// already holds changes nothing.
+    /// Takes a reservation handed over by the pool it is the fallback of, by the rules of
+    /// [`PoolCore::plan_take_over`].
     pub fn take_over(&mut self, lease: Lease) -> Result<(), LeaseError> {
-        self.check_take_over(&lease)?;
-        if self.leases.contains(lease.id) {
-            return Ok(());
-        }
-        self.tenants_seen |= lease.tenant.is_some();
-        self.next_lease.at_least(lease.id.saturating_add(1));
-        self.leases.insert(lease);
-        self.reserved += 1;
+        let change = self.plan_take_over(lease)?;
+        self.commit(change);
         Ok(())
     }
 }

@@ -2,7 +2,6 @@
 //! give it back (release, unreserve); failing the leases of a broken instance. It owns the lease
 //! table and the reserved/acquired counters; it must not know about providers or planning.
 
-use super::types::PlannedAcquire;
 use std::collections::BTreeMap;
 
 use super::{Binding, InstState, Lease, LeaseError, LeaseState, PoolCore, PoolHealth};
@@ -63,43 +62,8 @@ impl PoolCore {
         deadline_after: Option<Millis>,
         tenant: Option<String>,
     ) -> Result<u64, LeaseError> {
-        let lease = self.plan_reserve(now, labels, deadline_after, tenant)?;
-        Ok(self.commit_reserve(lease))
-    }
-
-    /// Checks a reservation and returns the lease it makes, changing nothing but using up an
-    /// id: what the journal must hold before [`PoolCore::commit_reserve`] makes it live.
-    pub fn plan_reserve(
-        &self,
-        now: Millis,
-        labels: BTreeMap<String, String>,
-        deadline_after: Option<Millis>,
-        tenant: Option<String>,
-    ) -> Result<Lease, LeaseError> {
-        self.admissible(&labels)?;
-        if self.policy(now).preemptive_mode && self.free_ready_slots() <= self.reserved {
-            return Err(LeaseError::NoIdleSlot);
-        }
-        Ok(Lease {
-            id: self.next_lease.take(),
-            state: LeaseState::Reserved,
-            reserved_at: now,
-            acquired_at: None,
-            labels,
-            expires_at: self.cfg.lease_ttl_ms.map(|ttl| now.saturating_add(ttl)),
-            deadline_at: deadline_after.map(|after| now.saturating_add(after)),
-            tenant,
-            handed_from: None,
-        })
-    }
-
-    /// Makes a reservation from [`PoolCore::plan_reserve`] live, under the same lock; its id.
-    pub fn commit_reserve(&mut self, lease: Lease) -> u64 {
-        let id = lease.id;
-        self.tenants_seen |= lease.tenant.is_some();
-        self.leases.insert(lease);
-        self.reserved += 1;
-        id
+        let change = self.plan_reserve(now, labels, deadline_after, tenant)?;
+        Ok(self.commit(change).id)
     }
 
     /// Whether a reservation with `labels` may join the pool: no live lease holds one of its
@@ -128,79 +92,15 @@ impl PoolCore {
 
     /// Binds a reserved lease to a ready slot; `Ok(None)` means "wait and try again".
     pub fn acquire(&mut self, now: Millis, id: u64) -> Result<Option<Binding>, LeaseError> {
-        let Some(planned) = self.plan_acquire(now, id)? else {
+        let Some(change) = self.plan_acquire(now, id)? else {
             return Ok(None);
         };
-        self.commit_acquire(&planned);
-        Ok(Some(planned.binding))
-    }
-
-    /// Checks an acquire and picks its slot, changing nothing: the lease as it will be bound
-    /// and its instance's use count after it, which the journal must hold before
-    /// [`PoolCore::commit_acquire`] binds it. `Ok(None)`: no free slot it may take.
-    pub fn plan_acquire(&self, now: Millis, id: u64) -> Result<Option<PlannedAcquire>, LeaseError> {
-        self.acquirable(id)?;
-        let Some(lease) = self.leases.get(id) else {
-            return Err(LeaseError::UnknownLease(id));
-        };
-        let Some(key) = self.available_for(lease.tenant.as_deref()) else {
-            return Ok(None);
-        };
-        let Some(inst) = self.insts.get(&key) else {
-            return Ok(None);
-        };
-        let Some(slot) = inst.slots.iter().position(Option::is_none) else {
-            return Ok(None);
-        };
-        let binding = Binding {
-            instance: inst.id.clone(),
-            slot: slot as u32,
-        };
-        let mut bound = lease.clone();
-        bound.state = LeaseState::Acquired {
-            instance: binding.instance.clone(),
-            slot: binding.slot,
-        };
-        bound.acquired_at = Some(now);
-        Ok(Some(PlannedAcquire {
-            key,
-            uses: inst.uses + 1,
-            binding,
-            lease: bound,
-        }))
-    }
-
-    /// Binds a lease as [`PoolCore::plan_acquire`] planned it, under the same lock.
-    pub fn commit_acquire(&mut self, planned: &PlannedAcquire) {
-        let id = planned.lease.id;
-        let tenant = planned.lease.tenant.clone();
-        let max_use = self.cfg.max_use_count;
-        let slot = planned.binding.slot as usize;
-        let exhausted = self.with_inst(planned.key, |inst| {
-            if inst.tenant.is_none() {
-                inst.tenant.clone_from(&tenant);
-            }
-            if let Some(cell) = inst.slots.get_mut(slot) {
-                *cell = Some(id);
-            }
-            inst.used += 1;
-            inst.uses += 1;
-            inst.idle_since = None;
-            max_use > 0 && inst.uses >= max_use
-        });
-        if exhausted == Some(true) {
-            // Max use count reached: no new jobs; deleted once its leases are released.
-            self.with_inst(planned.key, |inst| inst.state = InstState::Draining);
-        }
-        let bound = planned.lease.clone();
-        self.leases.update(id, |lease| *lease = bound);
-        self.reserved -= 1;
-        self.acquired += 1;
+        Ok(self.commit(change).binding)
     }
 
     /// The instance with a free slot a lease of `tenant` may take: the fullest first, among
     /// those bound to `tenant` or to nobody. Without a tenant, any.
-    fn available_for(&self, tenant: Option<&str>) -> Option<u64> {
+    pub(super) fn available_for(&self, tenant: Option<&str>) -> Option<u64> {
         let mut available = self.index.available.iter().map(|&(_, key)| key);
         match tenant {
             None => available.next(),
@@ -260,68 +160,19 @@ impl PoolCore {
         }
     }
 
-    /// Whether [`PoolCore::unreserve`] would drop this lease; changes nothing.
-    pub fn check_unreserve(&self, id: u64) -> Result<(), LeaseError> {
-        if self.restoring.contains(id) {
-            return Err(LeaseError::Acquired(id));
-        }
-        match self.leases.get(id).map(|l| &l.state) {
-            None => Err(LeaseError::UnknownLease(id)),
-            Some(LeaseState::Acquired { .. }) => Err(LeaseError::Acquired(id)),
-            Some(LeaseState::Failed { .. } | LeaseState::Reserved) => Ok(()),
-        }
-    }
-
     /// Drops a reservation that got no job (or a failed lease), by the rules of
-    /// [`PoolCore::check_unreserve`], which are written there only.
+    /// [`PoolCore::plan_unreserve`].
     pub fn unreserve(&mut self, id: u64) -> Result<(), LeaseError> {
-        self.check_unreserve(id)?;
-        if let Some(lease) = self.leases.remove(id)
-            && lease.state == LeaseState::Reserved
-        {
-            self.reserved -= 1;
-        }
+        let change = self.plan_unreserve(id)?;
+        self.commit(change);
         Ok(())
     }
 
-    /// Whether [`PoolCore::release`] would free this lease; changes nothing. A lease still
-    /// being restored is released; a reservation is not (it is unreserved).
-    pub fn check_release(&self, id: u64) -> Result<(), LeaseError> {
-        if self.restoring.contains(id) {
-            return Ok(());
-        }
-        match self.leases.get(id).map(|l| &l.state) {
-            None => Err(LeaseError::UnknownLease(id)),
-            Some(LeaseState::Reserved) => Err(LeaseError::NotAcquired(id)),
-            Some(LeaseState::Acquired { .. } | LeaseState::Failed { .. }) => Ok(()),
-        }
-    }
-
     /// Frees an acquired slot (a failed lease is acknowledged and forgotten), by the rules of
-    /// [`PoolCore::check_release`], which are written there only.
+    /// [`PoolCore::plan_release`].
     pub fn release(&mut self, now: Millis, id: u64) -> Result<(), LeaseError> {
-        self.check_release(id)?;
-        if self.restoring.remove(id).is_some() {
-            // Restored, not yet bound again (the first update has not come back).
-            return Ok(());
-        }
-        let Some(LeaseState::Acquired { instance, slot }) = self.leases.remove(id).map(|l| l.state)
-        else {
-            // A failed lease: acknowledged, and nothing of it is held.
-            return Ok(());
-        };
-        self.acquired -= 1;
-        if let Some(&key) = self.by_id.get(&instance) {
-            self.with_inst(key, |inst| {
-                if let Some(s) = inst.slots.get_mut(slot as usize) {
-                    *s = None;
-                }
-                inst.used = inst.used.saturating_sub(1);
-                if inst.used == 0 {
-                    inst.idle_since = Some(now);
-                }
-            });
-        }
+        let change = self.plan_release(now, id, None)?;
+        self.commit(change);
         Ok(())
     }
 
@@ -329,14 +180,8 @@ impl PoolCore {
     /// Docker unreachable): the instance is failed with `cause`, so no other lease gets it and
     /// it is replaced.
     pub fn release_broken(&mut self, now: Millis, id: u64, cause: &str) -> Result<(), LeaseError> {
-        let instance = match self.leases.get(id).map(|l| &l.state) {
-            Some(LeaseState::Acquired { instance, .. }) => Some(instance.clone()),
-            _ => None,
-        };
-        self.release(now, id)?;
-        if let Some(key) = instance.and_then(|i| self.by_id.get(&i).copied()) {
-            self.fail_instance(key, &format!("reported broken by a lease holder: {cause}"));
-        }
+        let change = self.plan_release(now, id, Some(cause))?;
+        self.commit(change);
         Ok(())
     }
 
@@ -349,32 +194,9 @@ impl PoolCore {
     /// Undoes a binding nobody received (the acquire's caller left between the grant and the
     /// answer): the lease is reserved again and its slot and use are given back.
     pub fn unacquire(&mut self, now: Millis, id: u64) {
-        let Some(LeaseState::Acquired { instance, slot }) =
-            self.leases.get(id).map(|l| l.state.clone())
-        else {
-            return;
-        };
-        if let Some(&key) = self.by_id.get(&instance) {
-            self.with_inst(key, |inst| {
-                if let Some(cell) = inst.slots.get_mut(slot as usize) {
-                    *cell = None;
-                }
-                inst.used = inst.used.saturating_sub(1);
-                inst.uses = inst.uses.saturating_sub(1);
-                if inst.used == 0 {
-                    inst.idle_since = Some(now);
-                }
-                if inst.state == InstState::Draining && inst.used == 0 {
-                    inst.state = InstState::Ready;
-                }
-            });
+        if let Some(change) = self.plan_unacquire(now, id) {
+            self.commit(change);
         }
-        self.leases.update(id, |lease| {
-            lease.state = LeaseState::Reserved;
-            lease.acquired_at = None;
-        });
-        self.acquired -= 1;
-        self.reserved += 1;
     }
 
     /// A lease by id.

@@ -4,12 +4,15 @@
 //!
 //! This module owns the [`PoolCore`] struct, its lifecycle phases and the bookkeeping every
 //! change to an instance goes through (`with_inst`, `add_inst`, `forget_inst`, which keep the
-//! indexes in step). The concerns live in submodules: `leases` (reserve, acquire, release),
-//! `plan` (what to do now and when to look again), `observe` (learning provider results),
-//! `snapshot` (counts, health and invariants), `index` (instance records and their indexes) and
-//! `types` (the public vocabulary). It must not know about async, tokio, HTTP or metrics.
+//! indexes in step). The concerns live in submodules: `change` (every lease change, checked
+//! and planned, then committed), `leases` (questions about leases, and the one-step changes
+//! the simulator makes), `plan` (what to do now and when to look again), `observe` (learning
+//! provider results), `snapshot` (counts, health and invariants), `index` (instance records
+//! and their indexes) and `types` (the public vocabulary). It must not know about async,
+//! tokio, HTTP or metrics.
 
 mod backoff;
+mod change;
 mod fallback;
 mod index;
 mod lease_table;
@@ -25,11 +28,12 @@ use std::collections::{HashMap, VecDeque};
 
 use self::backoff::Backoff;
 pub use self::backoff::Pause;
+pub use self::change::{Change, Committed, Write};
 use self::index::{Index, Indexed, Inst, PolicyCache};
 use self::lease_table::LeaseTable;
 pub use self::types::{
     Action, Binding, Counters, InstState, InstanceView, JournalError, Lease, LeaseError,
-    LeaseState, PlannedAcquire, PoolHealth, PoolSnapshot, RestartView, SlotCounts,
+    LeaseState, PoolHealth, PoolSnapshot, RestartView, SlotCounts,
 };
 use super::policy::{self, Policy};
 use super::{Millis, ScalerConfig};

@@ -212,22 +212,6 @@ pub struct Binding {
     pub slot: u32,
 }
 
-/// An acquire the core checked and placed but has not made ([`PoolCore::plan_acquire`]): the
-/// lease as it will be bound, and what the journal must hold before it is.
-///
-/// [`PoolCore::plan_acquire`]: super::PoolCore::plan_acquire
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedAcquire {
-    /// Where it will be bound.
-    pub binding: Binding,
-    /// The lease once bound.
-    pub lease: Lease,
-    /// The instance's use count once bound.
-    pub uses: u32,
-    /// The instance's key in the core.
-    pub(crate) key: u64,
-}
-
 /// Health of the pool as a whole.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", content = "reason", rename_all = "kebab-case")]

@@ -3,14 +3,7 @@
 //! grants), release, unreserve, hand-over and renew.
 
 use super::*;
-
-/// What the journal must hold for a lease change before the change is made and acknowledged.
-pub(super) enum Write<'a> {
-    /// The lease as it will be, with its instance's new use count when it is being bound.
-    Save(&'a Lease, Option<(&'a str, u32)>),
-    /// The lease is gone.
-    Remove(u64),
-}
+use crate::core::{Change, Committed, Write};
 
 /// Why `acquire` gave up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,59 +64,48 @@ impl PoolHandle {
         now: Millis,
         id: u64,
     ) -> Result<Option<Binding>, LeaseError> {
-        let Some(planned) = core.plan_acquire(now, id)? else {
+        let Some(change) = core.plan_acquire(now, id)? else {
             return Ok(None);
         };
-        let uses = Some((planned.binding.instance.as_str(), planned.uses));
-        self.durably(Write::Save(&planned.lease, uses), || {
-            core.commit_acquire(&planned);
-        })?;
-        Ok(Some(planned.binding))
+        Ok(self.durably(core, change)?.binding)
     }
 
-    /// "Durable before acknowledged", in one place: the core has checked the change and said
-    /// what the journal must hold for it (`write`); the write is made durable, and only then
-    /// is the change made in memory (`commit`). A write that fails changes nothing and
-    /// refuses the change as [`LeaseError::NotDurable`]. Called with the core's lock held, so
-    /// nothing comes between the check and the change.
-    pub(super) fn durably<T>(
+    /// "Durable before acknowledged", in one place, for every lease change: the core has
+    /// checked the change and said what the journal must hold for it ([`Change::write`]);
+    /// the write is made durable, and only then does the core make the change
+    /// ([`PoolCore::commit`]). A write that fails changes nothing and refuses the change as
+    /// [`LeaseError::NotDurable`]. Called with the core's lock held since the change was
+    /// planned, so nothing comes between the check and the change.
+    pub(super) fn durably(
         &self,
-        write: Write<'_>,
-        commit: impl FnOnce() -> T,
-    ) -> Result<T, LeaseError> {
+        core: &mut PoolCore,
+        change: Change,
+    ) -> Result<Committed, LeaseError> {
         if let Some(journal) = &self.journal {
-            self.committed(|| match write {
+            self.committed(|| match change.write() {
                 Write::Save(lease, uses) => journal.save(lease, uses),
                 Write::Remove(id) => journal.remove(id),
             })
             .map_err(LeaseError::NotDurable)?;
         }
-        Ok(commit())
+        Ok(core.commit(change))
     }
 
-    /// Undoes a binding nobody received: the lease is reserved again, in memory and journal.
+    /// Undoes a binding nobody received: the lease is reserved again, in journal and memory.
+    /// When the journal cannot take that, the lease stays bound in both: its holder finds it
+    /// acquired when it asks again, or releases it.
     pub(super) fn unbind(&self, core: &mut PoolCore, now: Millis, id: u64) {
-        core.unacquire(now, id);
-        if let Err(e) = self.journal_save(core.lease(id).cloned(), None) {
-            tracing::warn!(pool = %self.name, lease = id, "lease journal: {e}");
+        let Some(change) = core.plan_unacquire(now, id) else {
+            return;
+        };
+        if let Err(e) = self.durably(core, change) {
+            tracing::warn!(pool = %self.name, lease = id, "lease journal: {e}; the lease stays acquired");
         }
     }
 
     /// Promises a slot; wakes the driver so capacity follows demand at once.
     pub fn reserve(&self) -> Result<u64, LeaseError> {
         self.reserve_labelled(std::collections::BTreeMap::new())
-    }
-
-    /// Writes a lease to the journal; `Err` when that failed.
-    pub(super) fn journal_save(
-        &self,
-        lease: Option<Lease>,
-        uses: Option<(&str, u32)>,
-    ) -> Result<(), JournalError> {
-        match (&self.journal, lease) {
-            (Some(j), Some(lease)) => self.committed(|| j.save(&lease, uses)),
-            _ => Ok(()),
-        }
     }
 
     /// Runs one journal commit, timed for the observer.
@@ -167,10 +149,8 @@ impl PoolHandle {
     ) -> Result<u64, LeaseError> {
         let mut core = self.core();
         let after = deadline_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let lease = core.plan_reserve(self.clock.now(), labels, after, tenant)?;
-        let id = self.durably(Write::Save(&lease, None), || {
-            core.commit_reserve(lease.clone())
-        })?;
+        let change = core.plan_reserve(self.clock.now(), labels, after, tenant)?;
+        let id = self.durably(&mut core, change)?.id;
         drop(core);
         self.kick();
         Ok(id)
@@ -179,22 +159,25 @@ impl PoolHandle {
     /// Frees a slot whose instance the lease holder found broken: the instance is failed and
     /// replaced.
     pub fn release_broken(&self, id: u64, cause: &str) -> Result<(), LeaseError> {
-        let mut core = self.core();
-        core.check_release(id)?;
-        let lease = core.lease(id).cloned();
-        let now = self.clock.now();
-        let r = self.durably(Write::Remove(id), || core.release_broken(now, id, cause))?;
-        drop(core);
-        self.ended(&r, lease, now);
-        self.kick();
-        r
+        self.end(|core, now| core.plan_release(now, id, Some(cause)))
     }
 
-    /// Records a lease that ended in the history.
-    pub(super) fn ended(&self, result: &Result<(), LeaseError>, lease: Option<Lease>, now: Millis) {
-        if let (Ok(()), Some(journal), Some(lease)) = (result, &self.journal, lease) {
-            journal.finished(&lease, now);
+    /// Ends a lease (release, unreserve) as `plan` checks it, durably; then records it in the
+    /// history and wakes the driver.
+    fn end(
+        &self,
+        plan: impl FnOnce(&PoolCore, Millis) -> Result<Change, LeaseError>,
+    ) -> Result<(), LeaseError> {
+        let mut core = self.core();
+        let now = self.clock.now();
+        let change = plan(&core, now)?;
+        let done = self.durably(&mut core, change)?;
+        drop(core);
+        if let (Some(journal), Some(lease)) = (&self.journal, &done.ended) {
+            journal.finished(lease, now);
         }
+        self.kick();
+        Ok(())
     }
 
     /// Binds a reserved lease to a ready instance, waiting up to `instance_acquire_timeout`
@@ -246,33 +229,17 @@ impl PoolHandle {
 
     /// Frees a slot.
     pub fn release(&self, id: u64) -> Result<(), LeaseError> {
-        let mut core = self.core();
-        core.check_release(id)?;
-        let lease = core.lease(id).cloned();
-        let now = self.clock.now();
-        let r = self.durably(Write::Remove(id), || core.release(now, id))?;
-        drop(core);
-        self.ended(&r, lease, now);
-        self.kick();
-        r
+        self.end(|core, now| core.plan_release(now, id, None))
     }
 
     /// Drops a reservation.
     pub fn unreserve(&self, id: u64) -> Result<(), LeaseError> {
-        let mut core = self.core();
-        core.check_unreserve(id)?;
-        let lease = core.lease(id).cloned();
-        let r = self.durably(Write::Remove(id), || core.unreserve(id))?;
-        drop(core);
-        if r.is_ok() {
-            // An acquire still queued for it learns at once that the lease is gone.
-            for waiter in self.waiters().take_lease(id) {
-                let _ = waiter.answer(Err(LeaseError::UnknownLease(id)));
-            }
+        self.end(|core, _| core.plan_unreserve(id))?;
+        // An acquire still queued for it learns at once that the lease is gone.
+        for waiter in self.waiters().take_lease(id) {
+            let _ = waiter.answer(Err(LeaseError::UnknownLease(id)));
         }
-        self.ended(&r, lease, self.clock.now());
-        self.kick();
-        r
+        Ok(())
     }
 
     /// Hands reservation `id` to `to`, this pool's fallback: `to` takes it whole (same id,
@@ -287,20 +254,19 @@ impl PoolHandle {
             .cloned()
             .ok_or(LeaseError::UnknownLease(id))?;
         lease.handed_from = Some(self.name.clone());
-        core.check_unreserve(id)?;
+        let forget = core.plan_unreserve(id)?;
         {
             // Not durable there, so not moved.
             let mut theirs = to.core();
-            theirs.check_take_over(&lease)?;
-            to.durably(Write::Save(&lease, None), || {
-                theirs.take_over(lease.clone())
-            })??;
+            let take = theirs.plan_take_over(lease)?;
+            to.durably(&mut theirs, take)?;
         }
-        let moved = self.durably(Write::Remove(id), || core.unreserve(id));
-        if let Err(e) = moved.and_then(|r| r) {
+        if let Err(e) = self.durably(&mut core, forget) {
             // This pool could not forget it: it stays here, and `to` gives its copy up.
             let mut theirs = to.core();
-            let _ = to.durably(Write::Remove(id), || theirs.unreserve(id));
+            if let Ok(give_up) = theirs.plan_unreserve(id) {
+                let _ = to.durably(&mut theirs, give_up);
+            }
             return Err(e);
         }
         drop(core);

@@ -10,9 +10,7 @@ use tracing::Instrument;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::core::{
-    Action, Binding, JournalError, Lease, LeaseError, LeaseState, PoolCore, PoolSnapshot,
-};
+use super::core::{Action, Binding, JournalError, LeaseError, LeaseState, PoolCore, PoolSnapshot};
 use super::{Millis, Policy};
 use flotilla_provider::{
     CallError, Connection, Function, Listing, Provider, ProviderHealth, ProviderInfo,

@@ -499,4 +499,38 @@ async fn while_the_journal_cannot_write_no_lease_change_is_acknowledged_or_made(
     journal.set_broken(false);
     pool.unreserve(second).unwrap();
     assert_eq!((state(&pool, second), journal.held(second)), (None, None));
+
+    // A holder that found its instance broken: refused, the lease and the instance stay.
+    let third = pool.reserve().unwrap();
+    let bound = pool.acquire(third).await.unwrap();
+    journal.set_broken(true);
+    assert!(not_durable(
+        &pool.release_broken(third, "docker is gone").unwrap_err()
+    ));
+    let instance = |pool: &PoolHandle| {
+        pool.with_core(|c| {
+            let of = c.instances().into_iter().find(|i| i.id == bound.instance);
+            of.map(|i| i.state)
+        })
+    };
+    assert_eq!(
+        instance(&pool),
+        Some(flotilla_scaler::InstState::Ready),
+        "a refused release failed the instance"
+    );
+    assert_eq!(
+        state(&pool, third),
+        Some(LeaseState::Acquired {
+            instance: bound.instance.clone(),
+            slot: bound.slot,
+        })
+    );
+    journal.set_broken(false);
+    pool.release_broken(third, "docker is gone").unwrap();
+    assert_eq!((state(&pool, third), journal.held(third)), (None, None));
+    assert_ne!(
+        instance(&pool),
+        Some(flotilla_scaler::InstState::Ready),
+        "the instance reported broken still takes jobs"
+    );
 }
