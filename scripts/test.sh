@@ -101,8 +101,8 @@ phase() { echo "== $* (at ${SECONDS} s)"; }
 # the tests' waits on their peers leave part of the CPU idle, and these builds take it. The
 # checks that use the binaries wait for them further down.
 cross_log="$CARGO_TARGET_DIR/cross-build.log"
-# The Windows binary this run checks under Wine is built at opt-level 1 (Cargo.toml's
-# windows-check profile): the same code in about half the CPU time.
+# The Windows binary this run checks under Wine is built without optimisation (Cargo.toml's
+# windows-check profile): the same code in a quarter of the CPU time of opt-level 1.
 export FLOTILLA_WINDOWS_PROFILE=windows-check
 mkdir -p "$CARGO_TARGET_DIR" # a fresh machine has none yet
 if [ -z "$quick" ]; then

@@ -1,8 +1,9 @@
 //! The lease API's wire vocabulary, written once: the stable error codes with their HTTP
-//! status, the error body, the lease as the API shows it, and the request bodies. The server
-//! (`flotilla run`) and every client in this repository (the GitLab driver first) use these
-//! types, so a code or a field cannot drift between them; a test checks the docs' table of
-//! codes (each code and its status) against [`ErrorCode::ALL`].
+//! status, the error body, the lease as the API shows it, the request bodies, and the pools'
+//! and the process's state (`status`). The server (`flotilla run`) and every client in this
+//! repository (the GitLab driver first) use these types, so a code or a field cannot drift
+//! between them. Tests check the docs' table of codes (each code and its status) against
+//! [`ErrorCode::ALL`], and each answer the docs show against its type, field for field.
 //!
 //! Must not know: HTTP servers or clients, the scaler, tokio. A leaf.
 
@@ -433,6 +434,7 @@ pub struct DockerHandle {
 }
 
 pub mod exec;
+pub mod status;
 
 #[cfg(test)]
 mod tests {
@@ -513,5 +515,47 @@ mod docs {
             "docs/api.md's error table against ErrorCode::ALL"
         );
         assert_eq!(rows.len(), ErrorCode::ALL.len(), "a code is listed twice");
+    }
+
+    /// Reads `sample` as `T` and writes it back: the same JSON, so every field the docs show
+    /// is one the type has, with the same shape, and none the type sends is missing.
+    fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(sample: &serde_json::Value) {
+        let typed: T = serde_json::from_value(sample.clone())
+            .unwrap_or_else(|e| panic!("docs/api.md: {e} in {sample}"));
+        let back = serde_json::to_value(&typed).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&back, sample, "docs/api.md's answer against the wire type");
+    }
+
+    /// Every answer docs/api.md shows is one of the API's types, field for field.
+    #[test]
+    fn the_docs_answers_are_the_apis_types() {
+        let page = include_str!("../../../docs/api.md");
+        let samples: Vec<serde_json::Value> = page
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        assert_eq!(samples.len(), 4, "the answers docs/api.md shows");
+        for sample in &samples {
+            let has = |key: &str| sample.get(key).is_some();
+            if has("pools") {
+                round_trip::<super::status::PoolsAnswer>(sample);
+                let pools: super::status::PoolsAnswer =
+                    serde_json::from_value(sample.clone()).unwrap_or_else(|e| panic!("{e}"));
+                let running = pools.pools.values().all(|p| p.status.scaler.is_some());
+                assert!(running, "a running pool's counts do not read: {sample}");
+            } else if has("released") {
+                round_trip::<super::ReleaseAnswer>(sample);
+            } else if has("instance") {
+                round_trip::<super::AcquireAnswer>(sample);
+            } else if sample
+                .get("lease")
+                .is_some_and(serde_json::Value::is_object)
+            {
+                round_trip::<super::LeaseAnswer>(sample);
+            } else {
+                panic!("docs/api.md shows an answer this test does not know: {sample}");
+            }
+        }
     }
 }

@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use serde_json::{Value, json};
-
 use crate::metrics::PoolMetrics;
+use flotilla_api::status::{
+    HealthState, NotReady, PluginHealth, PoolEntry, PoolHealth as HealthView, PoolStatus,
+};
 use flotilla_connector::Connector;
 use flotilla_scaler::{Millis, PoolHandle, PoolHealth};
 
@@ -63,27 +64,43 @@ pub enum PoolState {
 }
 
 impl PoolState {
-    /// The pool's health as `/v1/pools` and `/readyz` show it, when it is not running.
-    fn health(&self) -> Option<Value> {
+    /// The pool's health as `/v1/pools` and `/readyz` show it.
+    fn health(&self) -> HealthView {
         match self {
-            PoolState::Starting { attempt, since } => Some(json!({
-                "state": "starting",
-                "reason": format!("loading the plugin and running init (try {attempt})"),
-                "attempt": attempt,
-                "since": since,
-            })),
+            PoolState::Starting { attempt, since } => HealthView {
+                reason: Some(format!(
+                    "loading the plugin and running init (try {attempt})"
+                )),
+                attempt: Some(*attempt),
+                since: Some(*since),
+                ..HealthView::of(HealthState::Starting)
+            },
             PoolState::Failed {
                 reason,
                 attempt,
                 retry_at,
-            } => Some(json!({
-                "state": "start-failed",
-                "reason": reason,
-                "attempt": attempt,
-                "retry_at": retry_at,
-            })),
-            PoolState::Running(_) => None,
+            } => HealthView {
+                reason: Some(reason.clone()),
+                attempt: Some(*attempt),
+                retry_at: Some(*retry_at),
+                ..HealthView::of(HealthState::StartFailed)
+            },
+            PoolState::Running(p) => health_view(&p.handle.snapshot().health),
         }
+    }
+}
+
+/// The scaler's health as the API shows it.
+pub fn health_view(health: &PoolHealth) -> HealthView {
+    let (state, reason) = match health {
+        PoolHealth::Starting => (HealthState::Starting, None),
+        PoolHealth::Ready => (HealthState::Ready, None),
+        PoolHealth::Degraded(why) => (HealthState::Degraded, Some(why.clone())),
+        PoolHealth::Stopped(why) => (HealthState::Stopped, Some(why.clone())),
+    };
+    HealthView {
+        reason,
+        ..HealthView::of(state)
     }
 }
 
@@ -187,37 +204,50 @@ impl Pools {
 
     /// Every pool's status for `/v1/pools`: the scaler's snapshot and the plugin's health for
     /// running pools, the start state for the others.
-    pub fn status(&self) -> serde_json::Map<String, Value> {
-        let mut out = serde_json::Map::new();
-        for (name, state) in self.read().iter() {
-            let entry = match state {
-                PoolState::Running(p) => json!({
-                    "status": p.handle.snapshot(),
-                    "plugin": p.handle.provider().health(),
-                }),
-                other => json!({ "status": { "health": other.health() } }),
-            };
-            out.insert(name.clone(), entry);
-        }
-        out
+    pub fn status(&self) -> BTreeMap<String, PoolEntry> {
+        let entry = |state: &PoolState| match state {
+            PoolState::Running(p) => PoolEntry {
+                plugin: Some(plugin_health(&p.handle.provider().health())),
+                status: crate::api::pool_status(&p.handle.snapshot()),
+            },
+            other => PoolEntry {
+                plugin: None,
+                status: PoolStatus {
+                    health: other.health(),
+                    scaler: None,
+                },
+            },
+        };
+        let pools = self.read();
+        pools.iter().map(|(n, s)| (n.clone(), entry(s))).collect()
     }
 
     /// The pools that are not ready, each with its state only, for `/readyz`. `/readyz` needs
     /// no token, so the why (a cloud's error text, an account id, a file path) is left to the
     /// authenticated `/v1/pools`.
-    pub fn not_ready(&self) -> serde_json::Map<String, Value> {
-        let mut out = serde_json::Map::new();
-        for (name, state) in self.read().iter() {
-            let health = match state {
-                PoolState::Running(p) => match p.handle.snapshot().health {
-                    PoolHealth::Ready => continue,
-                    other => json!(other),
-                },
-                other => other.health().unwrap_or(Value::Null),
-            };
-            let state = health.get("state").cloned().unwrap_or(Value::Null);
-            out.insert(name.clone(), json!({ "state": state }));
-        }
-        out
+    pub fn not_ready(&self) -> BTreeMap<String, NotReady> {
+        let pools = self.read();
+        pools
+            .iter()
+            .map(|(name, state)| (name, state.health().state))
+            .filter(|(_, state)| *state != HealthState::Ready)
+            .map(|(name, state)| (name.clone(), NotReady::Pool { state }))
+            .collect()
+    }
+}
+
+/// The sandbox's view of a plugin as the API shows it.
+fn plugin_health(h: &flotilla_provider::ProviderHealth) -> PluginHealth {
+    PluginHealth {
+        call_wait_micros: h.call_wait_micros,
+        circuit_open: h.circuit_open,
+        consecutive_faults: h.consecutive_faults,
+        contract_violations: h.contract_violations,
+        egress_denied: h.egress_denied,
+        egress_remints: h.egress_remints,
+        last_fault: h.last_fault.clone(),
+        restarts: h.restarts,
+        timeouts: h.timeouts,
+        traps: h.traps,
     }
 }

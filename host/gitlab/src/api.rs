@@ -470,16 +470,14 @@ impl ApiClient {
         let answer = self
             .call(http::Method::GET, "/v1/pools", None, Duration::from_secs(5))
             .await?;
-        let status = answer
-            .get("pools")
-            .and_then(|p| p.get(&self.pool))
-            .and_then(|p| p.get("status"));
-        let number = |key: &str| status.and_then(|s| s.get(key)).and_then(Value::as_u64);
-        match (number("max_instances"), number("capacity_per_instance")) {
-            (Some(max), Some(capacity)) => {
-                Ok(u32::try_from(max.saturating_mul(capacity)).unwrap_or(u32::MAX))
-            }
-            _ => Err(self.unreachable(format!(
+        let mut answer: flotilla_api::status::PoolsAnswer = self.answer(answer, "pools")?;
+        let running = answer
+            .pools
+            .remove(&self.pool)
+            .and_then(|p| p.status.scaler);
+        match running {
+            Some(scaler) => Ok(scaler.max_slots()),
+            None => Err(self.unreachable(format!(
                 "pool {} is not running there (or this flotilla is too old to say its capacity)",
                 self.pool
             ))),

@@ -53,7 +53,7 @@ fn default_idle_time() -> Duration {
 }
 
 /// `scale_throttle = { limit, burst }`: a token bucket on instance creation.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ThrottleConfig {
     /// Instances per second.
@@ -63,7 +63,7 @@ pub struct ThrottleConfig {
 }
 
 /// The numeric knobs of a pool as written (they sit directly in `[[pool]]`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct KnobsConfig {
     /// Job slots per instance.
     pub capacity_per_instance: u32,
@@ -95,6 +95,32 @@ pub struct KnobsConfig {
     pub fallback_hold: Duration,
     /// An instance lost within this long of coming means the pool cannot grow.
     pub fallback_failing_within: Duration,
+}
+
+impl KnobsConfig {
+    /// What a pool that leaves a knob out gets: [`ScalerConfig::default`]'s value, the one
+    /// place the defaults are written. `max_instances` has none; a pool must say it.
+    pub fn defaults(max_instances: u32) -> KnobsConfig {
+        let d = ScalerConfig::default();
+        let ms = Duration::from_millis;
+        KnobsConfig {
+            capacity_per_instance: d.capacity_per_instance,
+            max_use_count: d.max_use_count,
+            max_instances,
+            instance_acquire_timeout: ms(d.instance_acquire_timeout_ms),
+            update_interval: ms(d.update_interval_ms),
+            update_interval_when_expecting: ms(d.update_interval_when_expecting_ms),
+            deletion_retry_interval: ms(d.deletion_retry_interval_ms),
+            failure_threshold: d.failure_threshold,
+            instance_ready_grace: ms(d.instance_ready_grace_ms),
+            lease_ttl: d.lease_ttl_ms.map(ms),
+            max_job_duration: d.max_job_duration_ms.map(ms),
+            paused_retry_interval: ms(d.paused_retry_interval_ms),
+            scale_throttle: None,
+            fallback_hold: ms(d.fallback_hold_ms),
+            fallback_failing_within: ms(d.fallback_failing_within_ms),
+        }
+    }
 }
 
 impl Validate for KnobsConfig {
@@ -249,20 +275,7 @@ mod tests {
     fn knobs() -> KnobsConfig {
         KnobsConfig {
             capacity_per_instance: 2,
-            max_use_count: 0,
-            max_instances: 4,
-            instance_acquire_timeout: Duration::from_secs(120),
-            update_interval: Duration::from_secs(60),
-            update_interval_when_expecting: Duration::from_secs(2),
-            deletion_retry_interval: Duration::from_secs(60),
-            failure_threshold: 3,
-            instance_ready_grace: Duration::from_secs(300),
-            lease_ttl: None,
-            max_job_duration: None,
-            paused_retry_interval: Duration::from_secs(60),
-            scale_throttle: None,
-            fallback_hold: Duration::from_secs(300),
-            fallback_failing_within: Duration::from_secs(600),
+            ..KnobsConfig::defaults(4)
         }
     }
 
@@ -272,6 +285,19 @@ mod tests {
         let cfg = knobs().validate(&cx(), &KeyPath::root(), &mut problems);
         assert!(problems.is_empty());
         assert_eq!(cfg.map(|c| c.max_instances), Some(4));
+    }
+
+    /// A pool that leaves every knob out runs with the scaler's defaults, unchanged by the
+    /// trip through durations.
+    #[test]
+    fn the_default_knobs_are_the_scalers_defaults() {
+        let mut problems = Problems::default();
+        let cfg = KnobsConfig::defaults(7).validate(&cx(), &KeyPath::root(), &mut problems);
+        let want = ScalerConfig {
+            max_instances: 7,
+            ..ScalerConfig::default()
+        };
+        assert_eq!(cfg, Some(want));
     }
 
     #[test]

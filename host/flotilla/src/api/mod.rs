@@ -9,7 +9,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
-use serde_json::json;
 
 use crate::metrics::Metrics;
 use crate::pools::{Pools, RunningPool, Unavailable};
@@ -24,6 +23,7 @@ mod wire;
 use docker::docker;
 pub use docker::watch_lease_channels;
 use shell::{EXEC_BODY_LIMIT, exec, terminal};
+pub(crate) use status::pool_status;
 use status::{instances, metrics, pools, readyz};
 
 /// Shared state of the server.
@@ -123,12 +123,18 @@ pub fn router(state: Shared) -> Router {
         .with_state(state)
 }
 
+async fn healthz() -> Json<flotilla_api::status::HealthAnswer> {
+    Json(flotilla_api::status::HealthAnswer {
+        status: "ok".into(),
+    })
+}
+
 /// `/metrics`, `/healthz` and `/readyz`: unauthenticated, and all `server.metrics_listen`
 /// serves.
 fn health_routes() -> Router<Shared> {
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/sd/prometheus", get(crate::sd::prometheus))
 }

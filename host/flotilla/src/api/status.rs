@@ -7,12 +7,71 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use flotilla_api::status::{
+    InstanceState, InstanceView, InstancesAnswer, NotReady, Paused, PoolStatus, PoolsAnswer,
+    Readiness, ReadyAnswer, Restart, ScalerStatus, Slots,
+};
+use flotilla_scaler::{InstState, PoolSnapshot};
 
 use super::{ApiError, Shared, running};
 
-pub(super) async fn pools(State(state): State<Shared>) -> Json<serde_json::Value> {
-    Json(json!({ "pools": state.pools.status() }))
+pub(super) async fn pools(State(state): State<Shared>) -> Json<PoolsAnswer> {
+    Json(PoolsAnswer {
+        pools: state.pools.status(),
+    })
+}
+
+/// A running pool's state as `GET /v1/pools` shows it.
+pub(crate) fn pool_status(s: &PoolSnapshot) -> PoolStatus {
+    let instances = InstState::ALL.map(|st| (instance_state(st), s.instances.get(st.name())));
+    let paused = s.paused.iter().map(|(call, p)| {
+        let paused = Paused {
+            reason: p.reason.clone(),
+            retry_at: p.retry_at,
+        };
+        (call.to_string(), paused)
+    });
+    let scaler = ScalerStatus {
+        acquires_waiting: s.acquires_waiting,
+        capacity_per_instance: s.capacity_per_instance,
+        desired: s.desired,
+        instances: instances
+            .into_iter()
+            .map(|(st, n)| (st, n.copied().unwrap_or(0)))
+            .collect(),
+        last_error: s.last_error.clone(),
+        max_instances: s.max_instances,
+        paused: paused.collect(),
+        pending: s.pending,
+        restart: Restart {
+            adopted_after_ms: s.restart.adopted_after_ms,
+            instances_adopted: s.restart.instances_adopted,
+            leases_expired: s.restart.leases_expired,
+            leases_lost: s.restart.leases_lost,
+            leases_restored: s.restart.leases_restored,
+        },
+        slots: Slots {
+            acquired: s.slots.acquired,
+            idle: s.slots.idle,
+            reserved: s.slots.reserved,
+            unavailable: s.slots.unavailable,
+        },
+    };
+    PoolStatus {
+        health: crate::pools::health_view(&s.health),
+        scaler: Some(scaler),
+    }
+}
+
+fn instance_state(s: InstState) -> InstanceState {
+    match s {
+        InstState::Creating => InstanceState::Creating,
+        InstState::Running => InstanceState::Running,
+        InstState::Ready => InstanceState::Ready,
+        InstState::Draining => InstanceState::Draining,
+        InstState::Deleting => InstanceState::Deleting,
+        InstState::Failed => InstanceState::Failed,
+    }
 }
 
 /// Every instance of a pool: state, where the host reaches it (while it has a session to
@@ -20,22 +79,29 @@ pub(super) async fn pools(State(state): State<Shared>) -> Json<serde_json::Value
 pub(super) async fn instances(
     State(state): State<Shared>,
     Path(name): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<InstancesAnswer>, ApiError> {
     let running = running(&state, &name)?;
     let (p, connector) = (&running.handle, running.connector.as_ref());
     let views = p.with_core(|c| c.instances());
-    let list: Vec<serde_json::Value> = views
+    let instances = views
         .into_iter()
-        .map(|v| {
-            let address = connector.and_then(|c| c.address(&v.id));
-            let mut entry = json!(v);
-            if let Some(map) = entry.as_object_mut() {
-                map.insert("address".into(), json!(address));
-            }
-            entry
+        .map(|v| InstanceView {
+            address: connector.and_then(|c| c.address(&v.id)),
+            failures: v.failures,
+            last_error: v.last_error,
+            ready_since: v.ready_since,
+            seen_at: v.seen_at,
+            slots_used: v.slots_used,
+            state: instance_state(v.state),
+            tenant: v.tenant,
+            use_count: v.use_count,
+            id: v.id,
         })
         .collect();
-    Ok(Json(json!({ "pool": name, "instances": list })))
+    Ok(Json(InstancesAnswer {
+        instances,
+        pool: name,
+    }))
 }
 
 pub(super) async fn metrics(State(state): State<Shared>) -> Response {
@@ -47,17 +113,13 @@ pub(super) async fn metrics(State(state): State<Shared>) -> Response {
 }
 
 pub(super) async fn readyz(State(state): State<Shared>) -> Response {
-    let mut not_ready = state.pools.not_ready();
+    let mut pools = state.pools.not_ready();
     if state.draining.load(Ordering::Relaxed) {
-        not_ready.insert("(process)".into(), json!("draining"));
+        pools.insert("(process)".into(), NotReady::Process("draining".into()));
     }
-    if not_ready.is_empty() {
-        (StatusCode::OK, Json(json!({"status": "ready"}))).into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "not-ready", "pools": not_ready})),
-        )
-            .into_response()
-    }
+    let (code, status) = match pools.is_empty() {
+        true => (StatusCode::OK, Readiness::Ready),
+        false => (StatusCode::SERVICE_UNAVAILABLE, Readiness::NotReady),
+    };
+    (code, Json(ReadyAnswer { pools, status })).into_response()
 }

@@ -39,7 +39,7 @@ pub struct PoolConfig {
     #[serde(default)]
     pub plugin_config: toml::Table,
     /// Job slots per instance.
-    #[serde(default = "one")]
+    #[serde(default = "knob::capacity_per_instance")]
     pub capacity_per_instance: u32,
     /// Jobs per instance before it is replaced (0 = unlimited).
     #[serde(default)]
@@ -47,22 +47,25 @@ pub struct PoolConfig {
     /// Upper bound on instances.
     pub max_instances: u32,
     /// How long acquire waits for a ready instance.
-    #[serde(default = "two_minutes", with = "humantime_serde")]
+    #[serde(default = "knob::instance_acquire_timeout", with = "humantime_serde")]
     pub instance_acquire_timeout: Duration,
     /// Safety-net polling of `update()`.
-    #[serde(default = "one_minute", with = "humantime_serde")]
+    #[serde(default = "knob::update_interval", with = "humantime_serde")]
     pub update_interval: Duration,
     /// Polling of `update()` while instances are expected (requested, not yet running).
-    #[serde(default = "two_seconds", with = "humantime_serde")]
+    #[serde(
+        default = "knob::update_interval_when_expecting",
+        with = "humantime_serde"
+    )]
     pub update_interval_when_expecting: Duration,
     /// Wait before retrying a deletion.
-    #[serde(default = "one_minute", with = "humantime_serde")]
+    #[serde(default = "knob::deletion_retry_interval", with = "humantime_serde")]
     pub deletion_retry_interval: Duration,
     /// Consecutive readiness failures before replacement.
-    #[serde(default = "three")]
+    #[serde(default = "knob::failure_threshold")]
     pub failure_threshold: u32,
     /// Boot time during which failed readiness checks are retried but not counted.
-    #[serde(default = "five_minutes", with = "humantime_serde")]
+    #[serde(default = "knob::instance_ready_grace", with = "humantime_serde")]
     pub instance_ready_grace: Duration,
     /// Leases must be renewed within this (`POST .../renew`); absent: no TTL.
     #[serde(default, with = "humantime_serde")]
@@ -71,7 +74,7 @@ pub struct PoolConfig {
     #[serde(default, with = "humantime_serde")]
     pub max_job_duration: Option<Duration>,
     /// How often a call refused as unauthorized or misconfigured is tried again.
-    #[serde(default = "one_minute", with = "humantime_serde")]
+    #[serde(default = "knob::paused_retry_interval", with = "humantime_serde")]
     pub paused_retry_interval: Duration,
     /// The pool that takes this one's waiting reservations while this one cannot grow (a
     /// quota or capacity refusal, or instances lost soon after they came: a spot pool with
@@ -79,11 +82,11 @@ pub struct PoolConfig {
     #[serde(default)]
     pub fallback: Option<String>,
     /// How long the pool counts as unable to grow after it last could not.
-    #[serde(default = "five_minutes", with = "humantime_serde")]
+    #[serde(default = "knob::fallback_hold", with = "humantime_serde")]
     pub fallback_hold: Duration,
     /// An instance the cloud fails or takes back within this long of coming means the pool
     /// cannot grow.
-    #[serde(default = "ten_minutes", with = "humantime_serde")]
+    #[serde(default = "knob::fallback_failing_within", with = "humantime_serde")]
     pub fallback_failing_within: Duration,
     /// Delete the pool's instances after draining on shutdown.
     #[serde(default)]
@@ -131,26 +134,46 @@ impl PoolConfig {
     }
 }
 
-fn one() -> u32 {
-    1
-}
-fn three() -> u32 {
-    3
-}
-fn two_seconds() -> Duration {
-    Duration::from_secs(2)
-}
-fn one_minute() -> Duration {
-    Duration::from_secs(60)
-}
-fn five_minutes() -> Duration {
-    Duration::from_secs(300)
-}
-fn ten_minutes() -> Duration {
-    Duration::from_secs(600)
-}
-fn two_minutes() -> Duration {
-    Duration::from_secs(120)
+/// The serde defaults of the knobs a pool leaves out: the scaler's own
+/// ([`KnobsConfig::defaults`]), so they are written once.
+mod knob {
+    use std::time::Duration;
+
+    use flotilla_scaler::config::KnobsConfig;
+
+    fn d() -> KnobsConfig {
+        KnobsConfig::defaults(1)
+    }
+    pub(super) fn capacity_per_instance() -> u32 {
+        d().capacity_per_instance
+    }
+    pub(super) fn failure_threshold() -> u32 {
+        d().failure_threshold
+    }
+    pub(super) fn instance_acquire_timeout() -> Duration {
+        d().instance_acquire_timeout
+    }
+    pub(super) fn update_interval() -> Duration {
+        d().update_interval
+    }
+    pub(super) fn update_interval_when_expecting() -> Duration {
+        d().update_interval_when_expecting
+    }
+    pub(super) fn deletion_retry_interval() -> Duration {
+        d().deletion_retry_interval
+    }
+    pub(super) fn instance_ready_grace() -> Duration {
+        d().instance_ready_grace
+    }
+    pub(super) fn paused_retry_interval() -> Duration {
+        d().paused_retry_interval
+    }
+    pub(super) fn fallback_hold() -> Duration {
+        d().fallback_hold
+    }
+    pub(super) fn fallback_failing_within() -> Duration {
+        d().fallback_failing_within
+    }
 }
 
 /// A pool ready to start.
@@ -431,5 +454,27 @@ impl Validate for PoolConfig {
             exporter_ports: self.exporter_ports.clone(),
             fallback: self.fallback.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used, clippy::indexing_slicing)]
+mod tests {
+    use std::path::Path;
+
+    use flotilla_scaler::ScalerConfig;
+
+    /// A pool that writes only what it must runs with the scaler's own defaults: the serde
+    /// defaults are read from there, not written again.
+    #[test]
+    fn a_pool_that_leaves_the_knobs_out_gets_the_scalers_defaults() {
+        let text = "[server]\nlisten = \"127.0.0.1:0\"\n\n[[pool]]\nname = \"p\"\n\
+                    plugin = \"builtin:static\"\nmax_instances = 3\n";
+        let cfg = crate::config::parse(Path::new("t.toml"), text, false).expect("valid");
+        let want = ScalerConfig {
+            max_instances: 3,
+            ..ScalerConfig::default()
+        };
+        assert_eq!(cfg.pools[0].scaler, want);
     }
 }
