@@ -534,6 +534,73 @@ mod tests {
         let _ = stop.send(());
     }
 
+    /// Upgraded streams have their own bound: with one connection slot and one stream
+    /// place, an open stream leaves the slot to the next connection, whose upgrade is refused
+    /// while the stream is open and served once it closes.
+    #[tokio::test]
+    async fn upgraded_streams_have_their_own_bound() {
+        use axum::http::{StatusCode, header};
+        use axum::response::IntoResponse;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let upgrade = |connection: axum::Extension<Connection>,
+                       mut request: axum::extract::Request| async move {
+            let Some(place) = connection.stream() else {
+                return (StatusCode::SERVICE_UNAVAILABLE, "no stream place").into_response();
+            };
+            let upgraded = hyper::upgrade::on(&mut request);
+            tokio::spawn(async move {
+                let Ok(upgraded) = upgraded.await else { return };
+                let mut io = TokioIo::new(upgraded);
+                // The place is held until the client closes the stream.
+                let mut buf = [0u8; 64];
+                while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+                drop(place);
+            });
+            let headers = [(header::CONNECTION, "upgrade"), (header::UPGRADE, "test")];
+            (StatusCode::SWITCHING_PROTOCOLS, headers).into_response()
+        };
+        let router = axum::Router::new().route("/stream", axum::routing::get(upgrade));
+        let limits = Limits {
+            max_connections: 1,
+            max_streams: 1,
+            ..Limits::default()
+        };
+        let (addr, stop) = serving(router, limits).await;
+        let open = || async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let ask =
+                "GET /stream HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: test\r\n\r\n";
+            c.write_all(ask.as_bytes()).await.expect("send");
+            let mut buf = [0u8; 512];
+            let n = tokio::time::timeout(Duration::from_secs(3), c.read(&mut buf))
+                .await
+                .expect("an answer")
+                .expect("read");
+            let text = String::from_utf8_lossy(buf.get(..n).unwrap_or_default()).into_owned();
+            (text, c)
+        };
+        // Until the stream's connection has handed its slot back, the next may be refused by
+        // the connection bound instead.
+        let until = |want: &'static str| async move {
+            for _ in 0..100 {
+                let (text, c) = open().await;
+                if text.contains(want) {
+                    return (text, c);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("no answer with {want:?}");
+        };
+        let (first, stream) = open().await;
+        assert!(first.starts_with("HTTP/1.1 101"), "{first}");
+        let (refused, _) = until("no stream place").await;
+        assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+        drop(stream);
+        let (second, _) = until("HTTP/1.1 101").await;
+        assert!(second.starts_with("HTTP/1.1 101"), "{second}");
+        let _ = stop.send(());
+    }
+
     #[test]
     fn the_bounds_fit_the_open_file_limit_and_are_kept_when_they_do() {
         let d = Limits::default();

@@ -87,7 +87,8 @@ pub struct ServerConfig {
     #[serde(default)]
     pub tls: Option<ServerTlsConfig>,
     /// The read-only bearer token of `/sd/prometheus` (Prometheus's HTTP service discovery of
-    /// the pools' machines); never the lease token. Absent: the endpoint is off.
+    /// the pools' machines); never the lease token. Absent: the endpoint answers every request
+    /// 401, naming this setting.
     #[serde(default)]
     pub sd_token: Option<SecretSource>,
     /// A file the machine list is written to in Prometheus's `file_sd_configs` format (the
