@@ -9,10 +9,11 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::metrics::PoolMetrics;
 use flotilla_api::status::{
-    HealthState, NotReady, PluginHealth, PoolEntry, PoolHealth as HealthView, PoolStatus,
+    HealthState, InstanceState, NotReady, Paused, PluginHealth, PoolEntry,
+    PoolHealth as HealthView, PoolStatus, Restart, ScalerStatus, Slots,
 };
 use flotilla_connector::Connector;
-use flotilla_scaler::{Millis, PoolHandle, PoolHealth};
+use flotilla_scaler::{InstState, Millis, PoolHandle, PoolHealth, PoolSnapshot};
 
 /// A pool whose plugin is loaded and initialised and whose scaler runs.
 pub struct RunningPool {
@@ -208,7 +209,7 @@ impl Pools {
         let entry = |state: &PoolState| match state {
             PoolState::Running(p) => PoolEntry {
                 plugin: Some(plugin_health(&p.handle.provider().health())),
-                status: crate::api::pool_status(&p.handle.snapshot()),
+                status: pool_status(&p.handle.snapshot()),
             },
             other => PoolEntry {
                 plugin: None,
@@ -233,6 +234,59 @@ impl Pools {
             .filter(|(_, state)| *state != HealthState::Ready)
             .map(|(name, state)| (name.clone(), NotReady::Pool { state }))
             .collect()
+    }
+}
+
+/// A running pool's state as `GET /v1/pools` shows it.
+fn pool_status(s: &PoolSnapshot) -> PoolStatus {
+    let instances = InstState::ALL.map(|st| (instance_state(st), s.instances.get(st.name())));
+    let paused = s.paused.iter().map(|(call, p)| {
+        let paused = Paused {
+            reason: p.reason.clone(),
+            retry_at: p.retry_at,
+        };
+        (call.to_string(), paused)
+    });
+    let scaler = ScalerStatus {
+        acquires_waiting: s.acquires_waiting,
+        capacity_per_instance: s.capacity_per_instance,
+        desired: s.desired,
+        instances: instances
+            .into_iter()
+            .map(|(st, n)| (st, n.copied().unwrap_or(0)))
+            .collect(),
+        last_error: s.last_error.clone(),
+        max_instances: s.max_instances,
+        paused: paused.collect(),
+        pending: s.pending,
+        restart: Restart {
+            adopted_after_ms: s.restart.adopted_after_ms,
+            instances_adopted: s.restart.instances_adopted,
+            leases_expired: s.restart.leases_expired,
+            leases_lost: s.restart.leases_lost,
+            leases_restored: s.restart.leases_restored,
+        },
+        slots: Slots {
+            acquired: s.slots.acquired,
+            idle: s.slots.idle,
+            reserved: s.slots.reserved,
+            unavailable: s.slots.unavailable,
+        },
+    };
+    PoolStatus {
+        health: health_view(&s.health),
+        scaler: Some(scaler),
+    }
+}
+
+pub(crate) fn instance_state(s: InstState) -> InstanceState {
+    match s {
+        InstState::Creating => InstanceState::Creating,
+        InstState::Running => InstanceState::Running,
+        InstState::Ready => InstanceState::Ready,
+        InstState::Draining => InstanceState::Draining,
+        InstState::Deleting => InstanceState::Deleting,
+        InstState::Failed => InstanceState::Failed,
     }
 }
 

@@ -23,7 +23,6 @@ mod wire;
 use docker::docker;
 pub use docker::watch_lease_channels;
 use shell::{EXEC_BODY_LIMIT, exec, terminal};
-pub(crate) use status::pool_status;
 use status::{instances, metrics, pools, readyz};
 
 /// Shared state of the server.

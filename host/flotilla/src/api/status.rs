@@ -8,70 +8,16 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use flotilla_api::status::{
-    InstanceState, InstanceView, InstancesAnswer, NotReady, Paused, PoolStatus, PoolsAnswer,
-    Readiness, ReadyAnswer, Restart, ScalerStatus, Slots,
+    InstanceView, InstancesAnswer, NotReady, PoolsAnswer, Readiness, ReadyAnswer,
 };
-use flotilla_scaler::{InstState, PoolSnapshot};
 
 use super::{ApiError, Shared, running};
+use crate::pools::instance_state;
 
 pub(super) async fn pools(State(state): State<Shared>) -> Json<PoolsAnswer> {
     Json(PoolsAnswer {
         pools: state.pools.status(),
     })
-}
-
-/// A running pool's state as `GET /v1/pools` shows it.
-pub(crate) fn pool_status(s: &PoolSnapshot) -> PoolStatus {
-    let instances = InstState::ALL.map(|st| (instance_state(st), s.instances.get(st.name())));
-    let paused = s.paused.iter().map(|(call, p)| {
-        let paused = Paused {
-            reason: p.reason.clone(),
-            retry_at: p.retry_at,
-        };
-        (call.to_string(), paused)
-    });
-    let scaler = ScalerStatus {
-        acquires_waiting: s.acquires_waiting,
-        capacity_per_instance: s.capacity_per_instance,
-        desired: s.desired,
-        instances: instances
-            .into_iter()
-            .map(|(st, n)| (st, n.copied().unwrap_or(0)))
-            .collect(),
-        last_error: s.last_error.clone(),
-        max_instances: s.max_instances,
-        paused: paused.collect(),
-        pending: s.pending,
-        restart: Restart {
-            adopted_after_ms: s.restart.adopted_after_ms,
-            instances_adopted: s.restart.instances_adopted,
-            leases_expired: s.restart.leases_expired,
-            leases_lost: s.restart.leases_lost,
-            leases_restored: s.restart.leases_restored,
-        },
-        slots: Slots {
-            acquired: s.slots.acquired,
-            idle: s.slots.idle,
-            reserved: s.slots.reserved,
-            unavailable: s.slots.unavailable,
-        },
-    };
-    PoolStatus {
-        health: crate::pools::health_view(&s.health),
-        scaler: Some(scaler),
-    }
-}
-
-fn instance_state(s: InstState) -> InstanceState {
-    match s {
-        InstState::Creating => InstanceState::Creating,
-        InstState::Running => InstanceState::Running,
-        InstState::Ready => InstanceState::Ready,
-        InstState::Draining => InstanceState::Draining,
-        InstState::Deleting => InstanceState::Deleting,
-        InstState::Failed => InstanceState::Failed,
-    }
 }
 
 /// Every instance of a pool: state, where the host reaches it (while it has a session to
