@@ -290,18 +290,32 @@ pub(crate) fn instance_state(s: InstState) -> InstanceState {
     }
 }
 
-/// The sandbox's view of a plugin as the API shows it.
+/// The sandbox's view of a plugin as the API shows it. The provider's health is taken apart
+/// field by field, without `..`: a field added to `ProviderHealth` stops the build here until
+/// the wire (`PluginHealth`) says what becomes of it.
 fn plugin_health(h: &flotilla_provider::ProviderHealth) -> PluginHealth {
+    let flotilla_provider::ProviderHealth {
+        consecutive_faults,
+        traps,
+        timeouts,
+        contract_violations,
+        restarts,
+        circuit_open,
+        last_fault,
+        egress_denied,
+        egress_remints,
+        call_wait_micros,
+    } = h;
     PluginHealth {
-        call_wait_micros: h.call_wait_micros,
-        circuit_open: h.circuit_open,
-        consecutive_faults: h.consecutive_faults,
-        contract_violations: h.contract_violations,
-        egress_denied: h.egress_denied,
-        egress_remints: h.egress_remints,
-        last_fault: h.last_fault.clone(),
-        restarts: h.restarts,
-        timeouts: h.timeouts,
-        traps: h.traps,
+        call_wait_micros: *call_wait_micros,
+        circuit_open: *circuit_open,
+        consecutive_faults: *consecutive_faults,
+        contract_violations: *contract_violations,
+        egress_denied: *egress_denied,
+        egress_remints: *egress_remints,
+        last_fault: last_fault.clone(),
+        restarts: *restarts,
+        timeouts: *timeouts,
+        traps: *traps,
     }
 }
