@@ -4,7 +4,7 @@
 #
 #   deploy/image.sh [TAG]        default TAG: flotilla:<crate version>
 #
-# Needs Rust (rustup), Debian's musl-tools (musl-gcc, for ring and aws-lc's C code),
+# Needs Rust (rustup), Debian's musl-tools (musl-gcc, for ring's C code),
 # ca-certificates, and a docker CLI whose daemon builds the image ($DOCKER_HOST is honoured).
 set -euo pipefail
 cd "$(dirname "$0")/.."

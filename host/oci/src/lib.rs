@@ -11,6 +11,7 @@
 mod artifact;
 mod auth;
 mod http;
+mod keys;
 mod reference;
 mod registry;
 mod signature;
@@ -21,9 +22,10 @@ pub mod config;
 
 pub use artifact::{ArtifactInfo, ManifestCheck, PushAnnotations};
 pub use auth::{AuthStore, login_probe, read_password};
+pub use keys::{KeyPair, PublicKey, generate_key_pair};
 pub use reference::OciRef;
 pub use registry::{PullPolicy, Pulled, Registry, RegistryOptions, Validate};
-pub use signature::{KeyPair, PublicKey, SignatureCheck, generate_key_pair};
+pub use signature::SignatureCheck;
 pub use store::{CachedRef, Store};
 
 /// One-line failures of OCI operations, each naming what failed and what to do about it.

@@ -1,17 +1,10 @@
 //! cosign-compatible key-pair signatures: the simple-signing payload, stored under the
 //! `sha256-<digest>.sig` tag so it works on registries without the referrers API.
 
-use std::path::Path;
-
 use base64::Engine as _;
 use serde_json::{Value, json};
-use sigstore::crypto::{
-    CosignVerificationKey, Signature, SigningScheme, signing_key::SigStoreKeyPair,
-    signing_key::SigStoreSigner,
-};
-use zeroize::Zeroizing;
 
-use super::OciError;
+use super::keys::PublicKey;
 
 /// Layer media type of a cosign signature payload.
 pub(crate) const SIMPLESIGNING_MEDIA_TYPE: &str =
@@ -21,90 +14,6 @@ pub(crate) const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signatur
 /// Config media type cosign uses for signature manifests.
 pub(crate) const SIGNATURE_CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
 const PAYLOAD_TYPE: &str = "cosign container image signature";
-
-fn key_err(path: &Path, why: impl Into<String>) -> OciError {
-    OciError::Key {
-        path: path.display().to_string(),
-        why: why.into(),
-    }
-}
-
-/// A private signing key (cosign's encrypted PEM).
-pub struct KeyPair {
-    signer: SigStoreSigner,
-}
-
-impl KeyPair {
-    /// Loads `cosign.key`, decrypting it with `password` (cosign's `COSIGN_PASSWORD`).
-    pub fn load(path: &Path, password: &[u8]) -> Result<Self, OciError> {
-        let pem = Zeroizing::new(
-            std::fs::read(path).map_err(|e| key_err(path, format!("cannot read key: {e}")))?,
-        );
-        let text = String::from_utf8_lossy(&pem);
-        let pair = if text.contains("ENCRYPTED") {
-            SigStoreKeyPair::from_encrypted_pem(&pem, password).map_err(|_| {
-                key_err(
-                    path,
-                    "cannot decrypt the private key; check COSIGN_PASSWORD",
-                )
-            })?
-        } else if text.contains("PRIVATE KEY") {
-            SigStoreKeyPair::from_pem(&pem)
-                .map_err(|e| key_err(path, format!("not a usable private key: {e}")))?
-        } else {
-            return Err(key_err(
-                path,
-                "not a private key PEM (expected cosign.key, not cosign.pub)",
-            ));
-        };
-        let signer = pair
-            .to_sigstore_signer(&SigningScheme::default())
-            .map_err(|e| key_err(path, format!("cannot sign with this key: {e}")))?;
-        Ok(KeyPair { signer })
-    }
-
-    /// Signs `payload`, returning the base64 signature cosign stores in the annotation.
-    pub(crate) fn sign(&self, payload: &[u8]) -> Result<String, String> {
-        let sig = self.signer.sign(payload).map_err(|e| e.to_string())?;
-        Ok(base64::engine::general_purpose::STANDARD.encode(sig))
-    }
-}
-
-/// A public verification key (`cosign.pub`).
-#[derive(Debug)]
-pub struct PublicKey {
-    key: CosignVerificationKey,
-}
-
-impl PublicKey {
-    /// Loads a PEM public key.
-    pub fn load(path: &Path) -> Result<Self, OciError> {
-        let pem =
-            std::fs::read(path).map_err(|e| key_err(path, format!("cannot read key: {e}")))?;
-        let key = CosignVerificationKey::try_from_pem(&pem)
-            .map_err(|e| key_err(path, format!("not a usable public key: {e}")))?;
-        Ok(PublicKey { key })
-    }
-
-    fn verifies(&self, payload: &[u8], signature_b64: &str) -> bool {
-        self.key
-            .verify_signature(Signature::Base64Encoded(signature_b64.as_bytes()), payload)
-            .is_ok()
-    }
-}
-
-/// Creates a new ECDSA P-256 key pair in cosign's format: (encrypted `cosign.key`, `cosign.pub`).
-pub fn generate_key_pair(password: &[u8]) -> Result<(Zeroizing<String>, String), String> {
-    let signer = SigningScheme::default()
-        .create_signer()
-        .map_err(|e| e.to_string())?;
-    let pair = signer.to_sigstore_keypair().map_err(|e| e.to_string())?;
-    let private = pair
-        .private_key_to_encrypted_pem(password)
-        .map_err(|e| e.to_string())?;
-    let public = pair.public_key_to_pem().map_err(|e| e.to_string())?;
-    Ok((private, public))
-}
 
 /// The simple-signing payload cosign signs for an image digest.
 pub(crate) fn payload(repo_name: &str, digest: &str) -> Vec<u8> {

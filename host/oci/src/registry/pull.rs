@@ -11,7 +11,8 @@ use sha2::{Digest, Sha256};
 
 use crate::artifact::{self, ArtifactInfo, ManifestCheck, digest_of};
 use crate::http::describe_reqwest;
-use crate::signature::{self, PublicKey, SignatureCheck, SignatureLayer, SignatureManifest};
+use crate::keys::PublicKey;
+use crate::signature::{self, SignatureCheck, SignatureLayer, SignatureManifest};
 use crate::store::CachedRef;
 use crate::{OciError, OciRef};
 

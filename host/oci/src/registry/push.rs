@@ -2,7 +2,8 @@
 //! the `sha256-<hex>.sig` tag beside the ones already there.
 
 use crate::artifact::{self, PushAnnotations, digest_of};
-use crate::signature::{self, Descriptor, KeyPair, SignatureManifest};
+use crate::keys::KeyPair;
+use crate::signature::{self, Descriptor, SignatureManifest};
 use crate::{OciError, OciRef};
 
 use super::Registry;
