@@ -3,9 +3,9 @@
 //! its `ExitWith` carries, which `cli/gitlab/` takes from the runner
 //! (`BUILD_FAILURE_EXIT_CODE` or `SYSTEM_FAILURE_EXIT_CODE`; 1 and 2 when unset, 2 when the
 //! job's variables cannot be read). Any other failure is 1, and its error is printed here
-//! unless the command reported it (`Reported`): `cli::run_to_exit`, which the lean driver binary
-//! (`bin/flotilla-gitlab.rs`) shares. clap's parse exits on its own: 0 after `--help` or
-//! `--version`, 2 on a usage error.
+//! unless the command reported it (`Reported`): `cli::run_command`, and for the lean driver
+//! binary (`bin/flotilla-gitlab.rs`) `cli::run_driver`. clap's parse exits on its own: 0 after
+//! `--help` or `--version`, 2 on a usage error.
 
 use std::process::ExitCode;
 
@@ -15,12 +15,11 @@ use flotilla::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let driver = matches!(cli.command, Command::Gitlab(_));
     flotilla::cli::logging::init(
         cli.log_json,
-        driver || matches!(cli.command, Command::Config(_)),
+        matches!(cli.command, Command::Gitlab(_) | Command::Config(_)),
     );
     // A GitLab stage is one job's short process, and a runner manager starts hundreds of them
     // at once: one thread each (the host's server keeps the multi-threaded runtime).
-    flotilla::cli::run_to_exit(driver, cli.command.run())
+    flotilla::cli::run_command(cli.command)
 }

@@ -23,5 +23,5 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     flotilla::cli::logging::init(cli.log_json, true);
-    flotilla::cli::run_to_exit(true, cli.driver.run())
+    flotilla::cli::run_driver(cli.driver)
 }

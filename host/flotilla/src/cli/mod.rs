@@ -75,10 +75,30 @@ impl Command {
 #[error("{0}")]
 pub struct Reported(pub String);
 
+/// The `flotilla` binary's command, run to the process's exit code ([`run_to_exit`]); a
+/// `gitlab` stage on one thread.
+///
+/// This and [`run_driver`] are where the binaries' commands are polled, and a future's code is
+/// compiled where it is polled: here, in the library, once, rather than in each binary (the
+/// lean driver's stages were compiled into both). The unit-test build, which runs no binary's
+/// command, leaves them out.
+#[cfg(not(test))]
+pub fn run_command(command: Command) -> std::process::ExitCode {
+    let driver = matches!(command, Command::Gitlab(_));
+    run_to_exit(driver, command.run())
+}
+
+/// The lean driver's stage (`flotilla-gitlab`), run to the process's exit code on one thread.
+#[cfg(not(test))]
+pub fn run_driver(args: gitlab::Args) -> std::process::ExitCode {
+    run_to_exit(true, args.run())
+}
+
 /// Runs `command` to its end on a fresh runtime and returns the process's exit code: one
 /// thread for a GitLab stage (`single_thread`: one job's short process, hundreds at once on a
-/// runner manager), one worker per core otherwise. Both binaries' `main` end here.
-pub fn run_to_exit(
+/// runner manager), one worker per core otherwise.
+#[cfg(not(test))]
+fn run_to_exit(
     single_thread: bool,
     command: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> std::process::ExitCode {
@@ -102,6 +122,7 @@ pub fn run_to_exit(
 
 /// The process's exit code for a command's result: 0; the code a `gitlab` stage's `ExitWith`
 /// carries; or 1, with the error printed unless the command reported it (`Reported`).
+#[cfg(not(test))]
 fn exit_code(result: anyhow::Result<()>) -> std::process::ExitCode {
     use std::process::ExitCode;
     match result {
