@@ -30,21 +30,22 @@ fi
 windows_profile="${FLOTILLA_WINDOWS_PROFILE:-release}"
 for which in "$@"; do
   # The wall and CPU time of each build, for the test run's log (the builds' share of its 2
-  # cores): bash's `time` counts the build's child processes.
+  # cores): bash's `time` counts the build's child processes. Cargo's report of each crate's
+  # time goes to $CARGO_TARGET_DIR/cargo-timings/ (--timings).
   echo "== cross-build $which: start at ${SECONDS} s"
   TIMEFORMAT="== cross-build $which: %R s wall, %U s user CPU, %S s system CPU"
   time case "$which" in
     windows)
       t=x86_64-pc-windows-gnu
       rustup target list --installed | grep -qx "$t" || rustup target add "$t"
-      cargo build --locked --profile "$windows_profile" --target "$t" -p flotilla --bin flotilla --bin flotilla-gitlab
+      cargo build --locked --timings --profile "$windows_profile" --target "$t" -p flotilla --bin flotilla --bin flotilla-gitlab
       ;;
     musl)
       t=x86_64-unknown-linux-musl
       rustup target list --installed | grep -qx "$t" || rustup target add "$t"
       command -v musl-gcc >/dev/null || { echo "musl-gcc is missing: apt-get install musl-tools" >&2; exit 1; }
       CC_x86_64_unknown_linux_musl=musl-gcc \
-        cargo build --locked --release --target "$t" -p flotilla --bin flotilla --bin flotilla-gitlab
+        cargo build --locked --timings --release --target "$t" -p flotilla --bin flotilla --bin flotilla-gitlab
       ;;
     *) echo "cross-build.sh: unknown target '$which' (windows or musl)" >&2; exit 2 ;;
   esac

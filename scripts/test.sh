@@ -165,7 +165,9 @@ phase "the test build, with clippy's lints (host crates, every target)"
 # `--tests` is every target whose manifest says `test` (libraries, binaries with tests,
 # integration tests); `--examples` builds the examples, as the default run does. The benches
 # are built too (in test mode, not run), so clippy sees every target `--all-targets` names.
-linted cargo test --locked --profile test-run --tests --examples --benches --no-run
+# `--timings` leaves the build's report (each crate's time, its frontend and codegen) in
+# $CARGO_TARGET_DIR/cargo-timings/, for whoever makes the next run faster.
+linted cargo test --locked --profile test-run --tests --examples --benches --no-run --timings
 
 phase "tests"
 # The same wrapper, so cargo finds the build above up to date.
