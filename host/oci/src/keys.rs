@@ -111,7 +111,7 @@ impl KeyPair {
             return Err(key_err(
                 path,
                 format!(
-                    "not a usable private key: a {} is not PKCS#8 (convert it with `openssl pkcs8 -topk8`)",
+                    "not a usable private key: `{}` is not read; cosign's encrypted key or an unencrypted PKCS#8 `PRIVATE KEY` is (convert with `openssl pkcs8 -topk8 -nocrypt`)",
                     block.label
                 ),
             ));
@@ -655,7 +655,7 @@ mod tests {
                     "sec1",
                     b"-----BEGIN EC PRIVATE KEY-----\nAA==\n-----END EC PRIVATE KEY-----\n",
                 ),
-                "EC PRIVATE KEY is not PKCS#8",
+                "`EC PRIVATE KEY` is not read",
             ),
         ];
         for (path, needle) in cases {
