@@ -29,6 +29,7 @@
 //!   (a frame is the stream's id, three zero bytes and a big-endian length; the reference's
 //!   "Attach to a container" section);
 //! - `/_ping` carries an `Api-Version` header, which clients negotiate with;
+//! - a volume carries its creation time as `CreatedAt` (RFC 3339), which a test may set back;
 //! - list filters are JSON `{"label": ["key" | "key=value"]}`, every one to match (the old map
 //!   form is read too).
 //!
@@ -52,6 +53,19 @@ use tokio::io::AsyncWriteExt;
 pub struct Object {
     pub id: String,
     pub labels: BTreeMap<String, String>,
+    /// When it was created (a volume's `CreatedAt`).
+    pub created: chrono::DateTime<chrono::Utc>,
+}
+
+impl Object {
+    /// An object made now, with `labels`.
+    pub fn new(id: String, labels: BTreeMap<String, String>) -> Object {
+        Object {
+            id,
+            labels,
+            created: chrono::Utc::now(),
+        }
+    }
 }
 
 /// One exec, as created.
@@ -85,6 +99,8 @@ pub struct EngineState {
     pub creating: u64,
     /// The last request of each open connection, by connection.
     pub last_request: BTreeMap<u64, String>,
+    /// Every request's method and path (without the API version), in the order they came.
+    pub log: Vec<String>,
     next_connection: u64,
 }
 
@@ -248,6 +264,8 @@ async fn answer(
 ) -> Answer {
     let method = request.method().clone();
     let parts = segments(request.uri().path());
+    let line = format!("{method} /{}", parts.join("/"));
+    state.lock().expect("engine state").log.push(line);
     let query = query(&request);
     let upgrade = hyper::upgrade::on(&mut request);
     let body = crate::serve::json_body(request.into_body()).await;
@@ -417,13 +435,8 @@ async fn answer(
                 );
             }
             let id = s.new_id();
-            s.networks.insert(
-                name,
-                Object {
-                    id: id.clone(),
-                    labels: labels_of(&body),
-                },
-            );
+            s.networks
+                .insert(name, Object::new(id.clone(), labels_of(&body)));
             json_answer(StatusCode::CREATED, &json!({ "Id": id, "Warning": "" }))
         }
         ("DELETE", ["networks", name]) => {
@@ -454,13 +467,8 @@ async fn answer(
             // Docker answers an existing volume's create with the volume, unchanged.
             if !s.volumes.contains_key(&name) {
                 let id = s.new_id();
-                s.volumes.insert(
-                    name.clone(),
-                    Object {
-                        id,
-                        labels: labels_of(&body),
-                    },
-                );
+                s.volumes
+                    .insert(name.clone(), Object::new(id, labels_of(&body)));
             }
             let o = s.volumes.get(&name).cloned().expect("just made");
             json_answer(StatusCode::CREATED, &volume(&name, &o))
@@ -491,13 +499,7 @@ fn create_container(s: &mut EngineState, query: &HashMap<String, String>, body: 
     let id = s.new_id();
     s.created += 1;
     let labels = labels_of(body);
-    s.containers.insert(
-        name,
-        Object {
-            id: id.clone(),
-            labels,
-        },
-    );
+    s.containers.insert(name, Object::new(id.clone(), labels));
     json_answer(StatusCode::CREATED, &json!({ "Id": id, "Warnings": [] }))
 }
 
@@ -518,7 +520,8 @@ impl EngineState {
 
 fn volume(name: &str, o: &Object) -> Value {
     json!({ "Name": name, "Driver": "local", "Mountpoint": format!("/var/lib/docker/volumes/{name}/_data"),
-            "Labels": o.labels, "Scope": "local", "Options": {}, "CreatedAt": "2026-01-01T00:00:00Z" })
+            "Labels": o.labels, "Scope": "local", "Options": {},
+            "CreatedAt": o.created.to_rfc3339_opts(chrono::SecondsFormat::Secs, true) })
 }
 
 /// One frame of Docker's multiplexed stream: `kind` 1 standard output, 2 standard error.

@@ -1296,3 +1296,127 @@ async fn a_prepare_killed_mid_creation_leaves_nothing_after_cleanup() {
         "left on the engine after cleanup: {left:?}"
     );
 }
+
+/// A first `prepare` on an instance that holds nothing of its job removes nothing (its
+/// listing showed there is nothing to remove); a `prepare` of the same job again, as the
+/// runner retries one, finds the first one's objects and starts from a clean slate; cleanup
+/// then leaves nothing, and deletes only what is there by name or id once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_prepare_removes_nothing_and_a_retried_one_starts_clean() {
+    use flotilla_harness::load::{Engine, Fleet, Options};
+    let o = Options::new(
+        std::path::Path::new(env!("CARGO_BIN_EXE_flotilla")),
+        1,
+        Engine::Fake,
+    );
+    let fleet = Fleet::start(&o).await;
+    let engine = &fleet.engines()[0];
+    let stage = |args: &[&str]| {
+        let out = fleet
+            .spawn_stage(7, args)
+            .wait_with_output()
+            .expect("the driver");
+        assert!(out.status.success(), "{args:?}: {out:?}\n{}", fleet.log());
+        engine.with_mut(|s| std::mem::take(&mut s.log))
+    };
+    engine.with_mut(|s| s.log.clear());
+    let first = stage(&["prepare"]);
+    let deletes: Vec<&String> = first.iter().filter(|r| r.starts_with("DELETE")).collect();
+    assert!(deletes.is_empty(), "a first prepare deleted {deletes:?}");
+    let made = |s: &flotilla_peers::fake_engine::EngineState| {
+        let mut names: Vec<String> = s.containers.keys().cloned().collect();
+        names.extend(s.networks.keys().cloned());
+        names
+    };
+    let after_first = engine.with(made);
+    assert_eq!(after_first.len(), 3, "{after_first:?}");
+
+    let again = stage(&["prepare"]);
+    let removed: Vec<&String> = again.iter().filter(|r| r.starts_with("DELETE")).collect();
+    let by_id = removed
+        .iter()
+        .filter(|r| r.starts_with("DELETE /containers/") && !r.contains("flotilla-job-7"))
+        .count();
+    assert_eq!(by_id, 2, "the retried prepare removed {removed:?}");
+    assert!(
+        removed
+            .iter()
+            .any(|r| *r == "DELETE /networks/flotilla-job-7"),
+        "the retried prepare removed {removed:?}"
+    );
+    assert_eq!(engine.with(made), after_first);
+
+    let cleanup = stage(&["cleanup"]);
+    let deleted: Vec<&String> = cleanup.iter().filter(|r| r.starts_with("DELETE")).collect();
+    // The two containers by id, the network, and a builds volume older drivers made per job.
+    assert_eq!(deleted.len(), 4, "{cleanup:?}");
+    let left = engine.with(made);
+    assert!(left.is_empty(), "left after cleanup: {left:?}");
+}
+
+/// `prepare` bounds the volumes jobs share on its instance: a project cache volume older than
+/// `--cache-max-age` goes, then the oldest beyond `--cache-max-volumes`; the job's own stay,
+/// and so does every volume flotilla did not make, however old.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_bounds_the_shared_volumes_and_leaves_other_volumes_alone() {
+    use flotilla_harness::load::{Engine, Fleet, Options};
+    use flotilla_peers::fake_engine::Object;
+    let o = Options::new(
+        std::path::Path::new(env!("CARGO_BIN_EXE_flotilla")),
+        1,
+        Engine::Fake,
+    );
+    let fleet = Fleet::start(&o).await;
+    let engine = &fleet.engines()[0];
+    let now = chrono::Utc::now();
+    let aged = |name: &str, days: i64, labels: &[(&str, &str)]| {
+        let mut o = Object::new(
+            format!("{name}-id"),
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        o.created = now - chrono::Duration::days(days);
+        (name.to_string(), o)
+    };
+    let cache = |project: &'static str| {
+        [
+            ("io.flotilla.gitlab.cache", project),
+            ("io.flotilla.gitlab.cache.kind", "cache"),
+            ("io.flotilla.gitlab.cache.protected", "false"),
+        ]
+    };
+    engine.with_mut(|s| {
+        s.volumes.extend([
+            aged("flotilla-cache-project-90", 30, &cache("90")),
+            aged("flotilla-cache-project-91", 3, &cache("91")),
+            aged("flotilla-cache-project-92", 2, &cache("92")),
+            aged("flotilla-cache-project-93", 1, &cache("93")),
+            aged("someone-elses", 400, &[]),
+            aged(
+                "labelled-by-another-tool",
+                400,
+                &[("com.example.keep", "yes")],
+            ),
+        ]);
+    });
+    let out = fleet
+        .spawn_stage(8, &["--cache-max-volumes", "3", "prepare"])
+        .wait_with_output()
+        .expect("the driver");
+    assert!(out.status.success(), "{out:?}\n{}", fleet.log());
+    let mut left: Vec<String> = engine.with(|s| s.volumes.keys().cloned().collect());
+    // The job's own: its slot's builds volume and its project's (1001) cache.
+    left.retain(|name| !name.starts_with("runner-") && name != "flotilla-cache-project-1001");
+    assert_eq!(
+        left,
+        [
+            "flotilla-cache-project-92",
+            "flotilla-cache-project-93",
+            "labelled-by-another-tool",
+            "someone-elses",
+        ],
+        "the 30-day-old cache goes for its age, the 3-day-old one as the oldest beyond the count"
+    );
+}

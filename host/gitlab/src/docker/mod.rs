@@ -57,8 +57,8 @@ pub struct DockerSettings {
 /// Where the scripts go in a container: `/tmp`, which every image the runner supports has.
 const SCRIPT_DIR: &str = "/tmp";
 
-/// How long cleanup waits for the engine to answer a ping before it reports the instance
-/// broken.
+/// How long cleanup waits for the engine to answer its first request (the listing of the
+/// job's containers) before it reports the instance broken.
 const PING: Duration = Duration::from_secs(60);
 
 /// How long cleanup waits before its second sweep, so an object whose creation was still in
@@ -117,14 +117,18 @@ impl Place for DockerPlace {
             .as_deref()
             .or(self.own.default_image.as_deref())
             .unwrap_or_default();
-        sweep::remove_leftovers(&self.api, &self.docker, &self.job).await;
+        let inventory = sweep::inventory(&self.docker).await;
+        sweep::remove_leftovers(&self.api, &self.docker, &self.job, &inventory.jobs).await;
         let keep = [
             self.job.cache_volume(),
             self.job.builds_volume(acquired.slot),
         ];
-        sweep::bound_caches(&self.docker, self.own.cache, &keep).await;
-        // A retried prepare starts from a clean slate.
-        sweep::remove_job_objects(&self.docker, &self.job).await?;
+        let held = inventory.may_hold(&self.job);
+        sweep::bound_caches(&self.docker, self.own.cache, &keep, inventory.shared).await;
+        if held {
+            // A retried prepare starts from a clean slate; a first one finds nothing to remove.
+            sweep::remove_job_objects(&self.docker, &self.job).await?;
+        }
         objects::create_job(
             &self.docker,
             self.api.pool(),
@@ -210,12 +214,18 @@ impl Place for DockerPlace {
 
     async fn sweep(&self) -> Result<(), StepError> {
         let what = format!("Docker Engine does not answer after job {}", self.job.id);
-        // A hung engine is a broken instance, well within the runner's cleanup timeout.
-        match tokio::time::timeout(PING, self.docker.ping()).await {
-            Ok(answer) => answer.map(|_| ()).map_err(step(what))?,
+        // A hung engine is a broken instance, well within the runner's cleanup timeout: the
+        // listing of the job's containers is the ping.
+        let listed = match tokio::time::timeout(
+            PING,
+            sweep::job_containers(&self.docker, &self.job),
+        )
+        .await
+        {
+            Ok(answer) => answer.map_err(step("listing the job's containers"))?,
             Err(_) => return Err(StepError::Failed(format!("{what} within {PING:?}"))),
-        }
-        sweep::remove_job_objects(&self.docker, &self.job).await?;
+        };
+        sweep::remove_listed(&self.docker, &self.job, listed).await?;
         if self.job.was_prepared() {
             // Its prepare finished: nothing it made can still be landing.
             return Ok(());

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use bollard::Docker;
+use bollard::models::{ContainerSummary, Volume};
 use bollard::query_parameters::{
     ListContainersOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions,
     RemoveVolumeOptions,
@@ -28,23 +29,50 @@ pub(crate) fn label_filter(value: String) -> Option<HashMap<String, Vec<String>>
     Some(HashMap::from([("label".to_string(), vec![value])]))
 }
 
-/// Removes the job's containers (with their anonymous volumes), network and builds volume,
-/// found by label and by name (an object whose creation was still in flight when its creator
-/// died carries both). What is already gone counts as removed.
-pub(crate) async fn remove_job_objects(docker: &Docker, job: &Job) -> Result<(), StepError> {
+/// The job's containers, listed by its label: one request, which `cleanup` also uses to see
+/// that the engine answers.
+pub(crate) async fn job_containers(
+    docker: &Docker,
+    job: &Job,
+) -> Result<Vec<ContainerSummary>, bollard::errors::Error> {
     let options = ListContainersOptions {
         all: true,
         filters: label_filter(format!("{JOB_LABEL}={}", job.id)),
         ..Default::default()
     };
-    let listed = docker
-        .list_containers(Some(options))
+    docker.list_containers(Some(options)).await
+}
+
+/// Removes the job's containers (with their anonymous volumes), network and builds volume,
+/// found by label and by name (an object whose creation was still in flight when its creator
+/// died carries both). What is already gone counts as removed.
+pub(crate) async fn remove_job_objects(docker: &Docker, job: &Job) -> Result<(), StepError> {
+    let listed = job_containers(docker, job)
         .await
         .map_err(step("listing the job's containers"))?;
+    remove_listed(docker, job, listed).await
+}
+
+/// [`remove_job_objects`] with the job's containers already listed: each listed one by id,
+/// then each of the job's container names the listing did not show (a creation that was
+/// still landing), its network and its builds volume.
+pub(crate) async fn remove_listed(
+    docker: &Docker,
+    job: &Job,
+    listed: Vec<ContainerSummary>,
+) -> Result<(), StepError> {
+    let shown: Vec<String> = listed
+        .iter()
+        .flat_map(|c| c.names.iter().flatten())
+        .map(|n| n.trim_start_matches('/').to_string())
+        .collect();
     let mut names: Vec<String> = listed.into_iter().filter_map(|c| c.id).collect();
-    names.push(job.container());
-    names.push(job.helper_container());
-    names.extend((0..job.services.len()).map(|i| job.service_container(i)));
+    names.extend(
+        [job.container(), job.helper_container()]
+            .into_iter()
+            .chain((0..job.services.len()).map(|i| job.service_container(i)))
+            .filter(|name| !shown.contains(name)),
+    );
     for name in names {
         let removed = docker
             .remove_container(
@@ -78,49 +106,89 @@ pub(crate) async fn remove_job_objects(docker: &Docker, job: &Job) -> Result<(),
     Ok(())
 }
 
-/// The job ids whose objects (containers, networks, volumes) are on the instance.
-async fn jobs_on_instance(docker: &Docker) -> Vec<String> {
-    let mut ids = Vec::new();
+/// What an instance holds of the driver's jobs, from one listing each of its containers,
+/// networks and volumes: the ids of the jobs with objects there, and the volumes jobs share.
+#[derive(Debug, Default)]
+pub(crate) struct Inventory {
+    /// The job ids on the instance's containers, networks and volumes.
+    pub jobs: Vec<String>,
+    /// The volumes jobs share (project caches and builds volumes).
+    pub shared: Vec<Volume>,
+    /// Every listing answered: a job missing from [`Self::jobs`] has nothing there.
+    pub complete: bool,
+}
+
+impl Inventory {
+    /// Whether the instance may hold something of `job`: it was listed, or a listing failed.
+    pub fn may_hold(&self, job: &Job) -> bool {
+        !self.complete || self.jobs.contains(&job.id)
+    }
+}
+
+/// Lists the instance's objects of the driver's jobs (see [`Inventory`]). Best effort: a
+/// listing that fails leaves its part out and the inventory incomplete.
+pub(crate) async fn inventory(docker: &Docker) -> Inventory {
+    let mut found = Inventory {
+        complete: true,
+        ..Default::default()
+    };
     let containers = ListContainersOptions {
         all: true,
         filters: label_filter(JOB_LABEL.to_string()),
         ..Default::default()
     };
-    if let Ok(list) = docker.list_containers(Some(containers)).await {
-        ids.extend(list.into_iter().filter_map(|c| c.labels?.remove(JOB_LABEL)));
-    }
     let networks = ListNetworksOptions {
         filters: label_filter(JOB_LABEL.to_string()),
     };
-    if let Ok(list) = docker.list_networks(Some(networks)).await {
-        ids.extend(list.into_iter().filter_map(|n| n.labels?.remove(JOB_LABEL)));
+    // One unfiltered listing serves both labels: a filter list's labels must all match.
+    let (containers, networks, volumes) = tokio::join!(
+        docker.list_containers(Some(containers)),
+        docker.list_networks(Some(networks)),
+        docker.list_volumes(None::<ListVolumesOptions>),
+    );
+    match containers {
+        Ok(list) => found
+            .jobs
+            .extend(list.into_iter().filter_map(|c| c.labels?.remove(JOB_LABEL))),
+        Err(_) => found.complete = false,
     }
-    let volumes = ListVolumesOptions {
-        filters: label_filter(JOB_LABEL.to_string()),
-    };
-    if let Ok(answer) = docker.list_volumes(Some(volumes)).await {
-        ids.extend(
-            answer
-                .volumes
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|mut v| v.labels.remove(JOB_LABEL)),
-        );
+    match networks {
+        Ok(list) => found
+            .jobs
+            .extend(list.into_iter().filter_map(|n| n.labels?.remove(JOB_LABEL))),
+        Err(_) => found.complete = false,
     }
-    ids.sort();
-    ids.dedup();
-    ids
+    match volumes {
+        Ok(answer) => {
+            for mut volume in answer.volumes.unwrap_or_default() {
+                if let Some(id) = volume.labels.remove(JOB_LABEL) {
+                    found.jobs.push(id);
+                } else if volume.labels.contains_key(CACHE_LABEL) {
+                    found.shared.push(volume);
+                }
+            }
+        }
+        Err(_) => found.complete = false,
+    }
+    found.jobs.sort();
+    found.jobs.dedup();
+    found
 }
 
 /// Removes what jobs left that have no live lease any more: no lease at all (a driver that
 /// died before cleanup), or a failed one (its instance was lost to the host, and its cleanup
 /// could not reach it). Best effort: leftovers never fail the current job.
-pub(crate) async fn remove_leftovers(api: &ApiClient, docker: &Docker, current: &Job) {
-    for id in jobs_on_instance(docker).await {
-        if id == current.id {
+pub(crate) async fn remove_leftovers(
+    api: &ApiClient,
+    docker: &Docker,
+    current: &Job,
+    jobs: &[String],
+) {
+    for id in jobs {
+        if *id == current.id {
             continue;
         }
-        let (lost, failed) = match api.lease_by_label("gitlab-job", &id).await {
+        let (lost, failed) = match api.lease_by_label("gitlab-job", id).await {
             Ok(None) => (true, None),
             Ok(Some(lease)) => match lease.state {
                 LeaseState::Failed { .. } => (true, Some(lease.id)),
@@ -130,7 +198,7 @@ pub(crate) async fn remove_leftovers(api: &ApiClient, docker: &Docker, current: 
         };
         if lost {
             tracing::info!(job = %id, "removing what a lost job left behind");
-            let removed = remove_job_objects(docker, &Job::stale(&id)).await;
+            let removed = remove_job_objects(docker, &Job::stale(id)).await;
             // A failed lease whose job is gone from its machine serves nobody: its driver
             // never came back (a deadline failed it), or comes back to find it released.
             if let (Ok(()), Some(lease)) = (removed, failed) {
@@ -143,17 +211,14 @@ pub(crate) async fn remove_leftovers(api: &ApiClient, docker: &Docker, current: 
 /// Removes the volumes jobs share (project caches and builds volumes) past their age, then
 /// the oldest beyond the count, skipping the current job's and any in use (the engine refuses
 /// to remove those). Best effort.
-pub(crate) async fn bound_caches(docker: &Docker, bounds: CacheBounds, keep: &[String]) {
-    let options = ListVolumesOptions {
-        filters: label_filter(CACHE_LABEL.to_string()),
-    };
-    let Ok(answer) = docker.list_volumes(Some(options)).await else {
-        return;
-    };
+pub(crate) async fn bound_caches(
+    docker: &Docker,
+    bounds: CacheBounds,
+    keep: &[String],
+    shared: Vec<Volume>,
+) {
     let now = chrono::Utc::now();
-    let mut volumes: Vec<(chrono::DateTime<chrono::Utc>, String)> = answer
-        .volumes
-        .unwrap_or_default()
+    let mut volumes: Vec<(chrono::DateTime<chrono::Utc>, String)> = shared
         .into_iter()
         .filter(|v| !keep.contains(&v.name))
         .map(|v| {
