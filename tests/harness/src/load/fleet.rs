@@ -104,6 +104,14 @@ impl Running {
         }
     }
 
+    /// Requests the fake engines have answered (`None` on a real engine).
+    pub(super) fn requests(&self) -> Option<u64> {
+        match self {
+            Running::Fake(all, _) => Some(all.iter().map(|f| f.with(|s| s.requests)).sum()),
+            Running::Real(_) => None,
+        }
+    }
+
     pub(super) fn socket(&self) -> PathBuf {
         match self {
             Running::Real(d) => d.socket(),

@@ -366,6 +366,7 @@ pub async fn run(o: &Options) -> Report {
             .unwrap_or_default()
     };
     let (machines_before, own_before) = (machines_cpu(), own_cpu());
+    let requests_before = engine.requests();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = tokio::spawn(sample(shared.clone(), pid, stop.clone()));
 
@@ -387,6 +388,10 @@ pub async fn run(o: &Options) -> Report {
     let peaks = sampler.await.unwrap_or_default();
     let cpu_after = sample::read(pid).map(|r| r.cpu).unwrap_or_default();
     let (machines_after, own_after) = (machines_cpu(), own_cpu());
+    let requests = engine
+        .requests()
+        .zip(requests_before)
+        .map(|(after, before)| after.saturating_sub(before));
     let (_, after) = get(&host.metrics, "/metrics").await;
 
     let mut errors: Vec<String> = results.iter().flat_map(|r| r.errors.clone()).collect();
@@ -444,6 +449,7 @@ pub async fn run(o: &Options) -> Report {
         host: host_figures,
         drivers,
         engine_stage_runs: engine.stage_runs(),
+        engine_requests: requests,
     }
 }
 

@@ -206,6 +206,8 @@ pub struct Report {
     pub drivers: DriverFigures,
     /// Stage runs the fake engine played (`None` on a real engine).
     pub engine_stage_runs: Option<u64>,
+    /// Docker requests the fake engines answered during the run (`None` on a real engine).
+    pub engine_requests: Option<u64>,
 }
 
 impl Report {
@@ -278,6 +280,13 @@ impl Report {
             "| API requests in flight, Docker streams open (max) | {}, {} |",
             h.max_in_flight, h.max_streams
         );
+        if let Some(requests) = self.engine_requests {
+            let _ = writeln!(
+                s,
+                "| Docker requests per job (the fake engines) | {:.1} |",
+                requests as f64 / n
+            );
+        }
         let _ = writeln!(
             s,
             "| driver processes (all), live at once (max) | {}, {} |",
