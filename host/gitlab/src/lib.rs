@@ -19,6 +19,7 @@ pub mod docker;
 pub mod image;
 pub mod instance;
 pub mod job;
+mod kept;
 mod lease;
 pub mod outcome;
 mod pending;

@@ -334,6 +334,7 @@ pub(super) struct ServerFamilies {
     pub(super) http_in_flight: IntGauge,
     pub(super) docker_streams: IntGauge,
     pub(super) connections: prometheus::IntGaugeVec,
+    pub(super) accepted: IntCounterVec,
 }
 
 impl ServerFamilies {
@@ -378,13 +379,21 @@ impl ServerFamilies {
                 let g = prometheus::IntGaugeVec::new(
                     prometheus::Opts::new(
                         "flotilla_connections_open",
-                        "TCP connections being served, by listener (`api`, `metrics`):                          bounded by server.max_connections, long polls and upgraded streams                          apart.",
+                        "TCP connections being served, by listener (`api`, `metrics`): bounded by \
+                         server.max_connections, long polls and upgraded streams apart.",
                     ),
                     &["listener"],
                 )?;
                 r.register(Box::new(g.clone()))?;
                 g
             },
+            accepted: counter(
+                r,
+                "flotilla_connections_accepted_total",
+                "TCP connections accepted, by listener (`api`, `metrics`): against the requests, \
+                 how often clients reuse their connections.",
+                &["listener"],
+            )?,
         })
     }
 }

@@ -46,13 +46,15 @@ impl Drop for InFlight {
     }
 }
 
-/// A listener's count of open connections (`flotilla_connections_open`).
+/// A listener's count of open connections (`flotilla_connections_open`) and of those it
+/// accepted (`flotilla_connections_accepted_total`).
 #[derive(Clone)]
-pub struct Connections(prometheus::IntGauge);
+pub struct Connections(prometheus::IntGauge, prometheus::IntCounter);
 
 impl Connections {
     /// A connection was accepted; it is open until the guard is dropped.
     pub fn opened(&self) -> InFlight {
+        self.1.inc();
         self.0.inc();
         InFlight(self.0.clone())
     }
@@ -152,7 +154,10 @@ impl Metrics {
 
     /// The count of open connections of one listener (`api` or `metrics`), for the server.
     pub fn connections(&self, listener: &str) -> Connections {
-        Connections(self.server.connections.with_label_values(&[listener]))
+        Connections(
+            self.server.connections.with_label_values(&[listener]),
+            self.server.accepted.with_label_values(&[listener]),
+        )
     }
 
     /// An upgraded Docker stream opened; it is open until the guard is dropped.

@@ -1231,6 +1231,14 @@ async fn a_load_run_drives_every_stage_of_every_job_through_the_real_binary() {
         report.engine_requests.is_some_and(|r| r <= 12 * 32),
         "{text}"
     );
+    // A stage's Docker requests share a kept-alive connection to the API (its upgraded
+    // streams and its lease lookups take their own): about 29 connections for 43 requests.
+    let requests: u64 = report.routes.iter().map(|(_, count, _)| count).sum();
+    assert!(
+        report.host.connections * 4 <= requests * 3,
+        "{} connections for {requests} requests\n{text}",
+        report.host.connections
+    );
     assert_eq!(report.drivers.processes, 12 * 7, "{text}");
     let acquire = report
         .routes

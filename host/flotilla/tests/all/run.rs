@@ -256,6 +256,7 @@ async fn metrics_pass_promtool() {
         "flotilla_http_request_duration_seconds_bucket{",
         "flotilla_http_requests_in_flight ",
         "flotilla_connections_open{listener=\"api\"}",
+        "flotilla_connections_accepted_total{listener=\"api\"}",
         "flotilla_journal_commit_duration_seconds_bucket{",
         "flotilla_plugin_call_wait_seconds_total{",
         "process_cpu_seconds_total ",

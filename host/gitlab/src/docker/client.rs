@@ -1,15 +1,25 @@
 //! bollard, with the host's Docker handle of a lease as its transport: every request goes to
 //! `<api>/v1/pools/<pool>/leases/<id>/docker/...` (over TLS for an `https://` API) with the API token, and the host
-//! forwards it to the instance's engine (upgrades included, for exec and attach).
+//! forwards it to the instance's engine (upgrades included, for exec and attach). Connections
+//! to the API are kept alive between a stage's requests for a moment ([`crate::kept`]).
 
 use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
-use hyper_util::rt::TokioIo;
 
 use crate::api::ApiClient;
+use crate::kept::{Kept, SendError};
 use crate::place::StepError;
 
 /// The Host header bollard's absolute URIs carry; replaced by the API's.
 const BASE: &str = "http://flotilla.invalid";
+
+/// Names a request's body type (bollard's own alias for it is private to it).
+trait HasBody {
+    type Body;
+}
+
+impl<B> HasBody for http::Request<B> {
+    type Body = B;
+}
 
 /// A Docker client for the instance of `lease`.
 pub fn for_lease(api: &ApiClient, lease: u64, timeout_secs: u64) -> Result<Docker, String> {
@@ -27,12 +37,14 @@ pub fn for_lease_with(
     let api = api.clone();
     let prefix = api.docker_path(lease);
     let token = api.token().map(|t| format!("Bearer {t}"));
+    let kept = Kept::<<BollardRequest as HasBody>::Body>::default();
     let transport = move |request: BollardRequest| {
         let authority = authority.clone();
         let api = api.clone();
         let prefix = prefix.clone();
         let token = token.clone();
         let extra = extra.clone();
+        let kept = kept.clone();
         async move {
             let (mut parts, body) = request.into_parts();
             let path = parts
@@ -56,18 +68,15 @@ pub fn for_lease_with(
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 parts.headers.insert(*name, value);
             }
-            let stream = api.connect().await?;
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-            tokio::spawn(async move {
-                // Ends with the response or the upgraded stream; errors reach the caller.
-                let _ = connection.with_upgrades().await;
-            });
-            Ok::<_, bollard::errors::Error>(
-                sender
-                    .send_request(http::Request::from_parts(parts, body))
-                    .await?,
-            )
+            let request = http::Request::from_parts(parts, body);
+            let response = kept
+                .send(request, api.connect())
+                .await
+                .map_err(|e| match e {
+                    SendError::Connect(e) => bollard::errors::Error::from(e),
+                    SendError::Http(e) => e.into(),
+                })?;
+            Ok::<_, bollard::errors::Error>(response)
         }
     };
     Docker::connect_with_custom_transport(

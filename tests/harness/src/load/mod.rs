@@ -429,6 +429,9 @@ pub async fn run(o: &Options) -> Report {
     drivers.peak_by_stage = peaks.by_stage;
     let mut host_figures = peaks.host;
     host_figures.cpu = cpu_after.saturating_sub(cpu_before);
+    let accepted = r#"flotilla_connections_accepted_total{listener="api"}"#;
+    // Less this run's two scrapes of the metrics listener (a listener of its own).
+    host_figures.connections = gauge(&after, accepted).saturating_sub(gauge(&before, accepted));
     let ok: Vec<&JobResult> = results.iter().filter(|r| r.errors.is_empty()).collect();
     let of = |f: &dyn Fn(&JobResult) -> Option<Duration>| -> Summary {
         Summary::of(&ok.iter().filter_map(|r| f(r)).collect::<Vec<_>>())

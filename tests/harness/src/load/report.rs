@@ -167,6 +167,8 @@ pub struct HostFigures {
     pub max_sockets: u64,
     pub max_in_flight: u64,
     pub max_streams: u64,
+    /// Connections the API listener accepted during the run.
+    pub connections: u64,
 }
 
 /// The runner manager's side: the driver processes.
@@ -279,6 +281,13 @@ impl Report {
             s,
             "| API requests in flight, Docker streams open (max) | {}, {} |",
             h.max_in_flight, h.max_streams
+        );
+        let requests: u64 = self.routes.iter().map(|(_, count, _)| count).sum();
+        let _ = writeln!(
+            s,
+            "| API requests per job; connections accepted per job | {:.1}; {:.1} |",
+            requests as f64 / n,
+            h.connections as f64 / n
         );
         if let Some(requests) = self.engine_requests {
             let _ = writeln!(

@@ -1,0 +1,290 @@
+//! A connection to the lease API kept alive between a driver's Docker requests. A stage
+//! process makes several in a row (`prepare` about twenty), and each new connection costs a
+//! TCP (or TLS) handshake here and a connection on the host. One connection is kept, only
+//! for a moment after its last request (well within the host's idle keep-alive), and none
+//! while an upgraded one (exec, attach) streams: that one becomes its stream and is never
+//! kept.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use hyper::body::{Body, Incoming};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+
+use crate::transport::ApiStream;
+
+/// How long a connection is kept for the next request after it was last given one: well
+/// within the host's idle keep-alive (its `header_read_timeout`, 10 s by default), so a kept
+/// connection is not one the host is closing.
+const KEEP_FOR: Duration = Duration::from_secs(2);
+
+/// At most this many connections are kept. A stage makes up to three requests at once, but
+/// every kept connection is one the host holds open too: with a thousand stage processes
+/// alive, four each held 4,000 of the host's connections and doubled its memory.
+const KEEP_AT_MOST: usize = 1;
+
+/// A kept connection and when it was last given a request.
+type Idle<B> = (SendRequest<B>, Instant);
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    /// No connection to the API.
+    #[error("{0}")]
+    Connect(#[from] std::io::Error),
+    /// The exchange failed.
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+}
+
+/// The connections kept for requests with bodies of type `B`; clones share them.
+pub(crate) struct Kept<B>(Arc<Mutex<Vec<Idle<B>>>>);
+
+impl<B> Clone for Kept<B> {
+    fn clone(&self) -> Self {
+        Kept(self.0.clone())
+    }
+}
+
+impl<B> Default for Kept<B> {
+    fn default() -> Self {
+        Kept(Arc::default())
+    }
+}
+
+impl<B> Kept<B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    /// Sends `request` on a kept connection that is ready for one, or on a new one from
+    /// `connect`; keeps the connection afterwards unless the request asks for an upgrade.
+    pub(crate) async fn send(
+        &self,
+        mut request: http::Request<B>,
+        connect: impl Future<Output = std::io::Result<ApiStream>>,
+    ) -> Result<http::Response<Incoming>, SendError> {
+        let upgrade = request.headers().contains_key(http::header::UPGRADE);
+        if upgrade {
+            // The stream that follows may last the stage: nothing kept idles on the host
+            // meanwhile.
+            self.clear();
+        } else if let Some(mut sender) = self.take() {
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    self.put(sender);
+                    return Ok(response);
+                }
+                // Closed under it before the request went out: on a new connection.
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => request = unsent,
+                    None => return Err(e.into_error().into()),
+                },
+            }
+        }
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(connect.await?)).await?;
+        tokio::spawn(async move {
+            // Ends with the connection or the upgraded stream; errors reach the caller.
+            let _ = connection.with_upgrades().await;
+        });
+        let response = sender.send_request(request).await?;
+        if !upgrade {
+            self.put(sender);
+        }
+        Ok(response)
+    }
+
+    /// A kept connection ready for a request, if one is; the closed and the stale are dropped.
+    fn take(&self) -> Option<SendRequest<B>> {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.retain(|(sender, since)| !sender.is_closed() && since.elapsed() < KEEP_FOR);
+        let ready = kept.iter().position(|(sender, _)| sender.is_ready())?;
+        Some(kept.swap_remove(ready).0)
+    }
+
+    /// Closes the kept connections.
+    fn clear(&self) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// Keeps `sender` for a later request (it is ready again once its response is read).
+    fn put(&self, sender: SendRequest<B>) {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() >= KEEP_AT_MOST {
+            kept.remove(0);
+        }
+        kept.push((sender, Instant::now()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// A minimal HTTP/1.1 server: keeps connections alive, switches protocols when asked,
+    /// and closes a connection after answering `/close` (as a host ends an idle one).
+    struct Server {
+        addr: std::net::SocketAddr,
+        accepted: Arc<AtomicUsize>,
+        ended: Arc<AtomicUsize>,
+    }
+
+    impl Server {
+        async fn start() -> Server {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let (accepted, ended) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+            let (a, e) = (accepted.clone(), ended.clone());
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    a.fetch_add(1, Ordering::SeqCst);
+                    let e = e.clone();
+                    tokio::spawn(async move {
+                        serve(stream).await;
+                        e.fetch_add(1, Ordering::SeqCst);
+                    });
+                }
+            });
+            Server {
+                addr,
+                accepted,
+                ended,
+            }
+        }
+
+        fn counts(&self) -> (usize, usize) {
+            (
+                self.accepted.load(Ordering::SeqCst),
+                self.ended.load(Ordering::SeqCst),
+            )
+        }
+    }
+
+    /// Answers requests on one connection until the client closes it, or an upgrade or
+    /// `/close` ends it.
+    async fn serve(mut stream: TcpStream) {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        loop {
+            match stream.read(&mut byte).await {
+                Ok(1) => head.push(byte[0]),
+                _ => return,
+            }
+            if !head.ends_with(b"\r\n\r\n") {
+                continue;
+            }
+            let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+            head.clear();
+            if text.contains("\r\nupgrade:") {
+                let _ = stream
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
+                    .await;
+                // The stream stays open until the client ends it.
+                let _ = stream.read(&mut byte).await;
+                return;
+            }
+            let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+            if stream.write_all(answer).await.is_err() || text.starts_with("get /close ") {
+                return;
+            }
+        }
+    }
+
+    fn request(path: &str, upgrade: bool) -> http::Request<Empty<Bytes>> {
+        let mut r = http::Request::get(path).header(http::header::HOST, "test");
+        if upgrade {
+            r = r
+                .header(http::header::CONNECTION, "Upgrade")
+                .header(http::header::UPGRADE, "tcp");
+        }
+        r.body(Empty::new()).expect("request")
+    }
+
+    async fn until(what: &str, server: &Server, want: (usize, usize)) {
+        for _ in 0..200 {
+            if server.counts() == want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "{what}: accepted and ended {:?}, not {want:?}",
+            server.counts()
+        );
+    }
+
+    #[tokio::test]
+    async fn requests_share_a_kept_connection_and_an_upgrade_closes_it_first() {
+        let server = Server::start().await;
+        let connect = || async { TcpStream::connect(server.addr).await.map(ApiStream::Plain) };
+        let kept = Kept::default();
+        for _ in 0..3 {
+            let answer = kept
+                .send(request("/a", false), connect())
+                .await
+                .expect("answer");
+            assert_eq!(answer.status(), 200);
+            answer.into_body().collect().await.expect("body");
+        }
+        until("three requests on one connection", &server, (1, 0)).await;
+
+        let upgraded = kept
+            .send(request("/exec", true), connect())
+            .await
+            .expect("upgrade");
+        assert_eq!(upgraded.status(), 101);
+        let stream = hyper::upgrade::on(upgraded).await.expect("upgraded");
+        until(
+            "the kept connection closed while the stream is open",
+            &server,
+            (2, 1),
+        )
+        .await;
+
+        let answer = kept
+            .send(request("/b", false), connect())
+            .await
+            .expect("answer");
+        answer.into_body().collect().await.expect("body");
+        drop(stream);
+        until(
+            "the stream is never kept; a new connection",
+            &server,
+            (3, 2),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_host_closed_is_not_used_again() {
+        let server = Server::start().await;
+        let connect = || async { TcpStream::connect(server.addr).await.map(ApiStream::Plain) };
+        let kept = Kept::default();
+        let answer = kept
+            .send(request("/close", false), connect())
+            .await
+            .expect("answer");
+        answer.into_body().collect().await.expect("body");
+        until("the host closed it", &server, (1, 1)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let answer = kept
+            .send(request("/a", false), connect())
+            .await
+            .expect("a new connection answers");
+        assert_eq!(answer.status(), 200);
+        until("a second connection", &server, (2, 1)).await;
+    }
+}
