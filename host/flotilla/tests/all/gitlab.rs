@@ -1256,18 +1256,24 @@ async fn a_load_run_drives_every_stage_of_every_job_through_the_real_binary() {
     );
 }
 
-/// A `prepare` killed while the engine is still creating the job's containers leaves nothing
-/// once `cleanup` has run: the containers land after the kill, and cleanup's second sweep
-/// (which only a `prepare` that finished lets it skip) removes them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prepare_killed_mid_creation_leaves_nothing_after_cleanup() {
+/// The load harness's fleet for one job: this build's host and driver, one loopback machine
+/// with a fake engine behind it.
+async fn one_fake_machine() -> flotilla_harness::load::Fleet {
     use flotilla_harness::load::{Engine, Fleet, Options};
     let o = Options::new(
         std::path::Path::new(env!("CARGO_BIN_EXE_flotilla")),
         1,
         Engine::Fake,
     );
-    let fleet = Fleet::start(&o).await;
+    Fleet::start(&o).await
+}
+
+/// A `prepare` killed while the engine is still creating the job's containers leaves nothing
+/// once `cleanup` has run: the containers land after the kill, and cleanup's second sweep
+/// (which only a `prepare` that finished lets it skip) removes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepare_killed_mid_creation_leaves_nothing_after_cleanup() {
+    let fleet = one_fake_machine().await;
     let engine = &fleet.engines()[0];
     engine.with_mut(|s| s.create_delay = Duration::from_secs(1));
     let mut prepare = fleet.spawn_stage(5, &["prepare"]);
@@ -1317,13 +1323,7 @@ async fn a_prepare_killed_mid_creation_leaves_nothing_after_cleanup() {
 /// then leaves nothing, and deletes only what is there by name or id once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_prepare_removes_nothing_and_a_retried_one_starts_clean() {
-    use flotilla_harness::load::{Engine, Fleet, Options};
-    let o = Options::new(
-        std::path::Path::new(env!("CARGO_BIN_EXE_flotilla")),
-        1,
-        Engine::Fake,
-    );
-    let fleet = Fleet::start(&o).await;
+    let fleet = one_fake_machine().await;
     let engine = &fleet.engines()[0];
     let stage = |args: &[&str]| {
         let out = fleet
@@ -1373,14 +1373,8 @@ async fn a_first_prepare_removes_nothing_and_a_retried_one_starts_clean() {
 /// and so does every volume flotilla did not make, however old.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepare_bounds_the_shared_volumes_and_leaves_other_volumes_alone() {
-    use flotilla_harness::load::{Engine, Fleet, Options};
     use flotilla_peers::fake_engine::Object;
-    let o = Options::new(
-        std::path::Path::new(env!("CARGO_BIN_EXE_flotilla")),
-        1,
-        Engine::Fake,
-    );
-    let fleet = Fleet::start(&o).await;
+    let fleet = one_fake_machine().await;
     let engine = &fleet.engines()[0];
     let now = chrono::Utc::now();
     let aged = |name: &str, days: i64, labels: &[(&str, &str)]| {
