@@ -148,6 +148,7 @@ fn bench(c: &mut Criterion) {
         };
         let state = Arc::new(AppState {
             sd_token: None,
+            operators: Vec::new(),
             pools: Pools::running([("ci".to_string(), running)]),
             token: None,
             metrics,

@@ -383,10 +383,12 @@ async fn build(config_path: &Path) -> anyhow::Result<Built> {
         }
         None => None,
     };
+    let operators = operator_tokens(&cfg, token.as_ref(), sd_token.as_ref())?;
     let state = Arc::new(AppState {
         pools: Pools::starting(cfg.pools.iter().map(|p| p.name.as_str()), now_ms()),
         token,
         sd_token,
+        operators,
         metrics,
         draining: AtomicBool::new(false),
     });
@@ -441,6 +443,32 @@ fn api_token(cfg: &Config) -> anyhow::Result<Option<flotilla_credentials::Secret
             cfg.listen
         ),
     }
+}
+
+/// The operators' tokens, each its own: never the API token, the service-discovery token or
+/// another operator's, since the log names whose token a session came with.
+fn operator_tokens(
+    cfg: &Config,
+    api: Option<&flotilla_credentials::Secret>,
+    sd: Option<&flotilla_credentials::Secret>,
+) -> anyhow::Result<Vec<(String, flotilla_credentials::Secret)>> {
+    let mut tokens: Vec<(String, flotilla_credentials::Secret)> = Vec::new();
+    for (name, source) in &cfg.operators {
+        let key = format!("server.operator {name:?}: token");
+        let token = secret(source, &key)?;
+        if api.is_some_and(|t| t.same_as(&token)) || sd.is_some_and(|t| t.same_as(&token)) {
+            anyhow::bail!(
+                "{key} is server.token or server.sd_token: give each operator a token of their own, so the log can say who used it"
+            );
+        }
+        if let Some((other, _)) = tokens.iter().find(|(_, t)| t.same_as(&token)) {
+            anyhow::bail!(
+                "{key} is operator {other:?}'s too: give each operator a token of their own"
+            );
+        }
+        tokens.push((name.clone(), token));
+    }
+    Ok(tokens)
 }
 
 /// A secret from its source; a file others can read is refused here too, since the file may
@@ -664,4 +692,49 @@ async fn join_all<F: std::future::Future<Output = bool> + Send + 'static>(
         }
     }
     failed
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use flotilla_credentials::Secret;
+
+    /// Each operator's token is their own: the API's, service discovery's or another
+    /// operator's is refused at start, and the message never shows the token.
+    #[test]
+    fn an_operator_token_that_is_not_their_own_is_refused() {
+        let config = |tokens: &[&str]| {
+            let operators: String = tokens
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    format!(
+                        "\n[[server.operator]]\nname = \"op{i}\"\ntoken = {{ value = \"{t}\" }}\n"
+                    )
+                })
+                .collect();
+            let text = format!(
+                "[server]\ntoken = {{ value = \"api-secret-1\" }}\n{operators}\n[[pool]]\nname = \"p\"\nplugin = \"builtin:static\"\nmax_instances = 1\n"
+            );
+            crate::config::parse(std::path::Path::new("t.toml"), &text, false).expect("valid")
+        };
+        let api = Secret::new("api-secret-1");
+        let sd = Secret::new("sd-secret-2");
+        let ok = super::operator_tokens(&config(&["op-a", "op-b"]), Some(&api), Some(&sd))
+            .expect("two tokens of their own");
+        assert_eq!(ok.len(), 2);
+        for (tokens, said) in [
+            (&["api-secret-1"][..], "is server.token or server.sd_token"),
+            (&["sd-secret-2"][..], "is server.token or server.sd_token"),
+            (&["op-a", "op-a"][..], "is operator \"op0\"'s too"),
+        ] {
+            let refused = super::operator_tokens(&config(tokens), Some(&api), Some(&sd))
+                .expect_err("refused")
+                .to_string();
+            assert!(refused.contains(said), "{refused}");
+            for secret in ["api-secret-1", "sd-secret-2", "op-a"] {
+                assert!(!refused.contains(secret), "{refused}");
+            }
+        }
+    }
 }

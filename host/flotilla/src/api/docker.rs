@@ -12,7 +12,7 @@ use flotilla_connector::ForwardError;
 use flotilla_scaler::{LeaseState, PoolHandle};
 
 use super::shell::{TERMINAL_HEADER, TerminalSession, UpgradedStream, stream_permit};
-use super::{ApiError, ErrorCode, LeasePath, Shared, acquired_instance, holder};
+use super::{ApiError, Caller, ErrorCode, LeasePath, Shared, acquired_instance, holder};
 use crate::pools::RunningPool;
 
 /// The Docker API path of a request to `/v1/pools/{pool}/leases/{id}/docker/...`, exactly as
@@ -44,13 +44,26 @@ pub(super) async fn docker(
     })?;
     let (mut parts, body) = request.into_parts();
     let body = privileged_refused(&parts, body, connector.allows_privileged(), &name).await?;
-    let who = parts.headers.remove(TERMINAL_HEADER);
+    let said = parts.headers.remove(TERMINAL_HEADER);
     if parts.headers.contains_key(header::UPGRADE) {
         // An upgraded stream outlives its connection's slot: it has a bound of its own.
         let permit = stream_permit(&parts.extensions)?;
-        let session = who.map(|who| {
+        let caller = parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or(Caller::Api);
+        // A terminal says so; any stream an operator's token opens is one too.
+        let session = (said.is_some() || caller != Caller::Api).then(|| {
             let job = p.with_core(|c| c.lease(id).map(|l| l.labels.clone()));
-            TerminalSession::open(Some(&who), &name, id, &instance, job.unwrap_or_default())
+            TerminalSession::open(
+                said.as_ref(),
+                &caller,
+                &name,
+                id,
+                &instance,
+                job.unwrap_or_default(),
+            )
         });
         let stream = UpgradedStream {
             _permit: permit,

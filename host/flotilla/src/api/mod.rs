@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
@@ -16,10 +16,13 @@ use flotilla_credentials::Secret;
 use flotilla_scaler::driver::AcquireError;
 use flotilla_scaler::{Lease, LeaseError, LeaseState, PoolHandle};
 
+mod auth;
 mod docker;
 mod shell;
 mod status;
 mod wire;
+pub(crate) use auth::Caller;
+use auth::auth;
 use docker::docker;
 pub use docker::watch_lease_channels;
 use shell::{EXEC_BODY_LIMIT, exec, terminal};
@@ -33,6 +36,8 @@ pub struct AppState {
     pub token: Option<Secret>,
     /// The read-only token of `/sd/prometheus`; `None`: the endpoint is closed (401).
     pub sd_token: Option<Secret>,
+    /// The operators' named tokens (`[[server.operator]]`), each as powerful as `token`.
+    pub operators: Vec<(String, Secret)>,
     /// Metrics registry.
     pub metrics: Metrics,
     /// Set once SIGTERM arrives.
@@ -175,29 +180,6 @@ async fn observe(
         start.elapsed(),
     );
     response
-}
-
-async fn auth(
-    State(state): State<Shared>,
-    headers: HeaderMap,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    if let Some(token) = &state.token {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !token.matches(given.as_bytes()) {
-            return ApiError::new(ErrorCode::Unauthorized, "missing or invalid bearer token")
-                .into_response();
-        }
-    }
-    if let Some(connection) = request.extensions().get::<crate::serve::Connection>() {
-        connection.authenticated();
-    }
-    next.run(request).await
 }
 
 fn running(state: &AppState, name: &str) -> Result<Arc<RunningPool>, ApiError> {
@@ -726,6 +708,7 @@ mod tests {
             pools: crate::pools::Pools::running([]),
             token: None,
             sd_token: None,
+            operators: Vec::new(),
             metrics: Metrics::new().expect("metrics"),
             draining: std::sync::atomic::AtomicBool::new(false),
         });

@@ -11,7 +11,9 @@ use flotilla_connector::{Connector, ExecEvent, ExecInput, Pty};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{ApiError, ErrorCode, LeasePath, Shared, acquired_instance, holder, parse_body};
+use super::{
+    ApiError, Caller, ErrorCode, LeasePath, Shared, acquired_instance, holder, parse_body,
+};
 use crate::pools::RunningPool;
 
 /// The pool's connector, or why the host reaches no machine of it.
@@ -170,6 +172,7 @@ pub(super) async fn terminal(
         _permit: permit,
         _session: Some(TerminalSession::open(
             request.headers().get(TERMINAL_HEADER),
+            request.extensions().get::<Caller>().unwrap_or(&Caller::Api),
             &name,
             id,
             &instance,
@@ -230,6 +233,7 @@ pub(super) struct UpgradedStream {
 /// its stream ends (the operator left, or the lease ended and cut it).
 pub(super) struct TerminalSession {
     who: String,
+    token: &'static str,
     pool: String,
     lease: u64,
     instance: String,
@@ -237,35 +241,44 @@ pub(super) struct TerminalSession {
     opened: std::time::Instant,
 }
 
+/// Who a session is logged as, and with which kind of token: an operator's token names them,
+/// whatever the client says; with the API token, the name the client gives (`--who`), or
+/// `(unnamed)`.
+fn session_who(caller: &Caller, said: &str) -> (String, &'static str) {
+    match caller {
+        Caller::Operator(name) => (name.clone(), "operator"),
+        Caller::Api if said.trim().is_empty() => ("(unnamed)".to_string(), "api"),
+        Caller::Api => (said.to_string(), "api"),
+    }
+}
+
 impl TerminalSession {
     pub(super) fn open(
-        who: Option<&axum::http::HeaderValue>,
+        said: Option<&axum::http::HeaderValue>,
+        caller: &Caller,
         pool: &str,
         lease: u64,
         instance: &str,
         labels: std::collections::BTreeMap<String, String>,
     ) -> TerminalSession {
         // Said by the client: printable ASCII, at most 64 characters.
-        let who: String = who
+        let said: String = said
             .and_then(|who| who.to_str().ok())
             .unwrap_or_default()
             .chars()
             .filter(|c| c.is_ascii_graphic() || *c == ' ')
             .take(64)
             .collect();
-        let who = if who.trim().is_empty() {
-            "(unnamed)".to_string()
-        } else {
-            who
-        };
+        let (who, token) = session_who(caller, &said);
         let labels = labels
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(",");
-        tracing::info!(who = %who, pool = %pool, lease, instance = %instance, labels = %labels, "terminal session opened");
+        tracing::info!(who = %who, token, said = %said, pool = %pool, lease, instance = %instance, labels = %labels, "terminal session opened");
         TerminalSession {
             who,
+            token,
             pool: pool.to_string(),
             lease,
             instance: instance.to_string(),
@@ -277,6 +290,22 @@ impl TerminalSession {
 
 impl Drop for TerminalSession {
     fn drop(&mut self) {
-        tracing::info!(who = %self.who, pool = %self.pool, lease = self.lease, instance = %self.instance, labels = %self.labels, seconds = self.opened.elapsed().as_secs(), "terminal session closed");
+        tracing::info!(who = %self.who, token = self.token, pool = %self.pool, lease = self.lease, instance = %self.instance, labels = %self.labels, seconds = self.opened.elapsed().as_secs(), "terminal session closed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An operator's token names the session, whatever the client says; with the API token
+    /// the client's word is all there is, and the log says which it was.
+    #[test]
+    fn a_session_is_named_by_the_operators_token_not_by_the_client() {
+        let alice = Caller::Operator("alice".into());
+        assert_eq!(session_who(&alice, "mallory"), ("alice".into(), "operator"));
+        assert_eq!(session_who(&alice, ""), ("alice".into(), "operator"));
+        assert_eq!(session_who(&Caller::Api, "bob"), ("bob".into(), "api"));
+        assert_eq!(session_who(&Caller::Api, "  "), ("(unnamed)".into(), "api"));
     }
 }

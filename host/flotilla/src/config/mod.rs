@@ -96,6 +96,22 @@ pub struct ServerConfig {
     /// asking over HTTP. Absent: no file.
     #[serde(default)]
     pub file_sd: Option<PathBuf>,
+    /// `[[server.operator]]`: named tokens for the people who use the API by hand (an
+    /// operator's terminal into a job). Each is as powerful as `token`; the host logs the
+    /// name of the token a terminal session came with, which the client cannot choose.
+    #[serde(default, rename = "operator")]
+    pub operators: Vec<OperatorConfig>,
+}
+
+/// `[[server.operator]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// Who holds the token, as the log names them: letters, digits, `.`, `_`, `-` and `@`, at
+    /// most 64.
+    pub name: String,
+    /// Their bearer token for `/v1/*`.
+    pub token: SecretSource,
 }
 
 /// `[server] tls`.
@@ -146,6 +162,7 @@ impl Default for ServerConfig {
             tls: None,
             sd_token: None,
             file_sd: None,
+            operators: Vec::new(),
         }
     }
 }
@@ -171,6 +188,8 @@ pub struct Config {
     pub sd_token: Option<SecretSource>,
     /// Where the machine list is written for `file_sd_configs`.
     pub file_sd: Option<PathBuf>,
+    /// The operators' named tokens (`[[server.operator]]`).
+    pub operators: Vec<(String, SecretSource)>,
     /// Compile and OCI cache directory.
     pub cache_dir: Option<PathBuf>,
     /// State directory (pool SSH keys), when one is configured or known.
@@ -405,9 +424,11 @@ impl Validate for FileConfig {
             .sd_token
             .as_ref()
             .is_none_or(|sd| secret_ok(sd, cx, &server.key("sd_token"), problems));
+        let operators = self.validate_operators(cx, &server, problems);
         if !token_ok || !metrics_ok || !sd_ok {
             return None;
         }
+        let operators = operators?;
         let limits = limits?;
         Some(Config {
             path: PathBuf::new(),
@@ -419,6 +440,7 @@ impl Validate for FileConfig {
             tls,
             sd_token: self.server.sd_token.as_ref().map(|t| t.resolved(cx)),
             file_sd: self.server.file_sd.as_deref().map(|f| cx.resolve(f)),
+            operators,
             cache_dir: self.cache_dir.as_deref().map(|d| cx.resolve(d)),
             state_dir: self
                 .state_dir
@@ -483,6 +505,55 @@ impl FileConfig {
     /// job's script) and, unless `docker = false`, a Docker handle that can start a privileged
     /// container; both are as powerful, so an open API on loopback is an open door for every
     /// local user. A token file must not be readable by others.
+    /// `[[server.operator]]`: each name well formed and unique, each token readable, and
+    /// `token` set (without it the API is open and a name would prove nothing).
+    fn validate_operators(
+        &self,
+        cx: &Context,
+        server: &KeyPath,
+        problems: &mut Problems,
+    ) -> Option<Vec<(String, SecretSource)>> {
+        let mut ok = true;
+        let mut names = std::collections::BTreeSet::new();
+        for (i, operator) in self.server.operators.iter().enumerate() {
+            let at = server.key("operator").index(i);
+            let name = &operator.name;
+            let well_formed = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-@".contains(c));
+            if !well_formed {
+                problems.add(
+                    &at.key("name"),
+                    format!("{name:?} is not a name the log can carry: 1 to 64 letters, digits, '.', '_', '-' or '@'"),
+                );
+                ok = false;
+            } else if !names.insert(name.as_str()) {
+                problems.add(
+                    &at.key("name"),
+                    format!("{name:?} names another operator too: each token names one person"),
+                );
+                ok = false;
+            }
+            ok &= secret_ok(&operator.token, cx, &at.key("token"), problems);
+        }
+        if !self.server.operators.is_empty() && self.server.token.is_none() {
+            problems.add(
+                &server.key("operator"),
+                "needs server.token: without it the API is open to every local user, and an operator's name would prove nothing",
+            );
+            ok = false;
+        }
+        ok.then(|| {
+            self.server
+                .operators
+                .iter()
+                .map(|o| (o.name.clone(), o.token.resolved(cx)))
+                .collect()
+        })
+    }
+
     fn validate_token(&self, cx: &Context, server: &KeyPath, problems: &mut Problems) -> bool {
         let at = server.key("token");
         let Some(token) = &self.server.token else {

@@ -477,4 +477,45 @@ mod tests {
         };
         assert_eq!(cfg.pools[0].scaler, want);
     }
+
+    /// `[[server.operator]]`: a name the log can carry, once each, and `server.token` beside
+    /// them; each problem names its line and key.
+    #[test]
+    fn operators_need_good_unique_names_and_the_api_token() {
+        let pool = "\n[[pool]]\nname = \"p\"\nplugin = \"builtin:static\"\nmax_instances = 1\n";
+        let ok = format!(
+            "[server]\ntoken = {{ value = \"t\" }}\n\n[[server.operator]]\nname = \"alice@example.com\"\ntoken = {{ value = \"a\" }}\n{pool}"
+        );
+        let cfg = crate::config::parse(Path::new("t.toml"), &ok, false).expect("valid");
+        assert_eq!(cfg.operators.len(), 1);
+        assert_eq!(cfg.operators[0].0, "alice@example.com");
+
+        let bad = format!(
+            "[server]\ntoken = {{ value = \"t\" }}\n\n[[server.operator]]\nname = \"alice\"\ntoken = {{ value = \"a\" }}\n\n[[server.operator]]\nname = \"alice\"\ntoken = {{ value = \"b\" }}\n\n[[server.operator]]\nname = \"al ice\"\ntoken = {{ value = \"c\" }}\n{pool}"
+        );
+        let errors = crate::config::parse(Path::new("t.toml"), &bad, false)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            errors.contains(
+                "t.toml:9: server.operator[1].name: \"alice\" names another operator too"
+            ),
+            "{errors}"
+        );
+        assert!(
+            errors.contains("t.toml:13: server.operator[2].name: \"al ice\" is not a name"),
+            "{errors}"
+        );
+
+        let open = format!(
+            "[server]\n\n[[server.operator]]\nname = \"alice\"\ntoken = {{ value = \"a\" }}\n{pool}"
+        );
+        let errors = crate::config::parse(Path::new("t.toml"), &open, false)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            errors.contains("server.operator: needs server.token"),
+            "{errors}"
+        );
+    }
 }

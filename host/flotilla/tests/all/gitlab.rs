@@ -1113,7 +1113,13 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
     use std::process::Stdio;
 
     let _one = DOCKER.lock().await;
-    let fleet = Fleet::start(1, 1, "").await;
+    // An operator of their own token (a table of [server] may follow the pool's keys).
+    let fleet = Fleet::start(
+        1,
+        1,
+        "[[server.operator]]\nname = \"ops-alice\"\ntoken = { value = \"ops-alice-token-5c1e\" }\n",
+    )
+    .await;
     let job = fleet.job(610);
     let prepare = job.stage(&["prepare"]);
     assert_eq!(prepare.code, 0, "{prepare:?}");
@@ -1141,6 +1147,51 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
     assert!(stdout.contains("in-/builds-"), "{stdout}");
     let log = fleet.flotilla.log();
     common::assert_terminal_session_logged(&log, "alice", 610);
+    assert!(
+        log.contains("token=\"api\"") || log.contains("token=api"),
+        "{log}"
+    );
+
+    // With an operator's token the log names the token's operator, whatever the client says.
+    let dir = tempfile::tempdir().expect("dir");
+    let ops_token = dir.path().join("ops-token");
+    flotilla_harness::write_secret(&ops_token, "ops-alice-token-5c1e");
+    let fleet_token = fleet.token_file.display().to_string();
+    let args = job.args.iter().map(|a| {
+        if *a == fleet_token {
+            ops_token.display().to_string()
+        } else {
+            a.clone()
+        }
+    });
+    let mut as_operator = Command::new(env!("CARGO_BIN_EXE_flotilla-gitlab"));
+    as_operator
+        .args(args)
+        .args([
+            "terminal", "610", "--who", "mallory", "--", "sh", "-c", "exit 0",
+        ])
+        .current_dir(job.dir.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(&job.env);
+    let out = as_operator.output().expect("the operator's session");
+    assert!(out.status.success(), "{out:?}");
+    let log = fleet.flotilla.log();
+    let opened = log
+        .lines()
+        .filter(|l| l.contains("terminal session opened"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no second session:\n{log}"));
+    assert!(
+        opened.contains("who=ops-alice")
+            && opened.contains("mallory")
+            && opened.contains("operator"),
+        "{opened}"
+    );
+    assert!(
+        !log.contains("ops-alice-token-5c1e"),
+        "the token reached the log"
+    );
 
     // A session left open is cut when the job's cleanup ends the lease.
     let (mut open, stdin) = terminal(b"echo still-here\n");
@@ -1154,7 +1205,7 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
                 .log()
                 .matches("terminal session opened")
                 .count()
-                == 2
+                == 3
         },
         || fleet.flotilla.log(),
     )
@@ -1166,7 +1217,7 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
             .matches("terminal session closed")
             .count()
     };
-    assert_eq!(closed(), 1, "the open session was logged closed");
+    assert_eq!(closed(), 2, "the ended sessions were logged closed");
     let streams = || async {
         let (_, text) = fleet.flotilla.request("GET", "/metrics", None, None).await;
         String::from_utf8_lossy(&text).lines().find_map(|l| {
@@ -1192,7 +1243,7 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
     poll::until_true(
         "the cut session to be logged closed",
         Duration::from_secs(5),
-        || closed() == 2,
+        || closed() == 3,
         || fleet.flotilla.log(),
     )
     .await;
