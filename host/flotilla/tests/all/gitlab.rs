@@ -1193,6 +1193,49 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
         "the token reached the log"
     );
 
+    // Any stream an operator's token opens through the lease is a session, with or without
+    // the terminal's header: here an exec through the Docker handle, as any Docker client
+    // opens one.
+    let (_, body) = fleet
+        .flotilla
+        .call("GET", "/v1/pools/ci/leases?label=gitlab-job=610", None)
+        .await;
+    let lease = body["leases"][0]["id"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("the job's lease: {body}"));
+    let api = flotilla_gitlab::api::ApiClient::new(
+        &fleet.flotilla.base,
+        Some("ops-alice-token-5c1e".into()),
+        "ci",
+    )
+    .expect("a client");
+    let docker = flotilla_gitlab::docker::client::for_lease(&api, lease, 60).expect("docker");
+    let exec = docker
+        .create_exec(
+            "flotilla-job-610",
+            bollard::exec::CreateExecOptions::<String> {
+                attach_stdout: Some(true),
+                cmd: Some(vec!["sh".into(), "-c".into(), "echo hi".into()]),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("an exec");
+    match docker.start_exec(&exec.id, None).await.expect("started") {
+        bollard::exec::StartExecResults::Attached { mut output, .. } => {
+            use futures_util::StreamExt;
+            while output.next().await.is_some() {}
+        }
+        bollard::exec::StartExecResults::Detached => panic!("the exec was detached"),
+    }
+    let log = fleet.flotilla.log();
+    let opened = log
+        .lines()
+        .filter(|l| l.contains("terminal session opened"))
+        .nth(2)
+        .unwrap_or_else(|| panic!("the operator's exec was not logged as a session:\n{log}"));
+    assert!(opened.contains("who=ops-alice"), "{opened}");
+
     // A session left open is cut when the job's cleanup ends the lease.
     let (mut open, stdin) = terminal(b"echo still-here\n");
     let started = Instant::now();
@@ -1205,7 +1248,7 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
                 .log()
                 .matches("terminal session opened")
                 .count()
-                == 3
+                == 4
         },
         || fleet.flotilla.log(),
     )
@@ -1217,7 +1260,7 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
             .matches("terminal session closed")
             .count()
     };
-    assert_eq!(closed(), 2, "the ended sessions were logged closed");
+    assert_eq!(closed(), 3, "the ended sessions were logged closed");
     let streams = || async {
         let (_, text) = fleet.flotilla.request("GET", "/metrics", None, None).await;
         String::from_utf8_lossy(&text).lines().find_map(|l| {
@@ -1243,7 +1286,7 @@ async fn an_operator_opens_a_terminal_in_a_running_jobs_container() {
     poll::until_true(
         "the cut session to be logged closed",
         Duration::from_secs(5),
-        || closed() == 3,
+        || closed() == 4,
         || fleet.flotilla.log(),
     )
     .await;
