@@ -46,14 +46,37 @@ impl LeaseChannels {
 pub struct LeaseBody<B> {
     inner: B,
     ended: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
+    /// Whether `inner` has been read to its end (and not cut).
+    read: bool,
+    /// What to do with the body's connection once it is dropped read to its end.
+    when_read: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
-impl<B> LeaseBody<B> {
+impl<B: Body> LeaseBody<B> {
     /// `inner`, cut when `token` is cancelled.
     pub fn new(inner: B, token: CancellationToken) -> Self {
         LeaseBody {
+            read: inner.is_end_stream(),
             inner,
             ended: Box::pin(token.cancelled_owned()),
+            when_read: None,
+        }
+    }
+
+    /// Runs `then` when the body is dropped after it was read to its end (its connection can
+    /// carry another request); never when it was cut or dropped before its end.
+    pub(crate) fn when_read(mut self, then: impl FnOnce() + Send + Sync + 'static) -> Self {
+        self.when_read = Some(Box::new(then));
+        self
+    }
+}
+
+impl<B> Drop for LeaseBody<B> {
+    fn drop(&mut self) {
+        if self.read
+            && let Some(then) = self.when_read.take()
+        {
+            then();
         }
     }
 }
@@ -77,11 +100,17 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.get_mut();
         if this.ended.as_mut().poll(cx).is_ready() {
+            this.read = false;
             return Poll::Ready(Some(Err(Box::new(LeaseEnded))));
         }
-        Pin::new(&mut this.inner)
-            .poll_frame(cx)
-            .map(|frame| frame.map(|f| f.map_err(Into::into)))
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        // A server stops polling once `is_end_stream` says so; another reads to `None`.
+        this.read = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Err(_))) => false,
+            _ => this.inner.is_end_stream(),
+        };
+        polled.map(|frame| frame.map(|f| f.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -14,6 +14,7 @@ pub mod config;
 mod docker;
 mod exec;
 mod hostkeys;
+mod idle;
 mod keys;
 mod proxy;
 mod readiness;

@@ -10,12 +10,16 @@
 //! decoded and encoded again), its headers without the hop-by-hop ones of RFC 9110 §7.6.1
 //! and without the caller's credentials for the host.
 
+use std::sync::Arc;
+
+use http_body_util::BodyExt;
 use hyper::body::{Body, Incoming};
 use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 
 use crate::channels::LeaseBody;
 use crate::docker::{HOST, Route};
+use crate::idle::IdleEngines;
 
 /// Why a request could not be forwarded to the engine.
 #[derive(Debug, thiserror::Error)]
@@ -89,17 +93,29 @@ pub(crate) fn strip_hop_by_hop(headers: &mut http::HeaderMap) -> Option<http::He
     upgrade
 }
 
-/// Sends `request` (origin-form URI) to the engine over a new stream of `route`; everything
-/// it opens ends when `lease` is cancelled.
+/// One lease's side of a forwarded request: its id, its channels' token (everything the
+/// request opens ends when it is cancelled), and the engine connections it keeps.
+pub(crate) struct ForLease<'a> {
+    /// The lease.
+    pub(crate) id: u64,
+    /// Its channels' token.
+    pub(crate) token: CancellationToken,
+    /// The pool's idle engine connections.
+    pub(crate) idle: &'a Arc<IdleEngines>,
+}
+
+/// Sends `request` (origin-form URI) to the engine over one of the lease's idle connections
+/// ([`crate::idle`]), or a new stream of `route`; everything it opens ends when the lease's
+/// token is cancelled. A connection whose answer is read to its end is kept for the lease's
+/// next request, unless it was upgraded.
 pub(crate) async fn forward<B>(
     route: &Route,
     instance: &str,
     mut request: http::Request<B>,
-    lease: CancellationToken,
+    lease: ForLease<'_>,
 ) -> Result<http::Response<LeaseBody<Incoming>>, ForwardError>
 where
-    B: Body + Send + 'static,
-    B::Data: Send,
+    B: Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let failed = |why: String| ForwardError::Unreachable {
@@ -122,24 +138,46 @@ where
         headers.insert(http::header::UPGRADE, protocol);
     }
     headers.insert(http::header::HOST, http::HeaderValue::from_static(HOST));
+    let upgrading = request.headers().contains_key(http::header::UPGRADE);
+    let request = request.map(|body| body.map_err(Into::into).boxed_unsync());
     let exchange = async {
+        let mut request = request;
+        while let Some(mut kept) = lease.idle.take(lease.id) {
+            // Kept as its answer was read: its connection turns idle a moment later.
+            if !matches!(
+                tokio::time::timeout(READY_WAIT, kept.ready()).await,
+                Ok(Ok(()))
+            ) {
+                continue;
+            }
+            match kept.try_send_request(request).await {
+                Ok(response) => return Ok((response, kept)),
+                Err(mut e) => match e.take_message() {
+                    // The connection closed before the request went out: the next one.
+                    Some(unsent) => request = unsent,
+                    None => return Err(failed(format!("Docker Engine: {}", e.into_error()))),
+                },
+            }
+        }
         let stream = route.open().await.map_err(failed)?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| failed(format!("Docker Engine: {e}")))?;
         tokio::spawn(async move {
-            // Ends with the response body or the upgraded stream; errors reach the caller as
-            // a truncated body.
+            // Ends when its sender is dropped (it is not kept, or its lease ended) with no
+            // answer left to read, or with the upgraded stream; errors reach the caller as a
+            // truncated body.
             let _ = connection.with_upgrades().await;
         });
-        sender
+        let response = sender
             .send_request(request)
             .await
-            .map_err(|e| failed(format!("Docker Engine: {e}")))
+            .map_err(|e| failed(format!("Docker Engine: {e}")))?;
+        Ok((response, sender))
     };
-    let mut response = tokio::select! {
+    let (mut response, sender) = tokio::select! {
         answer = exchange => answer?,
-        () = lease.cancelled() => {
+        () = lease.token.cancelled() => {
             return Err(ForwardError::LeaseEnded { instance: instance.to_string() });
         }
     };
@@ -155,10 +193,28 @@ where
             headers.insert(http::header::UPGRADE, protocol);
         }
         let engine = hyper::upgrade::on(&mut response);
-        splice(instance.to_string(), caller, engine, lease.clone(), guard);
+        splice(
+            instance.to_string(),
+            caller,
+            engine,
+            lease.token.clone(),
+            guard,
+        );
     }
-    Ok(response.map(|body| LeaseBody::new(body, lease)))
+    let body = |body| {
+        let read = LeaseBody::new(body, lease.token.clone());
+        if upgrading || switching {
+            return read;
+        }
+        // Kept for the lease's next request once its answer is read to the end.
+        let (id, token, idle) = (lease.id, lease.token.clone(), lease.idle.clone());
+        read.when_read(move || idle.keep(id, sender, &token))
+    };
+    Ok(response.map(body))
 }
+
+/// How long a kept connection may take to turn idle after its last answer was read.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Something a request to the Docker handle carries that must live as long as the stream it
 /// opens: dropped when an upgraded stream (exec, attach) ends, or when the request is answered

@@ -21,6 +21,7 @@ use crate::channels::{LeaseBody, LeaseChannels};
 use crate::config::ConnectorSettings;
 use crate::docker::Route;
 use crate::hostkeys::{HostKeyPolicy, Pins};
+use crate::idle::IdleEngines;
 use crate::keys::PoolKey;
 use crate::proxy::ForwardError;
 use crate::ssh::{Session, SshOptions, Target};
@@ -39,6 +40,8 @@ pub struct Connector {
     permits: tokio::sync::Semaphore,
     /// The Docker channels lease holders opened, cut when their lease ends.
     channels: LeaseChannels,
+    /// Engine connections kept between a lease's Docker requests.
+    idle: Arc<IdleEngines>,
     /// The last `connect-info` of each instance (addresses, system, architecture), for the
     /// instances API and Prometheus's service discovery.
     described: Mutex<HashMap<String, Connection>>,
@@ -75,6 +78,7 @@ impl Connector {
             tls_targets: Mutex::new(HashMap::new()),
             permits: tokio::sync::Semaphore::new(CONCURRENT_CHECKS),
             channels: LeaseChannels::default(),
+            idle: Arc::default(),
             described: Mutex::new(HashMap::new()),
         }
     }
@@ -425,8 +429,7 @@ impl Connector {
         request: http::Request<B>,
     ) -> Result<http::Response<LeaseBody<hyper::body::Incoming>>, ForwardError>
     where
-        B: hyper::body::Body + Send + 'static,
-        B::Data: Send,
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let token = self.channels.token(lease);
@@ -445,7 +448,12 @@ impl Connector {
             }
         }
         .ok_or(ForwardError::NoDocker)?;
-        crate::proxy::forward(&route, instance, request, token).await
+        let lease = crate::proxy::ForLease {
+            id: lease,
+            token,
+            idle: &self.idle,
+        };
+        crate::proxy::forward(&route, instance, request, lease).await
     }
 
     /// The SSH session to an instance for a lease holder's command: the kept one, or a new
@@ -528,7 +536,20 @@ impl Connector {
     /// Cuts every Docker channel opened under `lease` (its requests, streamed answers and
     /// upgraded connections): the lease ended.
     pub fn end_lease(&self, lease: u64) {
+        // The token first: a connection being kept as the lease ends sees it cancelled.
         self.channels.end(lease);
+        self.idle.forget(lease);
+    }
+
+    /// Closes the engine connections that have been idle too long, or that their engine
+    /// closed (the pool's lease watch calls it).
+    pub fn close_stale_engine_connections(&self) {
+        self.idle.prune();
+    }
+
+    /// The engine connections kept for leases' next Docker requests.
+    pub fn idle_engine_connections(&self) -> usize {
+        self.idle.count()
     }
 
     /// The leases with Docker channels (possibly already closed) that have not been ended.

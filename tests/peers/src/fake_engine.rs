@@ -101,7 +101,8 @@ pub struct EngineState {
     pub last_request: BTreeMap<u64, String>,
     /// Every request's method and path (without the API version), in the order they came.
     pub log: Vec<String>,
-    next_connection: u64,
+    /// Connections accepted over the engine's life.
+    pub accepted: u64,
 }
 
 /// A running stand-in; it serves until the runtime that started it ends.
@@ -135,8 +136,8 @@ impl FakeEngine {
                     let id = {
                         let mut s = state.lock().expect("engine state");
                         s.open_connections += 1;
-                        s.next_connection += 1;
-                        s.next_connection
+                        s.accepted += 1;
+                        s.accepted
                     };
                     let handler = state.clone();
                     let service = hyper::service::service_fn(move |request: Request<Incoming>| {

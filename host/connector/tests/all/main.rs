@@ -560,6 +560,97 @@ async fn the_callers_token_is_not_forwarded_to_the_instances_engine() {
     assert!(seen.lock().iter().any(|(p, _)| p == "/info"));
 }
 
+/// A lease's Docker requests one after another share one engine connection (one SSH channel
+/// and one connection on the engine, not one per request); another lease's requests never use
+/// it; and when a lease ends, its kept connection closes while the other lease's stays.
+#[tokio::test]
+async fn a_leases_docker_requests_share_one_engine_connection_until_the_lease_ends() {
+    use http_body_util::BodyExt;
+    let pool = pool_key();
+    let sshd = Sshd::start(pool.key.public_openssh());
+    let engine = flotilla_peers::fake_engine::FakeEngine::start(Duration::ZERO);
+    let mut s = settings(None, Duration::from_secs(5));
+    s.docker_socket = Some(engine.socket().display().to_string());
+    let connector = Connector::new(pool.key.clone(), s);
+    let machines = one_machine(&sshd);
+    connector
+        .check(&machines, "m1")
+        .await
+        .expect("ready against the fake engine");
+    let counts = || engine.with(|e| (e.accepted, e.open_connections, e.requests));
+    let (checked, _, _) = counts();
+    let ask = |lease: u64, path: &'static str| {
+        let connector = &connector;
+        let machines = &machines;
+        async move {
+            let request = http::Request::get(path)
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .expect("a request");
+            let response = connector
+                .forward_docker(machines, "m1", lease, request)
+                .await
+                .expect("forwarded");
+            assert_eq!(response.status(), 200, "{path}");
+            // Read to the end, as a client does before its next request.
+            response.into_body().collect().await.expect("the answer");
+        }
+    };
+    for path in ["/_ping", "/version", "/containers/json", "/_ping", "/info"] {
+        ask(1, path).await;
+        // Kept the moment its answer was read, for the next request right after.
+        assert_eq!(connector.idle_engine_connections(), 1, "after {path}");
+    }
+    let (accepted, _, _) = counts();
+    assert_eq!(
+        accepted - checked,
+        1,
+        "five requests of one lease, one engine connection"
+    );
+    ask(2, "/_ping").await;
+    ask(2, "/version").await;
+    let (accepted, _, requests) = counts();
+    assert_eq!(
+        accepted - checked,
+        2,
+        "another lease has its own connection ({requests} requests)"
+    );
+    assert_eq!(connector.idle_engine_connections(), 2);
+    let open = || engine.with(|e| e.open_connections);
+    // The readiness check's own connections close on their own.
+    poll::until_true(
+        "the engine to hold the two kept connections only",
+        Duration::from_secs(5),
+        || open() == 2,
+        || format!("{} open", open()),
+    )
+    .await;
+    connector.end_lease(1);
+    poll::until_true(
+        "the ended lease's connection to close",
+        Duration::from_secs(2),
+        || open() == 1,
+        || format!("{} open", open()),
+    )
+    .await;
+    assert_eq!(connector.idle_engine_connections(), 1);
+    // The other lease still uses its connection.
+    ask(2, "/info").await;
+    assert_eq!(counts().0 - checked, 2);
+    // An answer dropped before its end leaves its connection unusable: it is not kept, and
+    // the lease's next request gets a whole answer of its own.
+    let request = http::Request::get("/version")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("a request");
+    let unread = connector
+        .forward_docker(&machines, "m1", 3, request)
+        .await
+        .expect("forwarded");
+    drop(unread);
+    assert_eq!(connector.idle_engine_connections(), 1, "lease 2's only");
+    ask(3, "/_ping").await;
+    assert_eq!(counts().0 - checked, 4);
+}
+
 fn tls_files(pki: &DockerPki, client: &str) -> DockerTlsFiles {
     DockerTlsFiles {
         ca: pki.file("ca.pem"),

@@ -268,8 +268,9 @@ fn is_acquired(p: &PoolHandle, id: u64) -> bool {
 /// `max_job_duration` expiry is found by the pool's own timer).
 const CHANNEL_CHECK: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// Cuts the Docker channels of every lease that is no longer acquired: released,
-/// unreserved, failed, expired, or released as broken. Runs for the pool's life.
+/// Cuts the Docker channels of every lease that is no longer acquired (released,
+/// unreserved, failed, expired, or released as broken), and closes the engine connections
+/// kept idle too long. Runs for the pool's life.
 pub async fn watch_lease_channels(pool: std::sync::Weak<RunningPool>) {
     loop {
         let Some(running) = pool.upgrade() else {
@@ -284,6 +285,7 @@ pub async fn watch_lease_channels(pool: std::sync::Weak<RunningPool>) {
                 tracing::info!(pool = %running.handle.name, lease, "the lease ended: its Docker channels are closed");
             }
         }
+        connector.close_stale_engine_connections();
         let handle = running.handle.clone();
         drop(running);
         tokio::select! {

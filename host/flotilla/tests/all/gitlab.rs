@@ -1325,6 +1325,16 @@ async fn a_load_run_drives_every_stage_of_every_job_through_the_real_binary() {
         report.engine_requests.is_some_and(|r| r <= 12 * 32),
         "{text}"
     );
+    // The host keeps a lease's engine connection between its Docker requests: about 6 new
+    // connections (SSH channels) a job for 31 requests, where each request opened one.
+    let (engine_requests, engine_connections) = (
+        report.engine_requests.unwrap_or_default(),
+        report.engine_connections.unwrap_or(u64::MAX),
+    );
+    assert!(
+        engine_connections * 3 <= engine_requests,
+        "{engine_connections} engine connections for {engine_requests} Docker requests\n{text}"
+    );
     // A stage's Docker requests share a kept-alive connection to the API (its upgraded
     // streams and its lease lookups take their own): about 29 connections for 43 requests.
     let requests: u64 = report.routes.iter().map(|(_, count, _)| count).sum();

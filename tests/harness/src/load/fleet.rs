@@ -104,10 +104,13 @@ impl Running {
         }
     }
 
-    /// Requests the fake engines have answered (`None` on a real engine).
-    pub(super) fn requests(&self) -> Option<u64> {
+    /// Requests the fake engines have answered, and connections they have accepted (`None` on
+    /// a real engine).
+    pub(super) fn requests(&self) -> Option<(u64, u64)> {
         match self {
-            Running::Fake(all, _) => Some(all.iter().map(|f| f.with(|s| s.requests)).sum()),
+            Running::Fake(all, _) => Some(all.iter().fold((0, 0), |(r, c), f| {
+                f.with(|s| (r + s.requests, c + s.accepted))
+            })),
             Running::Real(_) => None,
         }
     }

@@ -391,7 +391,12 @@ pub async fn run(o: &Options) -> Report {
     let requests = engine
         .requests()
         .zip(requests_before)
-        .map(|(after, before)| after.saturating_sub(before));
+        .map(|(after, before)| {
+            (
+                after.0.saturating_sub(before.0),
+                after.1.saturating_sub(before.1),
+            )
+        });
     let (_, after) = get(&host.metrics, "/metrics").await;
 
     let mut errors: Vec<String> = results.iter().flat_map(|r| r.errors.clone()).collect();
@@ -452,7 +457,8 @@ pub async fn run(o: &Options) -> Report {
         host: host_figures,
         drivers,
         engine_stage_runs: engine.stage_runs(),
-        engine_requests: requests,
+        engine_requests: requests.map(|(r, _)| r),
+        engine_connections: requests.map(|(_, c)| c),
     }
 }
 

@@ -210,6 +210,9 @@ pub struct Report {
     pub engine_stage_runs: Option<u64>,
     /// Docker requests the fake engines answered during the run (`None` on a real engine).
     pub engine_requests: Option<u64>,
+    /// Connections the fake engines accepted during the run (`None` on a real engine): the
+    /// host's new streams to the engines (SSH channels).
+    pub engine_connections: Option<u64>,
 }
 
 impl Report {
@@ -289,11 +292,13 @@ impl Report {
             requests as f64 / n,
             h.connections as f64 / n
         );
-        if let Some(requests) = self.engine_requests {
+        if let (Some(requests), Some(connections)) = (self.engine_requests, self.engine_connections)
+        {
             let _ = writeln!(
                 s,
-                "| Docker requests per job (the fake engines) | {:.1} |",
-                requests as f64 / n
+                "| Docker requests per job; engine connections per job (the fake engines) | {:.1}; {:.1} |",
+                requests as f64 / n,
+                connections as f64 / n
             );
         }
         let _ = writeln!(
