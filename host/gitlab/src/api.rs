@@ -9,6 +9,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
+use crate::kept::Kept;
+
 pub use flotilla_api::exec::FrameKind;
 pub use flotilla_api::{ErrorCode, LeaseState};
 
@@ -69,7 +71,12 @@ pub struct LeaseInfo {
     pub state: LeaseState,
 }
 
-/// A client of one pool of a running host.
+/// A request body on a connection to the API: the driver's own JSON, or a Docker request's
+/// body, boxed, so that both kinds of request can share a kept connection.
+pub(crate) type ApiBody =
+    http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A client of one pool of a running host. Clones share its kept connection.
 #[derive(Clone)]
 pub struct ApiClient {
     authority: String,
@@ -78,6 +85,9 @@ pub struct ApiClient {
     token: Option<String>,
     pool: String,
     timeout: Duration,
+    /// The connection kept between requests: a stage's lease lookup and its Docker requests
+    /// go on one connection ([`crate::kept`]).
+    kept: Kept<ApiBody>,
 }
 
 impl std::fmt::Debug for ApiClient {
@@ -141,7 +151,14 @@ impl ApiClient {
             token,
             pool: pool.to_string(),
             timeout: Duration::from_secs(30),
+            kept: Kept::default(),
         })
+    }
+
+    /// The connection kept between this client's requests, shared by its clones and by the
+    /// Docker clients made from it.
+    pub(crate) fn kept(&self) -> Kept<ApiBody> {
+        self.kept.clone()
     }
 
     /// A connection to the API, over TLS when the URL is `https://`.
@@ -193,18 +210,15 @@ impl ApiClient {
         }
         let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
         let request = request
-            .body(Full::new(body))
+            .body(
+                Full::new(body)
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            )
             .map_err(|e| self.unreachable(e))?;
-        let stream = self.connect().await.map_err(|e| self.unreachable(e))?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        tokio::spawn(async move {
-            // Ends with the response; an error reaches us through send_request.
-            let _ = connection.await;
-        });
-        let response = sender
-            .send_request(request)
+        let response = self
+            .kept
+            .send(request, self.connect())
             .await
             .map_err(|e| self.unreachable(e))?;
         Ok((response.status(), response.into_body()))

@@ -6,20 +6,13 @@
 use bollard::{API_DEFAULT_VERSION, BollardRequest, Docker};
 
 use crate::api::ApiClient;
-use crate::kept::{Kept, SendError};
+use http_body_util::BodyExt;
+
+use crate::kept::SendError;
 use crate::place::StepError;
 
 /// The Host header bollard's absolute URIs carry; replaced by the API's.
 const BASE: &str = "http://flotilla.invalid";
-
-/// Names a request's body type (bollard's own alias for it is private to it).
-trait HasBody {
-    type Body;
-}
-
-impl<B> HasBody for http::Request<B> {
-    type Body = B;
-}
 
 /// A Docker client for the instance of `lease`.
 pub fn for_lease(api: &ApiClient, lease: u64, timeout_secs: u64) -> Result<Docker, String> {
@@ -37,7 +30,8 @@ pub fn for_lease_with(
     let api = api.clone();
     let prefix = api.docker_path(lease);
     let token = api.token().map(|t| format!("Bearer {t}"));
-    let kept = Kept::<<BollardRequest as HasBody>::Body>::default();
+    // The client's own kept connection: the stage's lease lookup left it open.
+    let kept = api.kept();
     let transport = move |request: BollardRequest| {
         let authority = authority.clone();
         let api = api.clone();
@@ -68,7 +62,7 @@ pub fn for_lease_with(
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 parts.headers.insert(*name, value);
             }
-            let request = http::Request::from_parts(parts, body);
+            let request = http::Request::from_parts(parts, body.boxed_unsync());
             let response = kept
                 .send(request, api.connect())
                 .await
