@@ -35,6 +35,9 @@ pub enum PullPolicy {
 }
 
 impl PullPolicy {
+    /// Every policy's name, as [`PullPolicy::name`] spells it.
+    pub const NAMES: &'static [&'static str] = &["always", "if-not-present", "never"];
+
     /// Parses `always`, `if-not-present` or `never`.
     pub fn parse(text: &str) -> Result<PullPolicy, SettingError> {
         match text.trim() {

@@ -18,6 +18,9 @@ pub enum MachineOs {
 }
 
 impl MachineOs {
+    /// Every system's name, as [`MachineOs::name`] spells it.
+    pub const NAMES: &'static [&'static str] = &["linux", "macos", "freebsd", "windows"];
+
     /// Parses `linux`, `macos` (or `darwin`), `freebsd` or `windows`.
     pub fn parse(text: &str) -> Result<MachineOs, SettingError> {
         match text.trim().to_ascii_lowercase().as_str() {
@@ -83,6 +86,9 @@ pub enum Shell {
 }
 
 impl Shell {
+    /// Every shell's name, as [`Shell::name`] spells it.
+    pub const NAMES: &'static [&'static str] = &["bash", "pwsh", "powershell"];
+
     /// Parses `bash`, `pwsh` or `powershell`.
     pub fn parse(text: &str) -> Result<Shell, SettingError> {
         match text.trim() {

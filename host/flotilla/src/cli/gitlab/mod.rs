@@ -9,8 +9,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Subcommand;
 
+mod named;
 mod snippet;
 mod terminal;
+
+use named::Named;
 
 use terminal::terminal;
 
@@ -57,11 +60,11 @@ pub struct Args {
     mode: ModeFlag,
     /// Instance mode: the machines' system, `linux`, `macos`, `freebsd` or `windows`. It
     /// decides paths and commands; `prepare` fails a job whose machine reports another.
-    #[arg(long, default_value = "linux", value_parser = MachineOs::parse)]
+    #[arg(long, default_value = "linux", value_parser = Named::new(MachineOs::NAMES, MachineOs::parse))]
     os: MachineOs,
     /// Instance mode: the shell the runner writes scripts for, `bash` (Linux, macOS) or
     /// `pwsh` / `powershell` (Windows) [default: bash, or pwsh on Windows].
-    #[arg(long, value_parser = Shell::parse)]
+    #[arg(long, value_parser = Named::new(Shell::NAMES, Shell::parse))]
     shell: Option<Shell>,
     /// Instance mode: the directory on each machine under which every job gets its own
     /// [default: /var/tmp/flotilla, or C:\flotilla on Windows].
@@ -79,7 +82,7 @@ pub struct Args {
     /// When to pull images: always (the default: the registry checks every job's
     /// credentials), if-not-present (faster, but a job can then run a private image another
     /// job pulled, without credentials) or never.
-    #[arg(long, default_value = "always", value_parser = PullPolicy::parse)]
+    #[arg(long, default_value = "always", value_parser = Named::new(PullPolicy::NAMES, PullPolicy::parse))]
     pull_policy: PullPolicy,
     /// How long `prepare` waits for an instance (and any stage for a pool that is starting).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
