@@ -69,6 +69,11 @@ BAD = [
     ({"secretMounts": [{"name": "gcp", "secretName": "k"}]}, "a secret mount without mountPath"),
     ({"image": {"digest": "latest"}}, "an image digest that is not sha256"),
     ({"probes": {"startup": {"path": "/"}}}, "a startup probe path flotilla does not serve"),
+    ({"operators": [{"name": "alice"}]}, "an operator without the Secret of its token"),
+    (
+        {"operators": [{"name": "alice smith", "existingSecret": "flotilla-operator-alice"}]},
+        "an operator name flotilla refuses (a space)",
+    ),
 ]
 
 
@@ -101,6 +106,12 @@ def rendered_config(values):
         if discovery.get("existingSecret")
         else ""
     )
+    operators = "".join(
+        "\n[[server.operator]]\n"
+        f'name = "{o["name"]}"\n'
+        f'token = {{ file = "/etc/flotilla/secrets/operators/{i}/{o.get("key") or "token"}" }}\n'
+        for i, o in enumerate(values.get("operators") or [])
+    )
     return (
         'cache_dir = "/var/cache/flotilla"\n'
         'state_dir = "/var/lib/flotilla"\n\n'
@@ -109,7 +120,10 @@ def rendered_config(values):
         f'metrics_listen = "0.0.0.0:{s["metricsPort"]}"\n'
         f'token = {{ file = "/etc/flotilla/secrets/api-token/{values["apiToken"]["key"]}" }}\n'
         + sd_token
-        + f'shutdown_grace = "{s["shutdownGraceSeconds"]}s"\n\n' + values["config"]["pools"]
+        + f'shutdown_grace = "{s["shutdownGraceSeconds"]}s"\n'
+        + operators
+        + "\n"
+        + values["config"]["pools"]
     )
 
 
@@ -125,6 +139,11 @@ def secrets_root(flotilla, tmp):
     (root / "sd-token").mkdir()
     (root / "sd-token" / "token").write_text("check-sd-token\n")
     (root / "sd-token" / "token").chmod(0o400)
+    # Operators' tokens (the examples name at most two), each its own.
+    for i in range(2):
+        (root / "operators" / str(i)).mkdir(parents=True)
+        (root / "operators" / str(i) / "token").write_text(f"check-operator-{i}\n")
+        (root / "operators" / str(i) / "token").chmod(0o400)
     (root / "cosign").mkdir()
     subprocess.run(
         [flotilla, "plugin", "generate-key", str(root / "cosign" / "cosign")],

@@ -60,6 +60,12 @@ token = { file = "/etc/flotilla/secrets/api-token/{{ .Values.apiToken.key }}" }
 sd_token = { file = "/etc/flotilla/secrets/sd-token/{{ .Values.machineDiscovery.key }}" }
 {{- end }}
 shutdown_grace = "{{ .Values.server.shutdownGraceSeconds }}s"
+{{- range $i, $o := .Values.operators }}
+
+[[server.operator]]
+name = {{ $o.name | quote }}
+token = { file = "/etc/flotilla/secrets/operators/{{ $i }}/{{ $o.key | default "token" }}" }
+{{- end }}
 
 {{ .Values.config.pools }}
 {{- end -}}
