@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::channels::LeaseBody;
 use crate::docker::{HOST, Route};
-use crate::idle::IdleEngines;
+use crate::idle::{EngineBody, EngineSender, IdleEngines};
 
 /// Why a request could not be forwarded to the engine.
 #[derive(Debug, thiserror::Error)]
@@ -97,11 +97,18 @@ pub(crate) fn strip_hop_by_hop(headers: &mut http::HeaderMap) -> Option<http::He
 /// request opens ends when it is cancelled), and the engine connections it keeps.
 pub(crate) struct ForLease<'a> {
     /// The lease.
-    pub(crate) id: u64,
+    id: u64,
     /// Its channels' token.
-    pub(crate) token: CancellationToken,
+    token: CancellationToken,
     /// The pool's idle engine connections.
-    pub(crate) idle: &'a Arc<IdleEngines>,
+    idle: &'a Arc<IdleEngines>,
+}
+
+impl<'a> ForLease<'a> {
+    /// Lease `id`, its channels' `token` and the pool's `idle` connections.
+    pub(crate) fn new(id: u64, token: CancellationToken, idle: &'a Arc<IdleEngines>) -> Self {
+        ForLease { id, token, idle }
+    }
 }
 
 /// Sends `request` (origin-form URI) to the engine over one of the lease's idle connections
@@ -118,65 +125,14 @@ where
     B: Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let failed = |why: String| ForwardError::Unreachable {
-        instance: instance.to_string(),
-        why,
-    };
     // Taken before the request moves on: the caller's side of an upgrade, if it asks for one,
     // and what must live as long as the upgraded stream.
     let caller = hyper::upgrade::on(&mut request);
     let guard = request.extensions_mut().remove::<StreamGuard>();
-    let headers = request.headers_mut();
-    for name in STRIPPED {
-        headers.remove(name);
-    }
-    if let Some(protocol) = strip_hop_by_hop(headers) {
-        headers.insert(
-            http::header::CONNECTION,
-            http::HeaderValue::from_static("Upgrade"),
-        );
-        headers.insert(http::header::UPGRADE, protocol);
-    }
-    headers.insert(http::header::HOST, http::HeaderValue::from_static(HOST));
-    let upgrading = request.headers().contains_key(http::header::UPGRADE);
+    let upgrading = for_engine(request.headers_mut());
     let request = request.map(|body| body.map_err(Into::into).boxed_unsync());
-    let exchange = async {
-        let mut request = request;
-        while let Some(mut kept) = lease.idle.take(lease.id) {
-            // Kept as its answer was read: its connection turns idle a moment later.
-            if !matches!(
-                tokio::time::timeout(READY_WAIT, kept.ready()).await,
-                Ok(Ok(()))
-            ) {
-                continue;
-            }
-            match kept.try_send_request(request).await {
-                Ok(response) => return Ok((response, kept)),
-                Err(mut e) => match e.take_message() {
-                    // The connection closed before the request went out: the next one.
-                    Some(unsent) => request = unsent,
-                    None => return Err(failed(format!("Docker Engine: {}", e.into_error()))),
-                },
-            }
-        }
-        let stream = route.open().await.map_err(failed)?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| failed(format!("Docker Engine: {e}")))?;
-        tokio::spawn(async move {
-            // Ends when its sender is dropped (it is not kept, or its lease ended) with no
-            // answer left to read, or with the upgraded stream; errors reach the caller as a
-            // truncated body.
-            let _ = connection.with_upgrades().await;
-        });
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| failed(format!("Docker Engine: {e}")))?;
-        Ok((response, sender))
-    };
     let (mut response, sender) = tokio::select! {
-        answer = exchange => answer?,
+        answer = exchange(route, instance, &lease, request) => answer?,
         () = lease.token.cancelled() => {
             return Err(ForwardError::LeaseEnded { instance: instance.to_string() });
         }
@@ -211,6 +167,74 @@ where
         read.when_read(move || idle.keep(id, sender, &token))
     };
     Ok(response.map(body))
+}
+
+/// Makes a caller's request headers the engine's: without the caller's credentials for the
+/// host and the hop-by-hop fields, with the upgrade the caller asked for (if it asked) and
+/// the engine's `Host`. Whether the request asks to switch protocols.
+fn for_engine(headers: &mut http::HeaderMap) -> bool {
+    for name in STRIPPED {
+        headers.remove(name);
+    }
+    let upgrading = match strip_hop_by_hop(headers) {
+        Some(protocol) => {
+            headers.insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("Upgrade"),
+            );
+            headers.insert(http::header::UPGRADE, protocol);
+            true
+        }
+        None => false,
+    };
+    headers.insert(http::header::HOST, http::HeaderValue::from_static(HOST));
+    upgrading
+}
+
+/// Sends `request` on the lease's most recently kept connection that takes it, or on a new
+/// stream of `route`; the answer, and the connection's sender (to keep it afterwards).
+async fn exchange(
+    route: &Route,
+    instance: &str,
+    lease: &ForLease<'_>,
+    mut request: http::Request<EngineBody>,
+) -> Result<(http::Response<Incoming>, EngineSender), ForwardError> {
+    let failed = |why: String| ForwardError::Unreachable {
+        instance: instance.to_string(),
+        why,
+    };
+    while let Some(mut kept) = lease.idle.take(lease.id) {
+        // Kept as its answer was read: its connection turns idle a moment later.
+        if !matches!(
+            tokio::time::timeout(READY_WAIT, kept.ready()).await,
+            Ok(Ok(()))
+        ) {
+            continue;
+        }
+        match kept.try_send_request(request).await {
+            Ok(response) => return Ok((response, kept)),
+            Err(mut e) => match e.take_message() {
+                // The connection closed before the request went out: the next one.
+                Some(unsent) => request = unsent,
+                None => return Err(failed(format!("Docker Engine: {}", e.into_error()))),
+            },
+        }
+    }
+    let stream = route.open().await.map_err(failed)?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| failed(format!("Docker Engine: {e}")))?;
+    tokio::spawn(async move {
+        // Ends when its sender is dropped (it is not kept, or its lease ended) with no answer
+        // left to read, or with the upgraded stream; errors reach the caller as a truncated
+        // body.
+        let _ = connection.with_upgrades().await;
+    });
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| failed(format!("Docker Engine: {e}")))?;
+    Ok((response, sender))
 }
 
 /// How long a kept connection may take to turn idle after its last answer was read.

@@ -448,11 +448,7 @@ impl Connector {
             }
         }
         .ok_or(ForwardError::NoDocker)?;
-        let lease = crate::proxy::ForLease {
-            id: lease,
-            token,
-            idle: &self.idle,
-        };
+        let lease = crate::proxy::ForLease::new(lease, token, &self.idle);
         crate::proxy::forward(&route, instance, request, lease).await
     }
 
@@ -534,9 +530,8 @@ impl Connector {
     }
 
     /// Cuts every Docker channel opened under `lease` (its requests, streamed answers and
-    /// upgraded connections): the lease ended.
+    /// upgraded connections), the token first, and closes its kept ones: the lease ended.
     pub fn end_lease(&self, lease: u64) {
-        // The token first: a connection being kept as the lease ends sees it cancelled.
         self.channels.end(lease);
         self.idle.forget(lease);
     }

@@ -583,11 +583,8 @@ async fn a_leases_docker_requests_share_one_engine_connection_until_the_lease_en
         let connector = &connector;
         let machines = &machines;
         async move {
-            let request = http::Request::get(path)
-                .body(http_body_util::Empty::<bytes::Bytes>::new())
-                .expect("a request");
             let response = connector
-                .forward_docker(machines, "m1", lease, request)
+                .forward_docker(machines, "m1", lease, get(path))
                 .await
                 .expect("forwarded");
             assert_eq!(response.status(), 200, "{path}");
@@ -616,39 +613,39 @@ async fn a_leases_docker_requests_share_one_engine_connection_until_the_lease_en
     );
     assert_eq!(connector.idle_engine_connections(), 2);
     let open = || engine.with(|e| e.open_connections);
+    let engine_holds = |n: u64, what: &'static str| {
+        poll::until_true(
+            what,
+            Duration::from_secs(5),
+            move || open() == n,
+            move || format!("{} open", open()),
+        )
+    };
     // The readiness check's own connections close on their own.
-    poll::until_true(
-        "the engine to hold the two kept connections only",
-        Duration::from_secs(5),
-        || open() == 2,
-        || format!("{} open", open()),
-    )
-    .await;
+    engine_holds(2, "the engine to hold the two kept connections only").await;
     connector.end_lease(1);
-    poll::until_true(
-        "the ended lease's connection to close",
-        Duration::from_secs(2),
-        || open() == 1,
-        || format!("{} open", open()),
-    )
-    .await;
+    engine_holds(1, "the ended lease's connection to close").await;
     assert_eq!(connector.idle_engine_connections(), 1);
     // The other lease still uses its connection.
     ask(2, "/info").await;
     assert_eq!(counts().0 - checked, 2);
     // An answer dropped before its end leaves its connection unusable: it is not kept, and
     // the lease's next request gets a whole answer of its own.
-    let request = http::Request::get("/version")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .expect("a request");
     let unread = connector
-        .forward_docker(&machines, "m1", 3, request)
+        .forward_docker(&machines, "m1", 3, get("/version"))
         .await
         .expect("forwarded");
     drop(unread);
     assert_eq!(connector.idle_engine_connections(), 1, "lease 2's only");
     ask(3, "/_ping").await;
     assert_eq!(counts().0 - checked, 4);
+}
+
+/// A `GET` of `path` with no body, for the Docker handle.
+fn get(path: &str) -> http::Request<http_body_util::Empty<bytes::Bytes>> {
+    http::Request::get(path)
+        .body(http_body_util::Empty::new())
+        .expect("a request")
 }
 
 fn tls_files(pki: &DockerPki, client: &str) -> DockerTlsFiles {
@@ -676,11 +673,8 @@ async fn a_docker_tls_instance_is_ready_with_the_pools_client_certificate_and_se
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", docker.log()));
     assert_eq!(readiness.address("e1"), Some(format!("127.0.0.1:{port}")));
-    let request = http::Request::get("/_ping")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .expect("a request");
     let response = readiness
-        .forward_docker(&engines, "e1", 1, request)
+        .forward_docker(&engines, "e1", 1, get("/_ping"))
         .await
         .expect("forwarded over TLS");
     assert_eq!(response.status(), 200);
