@@ -1,5 +1,7 @@
-//! A connection to the lease API kept alive between a driver's Docker requests. A stage
-//! process makes several in a row (`prepare` about twenty), and each new connection costs a
+//! A connection to the lease API kept alive between a driver's requests: its lease lookup,
+//! its Docker requests and its other API calls ([`crate::ApiClient`] and the Docker clients
+//! made from it share one). A stage process makes several in a row (`prepare` about twenty),
+//! and each new connection costs a
 //! TCP (or TLS) handshake here and a connection on the host. One connection is kept, only
 //! for a moment after its last request (well within the host's idle keep-alive), and none
 //! while an upgraded one (exec, attach) streams: that one becomes its stream and is never
