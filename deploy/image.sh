@@ -18,12 +18,18 @@ tag="${1:-flotilla:$version}"
 roots=/etc/ssl/certs/ca-certificates.crt
 [ -s "$roots" ] || { echo "$roots is missing: apt-get install ca-certificates" >&2; exit 1; }
 
-./scripts/cross-build.sh musl
+# The binaries: the release build, or those in FLOTILLA_MUSL_DIR when it is set (the test run
+# sets it to its own musl build, the binaries its tests ran).
+bins="${FLOTILLA_MUSL_DIR:-}"
+if [ -z "$bins" ]; then
+  ./scripts/cross-build.sh musl
+  bins="$CARGO_TARGET_DIR/$target/release"
+fi
 
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
-strip -o "$ctx/flotilla" "$CARGO_TARGET_DIR/$target/release/flotilla"
-strip -o "$ctx/flotilla-gitlab" "$CARGO_TARGET_DIR/$target/release/flotilla-gitlab"
+strip -o "$ctx/flotilla" "$bins/flotilla"
+strip -o "$ctx/flotilla-gitlab" "$bins/flotilla-gitlab"
 mkdir -p "$ctx/rootfs/etc/ssl/certs" "$ctx/rootfs-writable/var/cache/flotilla" \
   "$ctx/rootfs-writable/var/lib/flotilla"
 cp "$roots" "$ctx/rootfs/etc/ssl/certs/ca-certificates.crt"

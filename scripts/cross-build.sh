@@ -9,10 +9,11 @@
 #            image; needs musl-tools)
 #
 # scripts/windows.sh, deploy/image.sh and scripts/release.sh call it, so each finds the binary
-# up to date when another built it. scripts/test.sh starts it in the background, at the lowest
-# CPU and I/O priority, while the tests build and run: the tests wait on their peers (sshd,
-# dockerd, the registry, moto) most of the time and leave about 70% of the 2 cores idle, which
-# these builds take.
+# up to date when another built it. scripts/test.sh starts the Windows build in the background,
+# at the lowest CPU and I/O priority, while the tests build and run: the tests wait on their
+# peers (sshd, dockerd, the registry, moto) most of the time and leave about 70% of the 2 cores
+# idle, which this build takes. The test run builds no musl release: its tests are built for
+# musl, and it packages those binaries (FLOTILLA_MUSL_DIR, deploy/image.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"

@@ -28,9 +28,15 @@ max_bytes=$((50 * 1024 * 1024))
 musl=x86_64-unknown-linux-musl
 win=x86_64-pc-windows-gnu
 rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
-./scripts/cross-build.sh musl windows
+# The static Linux binaries: the release build, or FLOTILLA_MUSL_DIR's (deploy/image.sh).
+musl_bins="${FLOTILLA_MUSL_DIR:-}"
+if [ -z "$musl_bins" ]; then
+  ./scripts/cross-build.sh musl
+  musl_bins="$CARGO_TARGET_DIR/$musl/release"
+fi
+./scripts/cross-build.sh windows
 for bin in flotilla flotilla-gitlab; do
-  strip -o "$dist/$bin-$musl" "$CARGO_TARGET_DIR/$musl/release/$bin"
+  strip -o "$dist/$bin-$musl" "$musl_bins/$bin"
   # The test run builds its Windows binaries in the windows-check profile (FLOTILLA_WINDOWS_PROFILE).
   x86_64-w64-mingw32-strip -o "$dist/$bin-$win.exe" "$CARGO_TARGET_DIR/$win/${FLOTILLA_WINDOWS_PROFILE:-release}/$bin.exe"
 done

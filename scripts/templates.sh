@@ -7,8 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla-target}"
-# The binary the test run built (scripts/test.sh, profile test-run); built when missing.
-flotilla="$target/test-run/flotilla"
+# The binary the test run's tests ran (scripts/test.sh sets FLOTILLA_MUSL_DIR); otherwise the
+# test-run profile's, built when missing.
+flotilla="${FLOTILLA_MUSL_DIR:-$target/test-run}/flotilla"
 [ -x "$flotilla" ] || cargo build --locked --profile test-run -p flotilla --bin flotilla
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
