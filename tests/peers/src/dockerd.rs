@@ -336,6 +336,87 @@ pub fn busybox_rootfs_tar() -> Vec<u8> {
     out.stdout
 }
 
+impl Dockerd {
+    /// Containers whose engine died under them (a test kills dockerd with SIGKILL) keep
+    /// running under their containerd shims, which outlive the engine, and their overlay
+    /// mounts keep the temp dir from being removed: each such test run left two containers
+    /// and their mounts on the machine. Kills each shim of this engine (its command line names
+    /// the engine's exec root) with the container's init, which takes the container's
+    /// processes along (its own pid namespace), then lazily unmounts what is left under the
+    /// temp dir. A no-op after a clean stop.
+    fn stop_orphaned_containers(&self) {
+        let pids = processes();
+        for shim in self.shims() {
+            let inits = pids.iter().filter(|&&p| parent_of(p) == Some(shim));
+            for pid in inits.chain([&shim]) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+        let root = self.dir.path().to_string_lossy().into_owned();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        // The mount point is the fifth field; the deepest first.
+        let mut under: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .filter(|m| m.starts_with(root.as_str()))
+            .collect();
+        under.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mount in under {
+            let _ = Command::new("umount").args(["-l", mount]).status();
+        }
+    }
+}
+
+impl Dockerd {
+    /// The pids of this engine's containerd shims: each keeps a container alive, and outlives
+    /// an engine killed under it (its drop kills them; see [`running`]).
+    pub fn shims(&self) -> Vec<u32> {
+        let root = self.dir.path().to_string_lossy().into_owned();
+        processes()
+            .into_iter()
+            .filter(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmdline = String::from_utf8_lossy(&cmdline);
+                cmdline.contains("containerd-shim") && cmdline.contains(root.as_str())
+            })
+            .collect()
+    }
+}
+
+/// Whether a process runs: it exists and is not a zombie (killed, and not yet reaped by a
+/// parent that may never reap it, as an init that reaps no orphans).
+pub fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
+        .unwrap_or(false)
+}
+
+/// The pids in `/proc`.
+fn processes() -> Vec<u32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// A process's parent, from `/proc/PID/stat`: `pid (comm) state ppid ...`, where comm may hold
+/// spaces, so the fields are split after its `)`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 impl Drop for Dockerd {
     fn drop(&mut self) {
         if self.netns.is_none() {
@@ -380,6 +461,7 @@ impl Drop for Dockerd {
             let _ = self.child.kill(); // it did not stop in time
             let _ = self.child.wait(); // reap it
         }
+        self.stop_orphaned_containers();
         if let Some(pool) = &self.pool {
             pool.remove_bridges();
         }

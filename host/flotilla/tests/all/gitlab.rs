@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flotilla_harness::poll;
+use flotilla_peers::dockerd;
 use serde_json::Value;
 
 use common::fleet::{DOCKER, Fleet, RunnerJob};
@@ -416,6 +417,13 @@ async fn jobs_run_in_containers_on_leased_instances_as_gitlab_runner_drives_them
         .call("GET", "/v1/pools/ci/leases", None)
         .await;
     assert_eq!(body["leases"], Value::Array(Vec::new()));
+    // The killed engine's containers run on under their shims; the engine's drop stops them,
+    // so no test run leaves them on the machine.
+    let shims = fleet.docker.shims();
+    assert_eq!(shims.len(), 2, "the job's two containers");
+    drop(fleet);
+    let left: Vec<_> = shims.into_iter().filter(|&p| dockerd::running(p)).collect();
+    assert!(left.is_empty(), "shims left running: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
