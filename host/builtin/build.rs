@@ -7,6 +7,9 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "target_root.rs"]
+mod target_root;
+
 /// (name after `builtin:`, workspace package).
 const BUILTIN: &[(&str, &str)] = &[
     ("aws", "flotilla-plugin-aws"),
@@ -24,7 +27,7 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap_or_else(|_| fail("OUT_DIR is not set")));
     // OUT_DIR is <target>/[<triple>/]<profile>/build/<pkg>-<hash>/out; the guests go beside the
     // profiles in the same place tests/artifacts puts them, so neither builds them twice.
-    let target_dir = target_root(&out).join("wasm-guests");
+    let target_dir = target_root::of(&out).join("wasm-guests");
     for path in ["plugins", "guest", "wit", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(path).display());
     }
@@ -82,19 +85,6 @@ fn main() {
     table.push(']');
     if let Err(e) = std::fs::write(out.join("builtin.rs"), table) {
         fail(&format!("cannot write builtin.rs: {e}"));
-    }
-}
-
-/// The cargo target directory of this build: OUT_DIR is `<target>/<profile>/build/<pkg>/out`,
-/// or `<target>/<triple>/<profile>/build/<pkg>/out` when a target was named (a cross build).
-fn target_root(out: &std::path::Path) -> PathBuf {
-    let above_profile = out.ancestors().nth(4).unwrap_or(out);
-    let triple = env::var("TARGET").unwrap_or_default();
-    match above_profile.parent() {
-        Some(parent) if above_profile.file_name().is_some_and(|n| *n == *triple) => {
-            parent.to_path_buf()
-        }
-        _ => above_profile.to_path_buf(),
     }
 }
 

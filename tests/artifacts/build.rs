@@ -8,6 +8,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "../../host/builtin/target_root.rs"]
+mod target_root;
+
 /// One guest: a workspace member with `[package.metadata.flotilla-guest]`.
 struct Guest {
     package: String,
@@ -106,13 +109,10 @@ fn main() {
         .canonicalize()
         .unwrap_or_else(|e| fail(&format!("workspace root: {e}")));
     let out = PathBuf::from(env::var("OUT_DIR").unwrap_or_else(|_| fail("OUT_DIR is not set")));
-    // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out: put guests beside the profiles,
-    // in a stable place, so rebuilds are incremental.
-    let target_dir = out
-        .ancestors()
-        .nth(4)
-        .map(|t| t.join("wasm-guests"))
-        .unwrap_or_else(|| out.join("wasm-guests"));
+    // Beside the profiles, in a stable place, so rebuilds are incremental: where
+    // scripts/test.sh and host/builtin build them, even when the build names a target (the
+    // test run builds for musl; before, a second copy went under `<target>/<triple>/`).
+    let target_dir = target_root::of(&out).join("wasm-guests");
 
     for dir in [
         "wit",
