@@ -297,7 +297,14 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let answer = match route(&state, &req) {
-        Err(error) => error.response(),
+        // Refused after the request is read to its end, as Google's front end answers: a
+        // refusal sent while the client still writes its upload closes the connection under
+        // it, and the client sees a broken pipe (curl's "Send failure", exit 55) instead of the
+        // 403 (a clean-clone run failed so).
+        Err(error) => {
+            let _ = req.into_body().collect().await; // the refusal is the answer either way
+            error.response()
+        }
         Ok(object) if req.method() == Method::PUT => {
             let (parts, body) = req.into_parts();
             match body.collect().await {
