@@ -167,9 +167,10 @@ phase "guests (wasm32-wasip2)"
 cargo build --locked --profile guest --target wasm32-wasip2 --target-dir "$CARGO_TARGET_DIR/wasm-guests" "${guests[@]}"
 
 phase "the test build, with clippy's lints (host crates, every target)"
-# The test-run profile: release, but the binary crate at opt-level 1 (Cargo.toml says why).
-# For $linux_target (above). Every target cargo tests by default but the doc tests: no crate has one (the API docs' code
-# blocks are text), and rustdoc's pass over the 19 library crates to find none took a minute.
+# The test-run profile: release, but the binary crate at opt-level 1 (Cargo.toml says why),
+# for $linux_target (above). Every target cargo tests by default but the doc tests: no crate
+# has one (the API docs' code blocks are text), and rustdoc's pass over the 19 library crates
+# to find none took a minute.
 # `--tests` is every target whose manifest says `test` (libraries, binaries with tests,
 # integration tests); `--examples` builds the examples, as the default run does. The benches
 # are built too (in test mode, not run), so clippy sees every target `--all-targets` names.

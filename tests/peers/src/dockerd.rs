@@ -367,9 +367,7 @@ impl Dockerd {
             let _ = Command::new("umount").args(["-l", mount]).status();
         }
     }
-}
 
-impl Dockerd {
     /// The pids of this engine's containerd shims: each keeps a container alive, and outlives
     /// an engine killed under it (its drop kills them; see [`running`]).
     pub fn shims(&self) -> Vec<u32> {
@@ -388,10 +386,7 @@ impl Dockerd {
 /// Whether a process runs: it exists and is not a zombie (killed, and not yet reaped by a
 /// parent that may never reap it, as an init that reaps no orphans).
 pub fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| Some(stat.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
-        .unwrap_or(false)
+    stat_field(pid, 0).is_some_and(|state| state != "Z")
 }
 
 /// The pids in `/proc`.
@@ -405,16 +400,22 @@ fn processes() -> Vec<u32> {
         .collect()
 }
 
-/// A process's parent, from `/proc/PID/stat`: `pid (comm) state ppid ...`, where comm may hold
-/// spaces, so the fields are split after its `)`.
+/// A process's parent.
 fn parent_of(pid: u32) -> Option<u32> {
+    stat_field(pid, 1)?.parse().ok()
+}
+
+/// Field `n` after the command name of `/proc/PID/stat` (`pid (comm) state ppid ...`: 0 is the
+/// state, 1 the parent), split after comm's `)`, as comm may hold spaces.
+fn stat_field(pid: u32, n: usize) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    Some(
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(n)?
+            .to_string(),
+    )
 }
 
 impl Drop for Dockerd {
