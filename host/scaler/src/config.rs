@@ -62,64 +62,197 @@ pub struct ThrottleConfig {
     pub burst: u32,
 }
 
-/// The numeric knobs of a pool as written (they sit directly in `[[pool]]`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct KnobsConfig {
-    /// Job slots per instance.
-    pub capacity_per_instance: u32,
-    /// Jobs per instance before it is replaced (0 = unlimited).
-    pub max_use_count: u32,
-    /// Upper bound on instances.
-    pub max_instances: u32,
-    /// How long acquire waits for a ready instance.
-    pub instance_acquire_timeout: Duration,
-    /// Safety-net polling of `update()`.
-    pub update_interval: Duration,
-    /// Polling of `update()` while instances are expected.
-    pub update_interval_when_expecting: Duration,
-    /// Wait before retrying a deletion.
-    pub deletion_retry_interval: Duration,
-    /// Consecutive readiness failures before replacement.
-    pub failure_threshold: u32,
-    /// Boot time during which failed readiness checks are retried but not counted.
-    pub instance_ready_grace: Duration,
-    /// Leases must be renewed within this; `None`: no TTL.
-    pub lease_ttl: Option<Duration>,
-    /// Acquired leases older than this are failed; `None`: no limit.
-    pub max_job_duration: Option<Duration>,
-    /// How often a call refused as unauthorized or misconfigured is tried again.
-    pub paused_retry_interval: Duration,
-    /// Token bucket on instance creation.
-    pub scale_throttle: Option<ThrottleConfig>,
-    /// How long the pool counts as unable to grow after it last could not.
-    pub fallback_hold: Duration,
-    /// An instance lost within this long of coming means the pool cannot grow.
-    pub fallback_failing_within: Duration,
+/// Declares a config table that holds the pool knobs (GitLab Runner's `[runners.autoscaler]`
+/// names), which sit directly in `[[pool]]`: the table's own fields, then every knob with its
+/// serde default, and `fn knobs(&self) -> KnobsConfig` for [`KnobsConfig`]'s validation.
+///
+/// The knobs are listed only here. serde's `flatten` would let the binary's `PoolConfig` hold a
+/// `KnobsConfig` field instead, but it cannot be combined with `deny_unknown_fields`, and the
+/// config's located errors rely on that (an unknown key is an error naming its file and line).
+/// [`KnobsConfig`] is declared with this macro too, so the file's keys, their defaults and the
+/// scaler's copy cannot drift.
+///
+/// The defaults are paths into [`knob_default`], which takes them from
+/// [`ScalerConfig::default`]: the one place they are written. The declaring crate needs
+/// `serde` and `humantime-serde`.
+#[macro_export]
+macro_rules! with_pool_knobs {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident { $($fields:tt)* }
+    ) => {
+        $crate::with_pool_knobs! {
+            @declare [$(#[$meta])* $vis struct $name { $($fields)* }]
+            /// Job slots per instance.
+            #[serde(default = "flotilla_scaler::config::knob_default::capacity_per_instance")]
+            capacity_per_instance: u32,
+            /// Jobs per instance before it is replaced (0 = unlimited).
+            #[serde(default = "flotilla_scaler::config::knob_default::max_use_count")]
+            max_use_count: u32,
+            /// Upper bound on instances (no default: a pool must say it).
+            max_instances: u32,
+            /// How long acquire waits for a ready instance.
+            #[serde(
+                default = "flotilla_scaler::config::knob_default::instance_acquire_timeout",
+                with = "humantime_serde"
+            )]
+            instance_acquire_timeout: ::std::time::Duration,
+            /// Safety-net polling of `update()`.
+            #[serde(
+                default = "flotilla_scaler::config::knob_default::update_interval",
+                with = "humantime_serde"
+            )]
+            update_interval: ::std::time::Duration,
+            /// Polling of `update()` while instances are expected (requested, not yet running).
+            #[serde(
+                default = "flotilla_scaler::config::knob_default::update_interval_when_expecting",
+                with = "humantime_serde"
+            )]
+            update_interval_when_expecting: ::std::time::Duration,
+            /// Wait before retrying a deletion.
+            #[serde(
+                default = "flotilla_scaler::config::knob_default::deletion_retry_interval",
+                with = "humantime_serde"
+            )]
+            deletion_retry_interval: ::std::time::Duration,
+            /// Consecutive readiness failures before replacement.
+            #[serde(default = "flotilla_scaler::config::knob_default::failure_threshold")]
+            failure_threshold: u32,
+            /// Boot time during which failed readiness checks are retried but not counted.
+            #[serde(
+                default = "flotilla_scaler::config::knob_default::instance_ready_grace",
+                with = "humantime_serde"
+            )]
+            instance_ready_grace: ::std::time::Duration,
+            /// Leases must be renewed within this (`POST .../renew`); absent: no TTL.
+            #[serde(
+                default = "flotilla_scaler::config::knob_default::lease_ttl",
+                with = "humantime_serde"
+            )]
+            lease_ttl: ::std::option::Option<::std::time::Duration>,
+            /// An acquired lease older than this is failed and reported; absent: no limit.
+            #[serde(
+                default = "flotilla_scaler::config::knob_default::max_job_duration",
+                with = "humantime_serde"
+            )]
+            max_job_duration: ::std::option::Option<::std::time::Duration>,
+            /// How often a call refused as unauthorized or misconfigured is tried again.
+            #[serde(
+                default = "flotilla_scaler::config::knob_default::paused_retry_interval",
+                with = "humantime_serde"
+            )]
+            paused_retry_interval: ::std::time::Duration,
+            /// Token bucket on instance creation; absent: unthrottled.
+            #[serde(default)]
+            scale_throttle: ::std::option::Option<$crate::config::ThrottleConfig>,
+            /// How long the pool counts as unable to grow after it last could not.
+            #[serde(
+                default = "flotilla_scaler::config::knob_default::fallback_hold",
+                with = "humantime_serde"
+            )]
+            fallback_hold: ::std::time::Duration,
+            /// An instance the cloud fails or takes back within this long of coming means the
+            /// pool cannot grow.
+            #[serde(
+                default = "flotilla_scaler::config::knob_default::fallback_failing_within",
+                with = "humantime_serde"
+            )]
+            fallback_failing_within: ::std::time::Duration,
+        }
+    };
+    (
+        @declare [$(#[$meta:meta])* $vis:vis struct $name:ident { $($fields:tt)* }]
+        $($(#[$knob_meta:meta])* $knob:ident: $ty:ty,)*
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($fields)*
+            $($(#[$knob_meta])* pub $knob: $ty,)*
+        }
+
+        impl $name {
+            /// The table's knobs, for the scaler to validate.
+            pub fn knobs(&self) -> $crate::config::KnobsConfig {
+                $crate::config::KnobsConfig {
+                    $($knob: ::std::clone::Clone::clone(&self.$knob),)*
+                }
+            }
+        }
+    };
 }
 
-impl KnobsConfig {
-    /// What a pool that leaves a knob out gets: [`ScalerConfig::default`]'s value, the one
-    /// place the defaults are written. `max_instances` has none; a pool must say it.
-    pub fn defaults(max_instances: u32) -> KnobsConfig {
-        let d = ScalerConfig::default();
-        let ms = Duration::from_millis;
-        KnobsConfig {
-            capacity_per_instance: d.capacity_per_instance,
-            max_use_count: d.max_use_count,
-            max_instances,
-            instance_acquire_timeout: ms(d.instance_acquire_timeout_ms),
-            update_interval: ms(d.update_interval_ms),
-            update_interval_when_expecting: ms(d.update_interval_when_expecting_ms),
-            deletion_retry_interval: ms(d.deletion_retry_interval_ms),
-            failure_threshold: d.failure_threshold,
-            instance_ready_grace: ms(d.instance_ready_grace_ms),
-            lease_ttl: d.lease_ttl_ms.map(ms),
-            max_job_duration: d.max_job_duration_ms.map(ms),
-            paused_retry_interval: ms(d.paused_retry_interval_ms),
-            scale_throttle: None,
-            fallback_hold: ms(d.fallback_hold_ms),
-            fallback_failing_within: ms(d.fallback_failing_within_ms),
-        }
+with_pool_knobs! {
+    /// The numeric knobs of a pool as written (they sit directly in `[[pool]]`; the binary's
+    /// table declares them with [`with_pool_knobs!`]).
+    #[derive(Debug, Clone, PartialEq, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct KnobsConfig {}
+}
+
+/// The serde defaults of the knobs a table leaves out, which [`with_pool_knobs!`] names:
+/// [`ScalerConfig::default`]'s values, so the defaults are written once.
+pub mod knob_default {
+    use std::time::Duration;
+
+    use crate::{Millis, ScalerConfig};
+
+    fn d() -> ScalerConfig {
+        ScalerConfig::default()
+    }
+    fn ms(m: Millis) -> Duration {
+        Duration::from_millis(m)
+    }
+    /// `capacity_per_instance`.
+    pub fn capacity_per_instance() -> u32 {
+        d().capacity_per_instance
+    }
+    /// `max_use_count`.
+    pub fn max_use_count() -> u32 {
+        d().max_use_count
+    }
+    /// `instance_acquire_timeout`.
+    pub fn instance_acquire_timeout() -> Duration {
+        ms(d().instance_acquire_timeout_ms)
+    }
+    /// `update_interval`.
+    pub fn update_interval() -> Duration {
+        ms(d().update_interval_ms)
+    }
+    /// `update_interval_when_expecting`.
+    pub fn update_interval_when_expecting() -> Duration {
+        ms(d().update_interval_when_expecting_ms)
+    }
+    /// `deletion_retry_interval`.
+    pub fn deletion_retry_interval() -> Duration {
+        ms(d().deletion_retry_interval_ms)
+    }
+    /// `failure_threshold`.
+    pub fn failure_threshold() -> u32 {
+        d().failure_threshold
+    }
+    /// `instance_ready_grace`.
+    pub fn instance_ready_grace() -> Duration {
+        ms(d().instance_ready_grace_ms)
+    }
+    /// `lease_ttl`.
+    pub fn lease_ttl() -> Option<Duration> {
+        d().lease_ttl_ms.map(ms)
+    }
+    /// `max_job_duration`.
+    pub fn max_job_duration() -> Option<Duration> {
+        d().max_job_duration_ms.map(ms)
+    }
+    /// `paused_retry_interval`.
+    pub fn paused_retry_interval() -> Duration {
+        ms(d().paused_retry_interval_ms)
+    }
+    /// `fallback_hold`.
+    pub fn fallback_hold() -> Duration {
+        ms(d().fallback_hold_ms)
+    }
+    /// `fallback_failing_within`.
+    pub fn fallback_failing_within() -> Duration {
+        ms(d().fallback_failing_within_ms)
     }
 }
 
@@ -272,10 +405,18 @@ mod tests {
         }
     }
 
+    /// The knobs of a table that says only `max_instances`: what serde fills in.
+    fn defaults(max_instances: u32) -> KnobsConfig {
+        use serde::de::value::{Error, MapDeserializer};
+        let written =
+            MapDeserializer::<_, Error>::new([("max_instances", max_instances)].into_iter());
+        KnobsConfig::deserialize(written).expect("a table with only max_instances is valid")
+    }
+
     fn knobs() -> KnobsConfig {
         KnobsConfig {
             capacity_per_instance: 2,
-            ..KnobsConfig::defaults(4)
+            ..defaults(4)
         }
     }
 
@@ -292,7 +433,7 @@ mod tests {
     #[test]
     fn the_default_knobs_are_the_scalers_defaults() {
         let mut problems = Problems::default();
-        let cfg = KnobsConfig::defaults(7).validate(&cx(), &KeyPath::root(), &mut problems);
+        let cfg = defaults(7).validate(&cx(), &KeyPath::root(), &mut problems);
         let want = ScalerConfig {
             max_instances: 7,
             ..ScalerConfig::default()

@@ -5,6 +5,10 @@
 //! [`flotilla_provider::Provider`] trait, takes time from an injected [`Clock`], and reports
 //! through a [`PoolObserver`].
 
+// The serde defaults that `with_pool_knobs!` writes name `flotilla_scaler::...` as text, which
+// must resolve here too, where the macro declares `KnobsConfig`.
+extern crate self as flotilla_scaler;
+
 pub mod core;
 pub mod driver;
 mod observer;

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -17,112 +16,66 @@ use flotilla_oci::config::VerifyConfig;
 use flotilla_plugin_runtime::config::{EgressConfig, SourceConfig, sandbox};
 use flotilla_plugin_runtime::loader::{Embedded, PluginSource};
 use flotilla_plugin_runtime::{Limits, Sandbox};
-use flotilla_scaler::config::{InPool, KnobsConfig, PolicyConfig, ThrottleConfig};
-use flotilla_scaler::{Policy, ScalerConfig};
+use flotilla_scaler::config::{InPool, PolicyConfig};
+use flotilla_scaler::{Policy, ScalerConfig, with_pool_knobs};
 use flotilla_validate::{Context, KeyPath, Problems, Validate};
 
-/// `[[pool]]` as written.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PoolConfig {
-    /// Unique name (used in URLs and metrics).
-    pub name: String,
-    /// The plugin: a path (relative to this file) to a `.wasm` component, or `oci://...`.
-    pub plugin: String,
-    /// For `oci://` plugins: `if-not-present` (default) or `always`.
-    #[serde(default)]
-    pub pull_policy: Option<PullPolicy>,
-    /// For `oci://` plugins: require a cosign signature by this key.
-    #[serde(default)]
-    pub verify: Option<VerifyConfig>,
-    /// The plugin's settings, passed to `init` as JSON.
-    #[serde(default)]
-    pub plugin_config: toml::Table,
-    /// Job slots per instance.
-    #[serde(default = "knob::capacity_per_instance")]
-    pub capacity_per_instance: u32,
-    /// Jobs per instance before it is replaced (0 = unlimited).
-    #[serde(default)]
-    pub max_use_count: u32,
-    /// Upper bound on instances.
-    pub max_instances: u32,
-    /// How long acquire waits for a ready instance.
-    #[serde(default = "knob::instance_acquire_timeout", with = "humantime_serde")]
-    pub instance_acquire_timeout: Duration,
-    /// Safety-net polling of `update()`.
-    #[serde(default = "knob::update_interval", with = "humantime_serde")]
-    pub update_interval: Duration,
-    /// Polling of `update()` while instances are expected (requested, not yet running).
-    #[serde(
-        default = "knob::update_interval_when_expecting",
-        with = "humantime_serde"
-    )]
-    pub update_interval_when_expecting: Duration,
-    /// Wait before retrying a deletion.
-    #[serde(default = "knob::deletion_retry_interval", with = "humantime_serde")]
-    pub deletion_retry_interval: Duration,
-    /// Consecutive readiness failures before replacement.
-    #[serde(default = "knob::failure_threshold")]
-    pub failure_threshold: u32,
-    /// Boot time during which failed readiness checks are retried but not counted.
-    #[serde(default = "knob::instance_ready_grace", with = "humantime_serde")]
-    pub instance_ready_grace: Duration,
-    /// Leases must be renewed within this (`POST .../renew`); absent: no TTL.
-    #[serde(default, with = "humantime_serde")]
-    pub lease_ttl: Option<Duration>,
-    /// An acquired lease older than this is failed and reported; absent: no limit.
-    #[serde(default, with = "humantime_serde")]
-    pub max_job_duration: Option<Duration>,
-    /// How often a call refused as unauthorized or misconfigured is tried again.
-    #[serde(default = "knob::paused_retry_interval", with = "humantime_serde")]
-    pub paused_retry_interval: Duration,
-    /// The pool that takes this one's waiting reservations while this one cannot grow (a
-    /// quota or capacity refusal, or instances lost soon after they came: a spot pool with
-    /// an on-demand fallback).
-    #[serde(default)]
-    pub fallback: Option<String>,
-    /// How long the pool counts as unable to grow after it last could not.
-    #[serde(default = "knob::fallback_hold", with = "humantime_serde")]
-    pub fallback_hold: Duration,
-    /// An instance the cloud fails or takes back within this long of coming means the pool
-    /// cannot grow.
-    #[serde(default = "knob::fallback_failing_within", with = "humantime_serde")]
-    pub fallback_failing_within: Duration,
-    /// Delete the pool's instances after draining on shutdown.
-    #[serde(default)]
-    pub delete_instances_on_shutdown: bool,
-    /// The ports of the exporters on each instance that `/sd/prometheus` lists as targets
-    /// (node_exporter's 9100 by default; `[]`: none).
-    #[serde(default = "node_exporter_port")]
-    pub exporter_ports: Vec<u16>,
-    /// Token bucket on instance creation.
-    #[serde(default)]
-    pub scale_throttle: Option<ThrottleConfig>,
-    /// Egress allow-list, `scheme://host[:port]`; empty denies all.
-    #[serde(default)]
-    pub allowed_outbound_hosts: Vec<String>,
-    /// Normally refused ranges this pool may reach (e.g. `127.0.0.0/8` for an emulator).
-    #[serde(default)]
-    pub allowed_ip_ranges: Vec<IpNet>,
-    /// Fixed name resolution for the plugin's requests (checked like DNS answers).
-    #[serde(default)]
-    pub resolve: BTreeMap<String, Vec<IpAddr>>,
-    /// Extra CA certificates (PEM files, relative to this file) trusted for HTTPS.
-    #[serde(default)]
-    pub tls_ca_files: Vec<PathBuf>,
-    /// Credentials the plugin may name.
-    #[serde(default)]
-    pub credentials: Vec<CredentialConfig>,
-    /// Plugin resource limits.
-    #[serde(default)]
-    pub limits: Limits,
-    /// Idle policies; the last matching wins.
-    #[serde(default)]
-    pub policy: Vec<PolicyConfig>,
-    /// How the host reaches instances before they take jobs; without it, an instance the
-    /// cloud reports running is ready.
-    #[serde(default)]
-    pub connector: Option<ConnectorConfig>,
+with_pool_knobs! {
+    /// `[[pool]]` as written: its own keys, then the scaler's knobs (`with_pool_knobs!`).
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct PoolConfig {
+        /// Unique name (used in URLs and metrics).
+        pub name: String,
+        /// The plugin: a path (relative to this file) to a `.wasm` component, or `oci://...`.
+        pub plugin: String,
+        /// For `oci://` plugins: `if-not-present` (default) or `always`.
+        #[serde(default)]
+        pub pull_policy: Option<PullPolicy>,
+        /// For `oci://` plugins: require a cosign signature by this key.
+        #[serde(default)]
+        pub verify: Option<VerifyConfig>,
+        /// The plugin's settings, passed to `init` as JSON.
+        #[serde(default)]
+        pub plugin_config: toml::Table,
+        /// The pool that takes this one's waiting reservations while this one cannot grow (a
+        /// quota or capacity refusal, or instances lost soon after they came: a spot pool with
+        /// an on-demand fallback).
+        #[serde(default)]
+        pub fallback: Option<String>,
+        /// Delete the pool's instances after draining on shutdown.
+        #[serde(default)]
+        pub delete_instances_on_shutdown: bool,
+        /// The ports of the exporters on each instance that `/sd/prometheus` lists as targets
+        /// (node_exporter's 9100 by default; `[]`: none).
+        #[serde(default = "node_exporter_port")]
+        pub exporter_ports: Vec<u16>,
+        /// Egress allow-list, `scheme://host[:port]`; empty denies all.
+        #[serde(default)]
+        pub allowed_outbound_hosts: Vec<String>,
+        /// Normally refused ranges this pool may reach (e.g. `127.0.0.0/8` for an emulator).
+        #[serde(default)]
+        pub allowed_ip_ranges: Vec<IpNet>,
+        /// Fixed name resolution for the plugin's requests (checked like DNS answers).
+        #[serde(default)]
+        pub resolve: BTreeMap<String, Vec<IpAddr>>,
+        /// Extra CA certificates (PEM files, relative to this file) trusted for HTTPS.
+        #[serde(default)]
+        pub tls_ca_files: Vec<PathBuf>,
+        /// Credentials the plugin may name.
+        #[serde(default)]
+        pub credentials: Vec<CredentialConfig>,
+        /// Plugin resource limits.
+        #[serde(default)]
+        pub limits: Limits,
+        /// Idle policies; the last matching wins.
+        #[serde(default)]
+        pub policy: Vec<PolicyConfig>,
+        /// How the host reaches instances before they take jobs; without it, an instance the
+        /// cloud reports running is ready.
+        #[serde(default)]
+        pub connector: Option<ConnectorConfig>,
+    }
 }
 
 impl PoolConfig {
@@ -131,48 +84,6 @@ impl PoolConfig {
         self.connector
             .as_ref()
             .is_some_and(|c| c.docker || c.docker_tls.is_some())
-    }
-}
-
-/// The serde defaults of the knobs a pool leaves out: the scaler's own
-/// ([`KnobsConfig::defaults`]), so they are written once.
-mod knob {
-    use std::time::Duration;
-
-    use flotilla_scaler::config::KnobsConfig;
-
-    fn d() -> KnobsConfig {
-        KnobsConfig::defaults(1)
-    }
-    pub(super) fn capacity_per_instance() -> u32 {
-        d().capacity_per_instance
-    }
-    pub(super) fn failure_threshold() -> u32 {
-        d().failure_threshold
-    }
-    pub(super) fn instance_acquire_timeout() -> Duration {
-        d().instance_acquire_timeout
-    }
-    pub(super) fn update_interval() -> Duration {
-        d().update_interval
-    }
-    pub(super) fn update_interval_when_expecting() -> Duration {
-        d().update_interval_when_expecting
-    }
-    pub(super) fn deletion_retry_interval() -> Duration {
-        d().deletion_retry_interval
-    }
-    pub(super) fn instance_ready_grace() -> Duration {
-        d().instance_ready_grace
-    }
-    pub(super) fn paused_retry_interval() -> Duration {
-        d().paused_retry_interval
-    }
-    pub(super) fn fallback_hold() -> Duration {
-        d().fallback_hold
-    }
-    pub(super) fn fallback_failing_within() -> Duration {
-        d().fallback_failing_within
     }
 }
 
@@ -334,26 +245,6 @@ impl PoolConfig {
         })
     }
 
-    fn knobs(&self) -> KnobsConfig {
-        KnobsConfig {
-            capacity_per_instance: self.capacity_per_instance,
-            max_use_count: self.max_use_count,
-            max_instances: self.max_instances,
-            instance_acquire_timeout: self.instance_acquire_timeout,
-            update_interval: self.update_interval,
-            update_interval_when_expecting: self.update_interval_when_expecting,
-            deletion_retry_interval: self.deletion_retry_interval,
-            failure_threshold: self.failure_threshold,
-            instance_ready_grace: self.instance_ready_grace,
-            lease_ttl: self.lease_ttl,
-            max_job_duration: self.max_job_duration,
-            paused_retry_interval: self.paused_retry_interval,
-            scale_throttle: self.scale_throttle,
-            fallback_hold: self.fallback_hold,
-            fallback_failing_within: self.fallback_failing_within,
-        }
-    }
-
     fn policies(&self, cx: &Context, at: &KeyPath, problems: &mut Problems) -> Option<Vec<Policy>> {
         // Checked against the smallest valid ceiling when a knob is itself invalid (reported
         // on its own), so a policy problem is not hidden behind a knob problem.
@@ -476,6 +367,54 @@ mod tests {
             ..ScalerConfig::default()
         };
         assert_eq!(cfg.pools[0].scaler, want);
+    }
+
+    /// Every knob written in `[[pool]]` reaches the scaler: the table's knob keys are the
+    /// scaler's own list (`with_pool_knobs!`), and a misspelt one is refused with its line and
+    /// the key it meant.
+    #[test]
+    fn every_knob_of_a_pool_reaches_the_scaler() {
+        let text = "[server]\nlisten = \"127.0.0.1:0\"\n\n[[pool]]\nname = \"p\"\n\
+                    plugin = \"builtin:static\"\nmax_instances = 3\ncapacity_per_instance = 2\n\
+                    max_use_count = 5\ninstance_acquire_timeout = \"7s\"\n\
+                    update_interval = \"11s\"\nupdate_interval_when_expecting = \"3s\"\n\
+                    deletion_retry_interval = \"13s\"\nfailure_threshold = 4\n\
+                    instance_ready_grace = \"17s\"\nlease_ttl = \"19s\"\n\
+                    max_job_duration = \"23s\"\npaused_retry_interval = \"29s\"\n\
+                    scale_throttle = { limit = 0.5, burst = 2 }\nfallback_hold = \"31s\"\n\
+                    fallback_failing_within = \"37s\"\n";
+        let cfg = crate::config::parse(Path::new("t.toml"), text, false).expect("valid");
+        // Every field, so a knob the scaler gains must be written here too.
+        let want = ScalerConfig {
+            capacity_per_instance: 2,
+            max_use_count: 5,
+            max_instances: 3,
+            throttle_limit: 0.5,
+            throttle_burst: 2,
+            failure_threshold: 4,
+            deletion_retry_interval_ms: 13_000,
+            instance_acquire_timeout_ms: 7_000,
+            update_interval_ms: 11_000,
+            update_interval_when_expecting_ms: 3_000,
+            instance_ready_grace_ms: 17_000,
+            lease_ttl_ms: Some(19_000),
+            max_job_duration_ms: Some(23_000),
+            paused_retry_interval_ms: 29_000,
+            fallback_hold_ms: 31_000,
+            fallback_failing_within_ms: 37_000,
+        };
+        assert_eq!(cfg.pools[0].scaler, want);
+
+        let typo = text.replace("failure_threshold", "failure_treshold");
+        let errors = crate::config::parse(Path::new("t.toml"), &typo, false)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            errors.contains(
+                "t.toml:14: pool[0].failure_treshold: unknown key; did you mean `failure_threshold`?"
+            ),
+            "{errors}"
+        );
     }
 
     /// `[[server.operator]]`: a name the log can carry, once each, and `server.token` beside
