@@ -120,23 +120,25 @@ cross_log="$CARGO_TARGET_DIR/cross-build.log"
 # windows-check profile): the same code in a quarter of the CPU time of opt-level 1.
 export FLOTILLA_WINDOWS_PROFILE=windows-check
 mkdir -p "$CARGO_TARGET_DIR" # a fresh machine has none yet
+# Jobs in the background, each its own process group (setsid), so a run that stops early
+# leaves none behind.
+background=()
+trap 'for g in "${background[@]}"; do kill -- -"$g" 2>/dev/null || true; done' EXIT
 if [ -z "$quick" ]; then
   phase "the Windows build, in the background (log: $cross_log)"
   FLOTILLA_BACKGROUND=1 setsid nice -n 19 ionice -t -c 3 ./scripts/cross-build.sh windows > "$cross_log" 2>&1 &
   cross=$!
-  # A run that stops early leaves no build behind (setsid made the job its own process group).
-  trap 'kill -- -"$cross" 2>/dev/null || true' EXIT
+  background+=("$cross")
 fi
-cross_built() {
+# joined PID NAME LOG: waits for a background job; its failure ends the run, with its log.
+joined() {
   local waiting=$SECONDS
-  if ! wait "$cross"; then
-    echo "the background Windows build failed:" >&2
-    tail -50 "$cross_log" >&2
+  if ! wait "$1"; then
+    echo "$2, in the background, failed:" >&2
+    tail -50 "$3" >&2
     exit 1
   fi
-  trap - EXIT
-  echo "== the Windows build: done ($((SECONDS - waiting)) s waited for it)"
-  grep '^== cross-build' "$cross_log" || true
+  echo "== $2: done ($((SECONDS - waiting)) s waited for it)"
 }
 
 phase "cargo fmt --check"
@@ -185,28 +187,39 @@ phase "the test build, with clippy's lints (host crates, every target)"
 # $CARGO_TARGET_DIR/cargo-timings/, for whoever makes the next run faster.
 linted cargo test --locked --profile test-run --target "$linux_target" --tests --examples --benches --no-run --timings
 
+# The binaries the tests run (`flotilla`, `flotilla-gitlab`): the checks below use them, and
+# the container image and the release artifacts are made of them (deploy/image.sh).
+export FLOTILLA_MUSL_DIR="$CARGO_TARGET_DIR/$linux_target/test-run"
+
+# The plugin templates go in the background while the tests run, at the lowest priority: the
+# tests mostly wait on their peers (the flotilla binary's, at 4 threads, used 0.84 of the 2
+# cores), and the templates' builds (cargo, componentize-py, componentize-js) took 89 s after
+# them.
+templates_log="$CARGO_TARGET_DIR/templates.log"
+phase "the plugin templates (Rust, Python, JavaScript): plugin new, build, plugin test --provision; in the background (log: $templates_log)"
+setsid nice -n 19 ionice -t -c 3 ./scripts/templates.sh > "$templates_log" 2>&1 &
+templates=$!
+background+=("$templates")
+
 phase "tests"
 # The same wrapper, so cargo finds the build above up to date.
 # Three test threads on 2 cores: the tests mostly wait on their peers, and those that start a
 # dockerd take turns (`DOCKER` in host/flotilla/tests/all/common/fleet.rs), so that chain is
 # the phase's floor. The flotilla binary's tests took 444 s at 2 threads, 365 s at 4. The
 # bystander tests, which compare a pool's latency with and without a hostile neighbour, run
-# on their own afterwards: other tests' load between their two measurements failed one of
-# them at 4 threads.
+# on their own afterwards, once the templates are done too: other tests' load between their
+# two measurements failed one of them at 4 threads.
 linted cargo test --locked --profile test-run --target "$linux_target" --tests --examples \
   -- --test-threads 3 --skip bystander::
+joined "$templates" "the plugin templates" "$templates_log"
+grep '^== ' "$templates_log" || true
 linted cargo test --locked --profile test-run --target "$linux_target" --test all -- bystander::
-# The binaries the tests ran (`flotilla`, `flotilla-gitlab`): the checks below use them, and
-# the container image and the release artifacts are made of them (deploy/image.sh).
-export FLOTILLA_MUSL_DIR="$CARGO_TARGET_DIR/$linux_target/test-run"
-
-phase "the plugin templates (Rust, Python, JavaScript): plugin new, build, plugin test --provision"
-./scripts/templates.sh
 
 phase "deploy/: Helm chart (lint --strict, schema, package), kustomize (kubernetes-validate 1.30 and 1.33), rendered configs"
 PATH="$FLOTILLA_VENV/bin:$PATH" "$FLOTILLA_VENV/bin/python" deploy/check.py "$FLOTILLA_MUSL_DIR/flotilla"
 
-cross_built
+joined "$cross" "the Windows build" "$cross_log"
+grep '^== cross-build' "$cross_log" || true
 phase "the host on Windows (cross-built, run under Wine)"
 ./scripts/windows.sh
 
