@@ -205,10 +205,11 @@ phase "tests"
 # The same wrapper, so cargo finds the build above up to date.
 # Three test threads on 2 cores: the tests mostly wait on their peers, and those that start a
 # dockerd take turns (`DOCKER` in host/flotilla/tests/all/common/fleet.rs), so that chain is
-# the phase's floor. The flotilla binary's tests took 444 s at 2 threads, 365 s at 4. The
-# bystander tests, which compare a pool's latency with and without a hostile neighbour, run
-# on their own afterwards, once the templates are done too: other tests' load between their
-# two measurements failed one of them at 4 threads.
+# the phase's floor. The flotilla binary's tests took 444 s at 2 threads, 391 s at 3 and 365 s
+# at 4 (each test slower, waiting for the others). The bystander tests, which compare a pool's
+# latency with and without a hostile neighbour, run on their own afterwards, once the
+# templates are done too: other tests' load between their two measurements failed one of them
+# at 4 threads. `--test all` runs every crate's `tests/all` binary; only flotilla's has them.
 linted cargo test --locked --profile test-run --target "$linux_target" --tests --examples \
   -- --test-threads 3 --skip bystander::
 joined "$templates" "the plugin templates" "$templates_log"

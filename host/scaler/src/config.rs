@@ -73,8 +73,10 @@ pub struct ThrottleConfig {
 /// scaler's copy cannot drift.
 ///
 /// The defaults are paths into [`knob_default`], which takes them from
-/// [`ScalerConfig::default`]: the one place they are written. The declaring crate needs
-/// `serde` and `humantime-serde`.
+/// [`ScalerConfig::default`]: the one place they are written. serde takes those paths as
+/// text, so the declaring crate must know this crate as `flotilla_scaler` (the scaler itself
+/// does, by `extern crate self`), and needs `serde` and `humantime-serde`. `KnobsConfig`'s own
+/// `knobs()` is a clone, unused.
 #[macro_export]
 macro_rules! with_pool_knobs {
     (
