@@ -7,6 +7,7 @@
 //! cargo bench -p flotilla --bench load -- [--jobs N]... [--engine dockerd|fake]
 //!     [--poisson RATE] [--machines M] [--capacity C] [--script-time SECONDS]
 //!     [--plugin static|gcp] [--get-latency MS] [--driver lean|full|PATH] [--flotilla PATH]
+//!     [--managers M]
 //! ```
 //!
 //! Several `--jobs` run one after another, each on fresh machines, engine and host. A real
@@ -16,6 +17,9 @@
 //! `flotilla-gitlab` (`--driver lean`, the default), `flotilla gitlab` (`--driver full`), or a
 //! lean driver built elsewhere (`--driver PATH`: the static musl release binary, as shipped).
 //! `--flotilla PATH` runs another build of the host, such as the shipped static musl binary.
+//! The stage processes are spawned by `--managers` runner-manager processes of this program
+//! (default: one per 100 jobs, as the deployment the harness models runs them), each started
+//! as `load --manager SPEC` with its share of the jobs.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -29,6 +33,27 @@ use flotilla_harness::load::{self, Arrivals, Driver, Engine, Options, Plugin};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, spec] = args.as_slice()
+        && flag == "--manager"
+    {
+        // A manager's work is spawning, reading pipes and reaping: one thread.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        match rt.block_on(load::manager(std::path::Path::new(spec))) {
+            Ok(report) => println!("{report}"),
+            Err(why) => {
+                eprintln!("manager: {why}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let value = |name: &str| -> Vec<String> {
         args.windows(2)
             .filter(|w| w[0] == name)
@@ -54,10 +79,6 @@ fn main() {
         Some("gcp") => Plugin::Gcp(latency),
         Some(other) => panic!("--plugin static or gcp, not {other}"),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     for n in jobs {
         let host = one("--flotilla").unwrap_or_else(|| env!("CARGO_BIN_EXE_flotilla").into());
         let mut o = Options::new(std::path::Path::new(&host), n, engine);
@@ -79,6 +100,9 @@ fn main() {
         }
         if let Some(c) = one("--capacity") {
             o.capacity = c.parse().expect("--capacity C");
+        }
+        if let Some(m) = one("--managers") {
+            o.managers = m.parse().expect("--managers M");
         }
         if let Some(s) = one("--script-time") {
             o.script_time = Duration::from_secs_f64(s.parse().expect("--script-time SECONDS"));

@@ -16,6 +16,8 @@ use super::{IMAGE, Options, reap};
 pub(super) struct Shared {
     pub(super) options: Options,
     pub(super) dir: PathBuf,
+    /// Where the jobs' own directories go (the runner's response file and stage scripts).
+    pub(super) jobs_dir: PathBuf,
     pub(super) api: String,
     pub(super) metrics: String,
     pub(super) token_file: PathBuf,
@@ -205,7 +207,7 @@ impl Shared {
     /// Job `id`'s directory (the runner's temporary one, with its response file) and the
     /// environment the runner gives each of its stages.
     pub(super) fn setup(&self, id: u64) -> (PathBuf, Vec<(String, String)>) {
-        let dir = self.dir.join(format!("job-{id}"));
+        let dir = self.jobs_dir.join(format!("job-{id}"));
         std::fs::create_dir_all(&dir).expect("job dir");
         let response = dir.join("response.json");
         std::fs::write(
