@@ -30,6 +30,6 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    flotilla::cli::logging::init(cli.log_json, true);
+    flotilla::cli::logging::init_driver(cli.log_json);
     flotilla::cli::run_driver(cli.driver)
 }

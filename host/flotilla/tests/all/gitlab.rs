@@ -606,6 +606,47 @@ fn the_lean_driver_is_a_fraction_of_the_host() {
     }
 }
 
+/// The driver's logger reads `FLOTILLA_LOG` as `target=level` directives, so no regex engine
+/// is linked into it: `regex-syntax`'s Unicode tables are pointer tables a static-PIE binary
+/// relocates at every start (with them: 21,608 relocations, 163 page faults and 0.47–0.66 ms
+/// for `--version`; without: 12,024, 97 and 0.27–0.48 ms). A spec it cannot read leaves the
+/// default (warnings), and says so once. Mutation: the lean binary on the host's `EnvFilter`
+/// logger (`logging::init`) links `regex-automata` and `regex-syntax`, and fails this.
+#[test]
+fn the_lean_drivers_logger_links_no_regex_engine_and_says_what_it_cannot_read() {
+    let path = env!("CARGO_BIN_EXE_flotilla-gitlab");
+    let binary = std::fs::read(path).expect("the lean driver");
+    // Every linked crate leaves its source paths in the binary, for panic locations.
+    for engine in ["regex-syntax", "regex-automata"] {
+        assert!(
+            !binary.windows(engine.len()).any(|w| w == engine.as_bytes()),
+            "{engine} is linked into {path}"
+        );
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let config = |spec: &str| {
+        Command::new(path)
+            .args(["--url", "http://127.0.0.1:1", "--pool", "ci", "config"])
+            .current_dir(dir.path())
+            .env("FLOTILLA_LOG", spec)
+            .output()
+            .expect("config")
+    };
+    let refused = config("[stage{job=1}]=debug");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("FLOTILLA_LOG=\"[stage{job=1}]=debug\"")
+            && stderr.contains("the driver takes target=level directives"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // A spec it reads is obeyed: `off` silences even the driver's own warnings.
+    let off = config("off");
+    assert!(off.status.success());
+    assert_eq!(String::from_utf8_lossy(&off.stderr), "");
+}
+
 /// A tiny deterministic generator for kill points; the seed is printed so a failing round can
 /// be replayed (`FLOTILLA_CHAOS_SEED`).
 struct Lcg(u64);
