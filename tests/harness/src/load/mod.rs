@@ -208,15 +208,17 @@ struct Peaks {
 }
 
 /// Samples Flotilla (`host`, when given) every 250 ms (its descriptors every second) and up to
-/// `per_tick` live drivers with it (taken in turn), the server's gauges every second and the
-/// drivers' summed PSS every two, until `stop` is set.
+/// `per_tick` live drivers with it (taken in turn), the server's gauges every second, and the
+/// drivers' summed PSS when there are more of them alive than at its last sum (at most every
+/// two seconds), until `stop` is set.
 ///
 /// The sampler runs on the cores it measures: reading every one of a thousand live drivers'
 /// `/proc` status four times a second cost about 1 ms of CPU a job, as much as the host's
 /// kept engine connections saved. A driver lives long enough to be read at some point (a
 /// stage runs from milliseconds to the script's length), so its peak is still seen. The PSS
 /// sum walks every live driver's page tables (`smaps_rollup`): 3% of a 1,000-job burst's
-/// samples once a second; a burst's peak lasts longer than two.
+/// samples once a second, 1.5% once every two; the drivers of a burst stay at their high for
+/// seconds, and a driver's PSS is about the same in every stage.
 ///
 /// A driver's peak RSS is its `VmHWM` as last read while it lived: `wait4`'s `ru_maxrss`
 /// cannot be used, as Linux records the spawner's own peak into it when a `vfork`ed child
@@ -229,6 +231,8 @@ async fn sample(
 ) -> Peaks {
     let mut peaks = Peaks::default();
     let mut tick = 0u64;
+    // The live drivers at the last PSS sum.
+    let mut summed_at = 0;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         // Flotilla's descriptors once a second: each is a `readlink`, and it holds thousands.
         let h = &mut peaks.host;
@@ -276,7 +280,9 @@ async fn sample(
                 .max_streams
                 .max(gauge(&metrics, "flotilla_docker_streams_open"));
         }
-        if tick.is_multiple_of(8) {
+        // At most every two seconds, and only at a new high of live drivers.
+        if tick.is_multiple_of(8) && live.len() > summed_at {
+            summed_at = live.len();
             let summed: u64 = live.iter().filter_map(|(p, _)| sample::pss(*p)).sum();
             peaks.summed = peaks.summed.max(summed);
         }
