@@ -1,6 +1,10 @@
 //! Logging to standard error, the same for every `flotilla` command and for the lean
 //! `flotilla-gitlab` driver: text, or JSON lines with `--log-json`; `FLOTILLA_LOG` filters.
 
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
 /// Sets up the process's logger: warnings only when `quiet` (a GitLab stage, whose stderr is
 /// the job's log), unless `FLOTILLA_LOG` says otherwise.
 pub fn init(json: bool, quiet: bool) {
@@ -8,31 +12,10 @@ pub fn init(json: bool, quiet: bool) {
     // warnings unless asked.
     let default = if quiet { "warn" } else { "info" };
     let spec = std::env::var("FLOTILLA_LOG").unwrap_or_else(|_| default.to_string());
-    // rustls' platform verifier logs each rejected certificate itself; flotilla reports it once.
-    let spec = if spec.contains("rustls_platform_verifier") {
-        spec
-    } else {
-        format!("{spec},rustls_platform_verifier=off")
-    };
-    let filter = tracing_subscriber::EnvFilter::try_new(&spec).unwrap_or_else(|_| {
+    let filter = tracing_subscriber::EnvFilter::try_new(verifier_off(&spec)).unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,rustls_platform_verifier=off")
     });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    if json {
-        // One object per line: the event's fields at the top level, and the pool's span
-        // (`span.pool`, `span.plugin_digest`) on every line logged inside a pool.
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .init();
-    } else {
-        builder.init();
-    }
+    install(filter, json);
 }
 
 /// The lean driver's logger (`flotilla-gitlab`): as [`init`] for a GitLab stage, warnings
@@ -43,28 +26,43 @@ pub fn init(json: bool, quiet: bool) {
 /// page, at every start: hundreds of starts a second on a busy runner manager. A spec that is
 /// not such a list (span or field directives) leaves the default, with one warning saying so.
 pub fn init_driver(json: bool) {
-    use tracing_subscriber::filter::{LevelFilter, Targets};
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-
-    let default = || Targets::new().with_default(LevelFilter::WARN);
     let spec = std::env::var("FLOTILLA_LOG").ok();
-    let (targets, refused) = match spec.as_deref().map(str::parse::<Targets>) {
-        None => (default(), None),
+    let parsed = spec.as_deref().map(|s| verifier_off(s).parse::<Targets>());
+    let (targets, refused) = match parsed {
         Some(Ok(targets)) => (targets, None),
-        Some(Err(e)) => (default(), Some(e)),
+        other => (
+            Targets::new()
+                .with_default(LevelFilter::WARN)
+                .with_target("rustls_platform_verifier", LevelFilter::OFF),
+            other.and_then(Result::err),
+        ),
     };
-    // rustls' platform verifier logs each rejected certificate itself; the driver reports it once.
-    let targets = if spec
-        .as_deref()
-        .is_some_and(|s| s.contains("rustls_platform_verifier"))
-    {
-        targets
+    install(targets, json);
+    if let (Some(e), Some(spec)) = (refused, spec) {
+        tracing::warn!(
+            "FLOTILLA_LOG={spec:?}: {e}; the driver takes target=level directives and a default level (\"info,flotilla_gitlab=debug\"), and logs warnings"
+        );
+    }
+}
+
+/// `spec` with rustls' platform verifier silenced, unless it names it: the verifier logs each
+/// rejected certificate itself, and flotilla reports it once.
+fn verifier_off(spec: &str) -> String {
+    if spec.contains("rustls_platform_verifier") {
+        spec.to_string()
     } else {
-        targets.with_target("rustls_platform_verifier", LevelFilter::OFF)
-    };
-    let registry = tracing_subscriber::registry().with(targets);
-    let writer = std::io::stderr;
+        format!("{spec},rustls_platform_verifier=off")
+    }
+}
+
+/// Installs `filter` and, on standard error, text or (`json`) one object per line: the event's
+/// fields at the top level, and the pool's span (`span.pool`, `span.plugin_digest`) on every
+/// line logged inside a pool.
+fn install<F>(filter: F, json: bool)
+where
+    F: tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
+{
+    let registry = tracing_subscriber::registry().with(filter);
     if json {
         registry
             .with(
@@ -73,7 +71,7 @@ pub fn init_driver(json: bool) {
                     .flatten_event(true)
                     .with_current_span(true)
                     .with_span_list(false)
-                    .with_writer(writer),
+                    .with_writer(std::io::stderr),
             )
             .init();
     } else {
@@ -82,13 +80,8 @@ pub fn init_driver(json: bool) {
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_ansi(ansi)
-                    .with_writer(writer),
+                    .with_writer(std::io::stderr),
             )
             .init();
-    }
-    if let (Some(e), Some(spec)) = (refused, spec) {
-        tracing::warn!(
-            "FLOTILLA_LOG={spec:?}: {e}; the driver takes target=level directives and a default level (\"info,flotilla_gitlab=debug\"), and logs warnings"
-        );
     }
 }
