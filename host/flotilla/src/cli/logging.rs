@@ -24,7 +24,8 @@ pub fn init(json: bool, quiet: bool) {
 /// as an `EnvFilter`. An `EnvFilter` links the regex engine into the driver, and with it the
 /// Unicode tables of `regex-syntax`, pointer tables the static-PIE binary relocates, page by
 /// page, at every start: hundreds of starts a second on a busy runner manager. A spec that is
-/// not such a list (span or field directives) leaves the default, with one warning saying so.
+/// not such a list (a span directive with field values) leaves the default, with one warning
+/// saying so; a bare `[span]` parses as a target name and matches nothing.
 pub fn init_driver(json: bool) {
     let spec = std::env::var("FLOTILLA_LOG").ok();
     let parsed = spec.as_deref().map(|s| verifier_off(s).parse::<Targets>());
