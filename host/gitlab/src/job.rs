@@ -499,12 +499,27 @@ impl Job {
         }
     }
 
-    /// Notes that this job's `prepare` finished: everything it made on the instance exists.
-    pub(crate) fn mark_prepared(&self) {
+    /// Notes that this job's `prepare` finished: everything it made on the instance exists,
+    /// on lease `lease` of the API and pool `scope` names. The later stages run on that lease
+    /// without asking the host for it again.
+    pub(crate) fn mark_prepared(&self, lease: u64, scope: &str) {
         if let Some(dir) = &self.scratch {
-            // Best effort: without the note, cleanup only takes longer.
-            let _ = std::fs::write(dir.join(PREPARED), b"");
+            // Best effort: without the note, cleanup only takes longer and each stage asks
+            // the host for the job's lease.
+            let _ = std::fs::write(dir.join(PREPARED), format!("{scope} {lease}\n"));
         }
+    }
+
+    /// The lease this job's finished `prepare` noted, if it ran against the API and pool
+    /// `scope` names (a note of another host or pool, of an older driver, or unreadable:
+    /// `None`, and the stage asks the host).
+    pub(crate) fn prepared_lease(&self, scope: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(self.scratch.as_ref()?.join(PREPARED)).ok()?;
+        let (noted, lease) = text.strip_suffix('\n')?.split_once(' ')?;
+        if noted != scope || lease.is_empty() || !lease.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        lease.parse().ok()
     }
 
     /// Whether this job's `prepare` finished (so none of its creations can still be in
@@ -581,9 +596,24 @@ mod tests {
         let job = read();
         assert_eq!(job.scratch.as_deref(), Some(dir.path()));
         assert!(!job.was_prepared());
-        job.mark_prepared();
+        assert_eq!(job.prepared_lease("cleanup-0123"), None);
+        job.mark_prepared(42, "cleanup-0123");
         // Another stage's process reads the same job again.
         assert!(read().was_prepared());
+        assert_eq!(read().prepared_lease("cleanup-0123"), Some(42));
+        // Another host or pool's lease is not this one's.
+        assert_eq!(read().prepared_lease("cleanup-4567"), None);
+        // An older driver's note says only that prepare finished; a garbled one is not read.
+        for text in [
+            "",
+            "cleanup-0123 42",
+            "cleanup-0123 -42\n",
+            "cleanup-0123 4x2\n",
+        ] {
+            std::fs::write(dir.path().join(PREPARED), text).expect("note");
+            assert!(read().was_prepared());
+            assert_eq!(read().prepared_lease("cleanup-0123"), None, "{text:?}");
+        }
         let loose = Job::from_env(
             &env(&[
                 ("CUSTOM_ENV_CI_JOB_ID", "8"),
@@ -592,8 +622,9 @@ mod tests {
             true,
         )
         .expect("job");
-        loose.mark_prepared();
+        loose.mark_prepared(42, "cleanup-0123");
         assert!(loose.scratch.is_none() && !loose.was_prepared());
+        assert_eq!(loose.prepared_lease("cleanup-0123"), None);
     }
 
     #[test]

@@ -60,15 +60,10 @@ pub fn default_dir() -> Option<PathBuf> {
         .map(|home| PathBuf::from(home).join(".local/state/flotilla/gitlab"))
 }
 
-/// The file name stem of this API and pool's notes: an FNV-1a hash of both, so notes of
-/// other hosts and pools are never touched.
+/// The file name stem of this API and pool's notes, so notes of other hosts and pools are
+/// never touched.
 fn scope(api: &ApiClient) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in api.base().bytes().chain([b'\n']).chain(api.pool().bytes()) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("cleanup-{hash:016x}")
+    format!("cleanup-{}", api.scope())
 }
 
 fn now() -> u64 {

@@ -174,7 +174,7 @@ async fn prepare_on<P: Place>(
     let pulling = ride(api, job, patience, || place.prepare(&acquired))
         .await
         .map_err(system)?;
-    job.mark_prepared();
+    job.mark_prepared(lease, &api.scope());
     let started = JobStarted {
         prepare_seconds: began.elapsed().as_secs_f64(),
         pull_seconds: pulling.as_secs_f64(),
@@ -251,11 +251,23 @@ async fn run_on<P: Place>(
     cancel: impl Future<Output = ()>,
 ) -> Result<(Outcome, Option<u64>), Outcome> {
     let patience = Patience::new(settings);
-    let lease = lease::acquired(api, job, patience).await.map_err(system)?;
+    // The lease `prepare` noted saves asking the host for it; a stage that fails on it asks
+    // after all, so a lease that failed or ended meanwhile is named as the cause.
+    let noted = job.prepared_lease(&api.scope());
+    let lease = match noted {
+        Some(id) => id,
+        None => lease::acquired(api, job, patience).await.map_err(system)?,
+    };
     let place = P::open(api, job, settings, own, lease).map_err(system)?;
     // Bytes of the log printed so far: a follow after a cut starts there.
     let printed = Cell::new(0);
-    let follow = follow_to_end(&place, api, job, patience, run, &printed);
+    let follow = async {
+        let ended = follow_to_end(&place, api, job, patience, run, &printed).await;
+        if noted.is_some() && !matches!(ended, Ok(Ended::Exited(_))) {
+            lease::acquired(api, job, patience).await?;
+        }
+        ended
+    };
     tokio::pin!(cancel);
     let ended = tokio::select! {
         ended = follow => ended.map_err(system)?,

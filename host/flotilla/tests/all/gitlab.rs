@@ -1422,6 +1422,65 @@ async fn one_fake_machine() -> flotilla_harness::load::Fleet {
     Fleet::start(&o).await
 }
 
+/// A `run` stage runs on the lease its job's `prepare` noted, without asking the host for it
+/// (one request fewer per stage, on the way to every script); when that lease has ended
+/// since (released behind the job's back here), the stage asks after all and names that as
+/// the cause, a system failure, rather than the Docker handle's refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stage_runs_on_the_lease_prepare_noted_and_names_a_lease_gone_since() {
+    let fleet = one_fake_machine().await;
+    let stage = |args: &[&str]| {
+        fleet
+            .spawn_stage(11, args)
+            .wait_with_output()
+            .expect("the driver")
+    };
+    let prepared = stage(&["prepare"]);
+    assert!(prepared.status.success(), "{prepared:?}\n{}", fleet.log());
+    let scripts = tempfile::tempdir().expect("dir");
+    let script = scripts.path().join("script");
+    std::fs::write(&script, "#!/usr/bin/env sh\necho 'prepare_script done'\n").expect("script");
+    let script = script.display().to_string();
+    let lookups = "/v1/pools/{pool}/leases";
+    let before = fleet.answered("GET", lookups).await;
+    let ran = stage(&["run", &script, "prepare_script"]);
+    let said = String::from_utf8_lossy(&ran.stdout).to_string();
+    assert!(ran.status.success(), "{ran:?}\n{}", fleet.log());
+    assert!(
+        said.contains("flotilla-load: flotilla-prepare_script-"),
+        "{said}"
+    );
+    assert_eq!(
+        fleet.answered("GET", lookups).await,
+        before,
+        "the run stage asked the host for the job's lease"
+    );
+
+    let (code, found) = fleet
+        .api("GET", "/v1/pools/ci/leases?label=gitlab-job=11", "")
+        .await;
+    assert_eq!(code, 200, "{found}");
+    let found: serde_json::Value = serde_json::from_str(&found).expect("lease list");
+    let id = found["leases"][0]["id"].as_u64().expect("the job's lease");
+    let (code, body) = fleet
+        .api("POST", &format!("/v1/pools/ci/leases/{id}/release"), "{}")
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let ran = stage(&["run", &script, "get_sources"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert_eq!(ran.status.code(), Some(2), "a system failure: {said}");
+    assert!(
+        said.contains("the job has no acquired lease; did prepare run?"),
+        "{said}"
+    );
+    let cleaned = stage(&["cleanup"]);
+    assert!(cleaned.status.success(), "{cleaned:?}");
+}
+
 /// A `prepare` killed while the engine is still creating the job's containers leaves nothing
 /// once `cleanup` has run: the containers land after the kill, and cleanup's second sweep
 /// (which only a `prepare` that finished lets it skip) removes them.

@@ -324,11 +324,26 @@ impl Host {
 
 /// `GET path` on `addr` with the API token, HTTP/1.0 (a body without chunks): status and body.
 pub async fn get(addr: &str, path: &str) -> (u16, String) {
+    call(addr, "GET", path, "").await
+}
+
+/// `method path` with `body` (JSON when not empty) on `addr` with the API token, HTTP/1.0:
+/// status and body.
+pub async fn call(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
         return (0, String::new());
     };
-    let request =
-        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n");
+    let content = if body.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        )
+    };
+    let request = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n{content}\r\n{body}"
+    );
     if stream.write_all(request.as_bytes()).await.is_err() {
         return (0, String::new());
     }

@@ -412,6 +412,22 @@ impl Fleet {
     pub fn log(&self) -> String {
         self.host.daemon.own_log()
     }
+
+    /// `method path` on the host's API with its token (`body`: JSON, or empty): the status
+    /// and the answer's body.
+    pub async fn api(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        fleet::call(&self.host.api, method, path, body).await
+    }
+
+    /// How many requests of `method` to `route` (a route pattern, such as
+    /// `/v1/pools/{pool}/leases`) the host has answered, from its own metrics.
+    pub async fn answered(&self, method: &str, route: &str) -> u64 {
+        let (_, metrics) = get(&self.host.metrics, "/metrics").await;
+        report::route_buckets(&metrics)
+            .get(&format!("{method} {route}"))
+            .and_then(|b| b.last())
+            .map_or(0, |(_, n)| *n as u64)
+    }
 }
 
 /// Runs the load `o` describes and measures it.
