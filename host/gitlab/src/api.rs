@@ -11,6 +11,9 @@ use serde_json::Value;
 
 use crate::kept::Kept;
 
+/// The most labels one lease list asks after (the host takes at most 100).
+pub(crate) const LABELS_PER_LIST: usize = 50;
+
 pub use flotilla_api::exec::FrameKind;
 pub use flotilla_api::{ErrorCode, LeaseState};
 
@@ -451,6 +454,40 @@ impl ApiClient {
             .await?;
         let list: flotilla_api::LeaseList = self.answer(answer, "lease list")?;
         Ok(list.leases.into_iter().next().map(Self::lease))
+    }
+
+    /// The live leases carrying `key=value` for each of `values`, by value, in one request
+    /// for up to [`LABELS_PER_LIST`] values. A host older than the repeated `label` parameter
+    /// refuses it (`bad_request`); the caller then asks one by one.
+    pub async fn leases_by_labels(
+        &self,
+        key: &str,
+        values: &[&str],
+    ) -> Result<BTreeMap<String, LeaseInfo>, ApiError> {
+        let mut found = BTreeMap::new();
+        for chunk in values.chunks(LABELS_PER_LIST) {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            for value in chunk {
+                query.append_pair("label", &format!("{key}={value}"));
+            }
+            let path = format!("{}?{}", self.leases_path(), query.finish());
+            let answer = self
+                .call(http::Method::GET, &path, None, self.timeout)
+                .await?;
+            let list: flotilla_api::LeaseList = self.answer(answer, "lease list")?;
+            for view in list.leases {
+                // Only what was asked: an older host that ignored the parameters lists all.
+                let asked = view
+                    .labels
+                    .get(key)
+                    .filter(|v| chunk.contains(&v.as_str()))
+                    .cloned();
+                if let Some(value) = asked {
+                    found.insert(value, Self::lease(view));
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// Reserves a slot tagged with `labels`, failing by itself `deadline` after the

@@ -389,16 +389,19 @@ async fn reserve(
         .into_response())
 }
 
-/// `?label=key=value` on the lease list.
-#[derive(Debug, serde::Deserialize)]
-struct LeaseQuery {
-    label: Option<String>,
-}
+/// The most `label` parameters one lease list takes.
+const MAX_LABELS_PER_LIST: usize = 100;
 
+/// The lease list: every lease of the pool, or with `?label=key=value`, the lease holding
+/// that label. The parameter may repeat (`?label=k=a&label=k=b`): the answer holds each named
+/// lease that exists, once, so a caller asks after many leases in one request.
 async fn list_leases(
     State(state): State<Shared>,
     Path(name): Path<String>,
-    query: Result<axum::extract::Query<LeaseQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<
+        axum::extract::Query<Vec<(String, String)>>,
+        axum::extract::rejection::QueryRejection,
+    >,
 ) -> Result<Json<flotilla_api::LeaseList>, ApiError> {
     let first = running(&state, &name)?;
     let p = &first.handle;
@@ -406,19 +409,40 @@ async fn list_leases(
     // Reservations handed to the fallback are still this pool's to its holders.
     let fallback = fallback_of(&state, &first);
     let handed_here = |l: &Lease| l.handed_from.as_deref() == Some(name.as_str());
-    if let Some(label) = &query.label {
-        let (key, value) = label
-            .split_once('=')
-            .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "label: expected key=value"))?;
-        check_label(key, value)?;
-        let found = p
-            .with_core(|c| c.lease_by_label(key, value).cloned())
-            .or_else(|| {
-                let (_, f) = fallback.as_ref()?;
-                f.handle
-                    .with_core(|c| c.lease_by_label(key, value).cloned())
-                    .filter(handed_here)
-            });
+    let labels: Vec<&str> = query
+        .0
+        .iter()
+        .filter(|(k, _)| k == "label")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    if labels.len() > MAX_LABELS_PER_LIST {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "{} label parameters; at most {MAX_LABELS_PER_LIST} in one request",
+                labels.len()
+            ),
+        ));
+    }
+    if !labels.is_empty() {
+        let mut found: Vec<Lease> = Vec::new();
+        for label in labels {
+            let (key, value) = label
+                .split_once('=')
+                .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "label: expected key=value"))?;
+            check_label(key, value)?;
+            let lease = p
+                .with_core(|c| c.lease_by_label(key, value).cloned())
+                .or_else(|| {
+                    let (_, f) = fallback.as_ref()?;
+                    f.handle
+                        .with_core(|c| c.lease_by_label(key, value).cloned())
+                        .filter(handed_here)
+                });
+            if let Some(lease) = lease.filter(|l| !found.iter().any(|f| f.id == l.id)) {
+                found.push(lease);
+            }
+        }
         return Ok(Json(flotilla_api::LeaseList {
             leases: found.iter().map(wire::view).collect(),
             pool: name,

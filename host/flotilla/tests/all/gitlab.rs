@@ -1481,6 +1481,93 @@ async fn a_run_stage_runs_on_the_lease_prepare_noted_and_names_a_lease_gone_sinc
     assert!(cleaned.status.success(), "{cleaned:?}");
 }
 
+/// `prepare` asks the host about every other job it finds on its instance in one lease list
+/// (`?label=` repeated), not one request each, and removes what the job whose lease ended
+/// left there, and nothing of the live ones. The list answers each named lease once, and
+/// refuses more than 100 names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_asks_after_the_other_jobs_on_its_instance_in_one_request() {
+    use flotilla_harness::load::{Engine, Fleet, Options};
+    // Four jobs' slots on one machine.
+    let o = Options::new(
+        std::path::Path::new(env!("CARGO_BIN_EXE_flotilla")),
+        4,
+        Engine::Fake,
+    );
+    let fleet = Fleet::start(&o).await;
+    let engine = &fleet.engines()[0];
+    let stage = |id: u64, args: &[&str]| {
+        let out = fleet
+            .spawn_stage(id, args)
+            .wait_with_output()
+            .expect("the driver");
+        assert!(
+            out.status.success(),
+            "{id} {args:?}: {out:?}\n{}",
+            fleet.log()
+        );
+    };
+    for id in [21, 22, 23] {
+        stage(id, &["prepare"]);
+    }
+    let (code, listed) = fleet
+        .api(
+            "GET",
+            "/v1/pools/ci/leases?label=gitlab-job=21&label=gitlab-job=23&label=gitlab-job=99&label=gitlab-job=21",
+            "",
+        )
+        .await;
+    assert_eq!(code, 200, "{listed}");
+    let listed: serde_json::Value = serde_json::from_str(&listed).expect("lease list");
+    let jobs: Vec<&str> = listed["leases"]
+        .as_array()
+        .expect("leases")
+        .iter()
+        .filter_map(|l| l["labels"]["gitlab-job"].as_str())
+        .collect();
+    assert_eq!(jobs, ["21", "23"], "{listed}");
+    let many: String = (0..101).map(|i| format!("label=gitlab-job={i}&")).collect();
+    let (code, refused) = fleet
+        .api("GET", &format!("/v1/pools/ci/leases?{many}"), "")
+        .await;
+    assert_eq!(code, 400, "{refused}");
+    assert!(refused.contains("at most 100"), "{refused}");
+
+    // Job 22's lease ends behind its back: what it left on the machine is a lost job's.
+    let (_, found) = fleet
+        .api("GET", "/v1/pools/ci/leases?label=gitlab-job=22", "")
+        .await;
+    let found: serde_json::Value = serde_json::from_str(&found).expect("lease list");
+    let id = found["leases"][0]["id"].as_u64().expect("job 22's lease");
+    let (code, body) = fleet
+        .api("POST", &format!("/v1/pools/ci/leases/{id}/release"), "{}")
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let lookups = "/v1/pools/{pool}/leases";
+    let before = fleet.answered("GET", lookups).await;
+    stage(24, &["prepare"]);
+    // Its own lease's lookup, and one for the three others.
+    assert_eq!(fleet.answered("GET", lookups).await - before, 2);
+    let names: Vec<String> = engine.with(|s| s.containers.keys().cloned().collect());
+    let of = |job: &str| {
+        names
+            .iter()
+            .any(|n| n.contains(&format!("flotilla-job-{job}")))
+    };
+    assert!(
+        !of("22"),
+        "what the ended job left is still there: {names:?}"
+    );
+    assert!(
+        of("21") && of("23") && of("24"),
+        "a live job's containers went: {names:?}"
+    );
+    for id in [21, 23, 24] {
+        stage(id, &["cleanup"]);
+    }
+    stage(22, &["cleanup"]);
+}
+
 /// A `prepare` killed while the engine is still creating the job's containers leaves nothing
 /// once `cleanup` has run: the containers land after the kill, and cleanup's second sweep
 /// (which only a `prepare` that finished lets it skip) removes them.

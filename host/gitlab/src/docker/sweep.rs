@@ -11,7 +11,7 @@ use bollard::query_parameters::{
     RemoveVolumeOptions,
 };
 
-use crate::api::{ApiClient, LeaseState};
+use crate::api::{ApiClient, ApiError, ErrorCode, LeaseState};
 use crate::docker::client::step;
 use crate::docker::objects::{CACHE_LABEL, JOB_LABEL};
 use crate::job::{CacheBounds, Job};
@@ -184,11 +184,29 @@ pub(crate) async fn remove_leftovers(
     current: &Job,
     jobs: &[String],
 ) {
-    for id in jobs {
-        if *id == current.id {
-            continue;
-        }
-        let (lost, failed) = match api.lease_by_label("gitlab-job", id).await {
+    let others: Vec<&str> = jobs
+        .iter()
+        .map(String::as_str)
+        .filter(|id| *id != current.id)
+        .collect();
+    if others.is_empty() {
+        return;
+    }
+    // One request for all of them; one each from a host too old to take several.
+    let leases = match api.leases_by_labels("gitlab-job", &others).await {
+        Ok(found) => Some(found),
+        Err(ApiError::Refused {
+            code: ErrorCode::BadRequest,
+            ..
+        }) => None,
+        Err(_) => return,
+    };
+    for id in others {
+        let lease = match &leases {
+            Some(found) => Ok(found.get(id).cloned()),
+            None => api.lease_by_label("gitlab-job", id).await,
+        };
+        let (lost, failed) = match lease {
             Ok(None) => (true, None),
             Ok(Some(lease)) => match lease.state {
                 LeaseState::Failed { .. } => (true, Some(lease.id)),
