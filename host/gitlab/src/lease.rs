@@ -150,11 +150,9 @@ pub(crate) async fn acquire(
     settings: &DriverSettings,
 ) -> Result<(u64, Acquired), Outcome> {
     let patience = Patience::new(settings);
-    let lease = match find(api, job, patience).await.map_err(system)? {
-        Some(LeaseInfo {
-            id,
-            state: LeaseState::Acquired { instance, slot },
-        }) => {
+    let lease = match reserve(api, job, settings, patience).await? {
+        Held::Reserved(lease) => lease,
+        Held::Acquired { id, instance, slot } => {
             say(&format!(
                 "Using instance {instance} (lease {id}, already acquired)"
             ));
@@ -167,21 +165,6 @@ pub(crate) async fn acquire(
                 },
             ));
         }
-        Some(LeaseInfo {
-            id,
-            state: LeaseState::Failed { .. },
-        }) => {
-            // The instance went away before the job started; start over on another one.
-            through_restarts(api, patience, || api.release(id, None))
-                .await
-                .map_err(system)?;
-            None
-        }
-        other => other,
-    };
-    let lease = match lease {
-        Some(l) => l,
-        None => reserve(api, job, settings, patience).await?,
     };
     say(&format!(
         "Waiting for an instance of pool {} (lease {})...",
@@ -252,14 +235,30 @@ async fn wait_for_instance(
     }
 }
 
+/// The job's lease as [`reserve`] finds it.
+enum Held {
+    /// Reserved, by this call or an earlier one whose answer was lost.
+    Reserved(LeaseInfo),
+    /// Acquired already: a `prepare` run again.
+    Acquired {
+        id: u64,
+        instance: String,
+        slot: u32,
+    },
+}
+
 /// Reserves a slot for the job; while every slot is promised, waits (up to the acquire
-/// timeout) for one to free up, as GitLab Runner's autoscaler does.
+/// timeout) for one to free up, as GitLab Runner's autoscaler does. A first `prepare`
+/// reserves at once; a lease the job holds already (a `prepare` run again, or a reservation
+/// whose answer a restart lost) is refused as `label_in_use` and found then: one that is
+/// reserved or acquired is the job's, a failed one (its instance went away before the job
+/// started) is given back and the job starts over on another instance.
 async fn reserve(
     api: &ApiClient,
     job: &Job,
     settings: &DriverSettings,
     patience: Patience,
-) -> Result<LeaseInfo, Outcome> {
+) -> Result<Held, Outcome> {
     let (key, value) = job.label();
     let labels = BTreeMap::from([(key, value)]);
     // The job's own timeout and a grace: the host fails the lease past it even if no
@@ -277,19 +276,26 @@ async fn reserve(
         })
         .await
         {
-            Ok(lease) => return Ok(lease),
-            // The job already has a lease: an earlier try reached the host but its answer was
-            // lost in a restart. That lease is the job's.
+            Ok(lease) => return Ok(Held::Reserved(lease)),
             Err(ApiError::Refused {
                 code: crate::api::ErrorCode::LabelInUse,
                 ..
-            }) => {
-                match find(api, job, patience).await {
-                    Ok(Some(l)) => return Ok(l),
-                    Ok(None) => continue, // released meanwhile: reserve again
-                    Err(e) => return Err(system(e)),
+            }) => match find(api, job, patience).await.map_err(system)? {
+                Some(LeaseInfo {
+                    id,
+                    state: LeaseState::Acquired { instance, slot },
+                }) => return Ok(Held::Acquired { id, instance, slot }),
+                Some(LeaseInfo {
+                    id,
+                    state: LeaseState::Failed { .. },
+                }) => {
+                    through_restarts(api, patience, || api.release(id, None))
+                        .await
+                        .map_err(system)?;
                 }
-            }
+                Some(lease) => return Ok(Held::Reserved(lease)),
+                None => {} // released meanwhile: reserve again
+            },
             Err(ApiError::Refused { code, message, .. }) if code.pool_full() => {
                 if patience.start.elapsed() >= patience.acquire_timeout {
                     return Err(system(format!(
