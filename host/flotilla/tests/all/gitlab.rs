@@ -1456,16 +1456,7 @@ async fn a_run_stage_runs_on_the_lease_prepare_noted_and_names_a_lease_gone_sinc
         "the run stage asked the host for the job's lease"
     );
 
-    let (code, found) = fleet
-        .api("GET", "/v1/pools/ci/leases?label=gitlab-job=11", "")
-        .await;
-    assert_eq!(code, 200, "{found}");
-    let found: serde_json::Value = serde_json::from_str(&found).expect("lease list");
-    let id = found["leases"][0]["id"].as_u64().expect("the job's lease");
-    let (code, body) = fleet
-        .api("POST", &format!("/v1/pools/ci/leases/{id}/release"), "{}")
-        .await;
-    assert_eq!(code, 200, "{body}");
+    fleet.release_lease_of(11).await;
     let ran = stage(&["run", &script, "get_sources"]);
     let said = format!(
         "{}{}",
@@ -1534,15 +1525,7 @@ async fn prepare_asks_after_the_other_jobs_on_its_instance_in_one_request() {
     assert!(refused.contains("at most 100"), "{refused}");
 
     // Job 22's lease ends behind its back: what it left on the machine is a lost job's.
-    let (_, found) = fleet
-        .api("GET", "/v1/pools/ci/leases?label=gitlab-job=22", "")
-        .await;
-    let found: serde_json::Value = serde_json::from_str(&found).expect("lease list");
-    let id = found["leases"][0]["id"].as_u64().expect("job 22's lease");
-    let (code, body) = fleet
-        .api("POST", &format!("/v1/pools/ci/leases/{id}/release"), "{}")
-        .await;
-    assert_eq!(code, 200, "{body}");
+    fleet.release_lease_of(22).await;
     let lookups = "/v1/pools/{pool}/leases";
     let before = fleet.answered("GET", lookups).await;
     stage(24, &["prepare"]);

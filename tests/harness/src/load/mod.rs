@@ -419,6 +419,28 @@ impl Fleet {
         fleet::call(&self.host.api, method, path, body).await
     }
 
+    /// Releases job `id`'s lease through the API, behind its driver's back.
+    pub async fn release_lease_of(&self, id: u64) {
+        let (code, found) = self
+            .api(
+                "GET",
+                &format!("/v1/pools/ci/leases?label=gitlab-job={id}"),
+                "",
+            )
+            .await;
+        assert_eq!(code, 200, "{found}");
+        let found: serde_json::Value = serde_json::from_str(&found).expect("lease list");
+        let lease = found["leases"][0]["id"].as_u64().expect("the job's lease");
+        let (code, body) = self
+            .api(
+                "POST",
+                &format!("/v1/pools/ci/leases/{lease}/release"),
+                "{}",
+            )
+            .await;
+        assert_eq!(code, 200, "{body}");
+    }
+
     /// How many requests of `method` to `route` (a route pattern, such as
     /// `/v1/pools/{pool}/leases`) the host has answered, from its own metrics.
     pub async fn answered(&self, method: &str, route: &str) -> u64 {
