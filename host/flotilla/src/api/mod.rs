@@ -425,24 +425,38 @@ async fn list_leases(
         ));
     }
     if !labels.is_empty() {
-        let mut found: Vec<Lease> = Vec::new();
+        let mut pairs = Vec::with_capacity(labels.len());
         for label in labels {
             let (key, value) = label
                 .split_once('=')
                 .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "label: expected key=value"))?;
             check_label(key, value)?;
-            let lease = p
-                .with_core(|c| c.lease_by_label(key, value).cloned())
-                .or_else(|| {
-                    let (_, f) = fallback.as_ref()?;
-                    f.handle
-                        .with_core(|c| c.lease_by_label(key, value).cloned())
-                        .filter(handed_here)
-                });
-            if let Some(lease) = lease.filter(|l| !found.iter().any(|f| f.id == l.id)) {
-                found.push(lease);
-            }
+            pairs.push((key, value));
         }
+        // One hold of each pool's core for all the names.
+        let mut found: Vec<Option<Lease>> = p.with_core(|c| {
+            pairs
+                .iter()
+                .map(|(key, value)| c.lease_by_label(key, value).cloned())
+                .collect()
+        });
+        if let Some((_, f)) = &fallback
+            && found.iter().any(Option::is_none)
+        {
+            f.handle.with_core(|c| {
+                for (lease, (key, value)) in found.iter_mut().zip(&pairs) {
+                    if lease.is_none() {
+                        *lease = c
+                            .lease_by_label(key, value)
+                            .filter(|l| handed_here(l))
+                            .cloned();
+                    }
+                }
+            });
+        }
+        let mut found: Vec<Lease> = found.into_iter().flatten().collect();
+        found.sort_by_key(|l| l.id);
+        found.dedup_by_key(|l| l.id);
         return Ok(Json(flotilla_api::LeaseList {
             leases: found.iter().map(wire::view).collect(),
             pool: name,
