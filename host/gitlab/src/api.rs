@@ -182,7 +182,7 @@ impl ApiClient {
     /// A short name for this API and pool: an FNV-1a hash of both, in hex. Notes the driver
     /// leaves for later calls carry it, so a note of another host or pool is never taken for
     /// this one's.
-    pub(crate) fn scope(&self) -> String {
+    pub fn scope(&self) -> String {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for byte in self.base.bytes().chain([b'\n']).chain(self.pool.bytes()) {
             hash ^= u64::from(byte);

@@ -263,7 +263,9 @@ async fn run_on<P: Place>(
     let printed = Cell::new(0);
     let follow = async {
         let ended = follow_to_end(&place, api, job, patience, run, &printed).await;
-        if noted.is_some() && !matches!(ended, Ok(Ended::Exited(_))) {
+        // A host that did not come back was waited for already: that is the cause.
+        let host_down = matches!(ended, Err(StepError::HostDown(_)));
+        if noted.is_some() && !host_down && !matches!(ended, Ok(Ended::Exited(_))) {
             lease::acquired(api, job, patience).await?;
         }
         ended
