@@ -4,8 +4,9 @@
 //! and each new connection costs a
 //! TCP (or TLS) handshake here and a connection on the host. One connection is kept, only
 //! for a moment after its last request (well within the host's idle keep-alive), and none
-//! while an upgraded one (exec, attach) streams: that one becomes its stream and is never
-//! kept.
+//! while an upgraded one (exec, attach) streams: an upgrade goes on the kept connection when
+//! it is ready (a stage's exec follows the request that made it), which then becomes its
+//! stream and is never kept again.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -69,14 +70,19 @@ where
         connect: impl Future<Output = std::io::Result<ApiStream>>,
     ) -> Result<http::Response<Incoming>, SendError> {
         let upgrade = request.headers().contains_key(http::header::UPGRADE);
+        let ready = self.take();
         if upgrade {
-            // The stream that follows may last the stage: nothing kept idles on the host
-            // meanwhile.
+            // The stream that follows may last the stage: it takes the kept connection (the
+            // request that made the exec left it ready), and nothing else kept idles on the
+            // host meanwhile.
             self.clear();
-        } else if let Some(mut sender) = self.take() {
+        }
+        if let Some(mut sender) = ready {
             match sender.try_send_request(request).await {
                 Ok(response) => {
-                    self.put(sender);
+                    if !upgrade {
+                        self.put(sender);
+                    }
                     return Ok(response);
                 }
                 // Closed under it before the request went out: on a new connection.
@@ -137,7 +143,8 @@ mod tests {
     use super::*;
 
     /// A minimal HTTP/1.1 server: keeps connections alive, switches protocols when asked,
-    /// and closes a connection after answering `/close` (as a host ends an idle one).
+    /// closes a connection after answering `/close` (as a host ends an idle one), and sends
+    /// the last byte of `/slow`'s body a moment after the rest.
     struct Server {
         addr: std::net::SocketAddr,
         accepted: Arc<AtomicUsize>,
@@ -198,6 +205,18 @@ mod tests {
                 let _ = stream.read(&mut byte).await;
                 return;
             }
+            if text.starts_with("get /slow ") {
+                // Its body's last byte a moment later: the connection is busy until then.
+                let head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\no";
+                if stream.write_all(head).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if stream.write_all(b"k").await.is_err() {
+                    return;
+                }
+                continue;
+            }
             let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
             if stream.write_all(answer).await.is_err() || text.starts_with("get /close ") {
                 return;
@@ -229,7 +248,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn requests_share_a_kept_connection_and_an_upgrade_closes_it_first() {
+    async fn requests_share_a_kept_connection_and_an_upgrade_takes_it_over() {
         let server = Server::start().await;
         let connect = || async { TcpStream::connect(server.addr).await.map(ApiStream::Plain) };
         let kept = Kept::default();
@@ -249,25 +268,55 @@ mod tests {
             .expect("upgrade");
         assert_eq!(upgraded.status(), 101);
         let stream = hyper::upgrade::on(upgraded).await.expect("upgraded");
-        until(
-            "the kept connection closed while the stream is open",
-            &server,
-            (2, 1),
-        )
-        .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            server.counts(),
+            (1, 0),
+            "the upgrade goes on the kept connection, with no handshake of its own"
+        );
 
         let answer = kept
             .send(request("/b", false), connect())
             .await
             .expect("answer");
         answer.into_body().collect().await.expect("body");
-        drop(stream);
         until(
-            "the stream is never kept; a new connection",
+            "the stream is never kept: a new connection beside it",
             &server,
-            (3, 2),
+            (2, 0),
         )
         .await;
+        drop(stream);
+        until("the stream ends with its connection", &server, (2, 1)).await;
+    }
+
+    /// An upgrade while the kept connection is busy with another request connects anew, and
+    /// the busy one is not kept once the stream opens.
+    #[tokio::test]
+    async fn an_upgrade_beside_a_busy_connection_connects_anew_and_keeps_nothing() {
+        let server = Server::start().await;
+        let connect = || async { TcpStream::connect(server.addr).await.map(ApiStream::Plain) };
+        let kept = Kept::default();
+        let answer = kept
+            .send(request("/slow", false), connect())
+            .await
+            .expect("answer");
+        // Its body not all there yet: the connection is not ready for another request.
+        let upgraded = kept
+            .send(request("/exec", true), connect())
+            .await
+            .expect("upgrade");
+        assert_eq!(upgraded.status(), 101);
+        let stream = hyper::upgrade::on(upgraded).await.expect("upgraded");
+        until("a second connection for the upgrade", &server, (2, 0)).await;
+        answer.into_body().collect().await.expect("body");
+        let again = kept
+            .send(request("/b", false), connect())
+            .await
+            .expect("answer");
+        again.into_body().collect().await.expect("body");
+        until("nothing was kept beside the stream", &server, (3, 1)).await;
+        drop(stream);
     }
 
     #[tokio::test]
