@@ -89,9 +89,12 @@ pub fn run_command(command: Command) -> std::process::ExitCode {
 }
 
 /// The lean driver's stage (`flotilla-gitlab`), run to the process's exit code on one thread.
+/// The stage's future is tens of KiB (bollard's requests nest deep): on the heap from the
+/// start, it is not copied from frame to frame down the runtime's `block_on`, each copy
+/// touching fresh stack pages of a process that lives a second.
 #[cfg(not(test))]
 pub fn run_driver(args: gitlab::Args) -> std::process::ExitCode {
-    run_to_exit(true, args.run())
+    run_to_exit(true, Box::pin(args.run()))
 }
 
 /// Runs `command` to its end on a fresh runtime and returns the process's exit code: one
