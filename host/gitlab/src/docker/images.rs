@@ -68,26 +68,32 @@ fn credentials(
     }))
 }
 
-/// Pulls `image` as the policy says, with `auth`; the time spent pulling.
-pub(crate) async fn pull(
+/// Whether `image` must be pulled under `policy`: a quick inspect of the instance's images
+/// (none for `always`); an error when it is missing and the policy is `never`.
+pub(crate) async fn must_pull(
     docker: &Docker,
-    auth: Option<Auth<'_>>,
     image: &str,
     policy: PullPolicy,
-) -> Result<Duration, StepError> {
+) -> Result<bool, StepError> {
     let present = match policy {
         PullPolicy::Always => false,
         _ => docker.inspect_image(image).await.is_ok(),
     };
     match (policy, present) {
-        (PullPolicy::IfNotPresent | PullPolicy::Never, true) => return Ok(Duration::ZERO),
-        (PullPolicy::Never, false) => {
-            return Err(StepError::Failed(format!(
-                "image {image} is not on the instance and the pull policy is never"
-            )));
-        }
-        _ => {}
+        (PullPolicy::IfNotPresent | PullPolicy::Never, true) => Ok(false),
+        (PullPolicy::Never, false) => Err(StepError::Failed(format!(
+            "image {image} is not on the instance and the pull policy is never"
+        ))),
+        _ => Ok(true),
     }
+}
+
+/// Pulls `image` with `auth`; the time spent pulling.
+pub(crate) async fn pull(
+    docker: &Docker,
+    auth: Option<Auth<'_>>,
+    image: &str,
+) -> Result<Duration, StepError> {
     say(&format!("Pulling image {image}..."));
     let start = Instant::now();
     let reference = Reference::parse(image);

@@ -166,9 +166,12 @@ async fn start(
     Ok(())
 }
 
-/// Pulls what the job needs, all at once: its image and services with the job's credentials
-/// as the policy says, the helper image with the operator's when it is missing; the time
-/// spent (the sum, as each pull's own time).
+/// Pulls what the job needs: its image and services with the job's credentials as the
+/// policy says, the helper image with the operator's when it is missing; the time spent (the
+/// sum, as each pull's own time). Which are missing is asked one image after another, each a
+/// quick inspect on the one kept connection to the host (at once, each took a connection of
+/// its own, on the host and through the instance's SSH too); the pulls, which may take
+/// minutes, run at once.
 async fn pull_all(
     docker: &Docker,
     job: &Job,
@@ -184,23 +187,29 @@ async fn pull_all(
         text,
         source: "--helper-registry-auth",
     });
-    let mut pulls: Vec<Pending<'_, Duration>> = std::iter::once(image)
-        .chain(job.services.iter().map(|s| s.name.as_str()))
-        .map(|name| -> Pending<'_, Duration> {
-            Box::pin(images::pull(docker, job_auth, name, own.pull_policy))
-        })
-        .collect();
+    let mut pulls: Vec<Pending<'_, Duration>> = Vec::new();
+    for name in std::iter::once(image).chain(job.services.iter().map(|s| s.name.as_str())) {
+        if images::must_pull(docker, name, own.pull_policy).await? {
+            pulls.push(Box::pin(images::pull(docker, job_auth, name)));
+        }
+    }
     if let Some(helper_image) = helper_image {
-        pulls.push(Box::pin(async move {
-            images::pull(docker, operator, helper_image, PullPolicy::IfNotPresent)
-                .await
-                .map_err(|e| match e {
-                    StepError::Failed(why) => StepError::Failed(format!(
-                        "the helper image {helper_image} (checkout, cache and artifacts run there; --helper-image names another): {why}"
-                    )),
-                    down => down,
-                })
-        }));
+        let helper = move |e| match e {
+            StepError::Failed(why) => StepError::Failed(format!(
+                "the helper image {helper_image} (checkout, cache and artifacts run there; --helper-image names another): {why}"
+            )),
+            down => down,
+        };
+        let missing = images::must_pull(docker, helper_image, PullPolicy::IfNotPresent)
+            .await
+            .map_err(helper)?;
+        if missing {
+            pulls.push(Box::pin(async move {
+                images::pull(docker, operator, helper_image)
+                    .await
+                    .map_err(helper)
+            }));
+        }
     }
     let pulled = futures_util::future::try_join_all(pulls).await?;
     Ok(pulled.into_iter().sum())

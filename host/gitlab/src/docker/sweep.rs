@@ -140,12 +140,13 @@ pub(crate) async fn inventory(docker: &Docker) -> Inventory {
     let networks = ListNetworksOptions {
         filters: label_filter(JOB_LABEL.to_string()),
     };
-    // One unfiltered listing serves both labels: a filter list's labels must all match.
-    let (containers, networks, volumes) = tokio::join!(
-        docker.list_containers(Some(containers)),
-        docker.list_networks(Some(networks)),
-        docker.list_volumes(None::<ListVolumesOptions>),
-    );
+    // One after another, on the one kept connection to the host: three quick listings, where
+    // at once each took a connection of its own (on the host, and through the instance's
+    // SSH). One unfiltered volume listing serves both labels: a filter list's labels must all
+    // match.
+    let containers = docker.list_containers(Some(containers)).await;
+    let networks = docker.list_networks(Some(networks)).await;
+    let volumes = docker.list_volumes(None::<ListVolumesOptions>).await;
     match containers {
         Ok(list) => found
             .jobs
