@@ -300,8 +300,8 @@ pub(crate) async fn create_job(
     Ok(pulling)
 }
 
-/// The job's network and its project's builds and cache volumes, made at once; the volumes'
-/// binds.
+/// The job's network and its project's builds and cache volumes, the network beside the
+/// volumes; the volumes' binds.
 async fn network_and_volumes(
     docker: &Docker,
     job: &Job,
@@ -321,11 +321,13 @@ async fn network_and_volumes(
             .map_err(|e| step(network_failure(&e))(e))
     };
     let (builds, cache) = (job.builds_volume(slot), job.cache_volume());
-    let (network, builds, cache) = tokio::join!(
-        network,
-        shared_volume(docker, job, &builds, "builds"),
-        shared_volume(docker, job, &cache, "cache"),
-    );
+    // The network (the slow one: the engine writes its firewall rules) beside the two volumes,
+    // which are quick and go one after the other on one connection to the host.
+    let volumes = async {
+        let builds = shared_volume(docker, job, &builds, "builds").await;
+        (builds, shared_volume(docker, job, &cache, "cache").await)
+    };
+    let (network, (builds, cache)) = tokio::join!(network, volumes);
     network?;
     Ok(vec![
         format!("{}:{}", builds?, own.builds_dir),
