@@ -247,27 +247,44 @@ mod tests {
         );
     }
 
+    /// `path` through `kept` to `server`, on a new connection when none kept is ready.
+    async fn send(
+        kept: &Kept<Empty<Bytes>>,
+        server: &Server,
+        path: &str,
+        upgrade: bool,
+    ) -> http::Response<Incoming> {
+        let connect = async { TcpStream::connect(server.addr).await.map(ApiStream::Plain) };
+        kept.send(request(path, upgrade), connect)
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// A plain request's status, its body read to the end.
+    async fn answered(kept: &Kept<Empty<Bytes>>, server: &Server, path: &str) -> u16 {
+        let answer = send(kept, server, path, false).await;
+        let status = answer.status().as_u16();
+        answer.into_body().collect().await.expect("body");
+        status
+    }
+
+    /// An upgrade's stream.
+    async fn upgraded(kept: &Kept<Empty<Bytes>>, server: &Server) -> hyper::upgrade::Upgraded {
+        let answer = send(kept, server, "/exec", true).await;
+        assert_eq!(answer.status(), 101);
+        hyper::upgrade::on(answer).await.expect("upgraded")
+    }
+
     #[tokio::test]
     async fn requests_share_a_kept_connection_and_an_upgrade_takes_it_over() {
         let server = Server::start().await;
-        let connect = || async { TcpStream::connect(server.addr).await.map(ApiStream::Plain) };
         let kept = Kept::default();
         for _ in 0..3 {
-            let answer = kept
-                .send(request("/a", false), connect())
-                .await
-                .expect("answer");
-            assert_eq!(answer.status(), 200);
-            answer.into_body().collect().await.expect("body");
+            assert_eq!(answered(&kept, &server, "/a").await, 200);
         }
         until("three requests on one connection", &server, (1, 0)).await;
 
-        let upgraded = kept
-            .send(request("/exec", true), connect())
-            .await
-            .expect("upgrade");
-        assert_eq!(upgraded.status(), 101);
-        let stream = hyper::upgrade::on(upgraded).await.expect("upgraded");
+        let stream = upgraded(&kept, &server).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(
             server.counts(),
@@ -275,11 +292,7 @@ mod tests {
             "the upgrade goes on the kept connection, with no handshake of its own"
         );
 
-        let answer = kept
-            .send(request("/b", false), connect())
-            .await
-            .expect("answer");
-        answer.into_body().collect().await.expect("body");
+        answered(&kept, &server, "/b").await;
         until(
             "the stream is never kept: a new connection beside it",
             &server,
@@ -295,26 +308,13 @@ mod tests {
     #[tokio::test]
     async fn an_upgrade_beside_a_busy_connection_connects_anew_and_keeps_nothing() {
         let server = Server::start().await;
-        let connect = || async { TcpStream::connect(server.addr).await.map(ApiStream::Plain) };
         let kept = Kept::default();
-        let answer = kept
-            .send(request("/slow", false), connect())
-            .await
-            .expect("answer");
         // Its body not all there yet: the connection is not ready for another request.
-        let upgraded = kept
-            .send(request("/exec", true), connect())
-            .await
-            .expect("upgrade");
-        assert_eq!(upgraded.status(), 101);
-        let stream = hyper::upgrade::on(upgraded).await.expect("upgraded");
+        let busy = send(&kept, &server, "/slow", false).await;
+        let stream = upgraded(&kept, &server).await;
         until("a second connection for the upgrade", &server, (2, 0)).await;
-        answer.into_body().collect().await.expect("body");
-        let again = kept
-            .send(request("/b", false), connect())
-            .await
-            .expect("answer");
-        again.into_body().collect().await.expect("body");
+        busy.into_body().collect().await.expect("body");
+        answered(&kept, &server, "/b").await;
         until("nothing was kept beside the stream", &server, (3, 1)).await;
         drop(stream);
     }
@@ -322,20 +322,11 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_host_closed_is_not_used_again() {
         let server = Server::start().await;
-        let connect = || async { TcpStream::connect(server.addr).await.map(ApiStream::Plain) };
         let kept = Kept::default();
-        let answer = kept
-            .send(request("/close", false), connect())
-            .await
-            .expect("answer");
-        answer.into_body().collect().await.expect("body");
+        answered(&kept, &server, "/close").await;
         until("the host closed it", &server, (1, 1)).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let answer = kept
-            .send(request("/a", false), connect())
-            .await
-            .expect("a new connection answers");
-        assert_eq!(answer.status(), 200);
+        assert_eq!(answered(&kept, &server, "/a").await, 200);
         until("a second connection", &server, (2, 1)).await;
     }
 }
